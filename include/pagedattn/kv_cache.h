@@ -1,0 +1,105 @@
+// KvCache: the paged KV cache of a whole model.
+//
+// One K pool and one V pool per layer, each allocated once at construction:
+//   [num_pages][num_kv_heads][page_size][head_dim] of the cache dtype, on the CPU or a CUDA device.
+// One block table per sequence, shared by all layers. Pages come from a BlockAllocator; fork shares
+// pages (refcount) and a shared partial tail page is copied before it is written (copy-on-write,
+// only its filled slots). Full pages get a prefix hash h = SHA-256(parent_h, token ids, cache salt)
+// once committed; a new sequence can attach the longest chain of cached pages matching its tokens.
+//
+// Every mutating call validates first and changes nothing when it throws.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pagedattn/dtype.h"
+#include "pagedattn/paged_kv.h"
+#include "pagedattn/tensor.h"
+
+namespace pagedattn {
+
+struct KvCacheConfig {
+  int32_t num_layers = 1;
+  int32_t num_kv_heads = 1;
+  int32_t head_dim = 64;
+  int32_t page_size = 16;
+  int32_t num_pages = 0;
+  DType dtype = DType::f32;  // f32 | f16 | bf16 | fp8_e4m3
+  Device device = Device::cpu;
+  bool enable_prefix_cache = true;
+};
+
+struct KvCacheStats {
+  int32_t num_pages = 0;
+  int32_t pages_used = 0;    // referenced by at least one sequence
+  int32_t pages_free = 0;    // in the free list
+  int32_t pages_cached = 0;  // unreferenced, kept for prefix reuse (evictable)
+  int64_t tail_slots_wasted = 0;  // empty slots in the tail pages of live sequences
+  int64_t prefix_queries = 0;     // tokens looked up by attach_prefix
+  int64_t prefix_hits = 0;        // tokens reused by attach_prefix
+  int64_t evictions = 0;
+  int32_t num_sequences = 0;
+};
+
+using SeqId = int64_t;
+using PageHash = std::array<uint8_t, 32>;
+
+class KvCache {
+ public:
+  explicit KvCache(const KvCacheConfig& config);
+  ~KvCache();
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  const KvCacheConfig& config() const;
+
+  // ---- sequences ----
+  // A new, empty sequence. Requests with different salts never share pages.
+  SeqId create_sequence(const std::string& cache_salt = "");
+  // Reuses the longest chain of cached full pages matching the start of `tokens` (same salt).
+  // The sequence must be empty. At most tokens.size() - 1 tokens are reused so that at least one
+  // token is computed. Returns the number of tokens reused (a multiple of page_size).
+  int32_t attach_prefix(SeqId seq, std::span<const int32_t> tokens);
+  // Pages that append_slots(seq, n) would need to take from the allocator (CoW included).
+  int32_t pages_needed(SeqId seq, int32_t n) const;
+  bool can_append(SeqId seq, int32_t n) const;
+  // Reserves slots for n new tokens at positions kv_len .. kv_len + n - 1, taking pages only when
+  // the tail page overflows and copying a shared tail page first. `tokens` are their ids (n of
+  // them), kept for prefix hashing. Returns the n slot ids. Throws Error (nothing changed) if the
+  // pages do not fit.
+  std::vector<int32_t> append_slots(SeqId seq, std::span<const int32_t> tokens);
+  // Declares the K/V of every reserved position written: full pages get their hash and become
+  // reusable by attach_prefix.
+  void commit(SeqId seq);
+  // A child sharing all the parent's pages (refcounts raised); the salt is inherited.
+  SeqId fork(SeqId parent);
+  // Releases the sequence's pages (deepest first, so LRU evicts chain tails before parents).
+  void free_sequence(SeqId seq);
+  bool has_sequence(SeqId seq) const;
+
+  int32_t kv_len(SeqId seq) const;
+  std::span<const int32_t> block_table(SeqId seq) const;
+  std::span<const int32_t> tokens(SeqId seq) const;
+
+  // ---- pools ----
+  // The view of one layer's pools (for the attention kernels and the write path).
+  PagedKVView layer_view(int32_t layer) const;
+  // fp8 caches: per-head scales of one layer (host values; copied to the pools' device). Must be set
+  // for every layer before any write; they never change afterwards.
+  void set_scales(int32_t layer, std::span<const float> k_scale, std::span<const float> v_scale);
+  bool scales_set() const;
+
+  KvCacheStats stats() const;
+  int32_t refcount(int32_t page) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pagedattn
