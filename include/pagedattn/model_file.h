@@ -1,0 +1,60 @@
+// What a model file gives the runtime: its configuration and its tensors by Hugging Face name.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "pagedattn/tensor.h"
+
+namespace pagedattn {
+
+struct RopeScaling {
+  std::string type;                  // "" (none) or "llama3"
+  float factor = 1.f;
+  float low_freq_factor = 1.f;
+  float high_freq_factor = 4.f;
+  int32_t original_max_position = 8192;
+};
+
+struct ModelConfig {
+  std::string architecture;          // "llama" (Llama 2/3, SmolLM2), "mistral", "qwen2", "qwen3"
+  int32_t vocab_size = 0;
+  int32_t hidden_size = 0;
+  int32_t intermediate_size = 0;
+  int32_t num_layers = 0;
+  int32_t num_q_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;              // hidden_size / num_q_heads unless the file says otherwise
+  float rms_norm_eps = 1e-5f;
+  float rope_theta = 10000.f;
+  RopeScaling rope_scaling;
+  int32_t max_position_embeddings = 2048;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;       // q/k/v projections have a bias (Qwen2)
+  bool qk_norm = false;              // RMSNorm on q and k per head before RoPE (Qwen3)
+  int32_t sliding_window = 0;        // 0: none
+  int32_t bos_token_id = -1;
+  std::vector<int32_t> eos_token_ids;
+};
+
+// Tensors are keyed by their Hugging Face names, in Hugging Face layout (GGUF's row permutation of
+// q/k projections undone), dequantised to f32 on the CPU:
+//   model.embed_tokens.weight [vocab, hidden]        model.norm.weight [hidden]
+//   lm_head.weight [vocab, hidden] (absent when tied)
+//   model.layers.{i}.input_layernorm.weight           model.layers.{i}.post_attention_layernorm.weight
+//   model.layers.{i}.self_attn.{q,k,v,o}_proj.weight  [out, in]   (+ .bias for q/k/v with attention_bias)
+//   model.layers.{i}.self_attn.{q,k}_norm.weight [head_dim]       (qk_norm)
+//   model.layers.{i}.mlp.{gate,up,down}_proj.weight  [out, in]
+struct ModelFile {
+  std::string path;
+  ModelConfig config;
+  std::map<std::string, Tensor> tensors;
+};
+
+// Loads a .gguf file or a Hugging Face folder (config.json + *.safetensors). Throws Error naming
+// the file and the tensor or key at fault.
+ModelFile load_model_file(const std::string& path);
+
+}  // namespace pagedattn
