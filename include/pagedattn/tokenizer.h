@@ -1,0 +1,107 @@
+// Byte-level BPE tokenizer (GPT-2 family: SmolLM2, Llama 3, Qwen2/3) from GGUF metadata or a
+// Hugging Face tokenizer.json.
+//
+// encode: special/added tokens are split out first (when parse_special), the rest is split by the
+// family's pre-tokenizer regex, each piece mapped to GPT-2's byte-to-unicode alphabet and merged
+// by merge rank. decode maps pieces back to bytes; StreamDecoder emits only complete UTF-8.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace pagedattn {
+
+class GGUFFile;
+
+// Which pre-tokenizer split regex a vocabulary uses.
+enum class PreTokenizer : uint8_t {
+  gpt2,    // GPT-2 / SmolLM2: 's|'t|... | ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+  llama3,  // Llama 3: case-insensitive contractions, [^\r\n\p{L}\p{N}]?\p{L}+, \p{N}{1,3}, ...
+  qwen2,   // Qwen2/3: as llama3 but single digits \p{N}
+};
+// Parses a GGUF tokenizer.ggml.pre name ("gpt2", "smollm", "llama-bpe", "qwen2", ...);
+// unknown names throw Error.
+PreTokenizer parse_pre_tokenizer(std::string_view name);
+
+enum class TokenType : uint8_t { normal = 1, unknown = 2, control = 3, user_defined = 4, unused = 5, byte = 6 };
+
+class Tokenizer {
+ public:
+  // From the tokenizer.ggml.* metadata of a GGUF file (model "gpt2").
+  static Tokenizer from_gguf(const GGUFFile& file);
+  // From a Hugging Face tokenizer.json (and tokenizer_config.json beside it, when present, for
+  // bos/eos and the chat template).
+  static Tokenizer from_tokenizer_json(const std::string& path);
+
+  // Splits out special tokens (added tokens; when parse_special) and BPE-encodes the rest.
+  // add_special prepends BOS when the vocabulary asks for it (add_bos).
+  std::vector<int32_t> encode(std::string_view text, bool add_special = false,
+                              bool parse_special = true) const;
+  // Concatenated bytes of the tokens (special tokens included as their text unless skip_special).
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;
+  // The raw bytes of one token (throws Error for an id outside the vocabulary).
+  std::string token_to_piece(int32_t id) const;
+  // The token's vocabulary string (byte-level alphabet), e.g. "Ġhello".
+  const std::string& token_text(int32_t id) const;
+  // Id of a vocabulary string, or -1.
+  int32_t token_id(std::string_view text) const;
+
+  int32_t vocab_size() const { return int32_t(vocab_.size()); }
+  int32_t bos_id() const { return bos_id_; }
+  int32_t eos_id() const { return eos_id_; }
+  // End-of-generation ids: eos plus <|im_end|>, <|eot_id|>, <|eom_id|>, <|endoftext|> if present.
+  const std::vector<int32_t>& eog_ids() const { return eog_ids_; }
+  bool is_eog(int32_t id) const;
+  bool is_special(int32_t id) const;
+  bool add_bos() const { return add_bos_; }
+  PreTokenizer pre_tokenizer() const { return pre_; }
+  // The Jinja chat template from the file ("" when absent).
+  const std::string& chat_template() const { return chat_template_; }
+
+  // For tests and tools: build from parts. merges are "a b" strings in the byte-level alphabet.
+  static Tokenizer from_parts(std::vector<std::string> vocab, const std::vector<std::string>& merges,
+                              std::vector<TokenType> types, PreTokenizer pre, int32_t bos_id,
+                              int32_t eos_id, bool add_bos, std::string chat_template = "");
+
+ private:
+  void build_index();
+  void bpe(std::string_view piece, std::vector<int32_t>& out) const;
+  void encode_text(std::string_view text, std::vector<int32_t>& out) const;
+
+  std::vector<std::string> vocab_;                       // [vocab_size] byte-level strings
+  std::vector<TokenType> types_;                         // [vocab_size]
+  std::unordered_map<std::string, int32_t> ids_;         // vocab string -> id
+  std::unordered_map<uint64_t, int32_t> merge_rank_;     // (left id << 32 | right id) -> rank
+  std::vector<int32_t> special_ids_;                     // split out before BPE, longest first
+  std::vector<int32_t> eog_ids_;
+  PreTokenizer pre_ = PreTokenizer::gpt2;
+  int32_t bos_id_ = -1;
+  int32_t eos_id_ = -1;
+  bool add_bos_ = false;
+  std::string chat_template_;
+};
+
+// A .gguf file or a folder with tokenizer.json.
+Tokenizer load_tokenizer(const std::string& path);
+
+// Turns a stream of token ids into text, holding back bytes until they form complete UTF-8
+// characters (an invalid sequence is emitted as U+FFFD rather than stalling).
+class StreamDecoder {
+ public:
+  explicit StreamDecoder(const Tokenizer& tok, bool skip_special = false)
+      : tok_(&tok), skip_special_(skip_special) {}
+  // Returns the text completed by this token (possibly empty).
+  std::string push(int32_t id);
+  // Returns whatever is held back (incomplete sequences as U+FFFD).
+  std::string flush();
+
+ private:
+  const Tokenizer* tok_;
+  bool skip_special_;
+  std::string pending_;
+};
+
+}  // namespace pagedattn
