@@ -7,7 +7,11 @@
 // only its filled slots). Full pages get a prefix hash h = SHA-256(parent_h, token ids, cache salt)
 // once committed; a new sequence can attach the longest chain of cached pages matching its tokens.
 //
-// Every mutating call validates first and changes nothing when it throws.
+// Every mutating call validates first and changes nothing when it throws. Unknown sequence ids,
+// out-of-range layers or pages, and negative counts raise Error naming the argument.
+//
+// kv_len(seq) is the number of reserved positions (append_slots reserves, the caller writes the K/V
+// of those positions through layer_view() before commit). Sequence ids are never reused.
 #pragma once
 
 #include <array>
@@ -17,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "pagedattn/block_allocator.h"
 #include "pagedattn/dtype.h"
 #include "pagedattn/paged_kv.h"
 #include "pagedattn/tensor.h"
@@ -90,12 +95,20 @@ class KvCache {
   // The view of one layer's pools (for the attention kernels and the write path).
   PagedKVView layer_view(int32_t layer) const;
   // fp8 caches: per-head scales of one layer (host values; copied to the pools' device). Must be set
-  // for every layer before any write; they never change afterwards.
+  // for every layer before any write; they never change afterwards (setting a layer twice, scales
+  // that are not finite and > 0, or scales for a non-fp8 cache raise Error). append_slots on an fp8
+  // cache raises Error until every layer has its scales.
   void set_scales(int32_t layer, std::span<const float> k_scale, std::span<const float> v_scale);
+  // True when writes are allowed: a non-fp8 cache, or an fp8 cache with every layer's scales set.
   bool scales_set() const;
 
   KvCacheStats stats() const;
   int32_t refcount(int32_t page) const;
+  // Whether a page holds a prefix hash (registered in the hash -> page map).
+  bool page_has_hash(int32_t page) const;
+  const std::string& cache_salt(SeqId seq) const;
+  // The page allocator (read-only: free list, LRU order of cached pages).
+  const BlockAllocator& allocator() const;
 
  private:
   struct Impl;
