@@ -30,6 +30,7 @@ Tensor Tensor::empty(std::vector<int64_t> shape, DType dtype, Device device) {
     PA_CHECK(p || !rounded, "Tensor::empty: out of host memory allocating ", bytes, " bytes");
     t.data_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
   } else {
+    PA_CHECK(cuda_available(), "Tensor::empty: device cuda requested but no CUDA device is usable");
     void* p = bytes ? detail::cuda_malloc(bytes) : nullptr;
     t.data_ = std::shared_ptr<void>(p, [](void* q) {
       if (q) detail::cuda_free(q);
