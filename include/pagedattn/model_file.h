@@ -57,4 +57,13 @@ struct ModelFile {
 // the file and the tensor or key at fault.
 ModelFile load_model_file(const std::string& path);
 
+// The parts, for tools and tests.
+// Every tensor of one .safetensors file (F32, F16, BF16), converted to f32, by its stored name.
+std::map<std::string, Tensor> load_safetensors(const std::string& path);
+// A Hugging Face config.json (its text) as ModelConfig; file names the source in errors.
+ModelConfig parse_hf_config(const std::string& json_text, const std::string& file);
+// Checks that the tensors a config needs are present with the right shapes (Error names the first
+// one at fault); drops tensors the runtime does not use.
+void check_model_tensors(ModelFile& mf);
+
 }  // namespace pagedattn

@@ -1,0 +1,154 @@
+// Dequantisation of ggml block formats to f32.
+//
+// Block layouts (all little-endian, f16 scales):
+//   Q8_0 (32 values, 34 bytes): d, int8 q[32]                      x = d * q
+//   Q4_0 (32 values, 18 bytes): d, u8 qs[16]                       x = d * (nibble - 8)
+//   Q4_1 (32 values, 20 bytes): d, m, u8 qs[16]                    x = d * nibble + m
+//        value j < 16 is the low nibble of qs[j], value j + 16 its high nibble.
+//   Q4_K (256 values, 144 bytes): d, dmin, u8 scales[12], u8 qs[128]
+//        8 sub-blocks of 32 with 6-bit scale sc and min mn: x = d * sc * nibble - dmin * mn.
+//        Sub-blocks 2c and 2c+1 share qs[32c .. 32c+32): low nibbles, then high nibbles.
+//   Q6_K (256 values, 210 bytes): u8 ql[128], u8 qh[64], int8 scales[16], d
+//        6-bit q = 4 low bits from ql | 2 high bits from qh, x = d * scale[v / 16] * (q - 32).
+#include <cstring>
+
+#include "pagedattn/dtype.h"
+#include "pagedattn/error.h"
+#include "pagedattn/gguf.h"
+
+namespace pagedattn {
+
+namespace {
+
+float read_f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+// src: [n / 32 blocks of 34 bytes]
+void dequant_q8_0(const uint8_t* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b, src += 34, dst += 32) {
+    const float d = read_f16(src);
+    const int8_t* q = reinterpret_cast<const int8_t*>(src + 2);
+    for (int j = 0; j < 32; ++j) dst[j] = d * float(q[j]);
+  }
+}
+
+// src: [n / 32 blocks of 18 bytes]
+void dequant_q4_0(const uint8_t* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b, src += 18, dst += 32) {
+    const float d = read_f16(src);
+    const uint8_t* qs = src + 2;
+    for (int j = 0; j < 16; ++j) {
+      dst[j] = d * float(int(qs[j] & 0xf) - 8);
+      dst[j + 16] = d * float(int(qs[j] >> 4) - 8);
+    }
+  }
+}
+
+// src: [n / 32 blocks of 20 bytes]
+void dequant_q4_1(const uint8_t* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b, src += 20, dst += 32) {
+    const float d = read_f16(src);
+    const float m = read_f16(src + 2);
+    const uint8_t* qs = src + 4;
+    for (int j = 0; j < 16; ++j) {
+      dst[j] = d * float(qs[j] & 0xf) + m;
+      dst[j + 16] = d * float(qs[j] >> 4) + m;
+    }
+  }
+}
+
+// The 6-bit scale and min of Q4_K sub-block i (0..7) from the 12 packed bytes: sub-blocks 0-3 keep
+// theirs in the low 6 bits of bytes i (scale) and i+4 (min); sub-blocks 4-7 put their low 4 bits in
+// the nibbles of byte i+4 and their top 2 bits in the spare top bits of bytes i-4 and i.
+void q4k_scale_min(const uint8_t* s, int i, int& sc, int& mn) {
+  if (i < 4) {
+    sc = s[i] & 63;
+    mn = s[i + 4] & 63;
+  } else {
+    sc = (s[i + 4] & 0xf) | ((s[i - 4] >> 6) << 4);
+    mn = (s[i + 4] >> 4) | ((s[i] >> 6) << 4);
+  }
+}
+
+// src: [n / 256 blocks of 144 bytes]
+void dequant_q4_k(const uint8_t* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / 256; ++b, src += 144, dst += 256) {
+    const float d = read_f16(src);
+    const float dmin = read_f16(src + 2);
+    const uint8_t* scales = src + 4;
+    const uint8_t* qs = src + 16;
+    for (int c = 0; c < 4; ++c) {
+      int sc0, mn0, sc1, mn1;
+      q4k_scale_min(scales, 2 * c, sc0, mn0);
+      q4k_scale_min(scales, 2 * c + 1, sc1, mn1);
+      const float d0 = d * float(sc0), m0 = dmin * float(mn0);
+      const float d1 = d * float(sc1), m1 = dmin * float(mn1);
+      const uint8_t* q = qs + 32 * c;
+      float* y = dst + 64 * c;
+      for (int l = 0; l < 32; ++l) {
+        y[l] = d0 * float(q[l] & 0xf) - m0;
+        y[l + 32] = d1 * float(q[l] >> 4) - m1;
+      }
+    }
+  }
+}
+
+// src: [n / 256 blocks of 210 bytes]
+void dequant_q6_k(const uint8_t* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / 256; ++b, src += 210, dst += 256) {
+    const uint8_t* ql = src;
+    const uint8_t* qh = src + 128;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(src + 192);
+    const float d = read_f16(src + 208);
+    // Each half of 128 values uses ql[64h .. 64h+64), qh[32h .. 32h+32), scales[8h .. 8h+8).
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* l4 = ql + 64 * h;
+      const uint8_t* h2 = qh + 32 * h;
+      const int8_t* s = sc + 8 * h;
+      float* y = dst + 128 * h;
+      for (int l = 0; l < 32; ++l) {
+        const int g = l / 16;
+        const int q0 = int((l4[l] & 0xf) | ((h2[l] & 3) << 4)) - 32;
+        const int q1 = int((l4[l + 32] & 0xf) | (((h2[l] >> 2) & 3) << 4)) - 32;
+        const int q2 = int((l4[l] >> 4) | (((h2[l] >> 4) & 3) << 4)) - 32;
+        const int q3 = int((l4[l + 32] >> 4) | (((h2[l] >> 6) & 3) << 4)) - 32;
+        y[l] = d * float(s[g]) * float(q0);
+        y[l + 32] = d * float(s[g + 2]) * float(q1);
+        y[l + 64] = d * float(s[g + 4]) * float(q2);
+        y[l + 96] = d * float(s[g + 6]) * float(q3);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void dequantize_row(GGMLType t, const void* src_v, float* dst, int64_t n) {
+  const uint8_t* src = static_cast<const uint8_t*>(src_v);
+  PA_CHECK(n >= 0 && n % ggml_block_size(t) == 0, "dequantize_row: n = ", n,
+           " is not a multiple of the ", ggml_type_name(uint32_t(t)), " block size");
+  switch (t) {
+    case GGMLType::f32: std::memcpy(dst, src, size_t(n) * 4); return;
+    case GGMLType::f16:
+      for (int64_t i = 0; i < n; ++i) dst[i] = read_f16(src + 2 * i);
+      return;
+    case GGMLType::bf16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        dst[i] = bf16_to_f32(h);
+      }
+      return;
+    case GGMLType::q8_0: dequant_q8_0(src, dst, n); return;
+    case GGMLType::q4_0: dequant_q4_0(src, dst, n); return;
+    case GGMLType::q4_1: dequant_q4_1(src, dst, n); return;
+    case GGMLType::q4_k: dequant_q4_k(src, dst, n); return;
+    case GGMLType::q6_k: dequant_q6_k(src, dst, n); return;
+  }
+  fail("dequantize_row: unsupported type ", ggml_type_name(uint32_t(t)));
+}
+
+}  // namespace pagedattn
