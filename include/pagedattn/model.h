@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "pagedattn/kv_cache.h"
@@ -31,5 +32,9 @@ class Model {
   // Returns logits [logit_rows.size(), vocab_size] as f32 on the CPU.
   virtual Tensor forward(const ForwardBatch& batch, KvCache& cache) = 0;
 };
+
+// The runner for a loaded model file on `device`: the Llama family (llama, mistral, qwen2, qwen3).
+// Throws Error for an architecture or device that has no forward path.
+std::unique_ptr<Model> create_model(const ModelFile& file, Device device);
 
 }  // namespace pagedattn

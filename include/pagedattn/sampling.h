@@ -1,0 +1,90 @@
+// Picking the next token from a row of logits, and stopping on token ids or strings.
+//
+// The order follows Hugging Face and vLLM: repetition penalty on the raw logits, then (temperature
+// 0: argmax) temperature, softmax, top-k, top-p on what top-k left (renormalised), min-p, and a
+// draw from the renormalised survivors with a seeded RNG (the same seed gives the same tokens).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pagedattn {
+
+struct SamplingParams {
+  float temperature = 1.f;          // >= 0; 0: greedy (argmax, lowest id on ties)
+  int32_t top_k = 0;                // <= 0: off; else keep the k most likely
+  float top_p = 1.f;                // (0, 1]; keep the smallest most-likely set with mass >= top_p
+  float min_p = 0.f;                // [0, 1]; drop tokens with p < min_p * max p
+  float repetition_penalty = 1.f;   // > 0; 1: off (CTRL: logit > 0 ? logit / r : logit * r)
+  uint64_t seed = 0;
+  std::vector<int32_t> stop_token_ids;  // generation ends after emitting one (not shown)
+  std::vector<std::string> stop;        // stop strings, matched on the decoded text and trimmed
+};
+
+// Throws Error ("sampling: <field> ...") for a value out of range.
+void validate_sampling_params(const SamplingParams& params);
+
+// A small, fast, seedable generator (splitmix64): identical streams on every platform.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t next();
+  // Uniform in [0, 1) with 53 random bits.
+  double uniform();
+
+ private:
+  uint64_t state_;
+};
+
+// Applies the CTRL repetition penalty in place to every distinct token of history.
+// logits: [vocab]. Throws Error for a token outside the vocabulary or a penalty <= 0.
+void apply_repetition_penalty(std::span<float> logits, std::span<const int32_t> history,
+                              float penalty);
+
+struct TokenProb {
+  int32_t token;
+  double prob;
+};
+
+// The distribution sample() draws from: the surviving tokens, most likely first (ties: lower id
+// first), probabilities summing to 1. Greedy (temperature 0) gives the argmax with probability 1.
+std::vector<TokenProb> sampling_distribution(std::span<const float> logits,
+                                             const SamplingParams& params,
+                                             std::span<const int32_t> history);
+
+// Draws tokens for one sequence; owns its RNG, seeded from params.seed.
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& params);
+  // logits: [vocab]; history: the ids the repetition penalty looks at (prompt and output so far).
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+  bool is_stop_token(int32_t token) const;
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  SamplingParams params_;
+  Rng rng_;
+};
+
+// Stop strings on streamed text. feed() takes each newly decoded piece and returns what is safe to
+// show now: text that can no longer become part of a stop string. A suffix that might still grow
+// into one is held back. Once a stop string appears, stopped() turns true and the text from the
+// stop string on is dropped.
+class StopStringMatcher {
+ public:
+  explicit StopStringMatcher(std::vector<std::string> stops);
+  std::string feed(std::string_view text);
+  // The held-back text, at the end of generation (empty once stopped).
+  std::string flush();
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string pending_;
+  bool stopped_ = false;
+};
+
+}  // namespace pagedattn

@@ -1,0 +1,266 @@
+// LlamaModel on the CPU: weights by Hugging Face name, fp32 forward over the paged KV cache.
+#include <algorithm>
+#include <cstring>
+#include <unordered_set>
+
+#include "cpu_ops.h"
+#include "pagedattn/attention.h"
+#include "pagedattn/error.h"
+#include "pagedattn/llama.h"
+#include "rope.h"
+
+namespace pagedattn {
+
+namespace {
+
+constexpr const char* kOp = "LlamaModel";
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+bool supported_architecture(const std::string& a) {
+  return a == "llama" || a == "mistral" || a == "qwen2" || a == "qwen3";
+}
+
+// The f32 CPU tensor `name` of exactly `shape`, or Error naming it.
+const float* weight(const std::map<std::string, Tensor>& tensors, const std::string& name,
+                    const std::vector<int64_t>& shape) {
+  auto it = tensors.find(name);
+  PA_CHECK(it != tensors.end(), kOp, ": tensor ", name, " is missing from the model file");
+  const Tensor& t = it->second;
+  PA_CHECK(t.dtype() == DType::f32, kOp, ": tensor ", name, " has dtype ", dtype_name(t.dtype()),
+           ", expected f32");
+  PA_CHECK(t.device() == Device::cpu, kOp, ": tensor ", name, " is on ", device_name(t.device()),
+           ", expected cpu");
+  PA_CHECK(t.shape() == shape, kOp, ": tensor ", name, " has shape ", t.shape_str(), ", expected ",
+           shape_text(shape));
+  return t.data_as<float>();
+}
+
+}  // namespace
+
+LlamaModel::LlamaModel(const ModelFile& file) : config_(file.config), tensors_(file.tensors) {
+  ModelConfig& c = config_;
+  PA_CHECK(supported_architecture(c.architecture), kOp, ": architecture '", c.architecture,
+           "' is not supported (llama, mistral, qwen2, qwen3)");
+  PA_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0 && c.num_layers > 0,
+           kOp, ": config needs positive vocab_size, hidden_size, intermediate_size and num_layers");
+  PA_CHECK(c.num_q_heads > 0 && c.num_kv_heads > 0, kOp,
+           ": config needs positive num_q_heads and num_kv_heads");
+  PA_CHECK(c.num_q_heads % c.num_kv_heads == 0, kOp, ": num_q_heads (", c.num_q_heads,
+           ") is not a multiple of num_kv_heads (", c.num_kv_heads, ")");
+  if (c.head_dim == 0) {
+    PA_CHECK(c.hidden_size % c.num_q_heads == 0, kOp, ": hidden_size (", c.hidden_size,
+             ") is not a multiple of num_q_heads (", c.num_q_heads, ") and head_dim is not set");
+    c.head_dim = c.hidden_size / c.num_q_heads;
+  }
+  PA_CHECK(c.rms_norm_eps > 0.f, kOp, ": rms_norm_eps must be positive");
+  PA_CHECK(c.sliding_window >= 0, kOp, ": sliding_window must be >= 0");
+  inv_freq_ = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling);
+
+  const int64_t hidden = c.hidden_size, inter = c.intermediate_size, d = c.head_dim;
+  const int64_t q_dim = int64_t(c.num_q_heads) * d, kv_dim = int64_t(c.num_kv_heads) * d;
+  embed_ = weight(tensors_, "model.embed_tokens.weight", {c.vocab_size, hidden});
+  final_norm_ = weight(tensors_, "model.norm.weight", {hidden});
+  lm_head_ = tensors_.count("lm_head.weight")
+                 ? weight(tensors_, "lm_head.weight", {c.vocab_size, hidden})
+                 : embed_;
+  for (int32_t i = 0; i < c.num_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    Layer L{};
+    L.attn_norm = weight(tensors_, p + "input_layernorm.weight", {hidden});
+    L.wq = weight(tensors_, p + "self_attn.q_proj.weight", {q_dim, hidden});
+    L.wk = weight(tensors_, p + "self_attn.k_proj.weight", {kv_dim, hidden});
+    L.wv = weight(tensors_, p + "self_attn.v_proj.weight", {kv_dim, hidden});
+    if (c.attention_bias) {
+      L.bq = weight(tensors_, p + "self_attn.q_proj.bias", {q_dim});
+      L.bk = weight(tensors_, p + "self_attn.k_proj.bias", {kv_dim});
+      L.bv = weight(tensors_, p + "self_attn.v_proj.bias", {kv_dim});
+    }
+    if (c.qk_norm) {
+      L.q_norm = weight(tensors_, p + "self_attn.q_norm.weight", {d});
+      L.k_norm = weight(tensors_, p + "self_attn.k_norm.weight", {d});
+    }
+    L.wo = weight(tensors_, p + "self_attn.o_proj.weight", {hidden, q_dim});
+    L.mlp_norm = weight(tensors_, p + "post_attention_layernorm.weight", {hidden});
+    L.w_gate = weight(tensors_, p + "mlp.gate_proj.weight", {inter, hidden});
+    L.w_up = weight(tensors_, p + "mlp.up_proj.weight", {inter, hidden});
+    L.w_down = weight(tensors_, p + "mlp.down_proj.weight", {hidden, inter});
+    layers_.push_back(L);
+  }
+}
+
+void LlamaModel::validate(const ForwardBatch& b, const KvCache& cache) const {
+  constexpr const char* op = "LlamaModel::forward";
+  const KvCacheConfig& cc = cache.config();
+  PA_CHECK(cc.device == Device::cpu, op, ": cache is on ", device_name(cc.device),
+           "; the CPU model needs a CPU cache");
+  PA_CHECK(cc.num_layers == config_.num_layers && cc.num_kv_heads == config_.num_kv_heads &&
+               cc.head_dim == config_.head_dim,
+           op, ": cache has ", cc.num_layers, " layers x ", cc.num_kv_heads, " KV heads x head_dim ",
+           cc.head_dim, ", the model needs ", config_.num_layers, " x ", config_.num_kv_heads,
+           " x ", config_.head_dim);
+  const size_t num_seqs = b.seqs.size(), num_tokens = b.tokens.size();
+  PA_CHECK(b.q_indptr.size() == num_seqs + 1, op, ": batch.q_indptr has ", b.q_indptr.size(),
+           " entries, expected num_seqs + 1 = ", num_seqs + 1);
+  PA_CHECK(b.q_indptr[0] == 0, op, ": batch.q_indptr[0] must be 0, got ", b.q_indptr[0]);
+  for (size_t s = 0; s < num_seqs; ++s) {
+    PA_CHECK(b.q_indptr[s + 1] >= b.q_indptr[s], op, ": batch.q_indptr decreases at ", s + 1);
+  }
+  PA_CHECK(size_t(b.q_indptr[num_seqs]) == num_tokens, op, ": batch.q_indptr ends at ",
+           b.q_indptr[num_seqs], " but batch.tokens has ", num_tokens);
+  PA_CHECK(b.positions.size() == num_tokens, op, ": batch.positions has ", b.positions.size(),
+           " entries, batch.tokens ", num_tokens);
+  PA_CHECK(b.slots.size() == num_tokens, op, ": batch.slots has ", b.slots.size(),
+           " entries, batch.tokens ", num_tokens);
+  for (size_t t = 0; t < num_tokens; ++t) {
+    PA_CHECK(b.tokens[t] >= 0 && b.tokens[t] < config_.vocab_size, op, ": batch.tokens[", t,
+             "] = ", b.tokens[t], " is outside the vocabulary of ", config_.vocab_size);
+  }
+  for (size_t r = 0; r < b.logit_rows.size(); ++r) {
+    PA_CHECK(b.logit_rows[r] >= 0 && size_t(b.logit_rows[r]) < num_tokens, op,
+             ": batch.logit_rows[", r, "] = ", b.logit_rows[r], " is not a token row (",
+             num_tokens, " tokens)");
+  }
+  std::unordered_set<SeqId> seen;
+  const int32_t ps = cc.page_size;
+  for (size_t s = 0; s < num_seqs; ++s) {
+    const SeqId seq = b.seqs[s];
+    PA_CHECK(cache.has_sequence(seq), op, ": batch.seqs[", s, "] = ", seq, " is not in the cache");
+    PA_CHECK(seen.insert(seq).second, op, ": batch.seqs[", s, "] = ", seq, " appears twice");
+    const int32_t kv = cache.kv_len(seq), q_len = b.q_indptr[s + 1] - b.q_indptr[s];
+    PA_CHECK(q_len <= kv, op, ": sequence ", seq, " has ", q_len, " new tokens but kv_len ", kv,
+             " (reserve their slots with append_slots first)");
+    const auto table = cache.block_table(seq);
+    PA_CHECK(int64_t(table.size()) * ps >= kv, op, ": sequence ", seq, " has kv_len ", kv,
+             " beyond its block table of ", table.size(), " pages");
+    for (int32_t j = 0; j < q_len; ++j) {
+      const size_t t = size_t(b.q_indptr[s] + j);
+      const int32_t pos = kv - q_len + j;
+      PA_CHECK(b.positions[t] == pos, op, ": batch.positions[", t, "] = ", b.positions[t],
+               ", expected ", pos, " (kv_len - q_len + j of sequence ", seq, ")");
+      const int32_t slot = table[size_t(pos / ps)] * ps + pos % ps;
+      PA_CHECK(b.slots[t] == slot, op, ": batch.slots[", t, "] = ", b.slots[t], ", expected ",
+               slot, " (position ", pos, " of sequence ", seq, " in its block table)");
+    }
+  }
+}
+
+Tensor LlamaModel::forward(const ForwardBatch& batch, KvCache& cache) {
+  validate(batch, cache);
+  const ModelConfig& c = config_;
+  const int32_t num_seqs = int32_t(batch.seqs.size());
+  const int32_t num_tokens = int32_t(batch.tokens.size());
+  const int64_t hidden = c.hidden_size;
+  Tensor logits = Tensor::empty({int64_t(batch.logit_rows.size()), c.vocab_size}, DType::f32);
+  if (num_tokens == 0) return logits;
+
+  // Plan once per step, reused by every layer: kv_len, block tables padded to the longest,
+  // RoPE tables for the tokens' positions.
+  size_t max_pages = 1;
+  for (SeqId s : batch.seqs) max_pages = std::max(max_pages, cache.block_table(s).size());
+  ws_.kv_len.resize(size_t(num_seqs));
+  ws_.block_table.assign(size_t(num_seqs) * max_pages, 0);
+  for (int32_t s = 0; s < num_seqs; ++s) {
+    ws_.kv_len[size_t(s)] = cache.kv_len(batch.seqs[size_t(s)]);
+    const auto table = cache.block_table(batch.seqs[size_t(s)]);
+    std::copy(table.begin(), table.end(), ws_.block_table.begin() + ptrdiff_t(s * max_pages));
+  }
+  BatchLayout layout;
+  layout.num_seqs = num_seqs;
+  layout.q_indptr = batch.q_indptr.data();
+  layout.kv_len = ws_.kv_len.data();
+  layout.block_table = ws_.block_table.data();
+  layout.max_pages_per_seq = int32_t(max_pages);
+  const size_t half = size_t(c.head_dim / 2);
+  ws_.rope_cos.resize(size_t(num_tokens) * half);
+  ws_.rope_sin.resize(size_t(num_tokens) * half);
+  rope_tables(inv_freq_, batch.positions.data(), num_tokens, ws_.rope_cos.data(),
+              ws_.rope_sin.data());
+
+  ws_.x.resize(size_t(num_tokens) * size_t(hidden));
+  for (int32_t t = 0; t < num_tokens; ++t) {
+    std::memcpy(ws_.x.data() + t * hidden, embed_ + int64_t(batch.tokens[size_t(t)]) * hidden,
+                size_t(hidden) * sizeof(float));
+  }
+  for (int32_t i = 0; i < c.num_layers; ++i) {
+    run_layer(layers_[size_t(i)], i, num_tokens, layout, batch.slots.data(), cache);
+  }
+
+  // Final norm and lm_head for the requested rows only.
+  const int64_t rows = int64_t(batch.logit_rows.size());
+  ws_.h.resize(size_t(rows * hidden));
+  for (int64_t r = 0; r < rows; ++r) {
+    cpu::rms_norm(ws_.x.data() + int64_t(batch.logit_rows[size_t(r)]) * hidden, final_norm_, 1,
+                  hidden, c.rms_norm_eps, ws_.h.data() + r * hidden);
+  }
+  cpu::matmul_wt(ws_.h.data(), rows, hidden, lm_head_, c.vocab_size, logits.data_as<float>());
+  return logits;
+}
+
+void LlamaModel::run_layer(const Layer& w, int32_t layer, int32_t num_tokens,
+                           const BatchLayout& layout, const int32_t* slots, KvCache& cache) {
+  const ModelConfig& c = config_;
+  const int64_t T = num_tokens, hidden = c.hidden_size, inter = c.intermediate_size;
+  const int32_t D = c.head_dim, Hq = c.num_q_heads, Hkv = c.num_kv_heads;
+  const int64_t q_dim = int64_t(Hq) * D, kv_dim = int64_t(Hkv) * D;
+  ws_.h.resize(size_t(T * hidden));
+  ws_.q.resize(size_t(T * q_dim));
+  ws_.k.resize(size_t(T * kv_dim));
+  ws_.v.resize(size_t(T * kv_dim));
+  ws_.attn.resize(size_t(T * q_dim));
+  ws_.gate.resize(size_t(T * inter));
+  ws_.up.resize(size_t(T * inter));
+  float *x = ws_.x.data(), *h = ws_.h.data(), *q = ws_.q.data(), *k = ws_.k.data(),
+        *v = ws_.v.data(), *attn = ws_.attn.data();
+
+  // Attention block.
+  cpu::rms_norm(x, w.attn_norm, T, hidden, c.rms_norm_eps, h);
+  cpu::matmul_wt(h, T, hidden, w.wq, q_dim, q);
+  cpu::matmul_wt(h, T, hidden, w.wk, kv_dim, k);
+  cpu::matmul_wt(h, T, hidden, w.wv, kv_dim, v);
+  if (w.bq) {
+    cpu::add_bias(q, w.bq, T, q_dim);
+    cpu::add_bias(k, w.bk, T, kv_dim);
+    cpu::add_bias(v, w.bv, T, kv_dim);
+  }
+  if (w.q_norm) {
+    cpu::rms_norm(q, w.q_norm, T * Hq, D, c.rms_norm_eps, q);
+    cpu::rms_norm(k, w.k_norm, T * Hkv, D, c.rms_norm_eps, k);
+  }
+  rope_apply(q, num_tokens, Hq, D, ws_.rope_cos.data(), ws_.rope_sin.data());
+  rope_apply(k, num_tokens, Hkv, D, ws_.rope_cos.data(), ws_.rope_sin.data());
+
+  const PagedKVView view = cache.layer_view(layer);
+  write_kv_cpu(view, slots, num_tokens, k, v, DType::f32);
+  const QKVTensor q_t{q, DType::f32, num_tokens, Hq, D};
+  QKVTensor out_t{attn, DType::f32, num_tokens, Hq, D};
+  AttentionOptions opt;
+  opt.window = c.sliding_window;
+  paged_attention_cpu(q_t, view, layout, opt, out_t);
+  cpu::matmul_wt(attn, T, q_dim, w.wo, hidden, h);
+  cpu::add_inplace(x, h, T * hidden);
+
+  // MLP block.
+  cpu::rms_norm(x, w.mlp_norm, T, hidden, c.rms_norm_eps, h);
+  cpu::matmul_wt(h, T, hidden, w.w_gate, inter, ws_.gate.data());
+  cpu::matmul_wt(h, T, hidden, w.w_up, inter, ws_.up.data());
+  cpu::silu_mul(ws_.gate.data(), ws_.up.data(), T * inter);
+  cpu::matmul_wt(ws_.gate.data(), T, inter, w.w_down, hidden, h);
+  cpu::add_inplace(x, h, T * hidden);
+}
+
+}  // namespace pagedattn
+
+namespace pagedattn {
+
+std::unique_ptr<Model> create_model(const ModelFile& file, Device device) {
+  PA_CHECK(device == Device::cpu, "create_model: device ", device_name(device),
+           " has no forward path yet (the CUDA model runner is not implemented; use cpu)");
+  return std::make_unique<LlamaModel>(file);
+}
+
+}  // namespace pagedattn

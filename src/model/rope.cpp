@@ -1,0 +1,70 @@
+#include "rope.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "pagedattn/error.h"
+
+namespace pagedattn {
+
+std::vector<double> rope_inv_freq(int32_t head_dim, float theta, const RopeScaling& scaling) {
+  PA_CHECK(head_dim > 0 && head_dim % 2 == 0, "rope: head_dim must be positive and even, got ",
+           head_dim);
+  PA_CHECK(theta > 0.f, "rope: rope_theta must be positive, got ", theta);
+  const int32_t half = head_dim / 2;
+  std::vector<double> inv(static_cast<size_t>(half));
+  for (int32_t i = 0; i < half; ++i) inv[size_t(i)] = std::pow(double(theta), -2.0 * i / head_dim);
+  if (scaling.type.empty() || scaling.type == "default") return inv;
+  PA_CHECK(scaling.type == "llama3", "rope: rope_scaling type '", scaling.type,
+           "' is not supported (only llama3)");
+  PA_CHECK(scaling.factor > 0.f && scaling.high_freq_factor > scaling.low_freq_factor &&
+               scaling.low_freq_factor > 0.f && scaling.original_max_position > 0,
+           "rope: rope_scaling needs factor > 0, high_freq_factor > low_freq_factor > 0 and "
+           "original_max_position > 0");
+  // Wavelengths longer than original / low_freq_factor are slowed by `factor`; shorter than
+  // original / high_freq_factor kept; in between a linear blend in original / wavelength.
+  const double orig = scaling.original_max_position;
+  const double lo = scaling.low_freq_factor, hi = scaling.high_freq_factor;
+  const double low_wavelen = orig / lo, high_wavelen = orig / hi;
+  for (double& f : inv) {
+    const double wavelen = 2.0 * std::numbers::pi / f;
+    if (wavelen > low_wavelen) {
+      f /= scaling.factor;
+    } else if (wavelen >= high_wavelen) {
+      const double smooth = (orig / wavelen - lo) / (hi - lo);
+      f = (1.0 - smooth) * f / scaling.factor + smooth * f;
+    }
+  }
+  return inv;
+}
+
+void rope_tables(const std::vector<double>& inv_freq, const int32_t* positions, int32_t num_tokens,
+                 float* cos, float* sin) {
+  const size_t half = inv_freq.size();
+  for (int32_t t = 0; t < num_tokens; ++t) {
+    for (size_t i = 0; i < half; ++i) {
+      const double angle = double(positions[t]) * inv_freq[i];
+      cos[size_t(t) * half + i] = float(std::cos(angle));
+      sin[size_t(t) * half + i] = float(std::sin(angle));
+    }
+  }
+}
+
+void rope_apply(float* x, int32_t num_tokens, int32_t num_heads, int32_t head_dim,
+                const float* cos, const float* sin) {
+  const int32_t half = head_dim / 2;
+  for (int32_t t = 0; t < num_tokens; ++t) {
+    const float* c = cos + int64_t(t) * half;
+    const float* s = sin + int64_t(t) * half;
+    for (int32_t h = 0; h < num_heads; ++h) {
+      float* v = x + (int64_t(t) * num_heads + h) * head_dim;
+      for (int32_t i = 0; i < half; ++i) {
+        const float a = v[i], b = v[i + half];
+        v[i] = a * c[i] - b * s[i];
+        v[i + half] = b * c[i] + a * s[i];
+      }
+    }
+  }
+}
+
+}  // namespace pagedattn

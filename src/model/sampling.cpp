@@ -1,0 +1,188 @@
+#include "pagedattn/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <unordered_set>
+
+#include "pagedattn/error.h"
+
+namespace pagedattn {
+
+void validate_sampling_params(const SamplingParams& p) {
+  PA_CHECK(std::isfinite(p.temperature) && p.temperature >= 0.f,
+           "sampling: temperature must be >= 0, got ", p.temperature);
+  PA_CHECK(p.top_p > 0.f && p.top_p <= 1.f, "sampling: top_p must be in (0, 1], got ", p.top_p);
+  PA_CHECK(p.min_p >= 0.f && p.min_p <= 1.f, "sampling: min_p must be in [0, 1], got ", p.min_p);
+  PA_CHECK(std::isfinite(p.repetition_penalty) && p.repetition_penalty > 0.f,
+           "sampling: repetition_penalty must be > 0, got ", p.repetition_penalty);
+  for (size_t i = 0; i < p.stop.size(); ++i) {
+    PA_CHECK(!p.stop[i].empty(), "sampling: stop[", i, "] is an empty string");
+  }
+}
+
+uint64_t Rng::next() {
+  uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+double Rng::uniform() { return double(next() >> 11) * 0x1.0p-53; }
+
+void apply_repetition_penalty(std::span<float> logits, std::span<const int32_t> history,
+                              float penalty) {
+  PA_CHECK(penalty > 0.f, "repetition_penalty: penalty must be > 0, got ", penalty);
+  const int64_t vocab = int64_t(logits.size());
+  for (size_t i = 0; i < history.size(); ++i) {
+    PA_CHECK(history[i] >= 0 && history[i] < vocab, "repetition_penalty: history[", i, "] = ",
+             history[i], " is outside the vocabulary of ", vocab);
+  }
+  if (penalty == 1.f) return;
+  std::unordered_set<int32_t> done;
+  for (int32_t t : history) {
+    if (!done.insert(t).second) continue;
+    float& l = logits[size_t(t)];
+    l = l > 0.f ? l / penalty : l * penalty;
+  }
+}
+
+namespace {
+
+int32_t argmax(std::span<const float> x) {
+  int32_t best = 0;
+  for (size_t i = 1; i < x.size(); ++i) {
+    if (x[i] > x[size_t(best)]) best = int32_t(i);
+  }
+  return best;
+}
+
+bool more_likely(const TokenProb& a, const TokenProb& b) {
+  return a.prob > b.prob || (a.prob == b.prob && a.token < b.token);
+}
+
+}  // namespace
+
+std::vector<TokenProb> sampling_distribution(std::span<const float> logits,
+                                             const SamplingParams& p,
+                                             std::span<const int32_t> history) {
+  validate_sampling_params(p);
+  PA_CHECK(!logits.empty(), "sampling: logits are empty");
+  std::vector<float> l(logits.begin(), logits.end());
+  apply_repetition_penalty(l, history, p.repetition_penalty);
+  if (p.temperature == 0.f) return {TokenProb{argmax(l), 1.0}};
+
+  // Softmax at the temperature, in double.
+  const float mx = *std::max_element(l.begin(), l.end());
+  PA_CHECK(std::isfinite(mx), "sampling: logits have no finite maximum");
+  std::vector<TokenProb> c(l.size());
+  double sum = 0.0;
+  for (size_t i = 0; i < l.size(); ++i) {
+    const double e = std::exp((double(l[i]) - double(mx)) / double(p.temperature));
+    c[i] = TokenProb{int32_t(i), e};
+    sum += e;
+  }
+  for (TokenProb& t : c) t.prob /= sum;
+
+  // Order only as much as the filters need: the k best for top-k, everything for top-p.
+  size_t keep = c.size();
+  if (p.top_k > 0 && size_t(p.top_k) < keep) {
+    keep = size_t(p.top_k);
+    std::partial_sort(c.begin(), c.begin() + ptrdiff_t(keep), c.end(), more_likely);
+  } else {
+    std::sort(c.begin(), c.end(), more_likely);
+  }
+  c.resize(keep);
+  double mass = 0.0;
+  for (const TokenProb& t : c) mass += t.prob;
+  if (p.top_p < 1.f) {
+    // Smallest prefix whose renormalised mass reaches top_p (the token crossing it included).
+    double cum = 0.0;
+    size_t n = 0;
+    while (n < c.size()) {
+      cum += c[n].prob / mass;
+      ++n;
+      if (cum >= double(p.top_p)) break;
+    }
+    c.resize(n);
+  }
+  if (p.min_p > 0.f) {
+    const double floor = double(p.min_p) * c.front().prob;
+    size_t n = 1;
+    while (n < c.size() && c[n].prob >= floor) ++n;
+    c.resize(n);
+  }
+  mass = 0.0;
+  for (const TokenProb& t : c) mass += t.prob;
+  for (TokenProb& t : c) t.prob /= mass;
+  return c;
+}
+
+Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
+  validate_sampling_params(params_);
+}
+
+int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+  if (params_.temperature == 0.f) {
+    if (params_.repetition_penalty == 1.f) {
+      PA_CHECK(!logits.empty(), "sampling: logits are empty");
+      return argmax(logits);
+    }
+    return sampling_distribution(logits, params_, history).front().token;
+  }
+  const std::vector<TokenProb> dist = sampling_distribution(logits, params_, history);
+  const double u = rng_.uniform();
+  double cum = 0.0;
+  for (const TokenProb& t : dist) {
+    cum += t.prob;
+    if (u < cum) return t.token;
+  }
+  return dist.back().token;  // u within rounding of 1
+}
+
+bool Sampler::is_stop_token(int32_t token) const {
+  return std::find(params_.stop_token_ids.begin(), params_.stop_token_ids.end(), token) !=
+         params_.stop_token_ids.end();
+}
+
+StopStringMatcher::StopStringMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {
+  for (size_t i = 0; i < stops_.size(); ++i) {
+    PA_CHECK(!stops_[i].empty(), "StopStringMatcher: stops[", i, "] is an empty string");
+  }
+}
+
+std::string StopStringMatcher::feed(std::string_view text) {
+  if (stopped_) return {};
+  pending_.append(text);
+  // The earliest stop string wins.
+  size_t cut = std::string::npos;
+  for (const std::string& s : stops_) cut = std::min(cut, pending_.find(s));
+  if (cut != std::string::npos) {
+    stopped_ = true;
+    std::string out = pending_.substr(0, cut);
+    pending_.clear();
+    return out;
+  }
+  // Hold back the longest suffix that is a proper prefix of some stop string.
+  size_t hold = 0;
+  for (const std::string& s : stops_) {
+    for (size_t n = std::min(s.size() - 1, pending_.size()); n > hold; --n) {
+      if (pending_.compare(pending_.size() - n, n, s, 0, n) == 0) {
+        hold = n;
+        break;
+      }
+    }
+  }
+  std::string out = pending_.substr(0, pending_.size() - hold);
+  pending_.erase(0, pending_.size() - hold);
+  return out;
+}
+
+std::string StopStringMatcher::flush() {
+  std::string out;
+  out.swap(pending_);
+  return out;
+}
+
+}  // namespace pagedattn

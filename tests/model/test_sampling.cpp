@@ -1,0 +1,237 @@
+// Sampling: each filter's support checked by drawing many times, against probabilities computed here.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "pagedattn/error.h"
+#include "pagedattn/sampling.h"
+
+using namespace pagedattn;
+
+namespace {
+
+// Logits whose softmax (temperature 1) is exactly `probs`.
+std::vector<float> logits_for(const std::vector<double>& probs) {
+  std::vector<float> l;
+  for (double p : probs) l.push_back(float(std::log(p)));
+  return l;
+}
+
+// Draw n tokens; counts per token.
+std::map<int32_t, int> draw(const SamplingParams& p, const std::vector<float>& logits, int n,
+                            std::vector<int32_t> history = {}) {
+  Sampler s(p);
+  std::map<int32_t, int> counts;
+  for (int i = 0; i < n; ++i) ++counts[s.sample(logits, history)];
+  return counts;
+}
+
+std::set<int32_t> support(const std::map<int32_t, int>& counts) {
+  std::set<int32_t> s;
+  for (auto [t, c] : counts) s.insert(t);
+  return s;
+}
+
+// Each observed frequency within 5 standard deviations of the expected probability.
+void expect_frequencies(const std::map<int32_t, int>& counts, const std::map<int32_t, double>& want,
+                        int n) {
+  for (auto [t, p] : want) {
+    const double sd = std::sqrt(p * (1 - p) / n);
+    const double got = counts.count(t) ? double(counts.at(t)) / n : 0.0;
+    EXPECT_NEAR(got, p, 5 * sd + 1e-9) << "token " << t;
+  }
+}
+
+const std::vector<double> kProbs = {0.05, 0.4, 0.1, 0.25, 0.2};  // order: 1, 3, 4, 2, 0
+
+TEST(Sampling, GreedyIsArgmaxLowestIdOnTies) {
+  SamplingParams p;
+  p.temperature = 0.f;
+  Sampler s(p);
+  EXPECT_EQ(s.sample(logits_for(kProbs), {}), 1);
+  EXPECT_EQ(s.sample(std::vector<float>{1.f, 3.f, 3.f, -2.f}, {}), 1);
+  EXPECT_EQ(s.sample(std::vector<float>{-5.f, -7.f, -1.f}, {}), 2);
+  const auto d = sampling_distribution(logits_for(kProbs), p, {});
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].token, 1);
+  EXPECT_EQ(d[0].prob, 1.0);
+}
+
+TEST(Sampling, TemperatureOneFollowsSoftmax) {
+  SamplingParams p;
+  p.seed = 1;
+  const int n = 40000;
+  std::map<int32_t, double> want;
+  for (size_t i = 0; i < kProbs.size(); ++i) want[int32_t(i)] = kProbs[i];
+  expect_frequencies(draw(p, logits_for(kProbs), n), want, n);
+}
+
+TEST(Sampling, TemperatureSharpensAndFlattens) {
+  SamplingParams p;
+  p.temperature = 0.5f;  // p_i^2 renormalised
+  auto d = sampling_distribution(logits_for(kProbs), p, {});
+  double z = 0;
+  for (double q : kProbs) z += q * q;
+  for (const TokenProb& t : d) EXPECT_NEAR(t.prob, kProbs[size_t(t.token)] * kProbs[size_t(t.token)] / z, 1e-6);
+  p.temperature = 100.f;  // nearly uniform
+  d = sampling_distribution(logits_for(kProbs), p, {});
+  for (const TokenProb& t : d) EXPECT_NEAR(t.prob, 0.2, 0.01);
+}
+
+TEST(Sampling, TopKRestrictsSupport) {
+  SamplingParams p;
+  p.top_k = 3;
+  p.seed = 2;
+  const int n = 30000;
+  const auto c = draw(p, logits_for(kProbs), n);
+  EXPECT_EQ(support(c), (std::set<int32_t>{1, 3, 4}));
+  expect_frequencies(c, {{1, 0.4 / 0.85}, {3, 0.25 / 0.85}, {4, 0.2 / 0.85}}, n);
+}
+
+TEST(Sampling, TopPKeepsSmallestSetReachingP) {
+  SamplingParams p;
+  p.seed = 3;
+  const int n = 30000;
+  p.top_p = 0.6f;  // 0.4 < 0.6 <= 0.65: tokens 1 and 3
+  auto c = draw(p, logits_for(kProbs), n);
+  EXPECT_EQ(support(c), (std::set<int32_t>{1, 3}));
+  expect_frequencies(c, {{1, 0.4 / 0.65}, {3, 0.25 / 0.65}}, n);
+  p.top_p = 0.9f;  // 0.85 < 0.9 <= 0.95: four tokens
+  EXPECT_EQ(support(draw(p, logits_for(kProbs), n)), (std::set<int32_t>{1, 3, 4, 2}));
+  p.top_p = 0.1f;  // the top token alone
+  EXPECT_EQ(support(draw(p, logits_for(kProbs), 1000)), (std::set<int32_t>{1}));
+}
+
+TEST(Sampling, TopPAppliesAfterTopK) {
+  SamplingParams p;
+  p.top_k = 2;       // {1: 0.4, 3: 0.25} -> renormalised {0.615, 0.385}
+  p.top_p = 0.6f;    // 0.615 >= 0.6: token 1 alone
+  EXPECT_EQ(support(draw(p, logits_for(kProbs), 2000)), (std::set<int32_t>{1}));
+}
+
+TEST(Sampling, MinPDropsTokensBelowFractionOfMax) {
+  SamplingParams p;
+  p.seed = 4;
+  p.min_p = 0.55f;  // threshold 0.22: tokens 1 (0.4) and 3 (0.25)
+  const int n = 30000;
+  const auto c = draw(p, logits_for(kProbs), n);
+  EXPECT_EQ(support(c), (std::set<int32_t>{1, 3}));
+  expect_frequencies(c, {{1, 0.4 / 0.65}, {3, 0.25 / 0.65}}, n);
+  p.min_p = 0.2f;  // threshold 0.08: all but token 0
+  EXPECT_EQ(support(draw(p, logits_for(kProbs), n)), (std::set<int32_t>{1, 2, 3, 4}));
+}
+
+TEST(Sampling, SameSeedSameTokensOtherSeedOtherTokens) {
+  std::vector<float> logits(1000);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = float(std::sin(double(i)));
+  SamplingParams p;
+  p.seed = 1234;
+  p.top_p = 0.95f;
+  auto run = [&](uint64_t seed) {
+    p.seed = seed;
+    Sampler s(p);
+    std::vector<int32_t> out;
+    for (int i = 0; i < 64; ++i) out.push_back(s.sample(logits, {}));
+    return out;
+  };
+  EXPECT_EQ(run(1234), run(1234));
+  EXPECT_NE(run(1234), run(1235));
+}
+
+TEST(Sampling, RepetitionPenaltyMath) {
+  std::vector<float> l = {2.f, -2.f, 1.f, 0.5f};
+  apply_repetition_penalty(l, std::vector<int32_t>{0, 1, 0, 1, 1}, 2.f);  // each token once
+  EXPECT_EQ(l, (std::vector<float>{1.f, -4.f, 1.f, 0.5f}));
+  // Greedy with the penalty: token 0 (2.0) falls to 2.0 / 1.5 = 1.33 < 1.5.
+  SamplingParams p;
+  p.temperature = 0.f;
+  p.repetition_penalty = 1.5f;
+  Sampler s(p);
+  const std::vector<float> logits = {2.f, 1.5f, 0.f};
+  EXPECT_EQ(s.sample(logits, std::vector<int32_t>{}), 0);
+  EXPECT_EQ(s.sample(logits, std::vector<int32_t>{0}), 1);
+  EXPECT_THROW(apply_repetition_penalty(l, std::vector<int32_t>{4}, 2.f), Error);
+}
+
+TEST(Sampling, StopTokens) {
+  SamplingParams p;
+  p.stop_token_ids = {2, 7};
+  Sampler s(p);
+  EXPECT_TRUE(s.is_stop_token(7));
+  EXPECT_FALSE(s.is_stop_token(3));
+}
+
+TEST(Sampling, RejectsBadParams) {
+  auto expect = [](SamplingParams p, const std::string& field) {
+    try {
+      Sampler s(p);
+      ADD_FAILURE() << "no Error for " << field;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("sampling: " + field, 0), 0u) << e.what();
+    }
+  };
+  SamplingParams p;
+  p.temperature = -1.f;
+  expect(p, "temperature");
+  p = {};
+  p.top_p = 0.f;
+  expect(p, "top_p");
+  p = {};
+  p.top_p = 1.5f;
+  expect(p, "top_p");
+  p = {};
+  p.min_p = 2.f;
+  expect(p, "min_p");
+  p = {};
+  p.repetition_penalty = 0.f;
+  expect(p, "repetition_penalty");
+  p = {};
+  p.stop = {"ok", ""};
+  expect(p, "stop[1]");
+}
+
+TEST(StopStrings, TrimsAtTheStopStringAcrossPieces) {
+  StopStringMatcher m({"o w"});
+  std::string out = m.feed("Hel");
+  out += m.feed("lo");  // "o" could start "o w": held back
+  EXPECT_EQ(out, "Hell");
+  out += m.feed(" wor");
+  EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(out, "Hell");
+  EXPECT_EQ(m.feed("ld"), "");
+  EXPECT_EQ(m.flush(), "");
+}
+
+TEST(StopStrings, HeldTextIsReleasedWhenItCannotMatch) {
+  StopStringMatcher m({"END", "\n\n"});
+  EXPECT_EQ(m.feed("abcE"), "abc");
+  EXPECT_EQ(m.feed("N"), "");
+  EXPECT_EQ(m.feed("X\n"), "ENX");
+  EXPECT_FALSE(m.stopped());
+  EXPECT_EQ(m.flush(), "\n");
+}
+
+TEST(StopStrings, EarliestStopWins) {
+  StopStringMatcher m({"cd", "b"});
+  EXPECT_EQ(m.feed("abcd"), "a");
+  EXPECT_TRUE(m.stopped());
+  StopStringMatcher none({});
+  EXPECT_EQ(none.feed("anything"), "anything");
+}
+
+TEST(Rng, UniformInUnitIntervalAndRepeatable) {
+  Rng a(5), b(5);
+  double sum = 0;
+  for (int i = 0; i < 10000; ++i) {
+    const double u = a.uniform();
+    ASSERT_GE(u, 0.0);
+    ASSERT_LT(u, 1.0);
+    ASSERT_EQ(u, b.uniform());
+    sum += u;
+  }
+  EXPECT_NEAR(sum / 10000, 0.5, 0.02);
+}
+
+}  // namespace
