@@ -1,0 +1,29 @@
+// The fused CPU attention kernel compiled for AVX-512 (F, BW, DQ, VL); chosen at run time only on
+// CPUs that have them (the rest of the build keeps the baseline ISA, so the binary runs anywhere).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "cpu/kernel_types.h"
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+// NOTE: every header is included above the pragma, so only this file's own functions are
+// compiled for the wider ISA; the namespace keeps its template instances apart from the others.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,bmi2,prefer-vector-width=512")
+namespace pagedattn::cpu {
+namespace avx512 {
+#include "cpu/kernel_body.inc"
+}  // namespace avx512
+}  // namespace pagedattn::cpu
+#pragma GCC pop_options
+
+namespace pagedattn::cpu {
+ItemFn select_item_fn_avx512(const KernelParams& p) { return avx512::select_item_fn(p); }
+}  // namespace pagedattn::cpu
+#else
+namespace pagedattn::cpu {
+ItemFn select_item_fn_avx512(const KernelParams&) { return nullptr; }
+}  // namespace pagedattn::cpu
+#endif
