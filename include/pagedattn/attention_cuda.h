@@ -1,0 +1,94 @@
+// The CUDA backend of the paged attention operator: plan once per step, then run every layer.
+//
+//   CudaAttentionPlan plan;                     // owns a fixed device workspace
+//   plan.plan(q, kv, host_batch, opt, out);     // host copies of q_indptr / kv_len / block_table
+//   for (layer ...) paged_attention_cuda(plan, q[layer], kv[layer], out[layer], stream);
+//
+// plan() validates the batch with validate_paged_attention's rules (same messages), splits long
+// decode rows into fixed chunks of kDecodeChunkTokens positions (split-KV, chosen from the shape
+// and the SM count) and uploads the metadata into the workspace. run() only launches kernels, so
+// a decode step can be captured in a CUDA graph. Decode rows (q_len == 1) go to the split-KV
+// decode kernel; longer rows to the tensor-core prefill kernel.
+//
+// NOTE: the split-KV partition is fixed by position and the partial states are merged in
+// position order with the same arithmetic whether or not a row is split, so a row's output does
+// not depend on the batch it is in.
+//
+// Supported: q/out bf16 or f16 (out has q's dtype); KV of q's dtype or fp8 e4m3 (per-head scales
+// in device memory); head_dim 64, 128 or 256; any page size; any GQA ratio.
+// In builds without CUDA every entry point throws Error.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "pagedattn/attention.h"
+
+namespace pagedattn {
+
+// Positions per split-KV chunk (the unit of the fixed partition).
+constexpr int32_t kDecodeChunkTokens = 256;
+
+struct CudaPlanOptions {
+  // Decode rows are split so that about this many CTAs per SM run (0: no split-KV at all).
+  int32_t target_ctas_per_sm = 4;
+  // Force this many chunks per decode CTA (0: chosen by the heuristic). Tests use it.
+  int32_t chunks_per_cta = 0;
+  // Decode rows only: use the tensor-core prefill kernel for q_len > 1 (false: the decode kernel
+  // runs every query row, a slower path kept for cross-checking).
+  bool tensor_core_prefill = true;
+};
+
+// What a plan decided, for tests and benchmarks.
+struct CudaPlanInfo {
+  int32_t decode_rows = 0;       // query rows run by the decode kernel
+  int32_t decode_ctas = 0;       // decode work items (x dimension of its grid)
+  int32_t split_rows = 0;        // decode rows whose chunks are spread over several CTAs
+  int32_t prefill_tiles = 0;     // prefill work items
+  int32_t chunks_per_cta = 0;
+  size_t workspace_bytes = 0;
+};
+
+class CudaAttentionPlan {
+ public:
+  // Allocates the workspace (device metadata + split-KV partials) on the current device.
+  explicit CudaAttentionPlan(size_t workspace_bytes = size_t(64) << 20, CudaPlanOptions opts = {});
+  ~CudaAttentionPlan();
+  CudaAttentionPlan(const CudaAttentionPlan&) = delete;
+  CudaAttentionPlan& operator=(const CudaAttentionPlan&) = delete;
+
+  // Plans one step. batch holds HOST pointers; q, kv and out may hold device pointers (only their
+  // shapes and dtypes are read). Throws Error (validate_paged_attention's messages, or
+  // "paged_attention_cuda: ..." for what this backend cannot run, or a workspace too small).
+  // stream: a cudaStream_t (nullptr: the default stream) for the metadata upload.
+  void plan(const QKVTensor& q, const PagedKVView& kv, const BatchLayout& batch,
+            const AttentionOptions& opt, const QKVTensor& out, void* stream = nullptr);
+
+  const CudaPlanInfo& info() const { return info_; }
+
+  struct Impl;
+  const Impl& impl() const { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+  CudaPlanInfo info_;
+};
+
+// Runs the planned step on one layer: q, out and the pools are device memory with the shapes
+// and dtypes given to plan() (checked; Error otherwise). Asynchronous on stream.
+void paged_attention_cuda(const CudaAttentionPlan& plan, const QKVTensor& q, const PagedKVView& kv,
+                          QKVTensor& out, void* stream = nullptr);
+
+// The KV write path on the device: k, v [num_tokens, num_kv_heads, head_dim] (f32|f16|bf16,
+// device) into slots [num_tokens] (device), rounded exactly like write_kv_cpu. When host_slots is
+// given, every slot is validated first (write_kv_cpu's messages) and nothing is written on error;
+// the kernel itself skips any slot outside the pool, never writing out of bounds.
+void write_kv_cuda(const PagedKVView& kv, const int32_t* slots, int32_t num_tokens, const void* k,
+                   const void* v, DType src_dtype, void* stream = nullptr,
+                   const int32_t* host_slots = nullptr);
+
+// Multiprocessor count of the current device (0 without CUDA).
+int cuda_sm_count();
+
+}  // namespace pagedattn

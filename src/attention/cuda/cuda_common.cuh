@@ -1,0 +1,103 @@
+// Device helpers shared by the CUDA attention kernels: error checks, element tags with 16-byte
+// vector conversions, and the online-softmax state merge used by every kernel and the merge pass.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "pagedattn/dtype.h"
+#include "pagedattn/error.h"
+
+namespace pagedattn::cuda {
+
+// Throws Error("<what>: <CUDA message>") unless e is cudaSuccess.
+inline void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail(what, ": ", cudaGetErrorString(e));
+}
+// After every launch: a bad configuration surfaces here, not at the next synchronising call.
+inline void check_launch(const char* what) { check_cuda(cudaGetLastError(), what); }
+
+// ---- element tags: storage width and 16-byte vector -> float conversion (exact) ----
+struct Bf16 {
+  static constexpr int kBytes = 2;
+  static constexpr DType kDType = DType::bf16;
+  static __device__ __forceinline__ void word_to_float(uint32_t w, float* f) {
+    f[0] = __uint_as_float(w << 16);
+    f[1] = __uint_as_float(w & 0xffff0000u);
+  }
+  static __device__ __forceinline__ uint16_t from_float(float x) { return f32_to_bf16(x); }
+};
+struct F16 {
+  static constexpr int kBytes = 2;
+  static constexpr DType kDType = DType::f16;
+  static __device__ __forceinline__ void word_to_float(uint32_t w, float* f) {
+    __half2 h;
+    memcpy(&h, &w, 4);
+    const float2 r = __half22float2(h);
+    f[0] = r.x;
+    f[1] = r.y;
+  }
+  static __device__ __forceinline__ uint16_t from_float(float x) { return f32_to_f16(x); }
+};
+struct Fp8 {
+  static constexpr int kBytes = 1;
+  static constexpr DType kDType = DType::fp8_e4m3;
+  // Four e4m3 values of one word -> floats (through f16, which holds every e4m3 value exactly).
+  static __device__ __forceinline__ void word_to_float(uint32_t w, float* f) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const __half2_raw r =
+          __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w >> (16 * j)), __NV_E4M3);
+      __half2 h;
+      memcpy(&h, &r, 4);
+      const float2 x = __half22float2(h);
+      f[2 * j] = x.x;
+      f[2 * j + 1] = x.y;
+    }
+  }
+};
+
+// Elements of T in one 16-byte vector.
+template <class T>
+constexpr int kVecElems = 16 / T::kBytes;
+
+// 16 bytes -> kVecElems<T> floats.
+template <class T>
+__device__ __forceinline__ void vec_to_float(const uint4& r, float* f) {
+  constexpr int kPerWord = 4 / T::kBytes;
+  T::word_to_float(r.x, f);
+  T::word_to_float(r.y, f + kPerWord);
+  T::word_to_float(r.z, f + 2 * kPerWord);
+  T::word_to_float(r.w, f + 3 * kPerWord);
+}
+
+// Read-only 16-byte load through the non-coherent path.
+__device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
+
+// ---- online softmax state (log2 domain: m is the running max of logit * log2(e)) ----
+// NOTE: every kernel and the merge pass combine states with these functions and explicit
+// round-to-nearest intrinsics (no contraction into FMA), so a row gives bit-identical results
+// whether its chunks are merged inside one CTA or by the split-KV merge pass.
+struct SoftmaxState {
+  float m, d, acc;
+};
+__device__ __forceinline__ void merge_state(SoftmaxState& run, float cm, float cd, float ca) {
+  const float mn = fmaxf(run.m, cm);
+  if (mn == -INFINITY) return;
+  const float wr = exp2f(run.m - mn), wc = exp2f(cm - mn);
+  run.acc = __fadd_rn(__fmul_rn(run.acc, wr), __fmul_rn(ca, wc));
+  run.d = __fadd_rn(__fmul_rn(run.d, wr), __fmul_rn(cd, wc));
+  run.m = mn;
+}
+// The output element of a finished state (0 when the query saw no key); v_scale for fp8 pools.
+__device__ __forceinline__ float finalize_state(const SoftmaxState& s, float v_scale) {
+  return s.d > 0.f ? __fmul_rn(__fdiv_rn(s.acc, s.d), v_scale) : 0.f;
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+}  // namespace pagedattn::cuda

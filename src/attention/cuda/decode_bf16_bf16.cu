@@ -1,0 +1,10 @@
+// Decode kernel instances: q bf16, KV bf16, head_dim 64/128/256.
+#include "decode_kernel.cuh"
+
+namespace pagedattn::cuda {
+
+void launch_decode_bf16_bf16(const AttentionParams& p, int head_dim, cudaStream_t s) {
+  launch_decode_pair<Bf16, Bf16>(p, head_dim, s);
+}
+
+}  // namespace pagedattn::cuda

@@ -1,0 +1,10 @@
+// Decode kernel instances: q f16, KV f16, head_dim 64/128/256.
+#include "decode_kernel.cuh"
+
+namespace pagedattn::cuda {
+
+void launch_decode_f16_f16(const AttentionParams& p, int head_dim, cudaStream_t s) {
+  launch_decode_pair<F16, F16>(p, head_dim, s);
+}
+
+}  // namespace pagedattn::cuda

@@ -1,0 +1,287 @@
+// The split-KV paged decode kernel (one device body; decode_<q>_<kv>.cu instantiate it).
+//
+// Grid: x = decode items (query row, chunk range), y = num_kv_heads * head_tiles. Block: 128
+// threads. A CTA serves GT query heads of one KV head, so each K/V row it loads is used by all of
+// them. Threads form groups of kTx = HEAD_DIM / kVec lanes; a group owns one key row at a time
+// (each lane one 16-byte vector of it), kUnroll keys in flight per group, and keeps its own online
+// softmax state per query head. At the end of each kDecodeChunkTokens chunk the groups' states
+// are combined in a fixed order into the chunk's state, which is either written out as a split-KV
+// partial or merged (merge_state) into the CTA's running state. The split partition is therefore
+// fixed by position and the arithmetic identical with or without splitting.
+#pragma once
+
+#include "cuda_common.cuh"
+#include "kernels.h"
+#include "pagedattn/attention_cuda.h"
+
+namespace pagedattn::cuda {
+
+constexpr int kDecodeThreads = 128;
+
+template <class KV, int HEAD_DIM, int GT>
+struct DecodeShape {
+  static constexpr int kVec = kVecElems<KV>;
+  static constexpr int kTx = HEAD_DIM / kVec;
+  static constexpr int kGroups = kDecodeThreads / kTx;
+  static constexpr int kUnroll = GT >= 8 ? 2 : 4;
+  static constexpr int kOwn = (GT * HEAD_DIM + kDecodeThreads - 1) / kDecodeThreads;
+  static_assert(kTx <= 32 && 32 % kTx == 0, "a key row must fit one warp");
+  // s_acc [kGroups][GT][HEAD_DIM], s_m, s_d, s_w [kGroups][GT], s_cm, s_cd [GT]
+  static constexpr size_t kSmemBytes =
+      sizeof(float) * (size_t(kGroups) * GT * HEAD_DIM + 3 * kGroups * GT + 2 * GT);
+};
+
+// Loads kVec<KV> elements of a q row (Q: Bf16|F16) as floats times mul.
+template <class Q, int N>
+__device__ __forceinline__ void load_q(const uint16_t* src, float mul, float* f) {
+#pragma unroll
+  for (int i = 0; i < N; i += 8) {
+    vec_to_float<Q>(ldg16(src + i), f + i);
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) f[i] *= mul;
+}
+
+template <class Q, class KV, int HEAD_DIM, int GT>
+__global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const AttentionParams p) {
+  using S = DecodeShape<KV, HEAD_DIM, GT>;
+  constexpr int kVec = S::kVec, kTx = S::kTx, kGroups = S::kGroups, kUnroll = S::kUnroll;
+  extern __shared__ float smem[];
+  float* s_acc = smem;                                  // [kGroups][GT][HEAD_DIM]
+  float* s_m = s_acc + size_t(kGroups) * GT * HEAD_DIM;  // [kGroups][GT]
+  float* s_d = s_m + kGroups * GT;                      // [kGroups][GT]
+  float* s_w = s_d + kGroups * GT;                      // [kGroups][GT]
+  float* s_cm = s_w + kGroups * GT;                     // [GT]
+  float* s_cd = s_cm + GT;                              // [GT]
+  __shared__ int32_t s_pages[kDecodeChunkTokens + 1];   // page ids of the current chunk
+
+  const DecodeItem it = p.decode_items[blockIdx.x];
+  const int kvh = blockIdx.y / p.head_tiles;
+  const int g0 = (blockIdx.y % p.head_tiles) * GT;
+  const int gcount = min(GT, p.group - g0);
+  const int head0 = kvh * p.group + g0;
+  const int tid = threadIdx.x, grp = tid / kTx, lane = tid % kTx;
+
+  const int q0 = p.q_indptr[it.seq];
+  const int qlen = p.q_indptr[it.seq + 1] - q0;
+  const int L = p.kv_len[it.seq];
+  const int pos = L - qlen + (it.q_row - q0);
+  const int hi = p.causal ? pos + 1 : L;
+  const int lo = p.window > 0 ? max(0, pos - p.window + 1) : 0;
+  const bool fp8 = KV::kBytes == 1;
+  const float k_mul = fp8 ? p.k_scale[kvh] : 1.f;
+  const float v_mul = fp8 ? p.v_scale[kvh] : 1.f;
+
+  // This lane's slice of each query head, pre-multiplied by the softmax (and fp8 K) scale.
+  float q[GT][kVec];
+  const uint16_t* qbase = static_cast<const uint16_t*>(p.q) +
+                          (int64_t(it.q_row) * p.num_q_heads + head0) * HEAD_DIM + lane * kVec;
+#pragma unroll
+  for (int g = 0; g < GT; ++g) {
+    if (g < gcount) {
+      load_q<Q, kVec>(qbase + g * HEAD_DIM, p.scale * k_mul, q[g]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) q[g][i] = 0.f;
+    }
+  }
+
+  const auto* kpool = static_cast<const uint8_t*>(p.k_pages);
+  const auto* vpool = static_cast<const uint8_t*>(p.v_pages);
+  const int64_t head_off = (int64_t(kvh) * p.head_stride + lane * kVec) * KV::kBytes;
+  const int32_t* bt = p.block_table + int64_t(it.seq) * p.max_pages_per_seq;
+
+  SoftmaxState run[S::kOwn];
+#pragma unroll
+  for (int j = 0; j < S::kOwn; ++j) run[j] = {-INFINITY, 0.f, 0.f};
+
+  for (int c = it.chunk_begin; c < it.chunk_end; ++c) {
+    const int t_begin = max(c * kDecodeChunkTokens, lo);
+    const int t_end = min((c + 1) * kDecodeChunkTokens, hi);
+    const int pfirst = t_begin / p.page_size;
+    const int npages = t_begin < t_end ? (t_end - 1) / p.page_size - pfirst + 1 : 0;
+    __syncthreads();  // the previous chunk's readers of s_pages and s_acc are done
+    for (int i = tid; i < npages; i += kDecodeThreads) s_pages[i] = bt[pfirst + i];
+    __syncthreads();
+
+    float m[GT], d[GT], acc[GT][kVec];
+#pragma unroll
+    for (int g = 0; g < GT; ++g) {
+      m[g] = -INFINITY;
+      d[g] = 0.f;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) acc[g][i] = 0.f;
+    }
+
+    // NOTE: the trip count is uniform across the CTA (shuffles need every lane of the warp).
+    for (int base = t_begin; base < t_end; base += kGroups * kUnroll) {
+      uint4 kr[kUnroll], vr[kUnroll];
+      bool valid[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int t = base + u * kGroups + grp;
+        valid[u] = t < t_end;
+        if (valid[u]) {
+          const int page = s_pages[t / p.page_size - pfirst];
+          const int64_t off =
+              (int64_t(page) * p.page_stride + int64_t(t % p.page_size) * HEAD_DIM) * KV::kBytes +
+              head_off;
+          kr[u] = ldg16(kpool + off);
+          vr[u] = ldg16(vpool + off);
+        } else {
+          kr[u] = make_uint4(0, 0, 0, 0);
+          vr[u] = kr[u];
+        }
+      }
+      float s[kUnroll][GT];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        float kf[kVec];
+        vec_to_float<KV>(kr[u], kf);
+#pragma unroll
+        for (int g = 0; g < GT; ++g) {
+          float acc_dot = 0.f;
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) acc_dot = fmaf(q[g][i], kf[i], acc_dot);
+          s[u][g] = acc_dot;
+        }
+      }
+#pragma unroll
+      for (int off = kTx / 2; off > 0; off /= 2) {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+          for (int g = 0; g < GT; ++g) s[u][g] += __shfl_xor_sync(0xffffffffu, s[u][g], off);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+        for (int g = 0; g < GT; ++g) {
+          float x = s[u][g];
+          if (p.softcap > 0.f) x = p.softcap * tanhf(x / p.softcap);
+          s[u][g] = valid[u] ? x * kLog2e : -INFINITY;
+        }
+      }
+      float vf[kUnroll][kVec];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) vec_to_float<KV>(vr[u], vf[u]);
+#pragma unroll
+      for (int g = 0; g < GT; ++g) {
+        float mn = m[g];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) mn = fmaxf(mn, s[u][g]);
+        const float mref = mn == -INFINITY ? 0.f : mn;
+        const float alpha = exp2f(m[g] - mref);
+        float pu[kUnroll];
+        float dsum = d[g] * alpha;
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          pu[u] = exp2f(s[u][g] - mref);
+          dsum += pu[u];
+        }
+        d[g] = dsum;
+        m[g] = mn;
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+          float a = acc[g][i] * alpha;
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u) a = fmaf(pu[u], vf[u][i], a);
+          acc[g][i] = a;
+        }
+      }
+    }
+
+    // ---- the chunk's state: the groups' states combined in group order ----
+#pragma unroll
+    for (int g = 0; g < GT; ++g) {
+      float4* dst = reinterpret_cast<float4*>(s_acc + (size_t(grp) * GT + g) * HEAD_DIM + lane * kVec);
+#pragma unroll
+      for (int i = 0; i < kVec; i += 4)
+        dst[i / 4] = make_float4(acc[g][i], acc[g][i + 1], acc[g][i + 2], acc[g][i + 3]);
+      if (lane == 0) {
+        s_m[grp * GT + g] = m[g];
+        s_d[grp * GT + g] = d[g];
+      }
+    }
+    __syncthreads();
+    if (tid < GT) {
+      float mx = -INFINITY;
+      for (int r = 0; r < kGroups; ++r) mx = fmaxf(mx, s_m[r * GT + tid]);
+      float den = 0.f;
+      for (int r = 0; r < kGroups; ++r) {
+        const float mr = s_m[r * GT + tid];
+        const float w = mr == -INFINITY ? 0.f : exp2f(mr - mx);
+        s_w[r * GT + tid] = w;
+        den = fmaf(s_d[r * GT + tid], w, den);
+      }
+      s_cm[tid] = mx;
+      s_cd[tid] = den;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < S::kOwn; ++j) {
+      const int e = tid + j * kDecodeThreads;
+      if (e < GT * HEAD_DIM) {
+        const int g = e / HEAD_DIM, dim = e % HEAD_DIM;
+        float a = 0.f;
+        for (int r = 0; r < kGroups; ++r)
+          a = fmaf(s_acc[(size_t(r) * GT + g) * HEAD_DIM + dim], s_w[r * GT + g], a);
+        if (it.partial >= 0) {
+          if (g < gcount) {
+            const int64_t slot = int64_t(it.partial + c - it.chunk_begin) * p.num_q_heads + head0 + g;
+            p.partial_o[slot * HEAD_DIM + dim] = a;
+            if (dim == 0) {
+              p.partial_md[slot * 2] = s_cm[g];
+              p.partial_md[slot * 2 + 1] = s_cd[g];
+            }
+          }
+        } else {
+          merge_state(run[j], s_cm[g], s_cd[g], a);
+        }
+      }
+    }
+  }
+
+  if (it.partial < 0) {
+    uint16_t* out = static_cast<uint16_t*>(p.out) + (int64_t(it.q_row) * p.num_q_heads + head0) * HEAD_DIM;
+#pragma unroll
+    for (int j = 0; j < S::kOwn; ++j) {
+      const int e = tid + j * kDecodeThreads;
+      if (e < GT * HEAD_DIM && e / HEAD_DIM < gcount) out[e] = Q::from_float(finalize_state(run[j], v_mul));
+    }
+  }
+}
+
+template <class Q, class KV, int HEAD_DIM, int GT>
+void launch_decode_t(const AttentionParams& p, cudaStream_t s) {
+  using S = DecodeShape<KV, HEAD_DIM, GT>;
+  AttentionParams pp = p;
+  pp.head_tiles = (p.group + GT - 1) / GT;
+  const dim3 grid(unsigned(p.num_decode_items), unsigned(p.num_kv_heads * pp.head_tiles));
+  decode_kernel<Q, KV, HEAD_DIM, GT><<<grid, kDecodeThreads, S::kSmemBytes, s>>>(pp);
+  check_launch("paged_attention_cuda: decode kernel launch");
+}
+
+template <class Q, class KV, int HEAD_DIM>
+void launch_decode_dim(const AttentionParams& p, cudaStream_t s) {
+  switch (decode_group_tile(p.group, KV::kBytes == 1)) {
+    case 1: return launch_decode_t<Q, KV, HEAD_DIM, 1>(p, s);
+    case 4: return launch_decode_t<Q, KV, HEAD_DIM, 4>(p, s);
+    default:
+      if constexpr (KV::kBytes == 2) return launch_decode_t<Q, KV, HEAD_DIM, 8>(p, s);
+  }
+}
+
+// Entry point of one (q, kv) dtype pair; the decode_<q>_<kv>.cu files instantiate it.
+template <class Q, class KV>
+void launch_decode_pair(const AttentionParams& p, int head_dim, cudaStream_t s) {
+  if (p.num_decode_items == 0) return;
+  switch (head_dim) {
+    case 64: return launch_decode_dim<Q, KV, 64>(p, s);
+    case 128: return launch_decode_dim<Q, KV, 128>(p, s);
+    case 256: return launch_decode_dim<Q, KV, 256>(p, s);
+    default: fail("paged_attention_cuda: head_dim ", head_dim, " is not supported (64, 128 or 256)");
+  }
+}
+
+}  // namespace pagedattn::cuda

@@ -1,0 +1,80 @@
+// Launch parameters and entry points of the CUDA attention kernels (internal to the backend; the
+// plan in plan.cu fills these, the kernel lab and the benchmark call them directly).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "pagedattn/dtype.h"
+
+namespace pagedattn::cuda {
+
+// One CTA of the decode kernel: query row q_row of sequence seq, positions in chunks
+// [chunk_begin, chunk_end) of kDecodeChunkTokens each. partial < 0: the CTA covers every chunk of
+// the row and writes the output; else chunk c's state goes to partial slot partial + c - chunk_begin.
+struct DecodeItem {
+  int32_t seq, q_row, chunk_begin, chunk_end, partial;
+};
+// One row of the merge pass: num_chunks partial states from slot partial on, in position order.
+struct MergeItem {
+  int32_t q_row, partial, num_chunks;
+};
+// One CTA of the prefill kernel: a tile of kPrefillRows packed (query, head-in-group) rows of
+// sequence seq starting at packed row row_begin (packed row r = query r / group, head r % group).
+struct PrefillItem {
+  int32_t seq, row_begin;
+};
+
+struct AttentionParams {
+  const void* q = nullptr;  // [num_tokens, num_q_heads, head_dim] (bf16 | f16)
+  void* out = nullptr;      // [num_tokens, num_q_heads, head_dim] (q's dtype)
+  const void* k_pages = nullptr;  // [num_pages, num_kv_heads, page_size, head_dim]
+  const void* v_pages = nullptr;  // [num_pages, num_kv_heads, page_size, head_dim]
+  const float* k_scale = nullptr;  // [num_kv_heads], fp8 only
+  const float* v_scale = nullptr;  // [num_kv_heads], fp8 only
+  const int32_t* q_indptr = nullptr;     // [num_seqs + 1]
+  const int32_t* kv_len = nullptr;       // [num_seqs]
+  const int32_t* block_table = nullptr;  // [num_seqs, max_pages_per_seq]
+  int32_t max_pages_per_seq = 0;
+  int32_t num_q_heads = 0, num_kv_heads = 0, group = 1, page_size = 0;
+  int64_t page_stride = 0, head_stride = 0;  // elements
+  float scale = 0.f;                          // effective softmax scale
+  float softcap = 0.f;
+  int32_t window = 0;
+  bool causal = true;
+  int32_t head_tiles = 1;  // set by the launcher
+  // decode
+  const DecodeItem* decode_items = nullptr;  // [num_decode_items]
+  int32_t num_decode_items = 0;
+  float* partial_o = nullptr;   // [num_partials, num_q_heads, head_dim]
+  float* partial_md = nullptr;  // [num_partials, num_q_heads, 2]: (max, sum)
+  const MergeItem* merge_items = nullptr;  // [num_merge_items]
+  int32_t num_merge_items = 0;
+  // prefill
+  const PrefillItem* prefill_items = nullptr;  // [num_prefill_items]
+  int32_t num_prefill_items = 0;
+};
+
+// Query heads per decode CTA for a GQA group of `group` (fp8 keeps 4 at most: its 16-element
+// vectors double the registers per head).
+inline int decode_group_tile(int group, bool fp8_kv) {
+  if (group == 1) return 1;
+  if (group <= 4 || fp8_kv) return 4;
+  return 8;
+}
+
+// Rows (packed query x head-in-group) per prefill CTA.
+constexpr int32_t kPrefillRows = 64;
+
+// Decode kernel over p.decode_items (any q_len: each item is one query row). q: bf16|f16; kv:
+// q's dtype or fp8; head_dim 64|128|256. Throws Error for an unsupported combination.
+void launch_decode(const AttentionParams& p, DType q, DType kv, int head_dim, cudaStream_t s);
+// Merge pass over p.merge_items (split-KV rows).
+void launch_merge(const AttentionParams& p, DType q, DType kv, int head_dim, cudaStream_t s);
+// Tensor-core prefill kernel over p.prefill_items.
+void launch_prefill(const AttentionParams& p, DType q, DType kv, int head_dim, cudaStream_t s);
+// Whether launch_prefill handles this combination.
+bool prefill_supported(DType q, DType kv, int head_dim);
+
+}  // namespace pagedattn::cuda

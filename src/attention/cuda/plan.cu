@@ -1,0 +1,271 @@
+// Plan, then run: the step's batch metadata and work lists built once on the host, uploaded into a
+// fixed device workspace, and reused by every layer's paged_attention_cuda call.
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "cuda_common.cuh"
+#include "kernels.h"
+#include "pagedattn/attention_cuda.h"
+
+namespace pagedattn {
+
+using cuda::check_cuda;
+
+struct CudaAttentionPlan::Impl {
+  CudaPlanOptions opts;
+  int sm_count = 0;
+  uint8_t* ws = nullptr;  // device workspace
+  size_t ws_bytes = 0;
+  std::vector<uint8_t> host;  // staging for the metadata upload
+  bool planned = false;
+  // What was planned (run() checks its arguments against these).
+  int32_t num_tokens = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0, page_size = 0;
+  int32_t num_pages = 0;
+  DType q_dtype = DType::bf16, kv_dtype = DType::bf16;
+  cuda::AttentionParams params;  // device metadata pointers; data pointers are set by run()
+};
+
+int cuda_sm_count() {
+  int dev = 0, n = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+CudaAttentionPlan::CudaAttentionPlan(size_t workspace_bytes, CudaPlanOptions opts)
+    : impl_(std::make_unique<Impl>()) {
+  PA_CHECK(workspace_bytes >= (size_t(1) << 16), "CudaAttentionPlan: workspace_bytes must be >= 64 KiB, got ",
+           workspace_bytes);
+  PA_CHECK(opts.target_ctas_per_sm >= 0 && opts.chunks_per_cta >= 0,
+           "CudaAttentionPlan: opts.target_ctas_per_sm and opts.chunks_per_cta must be >= 0");
+  impl_->opts = opts;
+  impl_->sm_count = cuda_sm_count();
+  PA_CHECK(impl_->sm_count > 0, "CudaAttentionPlan: no CUDA device is available");
+  check_cuda(cudaMalloc(&impl_->ws, workspace_bytes), "CudaAttentionPlan: cudaMalloc of the workspace");
+  impl_->ws_bytes = workspace_bytes;
+}
+
+CudaAttentionPlan::~CudaAttentionPlan() {
+  if (impl_ && impl_->ws) (void)cudaFree(impl_->ws);
+}
+
+namespace {
+
+constexpr size_t kAlign = 256;
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Appends n elements to the staging buffer at an aligned offset; returns that offset.
+template <class T>
+size_t stage(std::vector<uint8_t>& host, const T* src, size_t n) {
+  const size_t off = align_up(host.size());
+  host.resize(off + n * sizeof(T));
+  if (n) std::memcpy(host.data() + off, src, n * sizeof(T));
+  return off;
+}
+
+struct DecodeRow {
+  int32_t seq, q_row, chunk_lo, chunk_hi;
+};
+
+}  // namespace
+
+void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const BatchLayout& batch,
+                             const AttentionOptions& opt, const QKVTensor& out, void* stream) {
+  Impl& im = *impl_;
+  im.planned = false;
+  validate_paged_attention(q, kv, batch, opt, out);
+  PA_CHECK(q.dtype == DType::bf16 || q.dtype == DType::f16,
+           "paged_attention_cuda: q.dtype must be bf16 or f16, got ", dtype_name(q.dtype));
+  PA_CHECK(out.dtype == q.dtype, "paged_attention_cuda: out.dtype (", dtype_name(out.dtype),
+           ") must equal q.dtype (", dtype_name(q.dtype), ")");
+  PA_CHECK(kv.dtype == q.dtype || kv.dtype == DType::fp8_e4m3, "paged_attention_cuda: kv.dtype ",
+           dtype_name(kv.dtype), " is not supported with q.dtype ", dtype_name(q.dtype),
+           " (KV must be q's dtype or fp8_e4m3)");
+  PA_CHECK(kv.head_dim == 64 || kv.head_dim == 128 || kv.head_dim == 256,
+           "paged_attention_cuda: kv.head_dim ", kv.head_dim, " is not supported (64, 128 or 256)");
+
+  const int32_t n = batch.num_seqs, D = kv.head_dim, Hq = q.num_heads, Hk = kv.num_kv_heads;
+  const int32_t group = Hq / Hk;
+  const bool fp8 = kv.dtype == DType::fp8_e4m3;
+  const bool use_prefill = im.opts.tensor_core_prefill && cuda::prefill_supported(q.dtype, kv.dtype, D);
+
+  // ---- rows for the decode kernel, prefill tiles for the rest ----
+  std::vector<DecodeRow> rows;
+  std::vector<cuda::PrefillItem> prefill;
+  int64_t total_chunks = 0;
+  for (int32_t b = 0; b < n; ++b) {
+    const int32_t q0 = batch.q_indptr[b], qlen = batch.q_indptr[b + 1] - q0, L = batch.kv_len[b];
+    if (qlen == 0) continue;
+    if (qlen > 1 && use_prefill) {
+      for (int32_t r = 0; r < qlen * group; r += cuda::kPrefillRows) prefill.push_back({b, r});
+      continue;
+    }
+    for (int32_t j = 0; j < qlen; ++j) {
+      const int32_t pos = L - qlen + j;
+      const int32_t hi = opt.causal ? pos + 1 : L;
+      const int32_t lo = opt.window > 0 ? std::max(0, pos - opt.window + 1) : 0;
+      DecodeRow row{b, q0 + j, 0, 0};
+      if (lo < hi) {
+        row.chunk_lo = lo / kDecodeChunkTokens;
+        row.chunk_hi = (hi + kDecodeChunkTokens - 1) / kDecodeChunkTokens;
+      }
+      total_chunks += row.chunk_hi - row.chunk_lo;
+      rows.push_back(row);
+    }
+  }
+
+  // ---- split-KV: chunks per CTA from the shape and the SM count ----
+  const int64_t tiles = (group + cuda::decode_group_tile(group, fp8) - 1) / cuda::decode_group_tile(group, fp8);
+  const int64_t base_ctas = int64_t(rows.size()) * Hk * tiles;
+  const int64_t target = int64_t(im.sm_count) * im.opts.target_ctas_per_sm;
+  int64_t k = INT_MAX;
+  if (im.opts.chunks_per_cta > 0) {
+    k = im.opts.chunks_per_cta;
+  } else if (target > 0 && base_ctas < target) {
+    k = std::max<int64_t>(1, (total_chunks * Hk * tiles + target - 1) / target);
+  }
+
+  // Metadata first (its size does not depend on k), then as many partials as the rest holds.
+  auto build = [&](int64_t chunks_per_cta, std::vector<cuda::DecodeItem>& items,
+                   std::vector<cuda::MergeItem>& merges) {
+    items.clear();
+    merges.clear();
+    int32_t partials = 0;
+    for (const DecodeRow& r : rows) {
+      const int32_t nc = r.chunk_hi - r.chunk_lo;
+      if (nc <= chunks_per_cta) {
+        items.push_back({r.seq, r.q_row, r.chunk_lo, r.chunk_hi, -1});
+        continue;
+      }
+      for (int32_t c = r.chunk_lo; c < r.chunk_hi; c += int32_t(chunks_per_cta)) {
+        const int32_t e = int32_t(std::min<int64_t>(r.chunk_hi, c + chunks_per_cta));
+        items.push_back({r.seq, r.q_row, c, e, partials + (c - r.chunk_lo)});
+      }
+      merges.push_back({r.q_row, partials, nc});
+      partials += nc;
+    }
+    return partials;
+  };
+  std::vector<cuda::DecodeItem> items;
+  std::vector<cuda::MergeItem> merges;
+  const size_t partial_bytes = size_t(Hq) * (D + 2) * sizeof(float);
+  std::vector<uint8_t>& host = im.host;
+  size_t o_qi, o_len, o_bt, o_items, o_merge, o_prefill;
+  int32_t partials = 0;
+  for (;;) {
+    partials = build(k, items, merges);
+    host.clear();
+    o_qi = stage(host, batch.q_indptr, size_t(n) + 1);
+    o_len = stage(host, batch.kv_len, size_t(n));
+    o_bt = stage(host, batch.block_table, size_t(n) * batch.max_pages_per_seq);
+    o_items = stage(host, items.data(), items.size());
+    o_merge = stage(host, merges.data(), merges.size());
+    o_prefill = stage(host, prefill.data(), prefill.size());
+    const size_t meta = align_up(host.size());
+    PA_CHECK(meta <= im.ws_bytes, "paged_attention_cuda: the batch metadata needs ", meta,
+             " bytes but the plan's workspace has ", im.ws_bytes, " (construct CudaAttentionPlan with more)");
+    if (meta + size_t(partials) * partial_bytes <= im.ws_bytes) break;
+    PA_CHECK(k != INT_MAX && im.opts.chunks_per_cta == 0, "paged_attention_cuda: the split-KV partials need ",
+             size_t(partials) * partial_bytes, " bytes beyond the ", meta, " of metadata, but the workspace has ",
+             im.ws_bytes, " (construct CudaAttentionPlan with more)");
+    k = k * 2 >= 1 << 20 ? INT_MAX : k * 2;  // fewer splits until the partials fit
+  }
+  const size_t o_partial = align_up(host.size());
+  check_cuda(cudaMemcpyAsync(im.ws, host.data(), host.size(), cudaMemcpyHostToDevice,
+                             static_cast<cudaStream_t>(stream)),
+             "paged_attention_cuda: metadata upload");
+
+  // ---- remember what was planned ----
+  cuda::AttentionParams& p = im.params;
+  p = cuda::AttentionParams{};
+  p.q_indptr = reinterpret_cast<const int32_t*>(im.ws + o_qi);
+  p.kv_len = reinterpret_cast<const int32_t*>(im.ws + o_len);
+  p.block_table = reinterpret_cast<const int32_t*>(im.ws + o_bt);
+  p.max_pages_per_seq = batch.max_pages_per_seq;
+  p.num_q_heads = Hq;
+  p.num_kv_heads = Hk;
+  p.group = group;
+  p.page_size = kv.page_size;
+  p.page_stride = kv.page_stride();
+  p.head_stride = kv.head_stride();
+  p.scale = opt.scale != 0.f ? opt.scale : 1.f / std::sqrt(float(D));
+  p.softcap = opt.softcap;
+  p.window = opt.window;
+  p.causal = opt.causal;
+  p.decode_items = reinterpret_cast<const cuda::DecodeItem*>(im.ws + o_items);
+  p.num_decode_items = int32_t(items.size());
+  p.merge_items = reinterpret_cast<const cuda::MergeItem*>(im.ws + o_merge);
+  p.num_merge_items = int32_t(merges.size());
+  p.prefill_items = reinterpret_cast<const cuda::PrefillItem*>(im.ws + o_prefill);
+  p.num_prefill_items = int32_t(prefill.size());
+  p.partial_md = reinterpret_cast<float*>(im.ws + o_partial);
+  p.partial_o = p.partial_md + size_t(partials) * Hq * 2;
+
+  im.num_tokens = q.num_tokens;
+  im.num_q_heads = Hq;
+  im.num_kv_heads = Hk;
+  im.head_dim = D;
+  im.page_size = kv.page_size;
+  im.num_pages = kv.num_pages;
+  im.q_dtype = q.dtype;
+  im.kv_dtype = kv.dtype;
+  im.planned = true;
+
+  info_ = CudaPlanInfo{};
+  info_.decode_rows = int32_t(rows.size());
+  info_.decode_ctas = int32_t(items.size());
+  info_.split_rows = int32_t(merges.size());
+  info_.prefill_tiles = int32_t(prefill.size());
+  info_.chunks_per_cta = k == INT_MAX ? 0 : int32_t(k);
+  info_.workspace_bytes = o_partial + size_t(partials) * partial_bytes;
+}
+
+void paged_attention_cuda(const CudaAttentionPlan& plan, const QKVTensor& q, const PagedKVView& kv,
+                          QKVTensor& out, void* stream) {
+  const CudaAttentionPlan::Impl& im = plan.impl();
+  PA_CHECK(im.planned, "paged_attention_cuda: plan() has not succeeded on this plan");
+  auto same = [](const char* what, int64_t got, int64_t planned) {
+    PA_CHECK(got == planned, "paged_attention_cuda: ", what, " (", got, ") does not match the plan (",
+             planned, ")");
+  };
+  same("q.num_tokens", q.num_tokens, im.num_tokens);
+  same("q.num_heads", q.num_heads, im.num_q_heads);
+  same("q.head_dim", q.head_dim, im.head_dim);
+  same("out.num_tokens", out.num_tokens, im.num_tokens);
+  same("out.num_heads", out.num_heads, im.num_q_heads);
+  same("out.head_dim", out.head_dim, im.head_dim);
+  same("kv.num_kv_heads", kv.num_kv_heads, im.num_kv_heads);
+  same("kv.head_dim", kv.head_dim, im.head_dim);
+  same("kv.page_size", kv.page_size, im.page_size);
+  same("kv.num_pages", kv.num_pages, im.num_pages);
+  PA_CHECK(q.dtype == im.q_dtype && out.dtype == im.q_dtype, "paged_attention_cuda: q.dtype/out.dtype (",
+           dtype_name(q.dtype), "/", dtype_name(out.dtype), ") do not match the plan (",
+           dtype_name(im.q_dtype), ")");
+  PA_CHECK(kv.dtype == im.kv_dtype, "paged_attention_cuda: kv.dtype (", dtype_name(kv.dtype),
+           ") does not match the plan (", dtype_name(im.kv_dtype), ")");
+  if (im.num_tokens == 0) return;
+  PA_CHECK(q.data && out.data, "paged_attention_cuda: q.data or out.data is null");
+  PA_CHECK(kv.k_pages && kv.v_pages, "paged_attention_cuda: kv.k_pages or kv.v_pages is null");
+  PA_CHECK(kv.dtype != DType::fp8_e4m3 || (kv.k_scale && kv.v_scale),
+           "paged_attention_cuda: kv.k_scale or kv.v_scale is null but the pools are fp8_e4m3");
+
+  cuda::AttentionParams p = im.params;
+  p.q = q.data;
+  p.out = out.data;
+  p.k_pages = kv.k_pages;
+  p.v_pages = kv.v_pages;
+  p.k_scale = kv.k_scale;
+  p.v_scale = kv.v_scale;
+  const auto s = static_cast<cudaStream_t>(stream);
+  cuda::launch_decode(p, q.dtype, kv.dtype, im.head_dim, s);
+  cuda::launch_merge(p, q.dtype, kv.dtype, im.head_dim, s);
+  if (p.num_prefill_items > 0) cuda::launch_prefill(p, q.dtype, kv.dtype, im.head_dim, s);
+}
+
+}  // namespace pagedattn
