@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <numeric>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -34,17 +35,14 @@ struct ProblemSpec {
 };
 
 inline std::string describe(const ProblemSpec& s) {
-  std::string d = "Hq=" + std::to_string(s.num_q_heads) + " Hk=" + std::to_string(s.num_kv_heads) +
-                  " D=" + std::to_string(s.head_dim) + " P=" + std::to_string(s.page_size) +
-                  " q=" + std::string(dtype_name(s.q_dtype)) +
-                  " kv=" + std::string(dtype_name(s.kv_dtype)) +
-                  " out=" + std::string(dtype_name(s.out_dtype)) +
-                  " causal=" + std::to_string(s.opt.causal) + " window=" +
-                  std::to_string(s.opt.window) + " softcap=" + std::to_string(s.opt.softcap) +
-                  " scale=" + std::to_string(s.opt.scale) + " seqs(q/kv):";
-  for (size_t b = 0; b < s.q_len.size(); ++b)
-    d += " " + std::to_string(s.q_len[b]) + "/" + std::to_string(s.kv_len[b]);
-  return d;
+  std::ostringstream d;
+  d << "Hq=" << s.num_q_heads << " Hk=" << s.num_kv_heads << " D=" << s.head_dim
+    << " P=" << s.page_size << " q=" << dtype_name(s.q_dtype) << " kv=" << dtype_name(s.kv_dtype)
+    << " out=" << dtype_name(s.out_dtype) << " causal=" << s.opt.causal
+    << " window=" << s.opt.window << " softcap=" << s.opt.softcap << " scale=" << s.opt.scale
+    << " seqs(q/kv):";
+  for (size_t b = 0; b < s.q_len.size(); ++b) d << " " << s.q_len[b] << "/" << s.kv_len[b];
+  return d.str();
 }
 
 // Raw bytes of a buffer of n elements of dtype t, filled with NaN.
