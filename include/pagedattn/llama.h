@@ -30,6 +30,7 @@ class LlamaModel : public Model {
   const ModelConfig& config() const override { return config_; }
   Device device() const override { return Device::cpu; }
   Tensor forward(const ForwardBatch& batch, KvCache& cache) override;
+  KvAbsMax kv_absmax(const std::vector<int32_t>& tokens) override;
 
   // Checks a batch against the cache and this model without touching either (forward calls it
   // first, so a rejected batch changes nothing).
@@ -61,6 +62,8 @@ class LlamaModel : public Model {
 
   void run_layer(const Layer& w, int32_t layer, int32_t num_tokens, const BatchLayout& layout,
                  const int32_t* slots, KvCache& cache);
+  // Folds this layer's k, v (ws_.k, ws_.v) into *absmax_ (the calibration pass).
+  void observe_kv(int32_t layer, int32_t num_tokens);
 
   ModelConfig config_;
   std::map<std::string, Tensor> tensors_;  // keeps the weights alive
@@ -70,6 +73,7 @@ class LlamaModel : public Model {
   const float* lm_head_ = nullptr;     // [vocab, hidden] (embed_ when tied)
   std::vector<double> inv_freq_;       // [head_dim / 2], RoPE frequencies after scaling
   Workspace ws_;
+  KvAbsMax* absmax_ = nullptr;  // set during kv_absmax only
 };
 
 // A model file of random weights for `config` (deterministic in seed), with every tensor the

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "pagedattn/kv_cache.h"
@@ -31,7 +32,28 @@ class Model {
   // Runs every layer over the batch, writing the new tokens' K/V into the cache.
   // Returns logits [logit_rows.size(), vocab_size] as f32 on the CPU.
   virtual Tensor forward(const ForwardBatch& batch, KvCache& cache) = 0;
+  // The absolute maximum of K (as stored: after norm and RoPE) and V per layer and KV head over
+  // `tokens` run as one fresh sequence (on a private cache): k, v [num_layers * num_kv_heads].
+  // The calibration pass behind fp8 KV scales. Runners that cannot do it throw Error.
+  struct KvAbsMax {
+    std::vector<float> k, v;
+  };
+  virtual KvAbsMax kv_absmax(const std::vector<int32_t>& tokens);
 };
+
+// Reserves slots for each sequence's new tokens (KvCache::append_slots) and builds the step's
+// batch: positions continue from each kv_len; logit rows are each sequence's last new token, or
+// every row with all_logits. Checks first that all the pages fit (Error, nothing reserved).
+ForwardBatch make_forward_batch(KvCache& cache, const std::vector<SeqId>& seqs,
+                                const std::vector<std::vector<int32_t>>& new_tokens,
+                                bool all_logits = false);
+
+// A short built-in English text for the fp8 calibration pass.
+std::string_view kv_calibration_text();
+// fp8 caches: sets every layer's scales from model.kv_absmax(tokens), scale = absmax * headroom /
+// 448 (the e4m3 maximum), so values up to headroom x the calibration maximum are representable.
+void calibrate_kv_scales(Model& model, KvCache& cache, const std::vector<int32_t>& tokens,
+                         float headroom = 1.25f);
 
 // The runner for a loaded model file on `device`: the Llama family (llama, mistral, qwen2, qwen3).
 // Throws Error for an architecture or device that has no forward path.

@@ -234,6 +234,7 @@ void LlamaModel::run_layer(const Layer& w, int32_t layer, int32_t num_tokens,
   rope_apply(q, num_tokens, Hq, D, ws_.rope_cos.data(), ws_.rope_sin.data());
   rope_apply(k, num_tokens, Hkv, D, ws_.rope_cos.data(), ws_.rope_sin.data());
 
+  if (absmax_) observe_kv(layer, num_tokens);
   const PagedKVView view = cache.layer_view(layer);
   write_kv_cpu(view, slots, num_tokens, k, v, DType::f32);
   const QKVTensor q_t{q, DType::f32, num_tokens, Hq, D};
