@@ -18,6 +18,7 @@ struct BenchAttentionArgs {
   std::vector<int> page_size;
   std::vector<std::string> kv_dtype;  // bf16, f16, f32, fp8
   int num_q_heads = 32;
+  int prefill_chunk = 0;              // prefill: query tokens per sequence (0: backend default)
   int iters = 0;                      // 0: backend default
   std::string mode = "all";           // decode | prefill | all
 };

@@ -1,0 +1,309 @@
+// `pagedattn bench attention --device cpu`: the fused paged kernel against the same kernel on
+// dense, contiguous K/V (the no-paging baseline) and against the reference, for decode and for
+// chunked prefill, on a grid of shapes.
+//
+// Every shape: one pool with the batch's pages in shuffled order (a fragmented cache), the same
+// K/V in a dense [seq][kv_head][token][head_dim] buffer, f32 queries and outputs. Times are the
+// median of `iters` runs after warm-up; GB/s counts the K/V bytes of the batch read once.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attention/cpu/cpu_attention.h"
+#include "bench_attention.h"
+#include "pagedattn/attention.h"
+#include "pagedattn/error.h"
+#include "pagedattn/thread_pool.h"
+
+namespace pagedattn::tools {
+namespace {
+
+struct Shape {
+  std::string mode;  // decode | prefill
+  int batch = 0, context = 0, q_per_seq = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0,
+      page_size = 0;
+  DType kv_dtype = DType::bf16;
+};
+
+struct Result {
+  Shape shape;
+  double paged_ms = 0, dense_ms = 0, reference_ms = -1;  // -1: not run
+  double kv_gbytes = 0;
+  double dense_vs_paged_err = 0, reference_err = -1;
+};
+
+// Buffers of one shape.
+struct Workload {
+  Shape s;
+  std::vector<uint8_t> k_pages, v_pages, k_dense, v_dense;
+  std::vector<float> k_scale, v_scale, q, out_paged, out_dense, out_ref;
+  std::vector<int32_t> q_indptr, kv_len, block_table;
+  int32_t pages_per_seq = 0, num_pages = 0;
+
+  explicit Workload(const Shape& shape) : s(shape) {
+    const int32_t B = s.batch, L = s.context, Hk = s.num_kv_heads, D = s.head_dim,
+                  P = s.page_size;
+    pages_per_seq = (L + P - 1) / P;
+    num_pages = B * pages_per_seq;
+    const size_t es = dtype_size(s.kv_dtype);
+    std::mt19937_64 rng(7);
+    // Pages of all sequences in one shuffled order.
+    std::vector<int32_t> ids(static_cast<size_t>(num_pages));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    block_table = ids;
+    q_indptr.push_back(0);
+    for (int32_t b = 0; b < B; ++b) {
+      q_indptr.push_back(q_indptr.back() + s.q_per_seq);
+      kv_len.push_back(L);
+    }
+    if (s.kv_dtype == DType::fp8_e4m3) k_scale.assign(size_t(Hk), 1.f / 224), v_scale = k_scale;
+    const float inv = s.kv_dtype == DType::fp8_e4m3 ? 224.f : 1.f;
+    const size_t dense_elems = size_t(B) * Hk * L * D;
+    k_dense.resize(dense_elems * es);
+    v_dense.resize(dense_elems * es);
+    std::uniform_real_distribution<float> uni(-1.f, 1.f);
+    for (size_t i = 0; i < dense_elems; ++i) {
+      store_from_f32(k_dense.data(), s.kv_dtype, int64_t(i), uni(rng) * inv);
+      store_from_f32(v_dense.data(), s.kv_dtype, int64_t(i), uni(rng) * inv);
+    }
+    // The same rows in the pool, through the block table.
+    k_pages.assign(size_t(num_pages) * Hk * P * D * es, 0);
+    v_pages.assign(k_pages.size(), 0);
+    const PagedKVView v = view();
+    for (int32_t b = 0; b < B; ++b)
+      for (int32_t h = 0; h < Hk; ++h)
+        for (int32_t p = 0; p < L; ++p) {
+          const size_t src = ((size_t(b) * Hk + h) * L + p) * D * es;
+          const size_t dst = size_t(v.offset(block_table[size_t(b) * pages_per_seq + p / P], h, p % P)) * es;
+          std::copy_n(&k_dense[src], D * es, &k_pages[dst]);
+          std::copy_n(&v_dense[src], D * es, &v_pages[dst]);
+        }
+    const size_t q_elems = size_t(q_indptr.back()) * s.num_q_heads * D;
+    q.resize(q_elems);
+    for (float& x : q) x = uni(rng);
+    out_paged.assign(q_elems, 0.f);
+    out_dense = out_paged;
+    out_ref = out_paged;
+  }
+
+  PagedKVView view() const {
+    PagedKVView v;
+    v.k_pages = const_cast<uint8_t*>(k_pages.data());
+    v.v_pages = const_cast<uint8_t*>(v_pages.data());
+    v.dtype = s.kv_dtype;
+    v.num_pages = num_pages;
+    v.num_kv_heads = s.num_kv_heads;
+    v.page_size = s.page_size;
+    v.head_dim = s.head_dim;
+    if (!k_scale.empty()) v.k_scale = k_scale.data(), v.v_scale = v_scale.data();
+    return v;
+  }
+  BatchLayout batch() const {
+    return BatchLayout{s.batch, q_indptr.data(), kv_len.data(), block_table.data(), pages_per_seq};
+  }
+  QKVTensor tensor(const std::vector<float>& buf) const {
+    return QKVTensor{const_cast<float*>(buf.data()), DType::f32, q_indptr.back(), s.num_q_heads,
+                     s.head_dim};
+  }
+  void run_paged() {
+    QKVTensor out = tensor(out_paged);
+    paged_attention_cpu(tensor(q), view(), batch(), AttentionOptions{}, out);
+  }
+  void run_dense() {
+    const DenseKV kv{k_dense.data(), v_dense.data(), s.kv_dtype, s.num_kv_heads, s.head_dim,
+                     s.context, k_scale.empty() ? nullptr : k_scale.data(),
+                     v_scale.empty() ? nullptr : v_scale.data()};
+    QKVTensor out = tensor(out_dense);
+    dense_attention_cpu(tensor(q), kv, s.batch, q_indptr.data(), kv_len.data(), AttentionOptions{}, out);
+  }
+  void run_reference() {
+    QKVTensor out = tensor(out_ref);
+    paged_attention_reference(tensor(q), view(), batch(), AttentionOptions{}, out);
+  }
+  // Multiply-adds of the scores and the weighted sum (causal).
+  double work() const {
+    double pairs = 0;
+    for (int32_t j = 0; j < s.q_per_seq; ++j) pairs += s.context - s.q_per_seq + j + 1;
+    return pairs * s.batch * s.num_q_heads * s.head_dim * 2;
+  }
+};
+
+double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = double(got[i]) - want[i];
+    num += d * d;
+    den += double(want[i]) * want[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+
+// Median milliseconds of `iters` runs after `warmup` runs.
+double time_ms(const std::function<void()>& fn, int warmup, int iters) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> ms;
+  for (int i = 0; i < iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown";
+}
+
+std::string isa_name() {
+  if (cpu_isa_available(CpuIsa::avx512)) return "avx512";
+  if (cpu_isa_available(CpuIsa::avx2)) return "avx2";
+  return "generic";
+}
+
+template <class T>
+std::vector<T> or_default(const std::vector<T>& given, std::vector<T> fallback) {
+  return given.empty() ? fallback : given;
+}
+
+std::vector<Shape> make_grid(const BenchAttentionArgs& a) {
+  const bool q = a.quick;
+  const auto batches = or_default(a.batch, q ? std::vector<int>{2} : std::vector<int>{1, 8});
+  const auto contexts = or_default(a.context, q ? std::vector<int>{256, 1024} : std::vector<int>{2048, 8192});
+  const auto kv_heads = or_default(a.num_kv_heads, {8});
+  const auto head_dims = or_default(a.head_dim, {128});
+  const auto pages = or_default(a.page_size, {16});
+  const auto dtypes = or_default(a.kv_dtype, {std::string("bf16")});
+  const int chunk = a.prefill_chunk > 0 ? a.prefill_chunk : (q ? 32 : 128);
+  PA_CHECK(a.num_q_heads > 0, "bench attention: --num-q-heads must be > 0, got ", a.num_q_heads);
+  std::vector<Shape> grid;
+  for (const std::string& mode : {std::string("decode"), std::string("prefill")}) {
+    if (a.mode != "all" && a.mode != mode) continue;
+    for (const std::string& dt : dtypes)
+      for (int hk : kv_heads)
+        for (int d : head_dims)
+          for (int p : pages)
+            for (int ctx : contexts)
+              for (int b : batches) {
+                PA_CHECK(b > 0 && ctx > 0 && hk > 0 && d > 0 && p > 0,
+                         "bench attention: --batch, --context, --num-kv-heads, --head-dim and ",
+                         "--page-size must be > 0");
+                PA_CHECK(a.num_q_heads % hk == 0, "bench attention: --num-q-heads (", a.num_q_heads,
+                         ") is not a multiple of --num-kv-heads (", hk, ")");
+                Shape s{mode, b, ctx, mode == "decode" ? 1 : std::min(chunk, ctx), a.num_q_heads, hk,
+                        d, p, parse_dtype(dt)};
+                grid.push_back(s);
+              }
+  }
+  return grid;
+}
+
+Result run_shape(const Shape& s, const BenchAttentionArgs& a) {
+  Workload w(s);
+  Result r;
+  r.shape = s;
+  const double work = w.work();
+  // Few runs for heavy shapes; the reference (single-threaded, double) once, and only when small.
+  const int iters = a.iters > 0 ? a.iters : (a.quick ? 3 : (work > 2e9 ? 3 : 10));
+  const int warmup = work > 2e9 ? 1 : 2;
+  r.paged_ms = time_ms([&] { w.run_paged(); }, warmup, iters);
+  r.dense_ms = time_ms([&] { w.run_dense(); }, warmup, iters);
+  r.dense_vs_paged_err = rel_error(w.out_paged, w.out_dense);
+  if (work <= 1e9) {
+    r.reference_ms = time_ms([&] { w.run_reference(); }, 0, 1);
+    r.reference_err = rel_error(w.out_paged, w.out_ref);
+  }
+  r.kv_gbytes = double(s.batch) * s.context * s.num_kv_heads * s.head_dim * 2 * dtype_size(s.kv_dtype) / 1e9;
+  return r;
+}
+
+std::string json_line(const Result& r, const std::string& cpu, int threads, const std::string& isa) {
+  const Shape& s = r.shape;
+  std::ostringstream o;
+  o.precision(6);
+  o << "{\"bench\":\"attention\",\"device\":\"cpu\",\"cpu\":\"" << cpu << "\",\"threads\":" << threads
+    << ",\"isa\":\"" << isa << "\",\"mode\":\"" << s.mode << "\",\"batch\":" << s.batch
+    << ",\"context\":" << s.context << ",\"q_per_seq\":" << s.q_per_seq
+    << ",\"num_q_heads\":" << s.num_q_heads << ",\"num_kv_heads\":" << s.num_kv_heads
+    << ",\"head_dim\":" << s.head_dim << ",\"page_size\":" << s.page_size << ",\"kv_dtype\":\""
+    << dtype_name(s.kv_dtype) << "\",\"paged_ms\":" << r.paged_ms << ",\"dense_ms\":" << r.dense_ms
+    << ",\"reference_ms\":";
+  if (r.reference_ms < 0) o << "null"; else o << r.reference_ms;
+  o << ",\"paged_gbps\":" << r.kv_gbytes / (r.paged_ms / 1e3)
+    << ",\"dense_gbps\":" << r.kv_gbytes / (r.dense_ms / 1e3)
+    << ",\"dense_over_paged\":" << r.dense_ms / r.paged_ms
+    << ",\"paged_vs_dense_rel_err\":" << r.dense_vs_paged_err << ",\"paged_vs_reference_rel_err\":";
+  if (r.reference_err < 0) o << "null"; else o << r.reference_err;
+  o << "}";
+  return o.str();
+}
+
+}  // namespace
+
+int bench_attention_cpu(const BenchAttentionArgs& args) {
+  const std::vector<Shape> grid = make_grid(args);
+  const std::string cpu = cpu_model(), isa = isa_name();
+  const int threads = ThreadPool::global().num_threads();
+  std::ofstream csv;
+  if (!args.csv.empty()) {
+    csv.open(args.csv);
+    PA_CHECK(csv.good(), "bench attention: cannot write --csv file '", args.csv, "'");
+    csv << "mode,batch,context,q_per_seq,num_q_heads,num_kv_heads,head_dim,page_size,kv_dtype,"
+           "paged_ms,dense_ms,reference_ms,paged_gbps,dense_over_paged,paged_vs_reference_rel_err\n";
+  }
+  if (!args.json) {
+    std::printf("pagedattn bench attention --device cpu: %s, %d threads, kernel %s\n", cpu.c_str(),
+                threads, isa.c_str());
+    std::printf("%-8s %5s %7s %5s %7s %4s %5s %4s | %10s %10s %10s | %8s %8s | %11s %8s\n", "mode",
+                "batch", "context", "q/seq", "heads", "dim", "page", "kv", "paged ms", "dense ms",
+                "ref ms", "paged GB/s", "dense GB/s", "dense/paged", "ref err");
+  }
+  int status = 0;
+  for (const Shape& s : grid) {
+    const Result r = run_shape(s, args);
+    // Same kernel, same tiles: paged and dense agree to rounding; the reference to fp32 accuracy.
+    const bool ok = r.dense_vs_paged_err <= 1e-5 && (r.reference_err < 0 || r.reference_err <= 1e-4);
+    if (!ok) status = 1;
+    if (args.json) {
+      std::cout << json_line(r, cpu, threads, isa) << std::endl;
+    } else {
+      char ref_ms[32] = "-", ref_err[32] = "-";
+      if (r.reference_ms >= 0) std::snprintf(ref_ms, sizeof ref_ms, "%.2f", r.reference_ms);
+      if (r.reference_err >= 0) std::snprintf(ref_err, sizeof ref_err, "%.1e", r.reference_err);
+      const std::string heads = std::to_string(s.num_q_heads) + "/" + std::to_string(s.num_kv_heads);
+      std::printf("%-8s %5d %7d %5d %7s %4d %5d %4s | %10.3f %10.3f %10s | %10.2f %10.2f | %11.3f %8s%s\n",
+                  s.mode.c_str(), s.batch, s.context, s.q_per_seq, heads.c_str(), s.head_dim,
+                  s.page_size, std::string(dtype_name(s.kv_dtype)).c_str(), r.paged_ms, r.dense_ms,
+                  ref_ms, r.kv_gbytes / (r.paged_ms / 1e3), r.kv_gbytes / (r.dense_ms / 1e3),
+                  r.dense_ms / r.paged_ms, ref_err, ok ? "" : "  MISMATCH");
+      std::fflush(stdout);
+    }
+    if (csv.is_open()) {
+      csv << s.mode << ',' << s.batch << ',' << s.context << ',' << s.q_per_seq << ','
+          << s.num_q_heads << ',' << s.num_kv_heads << ',' << s.head_dim << ',' << s.page_size << ','
+          << dtype_name(s.kv_dtype) << ',' << r.paged_ms << ',' << r.dense_ms << ','
+          << (r.reference_ms < 0 ? std::string() : std::to_string(r.reference_ms)) << ','
+          << r.kv_gbytes / (r.paged_ms / 1e3) << ',' << r.dense_ms / r.paged_ms << ','
+          << (r.reference_err < 0 ? std::string() : std::to_string(r.reference_err)) << '\n';
+    }
+  }
+  if (status != 0) std::cerr << "bench attention: paged output disagrees with dense or reference\n";
+  return status;
+}
+
+}  // namespace pagedattn::tools
