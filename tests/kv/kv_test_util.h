@@ -111,6 +111,12 @@ inline bool kv_matches(const KvCache& cache, SeqId seq, const std::string& salt,
     ADD_FAILURE() << "kv_len " << cache.kv_len(seq) << " != " << tokens.size();
     return false;
   }
+  const size_t pages = (tokens.size() + size_t(c.page_size) - 1) / size_t(c.page_size);
+  if (cache.block_table(seq).size() != pages) {
+    ADD_FAILURE() << "block table has " << cache.block_table(seq).size() << " pages, expected "
+                  << pages;
+    return false;
+  }
   const std::vector<uint64_t> keys = prefix_keys(salt, tokens);
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const PagedKVView view = cache.layer_view(l);

@@ -76,7 +76,7 @@ TEST(KvCache, PageTakenOnlyWhenTheTailOverflows) {
     const std::vector<int32_t> slots = cache.append_slots(s, std::vector<int32_t>{pos});
     if (pos % 4 == 0) ++expected_pages;
     ASSERT_EQ(slots.size(), 1u);
-    EXPECT_EQ(cache.block_table(s).size(), size_t(expected_pages));
+    ASSERT_EQ(cache.block_table(s).size(), size_t(expected_pages));
     EXPECT_EQ(slots[0], cache.block_table(s)[size_t(pos / 4)] * 4 + pos % 4);
     EXPECT_EQ(cache.kv_len(s), pos + 1);
     EXPECT_EQ(cache.stats().pages_used, expected_pages);
@@ -88,7 +88,7 @@ TEST(KvCache, PageTakenOnlyWhenTheTailOverflows) {
   EXPECT_EQ(cache.pages_needed(s, 8), 2);
   EXPECT_EQ(cache.pages_needed(s, 0), 0);
   const std::vector<int32_t> slots = cache.append_slots(s, iota_tokens(8));
-  EXPECT_EQ(cache.block_table(s).size(), 6u);
+  ASSERT_EQ(cache.block_table(s).size(), 6u);
   for (size_t i = 0; i < slots.size(); ++i) {
     const int32_t pos = 13 + int32_t(i);
     EXPECT_EQ(slots[i], cache.block_table(s)[size_t(pos / 4)] * 4 + pos % 4);
@@ -237,7 +237,7 @@ TEST(KvCache, PrefixHitReturnsIdenticalBytes) {
   KvCache cache(small_config(16, 4));
   const std::vector<int32_t> prompt = iota_tokens(10);
   const SeqId a = cache.create_sequence();
-  EXPECT_EQ(cache.attach_prefix(a, prompt), 0) << "nothing cached yet";
+  ASSERT_EQ(cache.attach_prefix(a, prompt), 0) << "nothing cached yet";
   append_and_write(cache, a, prompt);
   cache.commit(a);
   const std::vector<int32_t> a_table(cache.block_table(a).begin(), cache.block_table(a).end());
@@ -253,7 +253,7 @@ TEST(KvCache, PrefixHitReturnsIdenticalBytes) {
 
   // While a is alive: b shares its two full pages.
   const SeqId b = cache.create_sequence();
-  EXPECT_EQ(cache.attach_prefix(b, prompt), 8);
+  ASSERT_EQ(cache.attach_prefix(b, prompt), 8);
   EXPECT_EQ(cache.kv_len(b), 8);
   EXPECT_EQ(cache.block_table(b)[0], a_table[0]);
   EXPECT_EQ(cache.block_table(b)[1], a_table[1]);
@@ -267,7 +267,7 @@ TEST(KvCache, PrefixHitReturnsIdenticalBytes) {
   cache.free_sequence(b);
   EXPECT_EQ(cache.stats().pages_cached, 2);
   const SeqId c = cache.create_sequence();
-  EXPECT_EQ(cache.attach_prefix(c, prompt), 8);
+  ASSERT_EQ(cache.attach_prefix(c, prompt), 8);
   EXPECT_EQ(cache.stats().pages_cached, 0);
   size_t k = 0;
   for (int32_t l = 0; l < 2; ++l) {
@@ -341,7 +341,7 @@ TEST(KvCache, DifferentSaltsNeverSharePages) {
   EXPECT_EQ(cache.cache_salt(f), "alice");
   cache.free_sequence(f);
   const SeqId g = cache.create_sequence("alice");
-  EXPECT_EQ(cache.attach_prefix(g, prompt), 8);
+  ASSERT_EQ(cache.attach_prefix(g, prompt), 8);
   EXPECT_EQ(cache.block_table(g)[0], cache.block_table(seqs[1])[0]);
 }
 
@@ -366,7 +366,7 @@ TEST(KvCache, IdenticalPagesAreNotRegisteredTwice) {
   const SeqId c = cache.create_sequence();
   std::vector<int32_t> longer = prompt;
   longer.push_back(0);
-  EXPECT_EQ(cache.attach_prefix(c, longer), 8);
+  ASSERT_EQ(cache.attach_prefix(c, longer), 8);
   EXPECT_EQ(cache.block_table(c)[0], a_table[0]);
   EXPECT_EQ(cache.block_table(c)[1], a_table[1]);
   // Committing again hashes nothing new.
@@ -396,7 +396,7 @@ TEST(KvCache, LruEvictsTheDeepestPageFirstAndRevivedPagesLeaveIt) {
 
   // The surviving chain is still reusable: t[0], t[1] are revived and leave the LRU list.
   const SeqId b = cache.create_sequence();
-  EXPECT_EQ(cache.attach_prefix(b, prompt), 4);
+  ASSERT_EQ(cache.attach_prefix(b, prompt), 4);
   EXPECT_TRUE(cache.allocator().lru_order().empty());
   EXPECT_EQ(cache.refcount(t[0]), 1);
   EXPECT_EQ(cache.refcount(t[1]), 1);
@@ -441,7 +441,7 @@ TEST(KvCache, PrefixCacheDisabled) {
   cache.free_sequence(a);
   EXPECT_EQ(cache.stats().pages_free, 8);
   const SeqId b = cache.create_sequence();
-  EXPECT_EQ(cache.attach_prefix(b, iota_tokens(5)), 0);
+  ASSERT_EQ(cache.attach_prefix(b, iota_tokens(5)), 0);
   EXPECT_EQ(cache.kv_len(b), 0);
 }
 

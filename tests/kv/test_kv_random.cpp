@@ -265,6 +265,7 @@ class Harness {
   void check_data(SeqId id, const ModelSeq& m) {
     const std::vector<uint64_t> keys = prefix_keys(m.salt, m.tokens);
     const std::span<const int32_t> table = cache_.block_table(id);
+    ASSERT_EQ(table.size(), (m.tokens.size() + size_t(cfg_.page_size) - 1) / size_t(cfg_.page_size));
     for (int32_t l = 0; l < cfg_.num_layers; ++l) {
       const PagedKVView v = cache_.layer_view(l);
       for (size_t pos = 0; pos < m.tokens.size(); ++pos) {
