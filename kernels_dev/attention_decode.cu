@@ -1,0 +1,152 @@
+// Kernel lab: paged decode attention (q_len = 1), versions side by side.
+//
+//   attention_decode_lab            correctness gate on every version, then the timing sweep
+//
+// Versions (the promoted one is the library's decode path, src/attention/cuda/decode_kernel.cuh):
+//   v1  one warp per (sequence, query head); lanes split head_dim, scalar loads through
+//       load_as_f32, a warp reduction per key. Reads each K/V row once per query head.
+//   v2  library kernel, split-KV off: one CTA per (sequence, KV head) serving the whole GQA
+//       group; groups of lanes own a key row each, 16-byte loads, 2-4 keys in flight per group,
+//       chunk states of 256 positions merged in a fixed order.
+//   v3  v2 plus split-KV (promoted): chunks spread over CTAs when the batch cannot fill the SMs,
+//       partial states merged by a second kernel with the same arithmetic (bit-identical to v2).
+//
+// Measured (H100 80GB HBM3, cold L2, median of 20; GB/s of K+V read; see docs/BENCHMARKS.md for
+// the full grid and the device-to-device copy roofline):
+//   see the table printed at the end of a run; numbers recorded in docs/BENCHMARKS.md.
+#include <cstdio>
+
+#include "lab_common.h"
+
+namespace {
+
+using namespace pagedattn;
+
+// v1 grid: (num_seqs, num_q_heads); block: 32 threads. q_len must be 1 (decode).
+//   q, out: [num_seqs, num_q_heads, head_dim]; pools: [num_pages, num_kv_heads, page, head_dim]
+__global__ void decode_v1(const void* q, void* out, PagedKVView kv, const int32_t* kv_len,
+                          const int32_t* table, int32_t maxp, int32_t hq, DType qt, float scale) {
+  const int b = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
+  const int D = kv.head_dim, kvh = h / (hq / kv.num_kv_heads);
+  const int L = kv_len[b];
+  const bool fp8 = kv.dtype == DType::fp8_e4m3;
+  const float ks = fp8 ? kv.k_scale[kvh] : 1.f, vs = fp8 ? kv.v_scale[kvh] : 1.f;
+  float qr[8], acc[8];
+  const int per = D / 32;
+  for (int i = 0; i < per; ++i) {
+    qr[i] = load_as_f32(q, qt, (int64_t(b) * hq + h) * D + lane * per + i) * scale * ks;
+    acc[i] = 0.f;
+  }
+  float m = -INFINITY, l = 0.f;
+  for (int t = 0; t < L; ++t) {
+    const int page = table[int64_t(b) * maxp + t / kv.page_size];
+    const int64_t off = kv.offset(page, kvh, t % kv.page_size) + lane * per;
+    float s = 0.f;
+    for (int i = 0; i < per; ++i) s += qr[i] * load_as_f32(kv.k_pages, kv.dtype, off + i);
+    for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const float mn = fmaxf(m, s), alpha = __expf(m - mn), p = __expf(s - mn);
+    l = l * alpha + p;
+    for (int i = 0; i < per; ++i) acc[i] = acc[i] * alpha + p * load_as_f32(kv.v_pages, kv.dtype, off + i);
+    m = mn;
+  }
+  for (int i = 0; i < per; ++i)
+    store_from_f32(out, qt, (int64_t(b) * hq + h) * D + lane * per + i, l > 0 ? acc[i] / l * vs : 0.f);
+}
+
+struct DeviceMeta {
+  int32_t* kv_len = nullptr;
+  int32_t* table = nullptr;
+  DeviceMeta(const lab::Problem& p) {
+    lab::ck(cudaMalloc(&kv_len, p.s.kv_len.size() * 4), "malloc");
+    lab::ck(cudaMalloc(&table, p.table.size() * 4), "malloc");
+    lab::ck(cudaMemcpy(kv_len, p.s.kv_len.data(), p.s.kv_len.size() * 4, cudaMemcpyHostToDevice), "copy");
+    lab::ck(cudaMemcpy(table, p.table.data(), p.table.size() * 4, cudaMemcpyHostToDevice), "copy");
+  }
+  ~DeviceMeta() {
+    cudaFree(kv_len);
+    cudaFree(table);
+  }
+};
+
+// A runnable version: sets itself up for a problem, returns the launch.
+std::function<void()> make_version(int v, const lab::Problem& p, std::unique_ptr<CudaAttentionPlan>& plan,
+                                   std::unique_ptr<DeviceMeta>& dev) {
+  if (v == 1) {
+    dev = std::make_unique<DeviceMeta>(p);
+    const float scale = p.s.opt.scale != 0.f ? p.s.opt.scale : 1.f / std::sqrt(float(p.s.d));
+    return [&p, &dev, scale] {
+      decode_v1<<<dim3(unsigned(p.s.kv_len.size()), unsigned(p.s.hq)), 32>>>(
+          p.dq, p.dout, p.dev_view(), dev->kv_len, dev->table, p.maxp, p.s.hq, p.s.q, scale);
+      lab::ck(cudaGetLastError(), "decode_v1 launch");
+    };
+  }
+  CudaPlanOptions o;
+  if (v == 2) o.target_ctas_per_sm = 0;
+  plan = std::make_unique<CudaAttentionPlan>(size_t(256) << 20, o);
+  plan->plan(p.dev_q(), p.dev_view(), p.batch(), p.s.opt, p.dev_out());
+  return [&p, &plan] {
+    QKVTensor out = p.dev_out();
+    paged_attention_cuda(*plan, p.dev_q(), p.dev_view(), out);
+  };
+}
+
+lab::Shape shape(int batch, int ctx, int hkv, int d, int page, DType kv) {
+  lab::Shape s;
+  s.hkv = hkv;
+  s.d = d;
+  s.page = page;
+  s.kv = kv;
+  s.q_len.assign(size_t(batch), 1);
+  s.kv_len.assign(size_t(batch), ctx);
+  // A ragged tail: the last sequence is shorter and ends mid-page.
+  if (batch > 1) s.kv_len.back() = ctx / 2 + 3;
+  return s;
+}
+
+}  // namespace
+
+int main() {
+  constexpr int kVersions = 3;
+  int failures = 0;
+  std::printf("== correctness gate (relative L2 error vs the double-precision reference)\n");
+  for (DType kv : {DType::bf16, DType::fp8_e4m3})
+    for (int d : {64, 128, 256})
+      for (int hkv : {8, 2}) {
+        lab::Shape s = shape(3, 1000 + d, hkv, d, d == 64 ? 32 : 16, kv);
+        lab::Problem p(s, uint64_t(d + hkv));
+        for (int v = 1; v <= kVersions; ++v) {
+          std::unique_ptr<CudaAttentionPlan> plan;
+          std::unique_ptr<DeviceMeta> dev;
+          const double err = p.check(make_version(v, p, plan, dev));
+          const double tol = 1e-2;
+          const bool ok = err <= tol;
+          failures += !ok;
+          std::printf("gate v%d kv=%s d=%d hkv=%d err=%.2e %s\n", v, std::string(dtype_name(kv)).c_str(), d, hkv, err,
+                      ok ? "ok" : "FAIL");
+        }
+      }
+
+  std::printf("== timing sweep (hq=32, page 16, cold L2, median of 20)\n");
+  std::printf("%-5s %-6s %-6s %-4s %-5s %9s %9s %9s %8s %8s %8s\n", "kv", "batch", "ctx", "hkv", "d", "v1_us",
+              "v2_us", "v3_us", "v1_GBps", "v2_GBps", "v3_GBps");
+  for (DType kv : {DType::bf16, DType::fp8_e4m3})
+    for (int hkv : {8, 32})
+      for (int batch : {1, 8, 64})
+        for (int ctx : {512, 8192}) {
+          lab::Shape s = shape(batch, ctx, hkv, 128, 16, kv);
+          s.kv_len.assign(size_t(batch), ctx);
+          lab::Problem p(s, 1, false);
+          double us[kVersions + 1] = {};
+          for (int v = 1; v <= kVersions; ++v) {
+            std::unique_ptr<CudaAttentionPlan> plan;
+            std::unique_ptr<DeviceMeta> dev;
+            us[v] = lab::time_us(make_version(v, p, plan, dev), v == 1 ? 5 : 20);
+          }
+          const double gb = double(p.kv_bytes()) / 1e3;
+          std::printf("%-5s %-6d %-6d %-4d %-5d %9.1f %9.1f %9.1f %8.0f %8.0f %8.0f\n",
+                      std::string(dtype_name(kv)).c_str(), batch, ctx, hkv, 128, us[1], us[2], us[3], gb / us[1],
+                      gb / us[2], gb / us[3]);
+        }
+  std::printf("gate: %s (%d failures)\n", failures ? "FAIL" : "ok", failures);
+  return failures ? 1 : 0;
+}

@@ -1,0 +1,79 @@
+// Kernel lab: paged prefill attention (ragged q_len > 1, causal, chunked), versions side by side.
+//
+//   attention_prefill_lab           correctness gate on every version, then the timing sweep
+//
+// Versions:
+//   v1  the decode kernel run once per query row (CudaPlanOptions::tensor_core_prefill = false):
+//       CUDA cores, each K/V row re-read from L2 by every query row.
+//   v2  tensor-core kernel (promoted when it passes): mma.sync m16n8k16 over tiles of 64 packed
+//       (query, head-in-group) rows against 64-key tiles gathered from the pages, online softmax
+//       in fp32.
+#include <cstdio>
+
+#include "lab_common.h"
+
+namespace {
+
+using namespace pagedattn;
+
+std::function<void()> make_version(int v, const lab::Problem& p, std::unique_ptr<CudaAttentionPlan>& plan) {
+  CudaPlanOptions o;
+  o.tensor_core_prefill = v >= 2;
+  plan = std::make_unique<CudaAttentionPlan>(size_t(256) << 20, o);
+  plan->plan(p.dev_q(), p.dev_view(), p.batch(), p.s.opt, p.dev_out());
+  return [&p, &plan] {
+    QKVTensor out = p.dev_out();
+    paged_attention_cuda(*plan, p.dev_q(), p.dev_view(), out);
+  };
+}
+
+}  // namespace
+
+int main() {
+  constexpr int kVersions = 2;
+  int failures = 0;
+  std::printf("== correctness gate (relative L2 error vs the double-precision reference)\n");
+  for (DType kv : {DType::bf16, DType::fp8_e4m3})
+    for (int d : {64, 128, 256})
+      for (int hkv : {4, 1}) {
+        lab::Shape s;
+        s.hq = 8;
+        s.hkv = hkv;
+        s.d = d;
+        s.kv = kv;
+        s.page = 16;
+        s.q_len = {200, 1, 77, 130};
+        s.kv_len = {200, 900, 300, 131};  // full prefill, decode, two chunked prefills
+        s.opt.window = d == 64 ? 100 : 0;
+        lab::Problem p(s, uint64_t(d * 7 + hkv));
+        for (int v = 1; v <= kVersions; ++v) {
+          std::unique_ptr<CudaAttentionPlan> plan;
+          const double err = p.check(make_version(v, p, plan));
+          const bool ok = err <= 1e-2;
+          failures += !ok;
+          std::printf("gate v%d kv=%s d=%d hkv=%d tensor_core=%d err=%.2e %s\n", v,
+                      std::string(dtype_name(kv)).c_str(), d, hkv, plan->info().prefill_tiles > 0, err,
+                      ok ? "ok" : "FAIL");
+        }
+      }
+
+  std::printf("== timing sweep (hq=32, hkv=8, d=128, page 16, bf16, causal; TFLOP/s)\n");
+  std::printf("%-6s %-6s %10s %10s %8s %8s\n", "batch", "len", "v1_us", "v2_us", "v1_TF", "v2_TF");
+  for (int batch : {1, 4})
+    for (int len : {2048, 8192}) {
+      lab::Shape s;
+      s.q_len.assign(size_t(batch), len);
+      s.kv_len.assign(size_t(batch), len);
+      lab::Problem p(s, 3, false);
+      double us[kVersions + 1] = {};
+      for (int v = 1; v <= kVersions; ++v) {
+        std::unique_ptr<CudaAttentionPlan> plan;
+        us[v] = lab::time_us(make_version(v, p, plan), 5);
+      }
+      const double flops = 4.0 * batch * s.hq * s.d * (double(len) * (len + 1) / 2);
+      std::printf("%-6d %-6d %10.1f %10.1f %8.1f %8.1f\n", batch, len, us[1], us[2], flops / us[1] / 1e6,
+                  flops / us[2] / 1e6);
+    }
+  std::printf("gate: %s (%d failures)\n", failures ? "FAIL" : "ok", failures);
+  return failures ? 1 : 0;
+}
