@@ -4,8 +4,8 @@
 //   free    : refcount 0, no prefix hash, in the free list;
 //   cached  : refcount 0, holds a prefix hash, in the LRU list (evictable);
 //   in use  : refcount >= 1 (maybe also holding a hash).
-// Both lists are index-linked doubly linked lists (prev/next arrays), so alloc, free, and reviving a
-// cached page from the middle of the LRU list are O(1).
+// Both lists are index-linked doubly linked lists (prev/next arrays), so alloc, free, and reviving
+// a cached page from the middle of the LRU list are O(1).
 //
 // The free list is FIFO (a freed page goes to the tail, alloc takes the head). The LRU list's head
 // is the least recently released cached page: alloc evicts it when the free list is empty.
@@ -25,7 +25,7 @@ class BlockAllocator {
   explicit BlockAllocator(int32_t num_pages);
 
   int32_t num_pages() const { return num_pages_; }
-  int32_t num_free() const { return list_size_[kFree]; }     // in the free list
+  int32_t num_free() const { return list_size_[kFree]; }      // in the free list
   int32_t num_cached() const { return list_size_[kCached]; }  // unreferenced, holding a prefix hash
   int32_t num_used() const { return num_pages_ - num_free() - num_cached(); }  // refcount >= 1
   // Pages an allocation can take right now: free + cached.
@@ -64,10 +64,10 @@ class BlockAllocator {
   int32_t front(int list) const { return next_[size_t(sentinel(list))]; }
 
   int32_t num_pages_ = 0;
-  std::vector<int32_t> refcount_;   // [num_pages]
-  std::vector<State> state_;        // [num_pages]
-  std::vector<int32_t> prev_;       // [num_pages + 2]: the two sentinels at the end
-  std::vector<int32_t> next_;       // [num_pages + 2]
+  std::vector<int32_t> refcount_;  // [num_pages]
+  std::vector<State> state_;       // [num_pages]
+  std::vector<int32_t> prev_;      // [num_pages + 2]: the two sentinels at the end
+  std::vector<int32_t> next_;      // [num_pages + 2]
   int32_t list_size_[2] = {0, 0};
 };
 

@@ -41,9 +41,9 @@ struct KvCacheConfig {
 
 struct KvCacheStats {
   int32_t num_pages = 0;
-  int32_t pages_used = 0;    // referenced by at least one sequence
-  int32_t pages_free = 0;    // in the free list
-  int32_t pages_cached = 0;  // unreferenced, kept for prefix reuse (evictable)
+  int32_t pages_used = 0;         // referenced by at least one sequence
+  int32_t pages_free = 0;         // in the free list
+  int32_t pages_cached = 0;       // unreferenced, kept for prefix reuse (evictable)
   int64_t tail_slots_wasted = 0;  // empty slots in the tail pages of live sequences
   int64_t prefix_queries = 0;     // tokens looked up by attach_prefix
   int64_t prefix_hits = 0;        // tokens reused by attach_prefix
@@ -94,10 +94,10 @@ class KvCache {
   // ---- pools ----
   // The view of one layer's pools (for the attention kernels and the write path).
   PagedKVView layer_view(int32_t layer) const;
-  // fp8 caches: per-head scales of one layer (host values; copied to the pools' device). Must be set
-  // for every layer before any write; they never change afterwards (setting a layer twice, scales
-  // that are not finite and > 0, or scales for a non-fp8 cache raise Error). append_slots on an fp8
-  // cache raises Error until every layer has its scales.
+  // fp8 caches: per-head scales of one layer (host values; copied to the pools' device). Must be
+  // set for every layer before any write; they never change afterwards (setting a layer twice,
+  // scales that are not finite and > 0, or scales for a non-fp8 cache raise Error). append_slots on
+  // an fp8 cache raises Error until every layer has its scales.
   void set_scales(int32_t layer, std::span<const float> k_scale, std::span<const float> v_scale);
   // True when writes are allowed: a non-fp8 cache, or an fp8 cache with every layer's scales set.
   bool scales_set() const;

@@ -28,8 +28,8 @@ struct KvCache::Impl {
   std::vector<Tensor> k_scales, v_scales;  // [num_layers] of [H] f32 on the pools' device (fp8)
   std::unordered_map<SeqId, Sequence> seqs;
   SeqId next_id = 0;
-  std::vector<PageHash> page_hash;       // [num_pages], valid where has_hash
-  std::vector<uint8_t> has_hash;         // [num_pages]
+  std::vector<PageHash> page_hash;  // [num_pages], valid where has_hash
+  std::vector<uint8_t> has_hash;    // [num_pages]
   std::unordered_map<PageHash, int32_t, kv::PageHashHasher> hash_to_page;
   int64_t prefix_queries = 0, prefix_hits = 0, evictions = 0;
 
@@ -111,8 +111,9 @@ KvCache::KvCache(const KvCacheConfig& c) {
   PA_CHECK(c.page_size > 0, "KvCache: page_size must be > 0, got ", c.page_size);
   PA_CHECK(c.num_pages > 0, "KvCache: num_pages must be > 0, got ", c.num_pages);
   // NOTE: slot ids (page * page_size + slot) are int32 in the write path.
-  PA_CHECK(int64_t(c.num_pages) * c.page_size <= INT32_MAX, "KvCache: num_pages * page_size = ",
-           int64_t(c.num_pages) * c.page_size, " exceeds the int32 slot range");
+  PA_CHECK(int64_t(c.num_pages) * c.page_size <= INT32_MAX,
+           "KvCache: num_pages * page_size = ", int64_t(c.num_pages) * c.page_size,
+           " exceeds the int32 slot range");
   auto impl = std::make_unique<Impl>(c);
   const std::vector<int64_t> shape = {c.num_pages, c.num_kv_heads, c.page_size, c.head_dim};
   for (int32_t l = 0; l < c.num_layers; ++l) {
@@ -140,7 +141,8 @@ SeqId KvCache::create_sequence(const std::string& cache_salt) {
 int32_t KvCache::attach_prefix(SeqId seq, std::span<const int32_t> tokens) {
   Impl& m = *impl_;
   Sequence& s = m.find(seq, "attach_prefix");
-  PA_CHECK(s.tokens.empty(), "attach_prefix: seq ", seq, " must be empty, has kv_len ", s.tokens.size());
+  PA_CHECK(s.tokens.empty(), "attach_prefix: seq ", seq, " must be empty, has kv_len ",
+           s.tokens.size());
   if (!m.cfg.enable_prefix_cache) return 0;
   const size_t ps = size_t(m.cfg.page_size);
   // At most tokens.size() - 1 tokens reused, so the last token is always computed.
@@ -192,7 +194,8 @@ std::vector<int32_t> KvCache::append_slots(SeqId seq, std::span<const int32_t> t
   const int64_t ps = m.cfg.page_size, len = m.kv_len(s);
   const int64_t n = int64_t(tokens.size());
   PA_CHECK(len + n <= int64_t(m.cfg.num_pages) * ps, "append_slots: tokens (", n,
-           ") would take seq ", seq, " beyond the pool's ", int64_t(m.cfg.num_pages) * ps, " slots");
+           ") would take seq ", seq, " beyond the pool's ", int64_t(m.cfg.num_pages) * ps,
+           " slots");
   const int64_t need = m.pages_needed(s, n);
   PA_CHECK(need <= m.alloc.num_available(), "append_slots: seq ", seq, " needs ", need,
            " pages for ", n, " tokens but only ", m.alloc.num_available(), " are available");
@@ -267,9 +270,13 @@ std::span<const int32_t> KvCache::block_table(SeqId seq) const {
   return impl_->find(seq, "block_table").block_table;
 }
 
-std::span<const int32_t> KvCache::tokens(SeqId seq) const { return impl_->find(seq, "tokens").tokens; }
+std::span<const int32_t> KvCache::tokens(SeqId seq) const {
+  return impl_->find(seq, "tokens").tokens;
+}
 
-const std::string& KvCache::cache_salt(SeqId seq) const { return impl_->find(seq, "cache_salt").salt; }
+const std::string& KvCache::cache_salt(SeqId seq) const {
+  return impl_->find(seq, "cache_salt").salt;
+}
 
 PagedKVView KvCache::layer_view(int32_t layer) const {
   const Impl& m = *impl_;
@@ -285,22 +292,25 @@ PagedKVView KvCache::layer_view(int32_t layer) const {
   return v;
 }
 
-void KvCache::set_scales(int32_t layer, std::span<const float> k_scale, std::span<const float> v_scale) {
+void KvCache::set_scales(int32_t layer, std::span<const float> k_scale,
+                         std::span<const float> v_scale) {
   Impl& m = *impl_;
-  PA_CHECK(m.cfg.dtype == DType::fp8_e4m3, "set_scales: the cache dtype is ", dtype_name(m.cfg.dtype),
-           "; scales apply to fp8_e4m3 caches only");
+  PA_CHECK(m.cfg.dtype == DType::fp8_e4m3, "set_scales: the cache dtype is ",
+           dtype_name(m.cfg.dtype), "; scales apply to fp8_e4m3 caches only");
   PA_CHECK(layer >= 0 && layer < m.cfg.num_layers, "set_scales: layer ", layer, " is outside [0, ",
            m.cfg.num_layers, ")");
   PA_CHECK(!m.has_scales(layer), "set_scales: layer ", layer,
            " already has its scales (they never change)");
   const size_t H = size_t(m.cfg.num_kv_heads);
-  PA_CHECK(k_scale.size() == H, "set_scales: k_scale has ", k_scale.size(), " values, expected ", H);
-  PA_CHECK(v_scale.size() == H, "set_scales: v_scale has ", v_scale.size(), " values, expected ", H);
+  PA_CHECK(k_scale.size() == H, "set_scales: k_scale has ", k_scale.size(), " values, expected ",
+           H);
+  PA_CHECK(v_scale.size() == H, "set_scales: v_scale has ", v_scale.size(), " values, expected ",
+           H);
   for (size_t h = 0; h < H; ++h) {
-    PA_CHECK(std::isfinite(k_scale[h]) && k_scale[h] > 0.f, "set_scales: k_scale[", h, "] = ",
-             k_scale[h], " must be finite and > 0");
-    PA_CHECK(std::isfinite(v_scale[h]) && v_scale[h] > 0.f, "set_scales: v_scale[", h, "] = ",
-             v_scale[h], " must be finite and > 0");
+    PA_CHECK(std::isfinite(k_scale[h]) && k_scale[h] > 0.f, "set_scales: k_scale[", h,
+             "] = ", k_scale[h], " must be finite and > 0");
+    PA_CHECK(std::isfinite(v_scale[h]) && v_scale[h] > 0.f, "set_scales: v_scale[", h,
+             "] = ", v_scale[h], " must be finite and > 0");
   }
   Tensor k = Tensor::empty({int64_t(H)}, DType::f32), v = Tensor::empty({int64_t(H)}, DType::f32);
   std::copy(k_scale.begin(), k_scale.end(), k.data_as<float>());
@@ -320,7 +330,8 @@ KvCacheStats KvCache::stats() const {
   st.pages_free = m.alloc.num_free();
   st.pages_cached = m.alloc.num_cached();
   for (const auto& [id, s] : m.seqs) {
-    st.tail_slots_wasted += int64_t(s.block_table.size()) * m.cfg.page_size - int64_t(s.tokens.size());
+    st.tail_slots_wasted +=
+        int64_t(s.block_table.size()) * m.cfg.page_size - int64_t(s.tokens.size());
   }
   st.prefix_queries = m.prefix_queries;
   st.prefix_hits = m.prefix_hits;

@@ -19,7 +19,8 @@ struct CtxDeleter {
 PageHash digest(std::initializer_list<std::pair<const void*, size_t>> parts) {
   std::unique_ptr<EVP_MD_CTX, CtxDeleter> ctx(EVP_MD_CTX_new());
   PA_CHECK(ctx != nullptr, "sha256: EVP_MD_CTX_new failed");
-  PA_CHECK(EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) == 1, "sha256: EVP_DigestInit_ex failed");
+  PA_CHECK(EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) == 1,
+           "sha256: EVP_DigestInit_ex failed");
   for (const auto& [ptr, len] : parts) {
     if (len == 0) continue;
     PA_CHECK(EVP_DigestUpdate(ctx.get(), ptr, len) == 1, "sha256: EVP_DigestUpdate failed");
@@ -41,7 +42,8 @@ PageHash page_hash(const PageHash& parent, std::span<const int32_t> tokens, std:
     const uint32_t t = uint32_t(tokens[i]);
     for (int b = 0; b < 4; ++b) ids[i * 4 + size_t(b)] = uint8_t(t >> (8 * b));
   }
-  return digest({{parent.data(), parent.size()}, {ids.data(), ids.size()}, {salt.data(), salt.size()}});
+  return digest(
+      {{parent.data(), parent.size()}, {ids.data(), ids.size()}, {salt.data(), salt.size()}});
 }
 
 }  // namespace pagedattn::kv

@@ -1,7 +1,7 @@
 // dtype.h conversions against independent oracles:
-//   f16  : GCC's _Float16 conversions (exhaustive over f16, 10^8 random f32 bit patterns, all ties);
-//   bf16 : exact rounding computed in double arithmetic (random patterns, every tie, exhaustive decode);
-//   fp8  : a decode built from ldexp and a brute-force nearest search over all finite codes.
+//   f16:  GCC's _Float16 (exhaustive over f16, 10^8 random f32 bit patterns, every tie);
+//   bf16: exact rounding computed in double (random patterns, every tie, exhaustive decode);
+//   fp8:  a decode from ldexp and a brute-force nearest search over all finite codes.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -105,9 +105,9 @@ TEST(DTypeF16, EncodeMatchesFloat16AroundEveryTie) {
 }
 
 TEST(DTypeF16, BoundaryCases) {
-  EXPECT_EQ(f32_to_f16(65504.f), 0x7bffu);                          // max normal
-  EXPECT_EQ(f32_to_f16(std::nextafter(65520.f, 0.f)), 0x7bffu);     // just below the tie
-  EXPECT_EQ(f32_to_f16(65520.f), 0x7c00u);                          // tie with 2^16: to inf (even)
+  EXPECT_EQ(f32_to_f16(65504.f), 0x7bffu);                       // max normal
+  EXPECT_EQ(f32_to_f16(std::nextafter(65520.f, 0.f)), 0x7bffu);  // just below the tie
+  EXPECT_EQ(f32_to_f16(65520.f), 0x7c00u);                       // tie with 2^16: to inf (even)
   EXPECT_EQ(f32_to_f16(-65520.f), 0xfc00u);
   EXPECT_EQ(f32_to_f16(1e10f), 0x7c00u);
   EXPECT_EQ(f32_to_f16(std::numeric_limits<float>::infinity()), 0x7c00u);
@@ -115,16 +115,16 @@ TEST(DTypeF16, BoundaryCases) {
   EXPECT_TRUE(is_nan16(f32_to_f16(std::numeric_limits<float>::quiet_NaN())));
   EXPECT_EQ(f32_to_f16(0.f), 0x0000u);
   EXPECT_EQ(f32_to_f16(-0.f), 0x8000u);
-  EXPECT_EQ(f32_to_f16(std::ldexp(1.f, -14)), 0x0400u);             // min normal
-  EXPECT_EQ(f32_to_f16(std::ldexp(1.f, -24)), 0x0001u);             // min subnormal
-  EXPECT_EQ(f32_to_f16(std::ldexp(1.f, -25)), 0x0000u);             // tie to even (0)
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.f, -14)), 0x0400u);  // min normal
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.f, -24)), 0x0001u);  // min subnormal
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.f, -25)), 0x0000u);  // tie to even (0)
   EXPECT_EQ(f32_to_f16(std::nextafter(std::ldexp(1.f, -25), 1.f)), 0x0001u);
-  EXPECT_EQ(f32_to_f16(std::ldexp(3.f, -25)), 0x0002u);             // 1.5 units: tie to even (2)
-  EXPECT_EQ(f32_to_f16(std::ldexp(5.f, -25)), 0x0002u);             // 2.5 units: tie to even (2)
-  EXPECT_EQ(f32_to_f16(-std::ldexp(1.f, -26)), 0x8000u);            // underflow keeps the sign
-  EXPECT_EQ(f32_to_f16(std::ldexp(1023.5f, -24)), 0x0400u);         // subnormal rounds up to normal
-  EXPECT_EQ(f32_to_f16(1.f + std::ldexp(1.f, -11)), 0x3c00u);       // tie, even is 1.0
-  EXPECT_EQ(f32_to_f16(1.f + std::ldexp(3.f, -11)), 0x3c02u);       // tie, even is 1 + 2^-9
+  EXPECT_EQ(f32_to_f16(std::ldexp(3.f, -25)), 0x0002u);        // 1.5 units: tie to even (2)
+  EXPECT_EQ(f32_to_f16(std::ldexp(5.f, -25)), 0x0002u);        // 2.5 units: tie to even (2)
+  EXPECT_EQ(f32_to_f16(-std::ldexp(1.f, -26)), 0x8000u);       // underflow keeps the sign
+  EXPECT_EQ(f32_to_f16(std::ldexp(1023.5f, -24)), 0x0400u);    // subnormal rounds up to normal
+  EXPECT_EQ(f32_to_f16(1.f + std::ldexp(1.f, -11)), 0x3c00u);  // tie, even is 1.0
+  EXPECT_EQ(f32_to_f16(1.f + std::ldexp(3.f, -11)), 0x3c02u);  // tie, even is 1 + 2^-9
   EXPECT_EQ(f16_to_f32(0x7bffu), 65504.f);
   EXPECT_EQ(f16_to_f32(0x0001u), std::ldexp(1.f, -24));
   EXPECT_TRUE(std::isinf(f16_to_f32(0x7c00u)));
@@ -299,7 +299,8 @@ TEST(DTypeFP8, EncodeMatchesBruteForceOnRandomValues) {
     const uint64_t r = rng.next();
     // Half raw bit patterns, half magnitudes spread over 2^-12 .. 2^10 (the interesting range).
     expect_fp8_matches(bits_f32(uint32_t(r)));
-    const double mag = std::ldexp(1.0 + double(r >> 40) / double(1ull << 24), int((r >> 32) % 23) - 12);
+    const double mag =
+        std::ldexp(1.0 + double(r >> 40) / double(1ull << 24), int((r >> 32) % 23) - 12);
     expect_fp8_matches(float((r & 1) ? -mag : mag));
     if (testing::Test::HasFatalFailure()) return;
   }
@@ -310,7 +311,9 @@ TEST(DTypeFP8, SaturationAndSpecials) {
   EXPECT_EQ(f32_to_fp8e4m3(448.f), 0x7e);
   EXPECT_EQ(f32_to_fp8e4m3(-448.f), 0xfe);
   EXPECT_EQ(f32_to_fp8e4m3(449.f), 0x7e);
-  EXPECT_EQ(f32_to_fp8e4m3(464.f), 0x7e);   // halfway to 480 (not representable): saturates
+  EXPECT_EQ(f32_to_fp8e4m3(464.f), 0x7e);  // halfway to 480 (not representable): saturates
+  EXPECT_EQ(f32_to_fp8e4m3(470.f), 0x7e);
+  EXPECT_EQ(f32_to_fp8e4m3(-479.f), 0xfe);
   EXPECT_EQ(f32_to_fp8e4m3(1e30f), 0x7e);
   EXPECT_EQ(f32_to_fp8e4m3(inf), 0x7e);
   EXPECT_EQ(f32_to_fp8e4m3(-inf), 0xfe);
@@ -320,7 +323,7 @@ TEST(DTypeFP8, SaturationAndSpecials) {
   EXPECT_EQ(f32_to_fp8e4m3(-0.f), 0x80);
   EXPECT_EQ(f32_to_fp8e4m3(std::ldexp(1.f, -10)), 0x00);  // half the min subnormal: tie to 0
   EXPECT_EQ(f32_to_fp8e4m3(std::nextafter(std::ldexp(1.f, -10), 1.f)), 0x01);
-  EXPECT_EQ(f32_to_fp8e4m3(std::ldexp(1.f, -6)), 0x08);   // min normal
+  EXPECT_EQ(f32_to_fp8e4m3(std::ldexp(1.f, -6)), 0x08);  // min normal
 }
 
 // ---------------------------------------------------------------- helpers and names

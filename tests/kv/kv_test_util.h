@@ -59,7 +59,8 @@ inline void write_positions(KvCache& cache, std::span<const int32_t> slots,
     for (size_t t = 0; t < n; ++t) {
       for (int32_t h = 0; h < c.num_kv_heads; ++h) {
         for (int32_t d = 0; d < c.head_dim; ++d) {
-          const size_t i = (t * size_t(c.num_kv_heads) + size_t(h)) * size_t(c.head_dim) + size_t(d);
+          const size_t i =
+              (t * size_t(c.num_kv_heads) + size_t(h)) * size_t(c.head_dim) + size_t(d);
           k[i] = kv_value(keys[t], l, h, d, 0);
           v[i] = kv_value(keys[t], l, h, d, 1);
         }
@@ -76,8 +77,7 @@ inline std::vector<int32_t> append_and_write(KvCache& cache, SeqId seq,
   const std::vector<int32_t> slots = cache.append_slots(seq, tokens);
   const std::span<const int32_t> all = cache.tokens(seq);
   const std::vector<uint64_t> keys = prefix_keys(cache.cache_salt(seq), all);
-  write_positions(cache, slots,
-                  std::span(keys).subspan(all.size() - tokens.size(), tokens.size()));
+  write_positions(cache, slots, std::span(keys).subspan(all.size() - tokens.size(), tokens.size()));
   return slots;
 }
 

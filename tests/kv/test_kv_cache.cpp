@@ -137,7 +137,8 @@ TEST(KvCache, ForkSharesPagesAndCopyOnWriteProtectsTheParent) {
 
   const SeqId child = cache.fork(parent);
   EXPECT_EQ(cache.kv_len(child), 6);
-  EXPECT_TRUE(std::equal(parent_table.begin(), parent_table.end(), cache.block_table(child).begin()));
+  EXPECT_TRUE(
+      std::equal(parent_table.begin(), parent_table.end(), cache.block_table(child).begin()));
   for (int32_t p : parent_table) EXPECT_EQ(cache.refcount(p), 2);
   EXPECT_EQ(cache.stats().pages_used, 2);
   EXPECT_EQ(cache.stats().num_sequences, 2);

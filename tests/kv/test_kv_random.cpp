@@ -147,7 +147,8 @@ class Harness {
     const KvCacheStats after = cache_.stats();
     ASSERT_EQ(after.pages_used - before.pages_used, predicted);
     const int32_t evicted = int32_t(after.evictions - before.evictions);
-    ASSERT_EQ(evicted, std::max(0, predicted - before.pages_free)) << "evicts only when free is empty";
+    ASSERT_EQ(evicted, std::max(0, predicted - before.pages_free))
+        << "evicts only when free is empty";
     cov_.evictions += evicted;
     cov_.cow_copies += shared_tail && n > 0;
     // New pages were never pages in use by anyone.
@@ -183,7 +184,8 @@ class Harness {
     const SeqId id = cache_.create_sequence(salt);
     ASSERT_TRUE(model_.emplace(id, ModelSeq{salt, {}}).second) << "sequence id reused";
     std::vector<bool> was_free(size_t(cfg_.num_pages));
-    for (int32_t p = 0; p < cfg_.num_pages; ++p) was_free[size_t(p)] = cache_.allocator().is_free(p);
+    for (int32_t p = 0; p < cfg_.num_pages; ++p)
+      was_free[size_t(p)] = cache_.allocator().is_free(p);
     const KvCacheStats before = cache_.stats();
     const int32_t reused = cache_.attach_prefix(id, tokens);
     const KvCacheStats after = cache_.stats();
@@ -246,11 +248,21 @@ class Harness {
     const SeqId unknown = 1'000'000 + uniform(0, 100);
     const std::vector<int32_t> t = {1};
     switch (uniform(0, 5)) {
-      case 0: ASSERT_THROW(cache_.append_slots(unknown, t), Error); break;
-      case 1: ASSERT_THROW(cache_.fork(unknown), Error); break;
-      case 2: ASSERT_THROW(cache_.free_sequence(unknown), Error); break;
-      case 3: ASSERT_THROW(cache_.commit(unknown), Error); break;
-      case 4: ASSERT_THROW((void)cache_.pages_needed(pick(), -1), Error); break;
+      case 0:
+        ASSERT_THROW(cache_.append_slots(unknown, t), Error);
+        break;
+      case 1:
+        ASSERT_THROW(cache_.fork(unknown), Error);
+        break;
+      case 2:
+        ASSERT_THROW(cache_.free_sequence(unknown), Error);
+        break;
+      case 3:
+        ASSERT_THROW(cache_.commit(unknown), Error);
+        break;
+      case 4:
+        ASSERT_THROW((void)cache_.pages_needed(pick(), -1), Error);
+        break;
       default: {
         const SeqId id = pick();
         if (model_.at(id).tokens.empty()) return;
@@ -265,7 +277,8 @@ class Harness {
   void check_data(SeqId id, const ModelSeq& m) {
     const std::vector<uint64_t> keys = prefix_keys(m.salt, m.tokens);
     const std::span<const int32_t> table = cache_.block_table(id);
-    ASSERT_EQ(table.size(), (m.tokens.size() + size_t(cfg_.page_size) - 1) / size_t(cfg_.page_size));
+    ASSERT_EQ(table.size(),
+              (m.tokens.size() + size_t(cfg_.page_size) - 1) / size_t(cfg_.page_size));
     for (int32_t l = 0; l < cfg_.num_layers; ++l) {
       const PagedKVView v = cache_.layer_view(l);
       for (size_t pos = 0; pos < m.tokens.size(); ++pos) {
@@ -297,7 +310,8 @@ class Harness {
       ASSERT_EQ(idx, idx0) << "page " << page << " at different positions";
       ASSERT_EQ(m.salt, m0.salt) << "page " << page << " shared across salts";
       const size_t end = std::min({m.tokens.size(), m0.tokens.size(), (size_t(idx) + 1) * ps});
-      ASSERT_TRUE(std::equal(m.tokens.begin(), m.tokens.begin() + ptrdiff_t(end), m0.tokens.begin()))
+      ASSERT_TRUE(
+          std::equal(m.tokens.begin(), m.tokens.begin() + ptrdiff_t(end), m0.tokens.begin()))
           << "page " << page << " shared by sequences with different prefixes";
       const bool partial = std::min(m.tokens.size(), m0.tokens.size()) < (size_t(idx) + 1) * ps;
       if (partial) {
