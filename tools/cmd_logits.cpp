@@ -1,0 +1,161 @@
+// `pagedattn logits`: raw logits of a batch of token-id prompts, prefilled together and decoded
+// greedily together, for parity checks against another implementation (scripts/device/hf_parity.py).
+//
+// For each sequence, rows are the logits at every prompt position, then one row after each
+// generated token: with P prompt ids and N decode steps, P + N rows for the P + N tokens of
+// prompt_ids + generated_ids, row i predicting token i + 1.
+#include <climits>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli.h"
+#include "model_session.h"
+#include "pagedattn/error.h"
+
+namespace pagedattn::tools {
+
+namespace {
+
+struct LogitsArgs {
+  SessionOptions session;
+  std::string prompt_ids;  // "1,2,3;4,5": sequences separated by ';'
+  int32_t decode_steps = 8;
+  bool json = false;
+};
+
+std::vector<std::vector<int32_t>> parse_prompt_ids(const std::string& text) {
+  std::vector<std::vector<int32_t>> out;
+  std::stringstream seqs(text);
+  std::string seq;
+  while (std::getline(seqs, seq, ';')) {
+    std::vector<int32_t> ids;
+    std::stringstream items(seq);
+    std::string item;
+    while (std::getline(items, item, ',')) {
+      if (item.find_first_not_of(" \t") == std::string::npos) continue;
+      size_t used = 0;
+      long v = -1;
+      try {
+        v = std::stol(item, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      PA_CHECK(used > 0 && item.find_first_not_of(" \t", used) == std::string::npos,
+               "logits: --prompt-ids has '", item, "', not an integer");
+      PA_CHECK(v >= 0 && v <= INT32_MAX, "logits: --prompt-ids has ", v, ", not a token id");
+      ids.push_back(int32_t(v));
+    }
+    PA_CHECK(!ids.empty(), "logits: --prompt-ids has an empty sequence (sequence ", out.size(), ")");
+    out.push_back(std::move(ids));
+  }
+  PA_CHECK(!out.empty(), "logits: --prompt-ids is empty");
+  return out;
+}
+
+int32_t argmax(const float* row, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    if (row[i] > row[best]) best = i;
+  }
+  return int32_t(best);
+}
+
+void write_ids(std::FILE* f, const std::vector<int32_t>& ids) {
+  std::fputc('[', f);
+  for (size_t i = 0; i < ids.size(); ++i) std::fprintf(f, "%s%d", i ? "," : "", ids[i]);
+  std::fputc(']', f);
+}
+
+void run_logits(const LogitsArgs& a) {
+  PA_CHECK(a.decode_steps >= 0, "logits: --decode-steps must be >= 0, got ", a.decode_steps);
+  const std::vector<std::vector<int32_t>> prompts = parse_prompt_ids(a.prompt_ids);
+  SessionOptions so = a.session;
+  so.quiet = a.json;
+  so.kv_tokens = 0;  // every sequence's tokens, each rounded up to whole pages
+  for (const auto& p : prompts) {
+    so.kv_tokens += (int64_t(p.size()) + a.decode_steps + so.page_size) / so.page_size * so.page_size;
+  }
+  auto m = std::make_unique<ModelSession>(so);
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    for (int32_t id : prompts[s]) {
+      PA_CHECK(id < m->config().vocab_size, "logits: --prompt-ids has ", id,
+               ", outside the vocabulary of ", m->config().vocab_size);
+    }
+  }
+  const int64_t V = m->config().vocab_size;
+  std::vector<SeqId> seqs;
+  for (size_t s = 0; s < prompts.size(); ++s) seqs.push_back(m->cache().create_sequence());
+  const Tensor pre = m->prefill(seqs, prompts, /*all_rows=*/true);
+  std::vector<std::vector<std::vector<float>>> rows(prompts.size());
+  std::vector<std::vector<int32_t>> generated(prompts.size());
+  int64_t r = 0;
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    for (size_t j = 0; j < prompts[s].size(); ++j, ++r) {
+      const float* p = pre.data_as<float>() + r * V;
+      rows[s].emplace_back(p, p + V);
+    }
+  }
+  for (int32_t step = 0; step < a.decode_steps; ++step) {
+    std::vector<int32_t> next;
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      next.push_back(argmax(rows[s].back().data(), V));
+      generated[s].push_back(next.back());
+    }
+    const Tensor dec = m->decode(seqs, next);
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      const float* p = dec.data_as<float>() + int64_t(s) * V;
+      rows[s].emplace_back(p, p + V);
+    }
+  }
+  if (!a.json) {
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      std::printf("sequence %zu: prompt ", s);
+      write_ids(stdout, prompts[s]);
+      std::printf(" generated ");
+      write_ids(stdout, generated[s]);
+      std::printf("\n");
+    }
+    return;
+  }
+  std::printf("{\"model\":\"%s\",\"device\":\"%s\",\"vocab_size\":%lld,\"sequences\":[",
+              a.session.model.c_str(), device_name(m->model().device()).c_str(),
+              static_cast<long long>(V));
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    std::printf("%s{\"prompt_ids\":", s ? "," : "");
+    write_ids(stdout, prompts[s]);
+    std::printf(",\"generated_ids\":");
+    write_ids(stdout, generated[s]);
+    std::printf(",\"logits\":[");
+    for (size_t i = 0; i < rows[s].size(); ++i) {
+      std::printf("%s[", i ? "," : "");
+      for (int64_t j = 0; j < V; ++j) std::printf("%s%.9g", j ? "," : "", rows[s][i][size_t(j)]);
+      std::printf("]");
+    }
+    std::printf("]}");
+  }
+  std::printf("]}\n");
+}
+
+}  // namespace
+
+void register_logits(CLI::App& app) {
+  auto args = std::make_shared<LogitsArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "logits", "Logits of token-id prompts, prefilled and greedily decoded as one batch");
+  cmd->add_option("--prompt-ids", args->prompt_ids,
+                  "Token ids, comma-separated; sequences separated by ';' (e.g. \"1,2,3;4,5\")")
+      ->required();
+  cmd->add_option("--decode-steps", args->decode_steps, "Greedy decode steps after the prefill")
+      ->capture_default_str();
+  cmd->add_flag("--json", args->json, "Print every logit row as JSON");
+  add_session_options(*cmd, args->session);
+  cmd->callback([args] {
+    run_logits(*args);
+    set_exit_code(0);
+  });
+}
+
+}  // namespace pagedattn::tools

@@ -1,0 +1,70 @@
+// A loaded model for the CLI's direct commands (generate, chat, logits, bench model): the model file,
+// its runner, a paged KV cache sized for the job, the tokenizer when the file has one, and a
+// chunked prefill / batched decode over any set of sequences. The engine proper (scheduler,
+// preemption, prefix cache) lives in src/engine; this is the small loop beside it.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pagedattn/kv_cache.h"
+#include "pagedattn/model.h"
+#include "pagedattn/tokenizer.h"
+
+namespace pagedattn::tools {
+
+// Where the default model is fetched to (scripts/fetch-default-model.sh).
+inline constexpr const char* kDefaultModelPath = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+struct SessionOptions {
+  std::string model = kDefaultModelPath;
+  std::string device = "auto";          // auto | cpu | cuda
+  std::string kv_cache_dtype = "auto";  // auto (the model's compute dtype) | fp8
+  int64_t kv_tokens = 4096;             // cache capacity, in tokens (rounded up to pages)
+  int32_t page_size = 16;
+  int32_t prefill_chunk = 512;          // most prompt tokens per forward step
+  bool quiet = false;                   // no load summary on stderr
+};
+
+// Adds --model, --device and --kv-cache-dtype to a command.
+void add_session_options(CLI::App& cmd, SessionOptions& opt);
+
+class ModelSession {
+ public:
+  // Loads the file and the tokenizer (absent for a folder without tokenizer.json), builds the
+  // runner and the cache, and calibrates fp8 scales when asked. Throws Error naming what failed.
+  explicit ModelSession(const SessionOptions& opt);
+
+  Model& model() { return *model_; }
+  KvCache& cache() { return *cache_; }
+  const ModelConfig& config() const { return model_->config(); }
+  bool has_tokenizer() const { return tokenizer_.has_value(); }
+  // Throws Error when the model has no tokenizer.
+  const Tokenizer& tokenizer() const;
+  // Token ids that end generation: the tokenizer's end-of-generation ids and the config's eos.
+  std::vector<int32_t> stop_ids() const;
+
+  // Runs the new tokens of each sequence through the cache, at most prefill_chunk tokens per step.
+  // Returns logits [seqs.size(), vocab] of each sequence's last new token (all_rows: of every new
+  // token, sequences in order, [sum of sizes, vocab]).
+  Tensor prefill(const std::vector<SeqId>& seqs, const std::vector<std::vector<int32_t>>& tokens,
+                 bool all_rows = false);
+  // One decode step: token[b] appended to seqs[b]. Returns logits [seqs.size(), vocab].
+  Tensor decode(const std::vector<SeqId>& seqs, const std::vector<int32_t>& tokens);
+
+ private:
+  SessionOptions opt_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<KvCache> cache_;
+  std::optional<Tokenizer> tokenizer_;
+};
+
+// Registered from cli.h's register_generate.
+void register_logits(CLI::App& app);
+void register_bench_model(CLI::App& bench);
+
+}  // namespace pagedattn::tools
