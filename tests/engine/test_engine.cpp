@@ -1,0 +1,457 @@
+// Engine tests with the fake model: outputs against an independent greedy
+// oracle, batching, preemption, prefix caching, parallel sampling, stop
+// conditions, cancellation, bad input.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "fake_model.h"
+#include "pagedattn/engine.h"
+#include "pagedattn/error.h"
+
+using namespace pagedattn;
+using pagedattn::fakes::FakeModel;
+
+namespace {
+
+struct Result {
+  std::vector<std::vector<int32_t>> tokens; // per sequence
+  std::vector<std::string> text;
+  std::vector<FinishReason> finish;
+  RequestOutput last;
+};
+
+EngineConfig small_config(int64_t kv_tokens, int32_t block = 4,
+                          int32_t budget = 32) {
+  EngineConfig c;
+  c.kv_cache_tokens = kv_tokens;
+  c.block_size = block;
+  c.max_num_batched_tokens = budget;
+  c.max_num_seqs = 16;
+  c.log_startup = false;
+  return c;
+}
+
+std::vector<int32_t> make_prompt(int32_t len, int32_t seed,
+                                 int32_t vocab = 64) {
+  std::vector<int32_t> p;
+  for (int32_t i = 0; i < len; ++i)
+    p.push_back(int32_t((seed * 131 + i * 17 + i * i) % vocab));
+  return p;
+}
+
+Request greedy(std::vector<int32_t> prompt, int32_t max_tokens) {
+  Request r;
+  r.prompt = std::move(prompt);
+  r.sampling.temperature = 0.f;
+  r.max_tokens = max_tokens;
+  return r;
+}
+
+void gather(std::map<RequestId, Result> &res,
+            const std::vector<RequestOutput> &outs) {
+  for (const RequestOutput &o : outs) {
+    Result &r = res[o.id];
+    for (const SequenceOutput &s : o.seqs) {
+      if (r.tokens.size() <= size_t(s.index)) {
+        r.tokens.resize(size_t(s.index) + 1);
+        r.text.resize(size_t(s.index) + 1);
+        r.finish.resize(size_t(s.index) + 1, FinishReason::none);
+      }
+      auto &t = r.tokens[size_t(s.index)];
+      t.insert(t.end(), s.new_tokens.begin(), s.new_tokens.end());
+      r.text[size_t(s.index)] += s.new_text;
+      if (s.finish != FinishReason::none)
+        r.finish[size_t(s.index)] = s.finish;
+    }
+    r.last = o;
+  }
+}
+
+// Runs the engine until every request finished (bounded), gathering outputs by
+// request.
+std::map<RequestId, Result> run_all(Engine &e,
+                                    std::map<RequestId, Result> res = {},
+                                    int32_t max_steps = 100000) {
+  for (int32_t step = 0; e.has_work(); ++step) {
+    if (step >= max_steps)
+      ADD_FAILURE() << "engine did not finish in " << max_steps << " steps";
+    if (step >= max_steps)
+      break;
+    gather(res, e.step());
+  }
+  return res;
+}
+
+} // namespace
+
+TEST(Engine, GreedyMatchesOracle) {
+  auto model = std::make_unique<FakeModel>();
+  const FakeModel &fake = *model;
+  Engine e(std::move(model), small_config(1024));
+  auto prompt = make_prompt(11, 3);
+  RequestId id = e.add_request(greedy(prompt, 20));
+  auto res = run_all(e);
+  ASSERT_EQ(res[id].tokens.size(), 1u);
+  EXPECT_EQ(res[id].tokens[0], fake.greedy_oracle(prompt, 20));
+  EXPECT_EQ(res[id].finish[0], FinishReason::length);
+  EXPECT_TRUE(res[id].last.finished);
+  EXPECT_EQ(res[id].last.prompt_tokens, 11);
+  EXPECT_EQ(res[id].last.completion_tokens, 20);
+  EXPECT_EQ(e.cache().stats().pages_used, 0);
+}
+
+TEST(Engine, SixteenConcurrentRequestsEqualOneByOne) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int32_t i = 0; i < 16; ++i)
+    prompts.push_back(make_prompt(5 + 3 * i, i));
+  std::vector<std::vector<int32_t>> alone;
+  for (int32_t i = 0; i < 16; ++i) {
+    Engine e(std::make_unique<FakeModel>(), small_config(4096));
+    RequestId id = e.add_request(greedy(prompts[size_t(i)], 12 + i));
+    alone.push_back(run_all(e)[id].tokens.at(0));
+  }
+  auto model = std::make_unique<FakeModel>();
+  FakeModel &fake = *model;
+  Engine e(std::move(model),
+           small_config(4096, 4, 24)); // small budget: chunked, mixed batches
+  std::vector<RequestId> ids;
+  for (int32_t i = 0; i < 16; ++i)
+    ids.push_back(e.add_request(greedy(prompts[size_t(i)], 12 + i)));
+  auto res = run_all(e);
+  int32_t max_seqs = 0;
+  for (int32_t s : fake.batch_seqs)
+    max_seqs = std::max(max_seqs, s);
+  EXPECT_GE(max_seqs, 8); // really batched
+  for (int32_t i = 0; i < 16; ++i) {
+    EXPECT_EQ(res[ids[size_t(i)]].tokens.at(0), alone[size_t(i)])
+        << "request " << i;
+    EXPECT_EQ(alone[size_t(i)], fake.greedy_oracle(prompts[size_t(i)], 12 + i));
+  }
+  EXPECT_EQ(e.cache().stats().pages_used, 0);
+}
+
+TEST(Engine, PreemptionAndRecomputeGiveIdenticalOutput) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int32_t i = 0; i < 6; ++i)
+    prompts.push_back(make_prompt(10 + i, 40 + i));
+  EngineConfig cfg =
+      small_config(64, 4, 64); // 16 pages for 6 requests growing to ~50 tokens
+  cfg.watermark_pages = 0;
+  auto model = std::make_unique<FakeModel>();
+  const FakeModel &fake = *model;
+  Engine e(std::move(model), cfg);
+  std::vector<RequestId> ids;
+  for (auto &p : prompts)
+    ids.push_back(e.add_request(greedy(p, 40)));
+  auto res = run_all(e);
+  EXPECT_GT(e.metrics().preemptions, 0);
+  for (size_t i = 0; i < prompts.size(); ++i)
+    EXPECT_EQ(res[ids[i]].tokens.at(0), fake.greedy_oracle(prompts[i], 40))
+        << "request " << i;
+  EXPECT_EQ(e.cache().stats().pages_used, 0);
+}
+
+TEST(Engine, PrefixCacheOnAndOffGiveTheSameOutput) {
+  std::vector<int32_t> shared = make_prompt(40, 7);
+  auto run = [&](bool prefix) {
+    EngineConfig cfg = small_config(2048);
+    cfg.enable_prefix_cache = prefix;
+    Engine e(std::make_unique<FakeModel>(), cfg);
+    std::vector<std::vector<int32_t>> outs;
+    for (int32_t round = 0; round < 2; ++round) {
+      std::vector<RequestId> ids;
+      for (int32_t i = 0; i < 4; ++i) {
+        auto p = shared;
+        for (int32_t j = 0; j <= i; ++j)
+          p.push_back((i * 5 + j) % 64);
+        ids.push_back(e.add_request(greedy(p, 10)));
+      }
+      auto res = run_all(e);
+      for (RequestId id : ids)
+        outs.push_back(res[id].tokens.at(0));
+    }
+    EXPECT_EQ(e.cache().stats().pages_used, 0);
+    return std::make_pair(outs, e.metrics());
+  };
+  auto [with, m_with] = run(true);
+  auto [without, m_without] = run(false);
+  EXPECT_EQ(with, without);
+  EXPECT_GT(m_with.prefix_hit_tokens, 0);
+  EXPECT_EQ(m_without.prefix_hit_tokens, 0);
+  EXPECT_GT(m_with.prefix_hit_rate(), 0.5);
+}
+
+TEST(Engine, CacheSaltSeparatesTenants) {
+  Engine e(std::make_unique<FakeModel>(), small_config(2048));
+  auto p = make_prompt(33, 9);
+  Request a = greedy(p, 4);
+  a.cache_salt = "tenant-a";
+  RequestId ia = e.add_request(a);
+  auto r1 = run_all(e);
+  Request b = greedy(p, 4);
+  b.cache_salt = "tenant-b";
+  RequestId ib = e.add_request(b);
+  auto r2 = run_all(e);
+  EXPECT_EQ(r2[ib].last.cached_tokens, 0);
+  EXPECT_EQ(r1[ia].tokens, r2[ib].tokens);
+  Request c = greedy(p, 4);
+  c.cache_salt = "tenant-a";
+  RequestId ic = e.add_request(c);
+  auto r3 = run_all(e);
+  EXPECT_EQ(r3[ic].last.cached_tokens, 32);
+  EXPECT_EQ(r3[ic].tokens, r1[ia].tokens);
+}
+
+TEST(Engine, ParallelSamplingSharesPromptPages) {
+  EngineConfig cfg = small_config(4096, 16, 256);
+  Engine e(std::make_unique<FakeModel>(), cfg);
+  Request r;
+  r.prompt = make_prompt(32, 5); // exactly 2 pages
+  r.n = 4;
+  r.seed = 1234;
+  r.max_tokens = 8;
+  RequestId id = e.add_request(r);
+  std::map<RequestId, Result> res;
+  gather(res, e.step()); // prefill + fork + first token of each sequence
+  EXPECT_EQ(e.cache().stats().pages_used, 2); // shared, not copied
+  EXPECT_EQ(e.cache().stats().num_sequences, 4);
+  gather(res, e.step()); // each sequence writes position 32: one new page each
+  EXPECT_EQ(e.cache().stats().pages_used, 2 + 4);
+  res = run_all(e, res);
+  ASSERT_EQ(res[id].tokens.size(), 4u);
+  std::set<std::vector<int32_t>> distinct;
+  for (auto &t : res[id].tokens) {
+    EXPECT_EQ(t.size(), 8u);
+    distinct.insert(t);
+  }
+  EXPECT_GE(distinct.size(), 2u); // independent samples
+  EXPECT_EQ(res[id].last.completion_tokens, 4 * 8);
+  EXPECT_EQ(e.cache().stats().pages_used, 0);
+
+  // Same seed, same samples.
+  Engine e2(std::make_unique<FakeModel>(), cfg);
+  RequestId id2 = e2.add_request(r);
+  EXPECT_EQ(run_all(e2)[id2].tokens, res[id].tokens);
+}
+
+TEST(Engine, ParallelSamplingWithPartialTailPageCopiesOnlyTheTail) {
+  Engine e(std::make_unique<FakeModel>(), small_config(4096, 16, 256));
+  Request r;
+  r.prompt = make_prompt(40, 6); // 2 full pages + a tail of 8
+  r.n = 4;
+  r.seed = 1;
+  r.max_tokens = 4;
+  e.add_request(r);
+  e.step();
+  EXPECT_EQ(e.cache().stats().pages_used, 3);
+  e.step();
+  // The full pages stay shared; at most one tail copy per extra sequence.
+  EXPECT_LE(e.cache().stats().pages_used, 3 + 3);
+  EXPECT_GE(e.cache().stats().pages_used, 3 + 2);
+  run_all(e);
+  EXPECT_EQ(e.cache().stats().pages_used, 0);
+}
+
+TEST(Engine, StopsOnEosStopTokenAndStopString) {
+  auto model = std::make_unique<FakeModel>(128, std::vector<int32_t>{0});
+  model->eos_every = 9; // the 9th position of every history prefers EOS
+  const FakeModel &fake = *model;
+  Engine e(std::move(model), small_config(2048), fakes::fake_decode);
+  auto prompt = make_prompt(5, 2, 128);
+  for (auto &t : prompt)
+    t = 1 + t % 127;
+  RequestId a = e.add_request(greedy(prompt, 50));
+  auto res = run_all(e);
+  auto expect = fake.greedy_oracle(prompt, 50);
+  ASSERT_EQ(expect.back(), 0);
+  EXPECT_EQ(res[a].tokens[0], expect);
+  EXPECT_EQ(res[a].finish[0], FinishReason::stop);
+  // The EOS token is not part of the text.
+  auto text_ids = expect;
+  text_ids.pop_back();
+  EXPECT_EQ(res[a].text[0], fakes::fake_decode(text_ids));
+
+  // ignore_eos runs to max_tokens.
+  Request b = greedy(prompt, 12);
+  b.ignore_eos = true;
+  RequestId ib = e.add_request(b);
+  res = run_all(e);
+  EXPECT_EQ(res[ib].tokens[0].size(), 12u);
+  EXPECT_EQ(res[ib].finish[0], FinishReason::length);
+
+  // A stop token id.
+  Request c = greedy(prompt, 50);
+  c.sampling.stop_token_ids = {expect[1]};
+  RequestId ic = e.add_request(c);
+  res = run_all(e);
+  EXPECT_EQ(res[ic].tokens[0],
+            std::vector<int32_t>(expect.begin(), expect.begin() + 2));
+  EXPECT_EQ(res[ic].finish[0], FinishReason::stop);
+
+  // A stop string: two characters of the expected text; the output ends before
+  // it.
+  const std::string full = fakes::fake_decode(text_ids);
+  Request d = greedy(prompt, 50);
+  d.sampling.stop = {full.substr(3, 2)};
+  RequestId id = e.add_request(d);
+  res = run_all(e);
+  const size_t cut = full.find(full.substr(3, 2));
+  EXPECT_EQ(res[id].text[0], full.substr(0, cut));
+  EXPECT_EQ(res[id].finish[0], FinishReason::stop);
+  EXPECT_EQ(e.cache().stats().pages_used, 0);
+}
+
+TEST(Engine, CancelFreesPagesAtOnce) {
+  Engine e(std::make_unique<FakeModel>(), small_config(2048));
+  RequestId a = e.add_request(greedy(make_prompt(30, 1), 100));
+  RequestId b = e.add_request(greedy(make_prompt(20, 2), 5));
+  e.step();
+  e.step();
+  ASSERT_GT(e.cache().stats().pages_used, 0);
+  e.cancel(a);
+  e.cancel(b);
+  EXPECT_EQ(e.cache().stats().pages_used, 0);
+  auto outs = e.step();
+  ASSERT_EQ(outs.size(), 2u);
+  for (auto &o : outs) {
+    EXPECT_TRUE(o.finished);
+    ASSERT_FALSE(o.seqs.empty());
+    EXPECT_EQ(o.seqs.back().finish, FinishReason::cancelled);
+  }
+  EXPECT_FALSE(e.has_work());
+  e.cancel(a); // unknown by now: ignored
+  EXPECT_FALSE(e.has_work());
+  EXPECT_EQ(e.metrics().requests_cancelled, 2);
+}
+
+TEST(Engine, BadRequestsThrowAndQueueNothing) {
+  Engine e(std::make_unique<FakeModel>(64, std::vector<int32_t>{}, 64),
+           small_config(2048));
+  auto expect_error = [&](Request r, const std::string &what) {
+    try {
+      e.add_request(std::move(r));
+      ADD_FAILURE() << "expected Error containing " << what;
+    } catch (const Error &err) {
+      const std::string msg = err.what();
+      EXPECT_NE(msg.find(what), std::string::npos) << msg;
+    }
+  };
+  expect_error(greedy({}, 4), "add_request: prompt is empty");
+  expect_error(greedy({1, 64}, 4), "prompt[1]");
+  expect_error(greedy({1, -1}, 4), "prompt[1]");
+  Request r = greedy({1, 2}, 4);
+  r.n = 0;
+  expect_error(r, "add_request: n");
+  r.n = 17;
+  expect_error(r, "add_request: n");
+  expect_error(greedy({1, 2}, 0), "add_request: max_tokens");
+  expect_error(greedy(make_prompt(64, 1), 4), "max_model_len");
+  r = greedy({1, 2}, 4);
+  r.sampling.top_p = 0.f;
+  expect_error(r, "top_p");
+  r = greedy({1, 2}, 4);
+  r.sampling.stop = {"x"};
+  expect_error(r, "stop strings need a tokenizer");
+  EXPECT_FALSE(e.has_work());
+  EXPECT_EQ(e.num_active_requests(), 0);
+}
+
+TEST(Engine, KvBudgetFromMemoryAndTokens) {
+  ModelConfig mc =
+      FakeModel()
+          .config(); // 2 layers x 2 heads x 4 dims: 128 bytes/token at f32
+  EngineConfig c;
+  c.block_size = 16;
+  c.kv_cache_memory_mib = 1;
+  EXPECT_EQ(kv_num_pages(c, mc, DType::f32), 1024 * 1024 / (128 * 16));
+  EXPECT_EQ(kv_num_pages(c, mc, DType::f16), 2 * 1024 * 1024 / (128 * 16));
+  c.kv_cache_tokens = 100;
+  EXPECT_EQ(kv_num_pages(c, mc, DType::f32), 7);
+  c.kv_cache_tokens = -1;
+  EXPECT_THROW(kv_num_pages(c, mc, DType::f32), Error);
+  c.kv_cache_tokens = 0;
+  c.block_size = 0;
+  EXPECT_THROW(kv_num_pages(c, mc, DType::f32), Error);
+  EXPECT_THROW(resolve_kv_dtype("int3"), Error);
+  EXPECT_EQ(resolve_kv_dtype("auto"), DType::f32);
+  EngineConfig fp8 = small_config(64);
+  fp8.kv_cache_dtype = "fp8";
+  EXPECT_THROW(Engine(std::make_unique<FakeModel>(), fp8), Error);
+}
+
+TEST(Engine, MetricsCountTokensAndLatencies) {
+  Engine e(std::make_unique<FakeModel>(), small_config(2048));
+  e.add_request(greedy(make_prompt(10, 1), 6));
+  e.add_request(greedy(make_prompt(12, 2), 6));
+  run_all(e);
+  EngineMetrics m = e.metrics();
+  EXPECT_EQ(m.prompt_tokens, 22);
+  EXPECT_EQ(m.generation_tokens, 12);
+  EXPECT_EQ(m.requests_finished, 2);
+  EXPECT_EQ(m.ttft_s.count, 2);
+  EXPECT_EQ(m.itl_s.count, 10);
+  EXPECT_EQ(m.num_running + m.num_waiting, 0);
+  EXPECT_EQ(m.pages_used, 0);
+  EXPECT_EQ(m.pages_free + m.pages_cached, m.pages_total);
+}
+
+TEST(AsyncEngine, ConcurrentSubmittersGetOracleOutputs) {
+  auto model = std::make_unique<FakeModel>();
+  const FakeModel *fake = model.get();
+  AsyncEngine ae(
+      std::make_unique<Engine>(std::move(model), small_config(4096, 4, 32)));
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<RequestId, std::vector<int32_t>> got;
+  std::map<RequestId, std::vector<int32_t>> prompts;
+  int32_t done = 0;
+  std::vector<std::thread> threads;
+  for (int32_t t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int32_t i = 0; i < 4; ++i) {
+        auto p = make_prompt(6 + t + i, t * 10 + i);
+        RequestId id = ae.submit(greedy(p, 10), [&](const RequestOutput &o) {
+          std::lock_guard<std::mutex> lk(mu);
+          for (auto &s : o.seqs)
+            got[o.id].insert(got[o.id].end(), s.new_tokens.begin(),
+                             s.new_tokens.end());
+          if (o.finished) {
+            ++done;
+            cv.notify_all();
+          }
+        });
+        std::lock_guard<std::mutex> lk(mu);
+        prompts[id] = p;
+      }
+    });
+  }
+  for (auto &th : threads)
+    th.join();
+  {
+    std::unique_lock<std::mutex> lk(mu);
+    ASSERT_TRUE(
+        cv.wait_for(lk, std::chrono::seconds(30), [&] { return done == 16; }));
+  }
+  for (auto &[id, p] : prompts)
+    EXPECT_EQ(got[id], fake->greedy_oracle(p, 10));
+  EXPECT_THROW(ae.submit(greedy({}, 3), nullptr), Error);
+  // A long request is cancelled by stop(): its callback still gets a final
+  // output.
+  std::atomic<bool> final_seen{false};
+  ae.submit(greedy(make_prompt(5, 1), 100000 / 100),
+            [&](const RequestOutput &o) {
+              if (o.finished)
+                final_seen = true;
+            });
+  ae.stop();
+  EXPECT_TRUE(final_seen.load());
+  EXPECT_EQ(ae.engine().cache().stats().pages_used, 0);
+  EXPECT_THROW(ae.submit(greedy({1}, 3), nullptr), Error);
+}
