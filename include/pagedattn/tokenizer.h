@@ -6,6 +6,7 @@
 // by merge rank. decode maps pieces back to bytes; StreamDecoder emits only complete UTF-8.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -18,7 +19,8 @@ class GGUFFile;
 
 // Which pre-tokenizer split regex a vocabulary uses.
 enum class PreTokenizer : uint8_t {
-  gpt2,    // GPT-2 / SmolLM2: 's|'t|... | ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+  gpt2,    // GPT-2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+  smollm,  // SmolLM/StarCoder: every digit split out on its own first, then the gpt2 regex
   llama3,  // Llama 3: case-insensitive contractions, [^\r\n\p{L}\p{N}]?\p{L}+, \p{N}{1,3}, ...
   qwen2,   // Qwen2/3: as llama3 but single digits \p{N}
 };
@@ -62,19 +64,27 @@ class Tokenizer {
   const std::string& chat_template() const { return chat_template_; }
 
   // For tests and tools: build from parts. merges are "a b" strings in the byte-level alphabet.
+  // Tokens of type control/user_defined are split out of text before BPE and decode as their text.
   static Tokenizer from_parts(std::vector<std::string> vocab, const std::vector<std::string>& merges,
                               std::vector<TokenType> types, PreTokenizer pre, int32_t bos_id,
                               int32_t eos_id, bool add_bos, std::string chat_template = "");
 
  private:
-  void build_index();
+  friend struct TokenizerLoader;
+  void build_index(const std::vector<std::string>& merges);
   void bpe(std::string_view piece, std::vector<int32_t>& out) const;
   void encode_text(std::string_view text, std::vector<int32_t>& out) const;
 
   std::vector<std::string> vocab_;                       // [vocab_size] byte-level strings
   std::vector<TokenType> types_;                         // [vocab_size]
   std::unordered_map<std::string, int32_t> ids_;         // vocab string -> id
-  std::unordered_map<uint64_t, int32_t> merge_rank_;     // (left id << 32 | right id) -> rank
+  struct Merge {
+    int32_t rank, merged;
+  };
+  std::unordered_map<uint64_t, Merge> merges_;           // (left id << 32 | right id) -> merge
+  bool ignore_merges_ = false;                           // whole pre-token in vocab wins (llama3)
+  int32_t unk_id_ = -1;
+  std::array<int32_t, 256> byte_ids_{};                  // id of each byte's one-character token
   std::vector<int32_t> special_ids_;                     // split out before BPE, longest first
   std::vector<int32_t> eog_ids_;
   PreTokenizer pre_ = PreTokenizer::gpt2;

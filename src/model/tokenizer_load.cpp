@@ -1,0 +1,221 @@
+// Tokenizer loaders: GGUF tokenizer.ggml.* metadata, and Hugging Face tokenizer.json (with
+// tokenizer_config.json beside it for bos/eos, add_bos_token and the chat template).
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "pagedattn/error.h"
+#include "pagedattn/gguf.h"
+#include "pagedattn/tokenizer.h"
+
+namespace pagedattn {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct TokenizerLoader {
+  static void set_extras(Tokenizer& t, bool ignore_merges, std::vector<int32_t> extra_eog) {
+    t.ignore_merges_ = ignore_merges;
+    for (int32_t id : extra_eog)
+      if (id >= 0 && id < t.vocab_size() && !t.is_eog(id)) t.eog_ids_.push_back(id);
+  }
+};
+
+Tokenizer Tokenizer::from_gguf(const GGUFFile& g) {
+  const std::string& file = g.path();
+  const std::string model = g.get_string("tokenizer.ggml.model");
+  PA_CHECK(model == "gpt2", "Tokenizer::from_gguf: ", file,
+           ": key 'tokenizer.ggml.model': unsupported tokenizer model '", model,
+           "' (only byte-level BPE, 'gpt2')");
+  const GGUFValue& tokens = g.get("tokenizer.ggml.tokens");
+  PA_CHECK(tokens.type == GGUFType::array && tokens.array_type == GGUFType::string &&
+               !tokens.strings.empty(),
+           "Tokenizer::from_gguf: ", file, ": key 'tokenizer.ggml.tokens' must be a string array");
+  const size_t n = tokens.strings.size();
+  std::vector<TokenType> types(n, TokenType::normal);
+  if (const GGUFValue* tt = g.find("tokenizer.ggml.token_type")) {
+    PA_CHECK(tt->type == GGUFType::array && tt->ints.size() == n, "Tokenizer::from_gguf: ", file,
+             ": key 'tokenizer.ggml.token_type' must be an integer array of ", n, " entries");
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t v = tt->ints[i];
+      PA_CHECK(v >= 1 && v <= 6, "Tokenizer::from_gguf: ", file,
+               ": key 'tokenizer.ggml.token_type': entry ", i, " has unknown type ", v);
+      types[i] = TokenType(v);
+    }
+  }
+  std::vector<std::string> merges;
+  if (const GGUFValue* m = g.find("tokenizer.ggml.merges")) {
+    PA_CHECK(m->type == GGUFType::array && m->array_type == GGUFType::string, "Tokenizer::from_gguf: ",
+             file, ": key 'tokenizer.ggml.merges' must be a string array");
+    merges = m->strings;
+  }
+  const PreTokenizer pre = parse_pre_tokenizer(g.get_string("tokenizer.ggml.pre", "default"));
+  auto id_of = [&](const char* key) {
+    const int64_t id = g.get_int(key, -1);
+    PA_CHECK(id >= -1 && id < int64_t(n), "Tokenizer::from_gguf: ", file, ": key '", key, "' = ", id,
+             " is outside the vocabulary of ", n);
+    return int32_t(id);
+  };
+  const int32_t bos = id_of("tokenizer.ggml.bos_token_id");
+  const int32_t eos = id_of("tokenizer.ggml.eos_token_id");
+  const int32_t eot = id_of("tokenizer.ggml.eot_token_id");
+  const int32_t eom = id_of("tokenizer.ggml.eom_token_id");
+  Tokenizer t;
+  try {
+    t = from_parts(tokens.strings, merges, std::move(types), pre, bos, eos,
+                   g.get_bool("tokenizer.ggml.add_bos_token", false),
+                   g.get_string("tokenizer.chat_template", ""));
+  } catch (const Error& e) {
+    fail("Tokenizer::from_gguf: ", file, ": ", e.what());
+  }
+  TokenizerLoader::set_extras(t, pre == PreTokenizer::llama3, {eot, eom});
+  return t;
+}
+
+namespace {
+
+json read_json(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  PA_CHECK(in, "Tokenizer::from_tokenizer_json: cannot open ", p.string());
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  try {
+    return json::parse(ss.str());
+  } catch (const json::exception& e) {
+    fail("Tokenizer::from_tokenizer_json: ", p.string(), ": not valid JSON: ", e.what());
+  }
+}
+
+// "bos_token": "<s>" or {"content": "<s>", ...}
+std::string token_content(const json& j, const char* key) {
+  if (!j.contains(key)) return "";
+  const json& v = j[key];
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string())
+    return v["content"].get<std::string>();
+  return "";
+}
+
+PreTokenizer detect_pre(const json& pre, const std::string& file) {
+  PA_CHECK(!pre.is_null(), "Tokenizer::from_tokenizer_json: ", file,
+           ": key 'pre_tokenizer' is null (byte-level BPE needs one)");
+  const std::string s = pre.dump();
+  if (s.find("\\\\p{N}{1,3}") != std::string::npos) return PreTokenizer::llama3;
+  if (s.find("(?i:'s") != std::string::npos) return PreTokenizer::qwen2;
+  if (s.find("\"Digits\"") != std::string::npos) return PreTokenizer::smollm;
+  if (s.find("\"ByteLevel\"") != std::string::npos) return PreTokenizer::gpt2;
+  fail("Tokenizer::from_tokenizer_json: ", file, ": key 'pre_tokenizer': unsupported pre-tokenizer ",
+       s.substr(0, 200));
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
+  const json j = read_json(path);
+  PA_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(),
+           "Tokenizer::from_tokenizer_json: ", path, ": key 'model' missing");
+  const json& m = j["model"];
+  PA_CHECK(m.value("type", std::string("BPE")) == "BPE", "Tokenizer::from_tokenizer_json: ", path,
+           ": key 'model.type': only BPE is supported");
+  PA_CHECK(!m.value("byte_fallback", false), "Tokenizer::from_tokenizer_json: ", path,
+           ": key 'model.byte_fallback': SentencePiece-style BPE is not supported");
+  PA_CHECK(m.contains("vocab") && m["vocab"].is_object(), "Tokenizer::from_tokenizer_json: ", path,
+           ": key 'model.vocab' must be an object");
+
+  // Ids may have gaps until the added tokens fill them.
+  int64_t n = 0;
+  for (const auto& [text, id] : m["vocab"].items()) {
+    PA_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < (1 << 24),
+             "Tokenizer::from_tokenizer_json: ", path, ": key 'model.vocab': token '", text,
+             "' has id ", id.dump());
+    n = std::max(n, id.get<int64_t>() + 1);
+  }
+  const json added = j.value("added_tokens", json::array());
+  PA_CHECK(added.is_array(), "Tokenizer::from_tokenizer_json: ", path, ": key 'added_tokens' must be an array");
+  for (const auto& a : added) {
+    PA_CHECK(a.is_object() && a.contains("id") && a["id"].is_number_integer() &&
+                 a["id"].get<int64_t>() >= 0 && a["id"].get<int64_t>() < (1 << 24) &&
+                 a.contains("content") && a["content"].is_string(),
+             "Tokenizer::from_tokenizer_json: ", path, ": key 'added_tokens': bad entry ", a.dump());
+    n = std::max(n, a["id"].get<int64_t>() + 1);
+  }
+  std::vector<std::string> vocab(static_cast<size_t>(n));
+  std::vector<TokenType> types(static_cast<size_t>(n), TokenType::unused);
+  for (const auto& [text, id] : m["vocab"].items()) {
+    vocab[size_t(id.get<int64_t>())] = text;
+    types[size_t(id.get<int64_t>())] = TokenType::normal;
+  }
+  for (const auto& a : added) {
+    const size_t id = size_t(a["id"].get<int64_t>());
+    vocab[id] = a["content"].get<std::string>();
+    types[id] = a.value("special", false) ? TokenType::control : TokenType::user_defined;
+  }
+  std::vector<std::string> merges;
+  for (const auto& mg : m.value("merges", json::array())) {
+    if (mg.is_string()) merges.push_back(mg.get<std::string>());
+    else if (mg.is_array() && mg.size() == 2 && mg[0].is_string() && mg[1].is_string())
+      merges.push_back(mg[0].get<std::string>() + " " + mg[1].get<std::string>());
+    else fail("Tokenizer::from_tokenizer_json: ", path, ": key 'model.merges': bad entry ", mg.dump());
+  }
+  const PreTokenizer pre = detect_pre(j.value("pre_tokenizer", json()), path);
+
+  // tokenizer_config.json: bos/eos, add_bos_token, chat_template.
+  json cfg = json::object();
+  const fs::path cfg_path = fs::path(path).parent_path() / "tokenizer_config.json";
+  if (fs::exists(cfg_path)) cfg = read_json(cfg_path);
+  auto find_id = [&](const std::string& s) -> int32_t {
+    for (size_t i = 0; i < vocab.size(); ++i)
+      if (vocab[i] == s && types[i] != TokenType::unused) return int32_t(i);
+    return -1;
+  };
+  int32_t bos = find_id(token_content(cfg, "bos_token"));
+  const int32_t eos = find_id(token_content(cfg, "eos_token"));
+  bool add_bos = cfg.value("add_bos_token", false);
+  // A post-processor that prepends a special token adds BOS (Llama 3).
+  if (j.contains("post_processor") && j["post_processor"].is_object()) {
+    const json& pp = j["post_processor"];
+    const json* tp = &pp;
+    if (pp.value("type", std::string()) == "Sequence" && pp.contains("processors"))
+      for (const auto& p : pp["processors"])
+        if (p.value("type", std::string()) == "TemplateProcessing") tp = &p;
+    if (tp->value("type", std::string()) == "TemplateProcessing" && tp->contains("single") &&
+        (*tp)["single"].is_array() && !(*tp)["single"].empty() &&
+        (*tp)["single"][0].contains("SpecialToken")) {
+      const int32_t id = find_id((*tp)["single"][0]["SpecialToken"].value("id", std::string()));
+      if (id >= 0) {
+        add_bos = true;
+        bos = id;
+      }
+    }
+  }
+  std::string tmpl;
+  if (cfg.contains("chat_template")) {
+    const json& ct = cfg["chat_template"];
+    if (ct.is_string()) tmpl = ct.get<std::string>();
+    else if (ct.is_array())
+      for (const auto& e : ct)
+        if (e.value("name", std::string()) == "default") tmpl = e.value("template", std::string());
+  }
+  Tokenizer t;
+  try {
+    t = from_parts(std::move(vocab), merges, std::move(types), pre, bos, eos, add_bos, tmpl);
+  } catch (const Error& e) {
+    fail("Tokenizer::from_tokenizer_json: ", path, ": ", e.what());
+  }
+  TokenizerLoader::set_extras(t, m.value("ignore_merges", false), {});
+  return t;
+}
+
+Tokenizer load_tokenizer(const std::string& path) {
+  PA_CHECK(fs::exists(path), "load_tokenizer: ", path, " does not exist");
+  if (fs::is_directory(path)) {
+    const fs::path tj = fs::path(path) / "tokenizer.json";
+    PA_CHECK(fs::exists(tj), "load_tokenizer: ", path, ": no tokenizer.json in the folder");
+    return Tokenizer::from_tokenizer_json(tj.string());
+  }
+  if (fs::path(path).extension() == ".json") return Tokenizer::from_tokenizer_json(path);
+  return Tokenizer::from_gguf(GGUFFile::open(path));
+}
+
+}  // namespace pagedattn
