@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all setup configure build test demo bench clean
+.PHONY: all setup configure build test demo bench clean models
 
 all: build
 
@@ -20,10 +20,13 @@ build: configure
 	@bash scripts/setup.sh
 	cmake --build $(BUILD) -j $(JOBS)
 
-test: build
+models: 
+	@bash scripts/fetch-default-model.sh
+
+test: build models
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-demo: build
+demo: build models
 	@bash scripts/demo.sh $(BUILD)
 
 bench: build
