@@ -5,6 +5,7 @@
 # (default: all of them).
 #   scripts/device/gpu-test.sh                 # everything
 #   scripts/device/gpu-test.sh build tests     # just build and test
+# At most 8 log files (what the GPU machine sends back).
 # Environment: BENCH_ARGS (extra flags for the benchmark, e.g. --quick), BUILD_DIR.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -14,7 +15,7 @@ mkdir -p "$OUT"
 steps=${*:-build tests sanitize lab bench torch}
 has() { [[ " $steps " == *" $1 "* ]]; }
 status=0
-note() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+note() { echo "== $*" | tee -a "$OUT/device.txt"; }
 
 {
   date -u
@@ -27,13 +28,13 @@ cat "$OUT/device.txt"
 if has build; then
   note "build"
   cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-    >"$OUT/configure.log" 2>&1 || { note "configure FAILED"; tail -30 "$OUT/configure.log"; exit 1; }
+    >"$OUT/build.log" 2>&1 || { note "configure FAILED"; tail -30 "$OUT/build.log"; exit 1; }
   targets="test_gpu"
   for t in attention_decode_lab attention_prefill_lab bench_attention_cuda_main; do
     grep -q "^$t:" "$BUILD_DIR/Makefile" 2>/dev/null && targets="$targets $t"
     grep -q "build $t:" "$BUILD_DIR/build.ninja" 2>/dev/null && targets="$targets $t"
   done
-  cmake --build "$BUILD_DIR" --target $targets -j"$(nproc)" >"$OUT/build.log" 2>&1 ||
+  cmake --build "$BUILD_DIR" --target $targets -j"$(nproc)" >>"$OUT/build.log" 2>&1 ||
     { note "build FAILED"; grep -E "error" "$OUT/build.log" | head -30; exit 1; }
 fi
 

@@ -78,6 +78,18 @@ __device__ __forceinline__ void vec_to_float(const uint4& r, float* f) {
 // Read-only 16-byte load through the non-coherent path.
 __device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
 
+// ---- cp.async: 16-byte global -> shared copies completing in commit groups ----
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned s = unsigned(__cvta_generic_to_shared(smem));
+  const int n = valid ? 16 : 0;  // 0: zero-fill, nothing read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
 // ---- online softmax state (log2 domain: m is the running max of logit * log2(e)) ----
 // NOTE: every kernel and the merge pass combine states with these functions and explicit
 // round-to-nearest intrinsics (no contraction into FMA), so a row gives bit-identical results

@@ -3,11 +3,14 @@
 // Grid: x = decode items (query row, chunk range), y = num_kv_heads * head_tiles. Block: 128
 // threads. A CTA serves GT query heads of one KV head, so each K/V row it loads is used by all of
 // them. Threads form groups of kTx = HEAD_DIM / kVec lanes; a group owns one key row at a time
-// (each lane one 16-byte vector of it), kUnroll keys in flight per group, and keeps its own online
-// softmax state per query head. At the end of each kDecodeChunkTokens chunk the groups' states
-// are combined in a fixed order into the chunk's state, which is either written out as a split-KV
-// partial or merged (merge_state) into the CTA's running state. The split partition is therefore
-// fixed by position and the arithmetic identical with or without splitting.
+// (each lane one 16-byte vector of it) and keeps its own online softmax state per query head.
+// Loads run kStages - 1 steps ahead of use through a cp.async pipeline in shared memory: each
+// thread copies exactly the vectors it will read itself, so a commit-group wait (no barrier)
+// makes them visible, and the copies stay in flight across chunk boundaries and merges.
+// At the end of each kDecodeChunkTokens chunk the groups' states are combined in a fixed order
+// into the chunk's state, which is either written out as a split-KV partial or merged
+// (merge_state) into the CTA's running state. The split partition is therefore fixed by position
+// and the arithmetic identical with or without splitting.
 #pragma once
 
 #include "cuda_common.cuh"
@@ -23,12 +26,16 @@ struct DecodeShape {
   static constexpr int kVec = kVecElems<KV>;
   static constexpr int kTx = HEAD_DIM / kVec;
   static constexpr int kGroups = kDecodeThreads / kTx;
-  static constexpr int kUnroll = GT >= 8 ? 2 : 4;
+  static constexpr int kUnroll = 2;  // keys per group per step
+  static constexpr int kStages = 4;  // pipeline depth in steps
+  static constexpr int kStep = kGroups * kUnroll;  // positions per step
   static constexpr int kOwn = (GT * HEAD_DIM + kDecodeThreads - 1) / kDecodeThreads;
   static_assert(kTx <= 32 && 32 % kTx == 0, "a key row must fit one warp");
-  // s_acc [kGroups][GT][HEAD_DIM], s_m, s_d, s_w [kGroups][GT], s_cm, s_cd [GT]
+  // pipe [kStages][2 (K, V)][kUnroll][kDecodeThreads] 16-byte vectors, then
+  // s_acc [kGroups][GT][HEAD_DIM], s_m, s_d, s_w [kGroups][GT], s_cm, s_cd [GT] floats
+  static constexpr size_t kPipeBytes = size_t(kStages) * 2 * kUnroll * kDecodeThreads * 16;
   static constexpr size_t kSmemBytes =
-      sizeof(float) * (size_t(kGroups) * GT * HEAD_DIM + 3 * kGroups * GT + 2 * GT);
+      kPipeBytes + sizeof(float) * (size_t(kGroups) * GT * HEAD_DIM + 3 * kGroups * GT + 2 * GT);
 };
 
 // Loads kVec<KV> elements of a q row (Q: Bf16|F16) as floats times mul.
@@ -43,17 +50,18 @@ __device__ __forceinline__ void load_q(const uint16_t* src, float mul, float* f)
 }
 
 template <class Q, class KV, int HEAD_DIM, int GT>
-__global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const AttentionParams p) {
+__global__ void __launch_bounds__(kDecodeThreads, (GT == 4 && KV::kBytes == 2 && HEAD_DIM <= 128) ? 4 : 1) decode_kernel(const AttentionParams p) {
   using S = DecodeShape<KV, HEAD_DIM, GT>;
   constexpr int kVec = S::kVec, kTx = S::kTx, kGroups = S::kGroups, kUnroll = S::kUnroll;
-  extern __shared__ float smem[];
-  float* s_acc = smem;                                  // [kGroups][GT][HEAD_DIM]
+  constexpr int kStages = S::kStages, kStep = S::kStep;
+  extern __shared__ uint4 smem_vec[];
+  uint4* pipe = smem_vec;  // [kStages][2][kUnroll][kDecodeThreads]
+  float* s_acc = reinterpret_cast<float*>(smem_vec + S::kPipeBytes / 16);  // [kGroups][GT][HEAD_DIM]
   float* s_m = s_acc + size_t(kGroups) * GT * HEAD_DIM;  // [kGroups][GT]
   float* s_d = s_m + kGroups * GT;                      // [kGroups][GT]
   float* s_w = s_d + kGroups * GT;                      // [kGroups][GT]
   float* s_cm = s_w + kGroups * GT;                     // [GT]
   float* s_cd = s_cm + GT;                              // [GT]
-  __shared__ int32_t s_pages[kDecodeChunkTokens + 1];   // page ids of the current chunk
 
   const DecodeItem it = p.decode_items[blockIdx.x];
   const int kvh = blockIdx.y / p.head_tiles;
@@ -95,14 +103,41 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const AttentionP
 #pragma unroll
   for (int j = 0; j < S::kOwn; ++j) run[j] = {-INFINITY, 0.f, 0.f};
 
+  // ---- the producer: issues the copies of one step, kStages - 1 steps ahead of its use ----
+  int pc = it.chunk_begin;  // producer cursor: chunk and first position of the step
+  int pbase = max(pc * kDecodeChunkTokens, lo);
+  auto issue = [&](int stage) {
+    uint4* slot = pipe + stage * 2 * kUnroll * kDecodeThreads + tid;
+    const bool live = pc < it.chunk_end;
+    const int te = min((pc + 1) * kDecodeChunkTokens, hi);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int t = pbase + u * kGroups + grp;
+      const bool valid = live && t < te;
+      int64_t off = 0;
+      if (valid) {
+        off = (int64_t(bt[t / p.page_size]) * p.page_stride + int64_t(t % p.page_size) * HEAD_DIM) * KV::kBytes +
+              head_off;
+      }
+      cp_async16(slot + u * kDecodeThreads, kpool + off, valid);  // invalid: zero-filled
+      cp_async16(slot + (kUnroll + u) * kDecodeThreads, vpool + off, valid);
+    }
+    cp_async_commit();
+    if (live) {
+      pbase += kStep;
+      if (pbase >= te) {
+        ++pc;
+        pbase = max(pc * kDecodeChunkTokens, lo);
+      }
+    }
+  };
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) issue(st);
+
+  int step = 0;
   for (int c = it.chunk_begin; c < it.chunk_end; ++c) {
     const int t_begin = max(c * kDecodeChunkTokens, lo);
     const int t_end = min((c + 1) * kDecodeChunkTokens, hi);
-    const int pfirst = t_begin / p.page_size;
-    const int npages = t_begin < t_end ? (t_end - 1) / p.page_size - pfirst + 1 : 0;
-    __syncthreads();  // the previous chunk's readers of s_pages and s_acc are done
-    for (int i = tid; i < npages; i += kDecodeThreads) s_pages[i] = bt[pfirst + i];
-    __syncthreads();
 
     float m[GT], d[GT], acc[GT][kVec];
 #pragma unroll
@@ -113,25 +148,19 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const AttentionP
       for (int i = 0; i < kVec; ++i) acc[g][i] = 0.f;
     }
 
-    // NOTE: the trip count is uniform across the CTA (shuffles need every lane of the warp).
-    for (int base = t_begin; base < t_end; base += kGroups * kUnroll) {
+    // NOTE: the trip count is uniform across the CTA (shuffles need every lane of the warp), and
+    // the producer walks the same (chunk, step) sequence, every chunk being non-empty.
+    for (int base = t_begin; base < t_end; base += kStep, ++step) {
+      issue((step + kStages - 1) % kStages);
+      cp_async_wait<kStages - 1>();  // this step's copies (this thread's own) have landed
+      const uint4* slot = pipe + (step % kStages) * 2 * kUnroll * kDecodeThreads + tid;
       uint4 kr[kUnroll], vr[kUnroll];
       bool valid[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const int t = base + u * kGroups + grp;
-        valid[u] = t < t_end;
-        if (valid[u]) {
-          const int page = s_pages[t / p.page_size - pfirst];
-          const int64_t off =
-              (int64_t(page) * p.page_stride + int64_t(t % p.page_size) * HEAD_DIM) * KV::kBytes +
-              head_off;
-          kr[u] = ldg16(kpool + off);
-          vr[u] = ldg16(vpool + off);
-        } else {
-          kr[u] = make_uint4(0, 0, 0, 0);
-          vr[u] = kr[u];
-        }
+        valid[u] = base + u * kGroups + grp < t_end;
+        kr[u] = slot[u * kDecodeThreads];
+        vr[u] = slot[(kUnroll + u) * kDecodeThreads];
       }
       float s[kUnroll][GT];
 #pragma unroll
@@ -192,6 +221,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const AttentionP
     }
 
     // ---- the chunk's state: the groups' states combined in group order ----
+    __syncthreads();  // the previous chunk's readers of s_acc are done
 #pragma unroll
     for (int g = 0; g < GT; ++g) {
       float4* dst = reinterpret_cast<float4*>(s_acc + (size_t(grp) * GT + g) * HEAD_DIM + lane * kVec);
@@ -242,6 +272,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const AttentionP
     }
   }
 
+  cp_async_wait<0>();
   if (it.partial < 0) {
     uint16_t* out = static_cast<uint16_t*>(p.out) + (int64_t(it.q_row) * p.num_q_heads + head0) * HEAD_DIM;
 #pragma unroll
@@ -257,6 +288,13 @@ void launch_decode_t(const AttentionParams& p, cudaStream_t s) {
   using S = DecodeShape<KV, HEAD_DIM, GT>;
   AttentionParams pp = p;
   pp.head_tiles = (p.group + GT - 1) / GT;
+  static bool configured = false;  // NOTE: per kernel instance; setting it twice is harmless
+  if (!configured) {
+    check_cuda(cudaFuncSetAttribute(decode_kernel<Q, KV, HEAD_DIM, GT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(S::kSmemBytes)),
+               "paged_attention_cuda: decode shared memory attribute");
+    configured = true;
+  }
   const dim3 grid(unsigned(p.num_decode_items), unsigned(p.num_kv_heads * pp.head_tiles));
   decode_kernel<Q, KV, HEAD_DIM, GT><<<grid, kDecodeThreads, S::kSmemBytes, s>>>(pp);
   check_launch("paged_attention_cuda: decode kernel launch");

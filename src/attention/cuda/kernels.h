@@ -65,7 +65,7 @@ inline int decode_group_tile(int group, bool fp8_kv) {
 }
 
 // Rows (packed query x head-in-group) per prefill CTA.
-constexpr int32_t kPrefillRows = 64;
+constexpr int32_t kPrefillRows = 128;
 
 // Decode kernel over p.decode_items (any q_len: each item is one query row). q: bf16|f16; kv:
 // q's dtype or fp8; head_dim 64|128|256. Throws Error for an unsupported combination.

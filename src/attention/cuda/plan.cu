@@ -120,6 +120,16 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
     }
   }
 
+  // Heaviest prefill tiles first (the last rows of causal prompts see the most keys), so that the
+  // short ones fill the tail of the grid.
+  auto tile_keys = [&](const cuda::PrefillItem& t) {
+    const int32_t qlen = batch.q_indptr[t.seq + 1] - batch.q_indptr[t.seq];
+    const int32_t last = std::min(t.row_begin + cuda::kPrefillRows, qlen * group) - 1;
+    return opt.causal ? batch.kv_len[t.seq] - qlen + last / group : batch.kv_len[t.seq];
+  };
+  std::stable_sort(prefill.begin(), prefill.end(),
+                   [&](const cuda::PrefillItem& a, const cuda::PrefillItem& b) { return tile_keys(a) > tile_keys(b); });
+
   // ---- split-KV: chunks per CTA from the shape and the SM count ----
   const int64_t tiles = (group + cuda::decode_group_tile(group, fp8) - 1) / cuda::decode_group_tile(group, fp8);
   const int64_t base_ctas = int64_t(rows.size()) * Hk * tiles;

@@ -1,6 +1,6 @@
 // The tensor-core paged prefill kernel (one device body; prefill_<q>.cu instantiate it).
 //
-// Grid: x = prefill items (sequence, first packed row), y = num_kv_heads. Block: 4 warps.
+// Grid: x = prefill items (sequence, first packed row), y = num_kv_heads. Block: 8 warps.
 // A CTA owns kPrefillRows packed rows of one sequence and one KV head: packed row r is query
 // r / group, head r % group, so every K/V tile it loads serves the whole GQA group. Each warp owns
 // 16 rows. K/V tiles of BN positions are gathered page by page with cp.async into swizzled shared
@@ -14,7 +14,7 @@
 
 namespace pagedattn::cuda {
 
-constexpr int kPrefillThreads = 128;
+constexpr int kPrefillThreads = 256;
 
 template <int HEAD_DIM>
 struct PrefillShape {
@@ -30,17 +30,6 @@ struct PrefillShape {
 template <int HEAD_DIM>
 __device__ __forceinline__ int swz(int r, int c) {
   return r * HEAD_DIM + ((c ^ (r & 7)) << 3);
-}
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  const unsigned s = unsigned(__cvta_generic_to_shared(smem));
-  const int n = valid ? 16 : 0;  // 0: zero-fill, nothing read
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* smem) {
