@@ -27,6 +27,13 @@ cat "$OUT/device.txt"
 
 if has build; then
   note "build"
+  # The GPU machine may lack Debian dev packages that configure needs (not what these targets
+  # build): unpack any .deb carried in $DEPS_DIR into a private prefix.
+  DEPS_DIR=${DEPS_DIR:-build-cuda-deps}
+  if ! pkg-config --exists cpp-httplib 2>/dev/null && ls "$DEPS_DIR"/*.deb >/dev/null 2>&1; then
+    for f in "$DEPS_DIR"/*.deb; do dpkg -x "$f" /tmp/pagedattn-deps; done
+    export PKG_CONFIG_PATH=/tmp/pagedattn-deps/usr/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+  fi
   cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
     >"$OUT/build.log" 2>&1 || { note "configure FAILED"; tail -30 "$OUT/build.log"; exit 1; }
   targets="test_gpu"
