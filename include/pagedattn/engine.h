@@ -31,9 +31,8 @@ namespace pagedattn {
 
 // A histogram with fixed upper bounds (Prometheus style; +Inf implied).
 struct Histogram {
-  std::vector<double> bounds; // ascending upper bounds
-  std::vector<int64_t>
-      counts; // [bounds.size() + 1], per bucket (not cumulative)
+  std::vector<double> bounds;   // ascending upper bounds
+  std::vector<int64_t> counts;  // [bounds.size() + 1], per bucket (not cumulative)
   double sum = 0;
   int64_t count = 0;
 
@@ -44,9 +43,9 @@ struct Histogram {
 
 // A snapshot of the engine's counters.
 struct EngineMetrics {
-  int32_t num_running = 0; // sequences
+  int32_t num_running = 0;  // sequences
   int32_t num_waiting = 0;
-  int32_t num_requests = 0; // active requests
+  int32_t num_requests = 0;  // active requests
   int32_t pages_total = 0, pages_used = 0, pages_free = 0, pages_cached = 0;
   int64_t kv_capacity_tokens = 0;
   int64_t prefix_queried_tokens = 0, prefix_hit_tokens = 0;
@@ -54,14 +53,12 @@ struct EngineMetrics {
   int64_t prompt_tokens = 0, generation_tokens = 0;
   int64_t requests_finished = 0, requests_cancelled = 0;
   int64_t steps = 0;
-  double generation_tokens_per_s = 0; // over the last few seconds
-  Histogram ttft_s;                   // arrival -> first token
-  Histogram itl_s; // between consecutive tokens of a sequence
+  double generation_tokens_per_s = 0;  // over the last few seconds
+  Histogram ttft_s;                    // arrival -> first token
+  Histogram itl_s;                     // between consecutive tokens of a sequence
 
   double prefix_hit_rate() const {
-    return prefix_queried_tokens
-               ? double(prefix_hit_tokens) / double(prefix_queried_tokens)
-               : 0.0;
+    return prefix_queried_tokens ? double(prefix_hit_tokens) / double(prefix_queried_tokens) : 0.0;
   }
 };
 
@@ -75,29 +72,28 @@ struct EngineConfig {
   int64_t kv_cache_tokens = 0;
   double kv_cache_memory_mib = 0;
   int32_t block_size = 16;
-  std::string kv_cache_dtype =
-      "auto"; // auto (f32 on the CPU) | f32 | f16 | bf16 | fp8
+  std::string kv_cache_dtype = "auto";  // auto (f32 on the CPU) | f32 | f16 | bf16 | fp8
+  // fp8: the tokens of the calibration pass that sets the per-head scales (kv_calibration_text()).
+  std::vector<int32_t> kv_calibration_tokens;
   bool enable_prefix_cache = true;
   int32_t max_num_batched_tokens = 2048;
   int32_t max_num_seqs = 64;
-  int32_t watermark_pages = -1; // -1: 1% of the pool
-  int32_t max_model_len = 0;    // 0: the model's max_position_embeddings
-  bool log_startup = true;      // print the cache's capacity to stderr
+  int32_t watermark_pages = -1;  // -1: 1% of the pool
+  int32_t max_model_len = 0;     // 0: the model's max_position_embeddings
+  bool log_startup = true;       // print the cache's capacity to stderr
 
   static constexpr double kDefaultKvMiB = 512;
 };
 
 // Pages for a config (validates the budget fields; throws Error naming the one
 // at fault).
-int32_t kv_num_pages(const EngineConfig &config, const ModelConfig &model,
-                     DType kv_dtype);
+int32_t kv_num_pages(const EngineConfig &config, const ModelConfig &model, DType kv_dtype);
 // "auto" -> f32 (the CPU runner's compute dtype), else parse_dtype.
 DType resolve_kv_dtype(const std::string &name);
 
 class Engine {
-public:
-  Engine(std::unique_ptr<Model> model, const EngineConfig &config,
-         DecodeFn decode = {});
+ public:
+  Engine(std::unique_ptr<Model> model, const EngineConfig &config, DecodeFn decode = {});
   ~Engine();
   Engine(const Engine &) = delete;
   Engine &operator=(const Engine &) = delete;
@@ -129,7 +125,7 @@ public:
   int64_t kv_capacity_tokens() const;
   EngineMetrics metrics() const;
 
-private:
+ private:
   struct RequestState;
   void sample_scheduled(const SchedulerOutput &out, const Tensor &logits,
                         std::vector<RequestId> &touched);
@@ -148,16 +144,16 @@ private:
   std::atomic<RequestId> next_id_{1};
   uint64_t arrivals_ = 0;
   std::map<RequestId, std::unique_ptr<RequestState>> requests_;
-  std::vector<RequestId> pending_final_; // cancelled between steps
+  std::vector<RequestId> pending_final_;  // cancelled between steps
   struct Counters;
   std::unique_ptr<Counters> counters_;
 };
 
 // The thread-safe front: a background loop thread stepping an Engine.
 class AsyncEngine {
-public:
+ public:
   explicit AsyncEngine(std::unique_ptr<Engine> engine);
-  ~AsyncEngine(); // stop()
+  ~AsyncEngine();  // stop()
   // Validates (throws Error, nothing queued) and queues the request; on_output
   // is called on the loop thread with each output, the last one with finished =
   // true (also on cancel or stop).
@@ -170,7 +166,7 @@ public:
   // Fixed configuration (safe from any thread).
   const Engine &engine() const { return *engine_; }
 
-private:
+ private:
   void loop();
 
   std::unique_ptr<Engine> engine_;
@@ -178,13 +174,11 @@ private:
   std::condition_variable cv_;
   std::deque<std::pair<Request, RequestId>> adds_;
   std::vector<RequestId> cancels_;
-  std::unordered_map<RequestId, OutputCallback>
-      callbacks_; // touched on the loop thread only
-  std::unordered_map<RequestId, OutputCallback>
-      new_callbacks_;      // guarded by mu_
-  EngineMetrics snapshot_; // guarded by mu_
+  std::unordered_map<RequestId, OutputCallback> callbacks_;      // touched on the loop thread only
+  std::unordered_map<RequestId, OutputCallback> new_callbacks_;  // guarded by mu_
+  EngineMetrics snapshot_;                                       // guarded by mu_
   bool stopping_ = false;
   std::thread thread_;
 };
 
-} // namespace pagedattn
+}  // namespace pagedattn

@@ -27,20 +27,17 @@ namespace pagedattn {
 using RequestId = int64_t;
 
 enum class FinishReason : uint8_t { none, stop, length, cancelled };
-const char *
-finish_reason_name(FinishReason r); // "", "stop", "length", "cancelled"
+const char *finish_reason_name(FinishReason r);  // "", "stop", "length", "cancelled"
 
 struct Request {
   std::vector<int32_t> prompt;
-  SamplingParams sampling; // temperature, top-k/p, stop ids and strings (its
-                           // seed is ignored)
-  std::optional<uint64_t>
-      seed; // repeatable sampling; sequence i draws from a stream of (seed, i)
-  int32_t n = 1;           // sequences (parallel sampling), 1 .. kMaxSequences
-  int32_t max_tokens = 16; // generated tokens per sequence, >= 1
+  SamplingParams sampling;       // temperature, top-k/p, stop ids and strings (its
+                                 // seed is ignored)
+  std::optional<uint64_t> seed;  // repeatable sampling; sequence i draws from a stream of (seed, i)
+  int32_t n = 1;                 // sequences (parallel sampling), 1 .. kMaxSequences
+  int32_t max_tokens = 16;       // generated tokens per sequence, >= 1
   bool ignore_eos = false;
-  std::string
-      cache_salt; // requests with different salts never share cached pages
+  std::string cache_salt;  // requests with different salts never share cached pages
 
   static constexpr int32_t kMaxSequences = 16;
 };
@@ -48,24 +45,23 @@ struct Request {
 // The engine's state of one sequence of a request.
 struct Sequence {
   RequestId request_id = 0;
-  int32_t index = 0;  // within its request, 0 .. n-1
-  uint64_t order = 0; // age: smaller is older (arrival, then index); preemption
-                      // takes the largest
-  std::vector<int32_t> tokens; // prompt + generated
+  int32_t index = 0;            // within its request, 0 .. n-1
+  uint64_t order = 0;           // age: smaller is older (arrival, then index); preemption
+                                // takes the largest
+  std::vector<int32_t> tokens;  // prompt + generated
   int32_t prompt_len = 0;
   std::string cache_salt;
-  int32_t num_computed = 0; // tokens whose K/V are in the cache
-  SeqId cache_seq = -1;     // -1 while it holds no cache state (waiting)
+  int32_t num_computed = 0;  // tokens whose K/V are in the cache
+  SeqId cache_seq = -1;      // -1 while it holds no cache state (waiting)
   FinishReason finish = FinishReason::none;
-  bool forked = false; // n > 1: children were made from this sequence
+  bool forked = false;  // n > 1: children were made from this sequence
   Sampler sampler;
   StopStringMatcher stop_matcher;
-  std::string pending_bytes; // decoded bytes of an incomplete UTF-8 character
-  std::string new_text;      // text not yet handed out
-  size_t tokens_sent = 0;    // generated tokens already handed out
+  std::string pending_bytes;  // decoded bytes of an incomplete UTF-8 character
+  std::string new_text;       // text not yet handed out
+  size_t tokens_sent = 0;     // generated tokens already handed out
 
-  explicit Sequence(const SamplingParams &params)
-      : sampler(params), stop_matcher(params.stop) {}
+  explicit Sequence(const SamplingParams &params) : sampler(params), stop_matcher(params.stop) {}
 
   int32_t num_tokens() const { return int32_t(tokens.size()); }
   int32_t num_generated() const { return num_tokens() - prompt_len; }
@@ -83,15 +79,14 @@ struct SequenceOutput {
 
 struct RequestOutput {
   RequestId id = 0;
-  std::vector<SequenceOutput> seqs; // only sequences with news
+  std::vector<SequenceOutput> seqs;  // only sequences with news
   int32_t prompt_tokens = 0;
-  int32_t cached_tokens = 0;     // prompt tokens reused from the prefix cache
-  int32_t completion_tokens = 0; // generated so far, all sequences
-  bool finished =
-      false;         // every sequence finished: the last output of the request
-  std::string error; // set when the engine failed the request
+  int32_t cached_tokens = 0;      // prompt tokens reused from the prefix cache
+  int32_t completion_tokens = 0;  // generated so far, all sequences
+  bool finished = false;          // every sequence finished: the last output of the request
+  std::string error;              // set when the engine failed the request
 };
 
 using OutputCallback = std::function<void(const RequestOutput &)>;
 
-} // namespace pagedattn
+}  // namespace pagedattn

@@ -39,15 +39,14 @@ struct SchedulerConfig {
 
 struct ScheduledSeq {
   Sequence *seq = nullptr;
-  int32_t num_tokens = 0; // tokens computed this step
-  int32_t logit_row =
-      -1; // row of the step's logits to sample from, -1 when none (mid-prefill)
+  int32_t num_tokens = 0;  // tokens computed this step
+  int32_t logit_row = -1;  // row of the step's logits to sample from, -1 when none (mid-prefill)
 };
 
 struct SchedulerOutput {
   ForwardBatch batch;
-  std::vector<ScheduledSeq> scheduled; // in batch order
-  std::vector<Sequence *> preempted;   // this step
+  std::vector<ScheduledSeq> scheduled;  // in batch order
+  std::vector<Sequence *> preempted;    // this step
   // Sequences that cannot grow even with the whole cache to themselves: the
   // engine finishes them with FinishReason::length. They are no longer in any
   // queue.
@@ -58,7 +57,7 @@ struct SchedulerOutput {
 };
 
 class Scheduler {
-public:
+ public:
   Scheduler(const SchedulerConfig &config, KvCache &cache);
 
   const SchedulerConfig &config() const { return config_; }
@@ -87,23 +86,22 @@ public:
   int64_t prefix_hit_tokens() const { return prefix_hits_; }
   int32_t watermark_pages() const { return watermark_; }
 
-private:
+ private:
   int32_t available_pages() const;
   void preempt(Sequence *seq, SchedulerOutput &out);
   // Largest n <= want whose pages fit in `available` (0 if none).
-  int32_t tokens_that_fit(const Sequence &seq, int32_t want,
-                          int32_t available) const;
+  int32_t tokens_that_fit(const Sequence &seq, int32_t want, int32_t available) const;
   void append(Sequence *seq, int32_t n, SchedulerOutput &out);
   bool admit_one(int32_t &budget, SchedulerOutput &out);
 
   SchedulerConfig config_;
   KvCache &cache_;
   int32_t watermark_ = 0;
-  std::map<uint64_t, Sequence *> waiting_; // by age
-  std::map<uint64_t, Sequence *> running_; // by age
+  std::map<uint64_t, Sequence *> waiting_;  // by age
+  std::map<uint64_t, Sequence *> running_;  // by age
   int64_t num_preemptions_ = 0;
   int64_t prefix_queried_ = 0;
   int64_t prefix_hits_ = 0;
 };
 
-} // namespace pagedattn
+}  // namespace pagedattn

@@ -7,8 +7,7 @@
 
 namespace pagedattn {
 
-AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine)
-    : engine_(std::move(engine)) {
+AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {
   PA_CHECK(engine_ != nullptr, "AsyncEngine: engine is null");
   snapshot_ = engine_->metrics();
   thread_ = std::thread([this] { loop(); });
@@ -43,8 +42,7 @@ void AsyncEngine::stop() {
     stopping_ = true;
   }
   cv_.notify_one();
-  if (thread_.joinable())
-    thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 EngineMetrics AsyncEngine::metrics() const {
@@ -61,13 +59,11 @@ void AsyncEngine::loop() {
     {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] {
-        return stopping_ || !adds_.empty() || !cancels_.empty() ||
-               engine_->has_work();
+        return stopping_ || !adds_.empty() || !cancels_.empty() || engine_->has_work();
       });
       adds.swap(adds_);
       cancels.swap(cancels_);
-      for (auto &[id, cb] : new_callbacks_)
-        callbacks_[id] = std::move(cb);
+      for (auto &[id, cb] : new_callbacks_) callbacks_[id] = std::move(cb);
       new_callbacks_.clear();
       stop = stopping_;
     }
@@ -83,18 +79,15 @@ void AsyncEngine::loop() {
         outs.push_back(std::move(o));
       }
     }
-    for (RequestId id : cancels)
-      engine_->cancel(id);
+    for (RequestId id : cancels) engine_->cancel(id);
     if (stop && !cancelled_all) {
-      for (auto &[id, cb] : callbacks_)
-        engine_->cancel(id, "the engine is shutting down");
+      for (auto &[id, cb] : callbacks_) engine_->cancel(id, "the engine is shutting down");
       cancelled_all = true;
     }
     if (engine_->has_work()) {
       try {
         std::vector<RequestOutput> step_outs = engine_->step();
-        for (auto &o : step_outs)
-          outs.push_back(std::move(o));
+        for (auto &o : step_outs) outs.push_back(std::move(o));
       } catch (const std::exception &e) {
         // NOTE: a failed step leaves the engine's state unknown; fail every
         // request rather than hang its client.
@@ -105,28 +98,22 @@ void AsyncEngine::loop() {
     }
     for (RequestOutput &o : outs) {
       auto it = callbacks_.find(o.id);
-      if (it == callbacks_.end())
-        continue;
+      if (it == callbacks_.end()) continue;
       try {
-        if (it->second)
-          it->second(o);
+        if (it->second) it->second(o);
       } catch (const std::exception &e) {
-        std::fprintf(stderr,
-                     "pagedattn: output callback of request %lld threw: %s\n",
+        std::fprintf(stderr, "pagedattn: output callback of request %lld threw: %s\n",
                      (long long)o.id, e.what());
-        if (!o.finished)
-          engine_->cancel(o.id);
+        if (!o.finished) engine_->cancel(o.id);
       }
-      if (o.finished)
-        callbacks_.erase(it);
+      if (o.finished) callbacks_.erase(it);
     }
     {
       std::lock_guard<std::mutex> lk(mu_);
       snapshot_ = engine_->metrics();
     }
-    if (stop && callbacks_.empty() && !engine_->has_work())
-      break;
+    if (stop && callbacks_.empty() && !engine_->has_work()) break;
   }
 }
 
-} // namespace pagedattn
+}  // namespace pagedattn

@@ -17,14 +17,14 @@ using Clock = std::chrono::steady_clock;
 
 const char *finish_reason_name(FinishReason r) {
   switch (r) {
-  case FinishReason::none:
-    return "";
-  case FinishReason::stop:
-    return "stop";
-  case FinishReason::length:
-    return "length";
-  case FinishReason::cancelled:
-    return "cancelled";
+    case FinishReason::none:
+      return "";
+    case FinishReason::stop:
+      return "stop";
+    case FinishReason::length:
+      return "length";
+    case FinishReason::cancelled:
+      return "cancelled";
   }
   return "";
 }
@@ -37,10 +37,10 @@ struct Engine::RequestState {
   bool first_token_seen = false;
   bool cancelled = false;
   std::string error;
-  int32_t cached_tokens = -1; // known once the first chunk is scheduled
+  int32_t cached_tokens = -1;  // known once the first chunk is scheduled
   std::vector<std::unique_ptr<Sequence>> seqs;
-  std::vector<Clock::time_point> last_token; // per sequence
-  std::vector<bool> finish_sent;             // per sequence
+  std::vector<Clock::time_point> last_token;  // per sequence
+  std::vector<bool> finish_sent;              // per sequence
 };
 
 namespace {
@@ -52,8 +52,8 @@ uint64_t splitmix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-std::unique_ptr<Sequence> make_sequence(const Request &req, uint64_t base_seed,
-                                        RequestId id, int32_t index) {
+std::unique_ptr<Sequence> make_sequence(const Request &req, uint64_t base_seed, RequestId id,
+                                        int32_t index) {
   SamplingParams p = req.sampling;
   p.seed = splitmix(base_seed ^ splitmix(uint64_t(index)));
   auto s = std::make_unique<Sequence>(p);
@@ -63,28 +63,26 @@ std::unique_ptr<Sequence> make_sequence(const Request &req, uint64_t base_seed,
   return s;
 }
 
-} // namespace
+}  // namespace
 
-Engine::Engine(std::unique_ptr<Model> model, const EngineConfig &config,
-               DecodeFn decode)
-    : config_(config), model_(std::move(model)), decode_(std::move(decode)),
+Engine::Engine(std::unique_ptr<Model> model, const EngineConfig &config, DecodeFn decode)
+    : config_(config),
+      model_(std::move(model)),
+      decode_(std::move(decode)),
       counters_(std::make_unique<Counters>()) {
   PA_CHECK(model_ != nullptr, "Engine: model is null");
   const ModelConfig &mc = model_->config();
-  const DType dtype = resolve_kv_dtype(config.kv_cache_dtype);
-  // NOTE: an fp8 cache needs per-head scales from a calibration pass; without
-  // one the cache would refuse every write, so refuse the configuration up
-  // front.
-  PA_CHECK(dtype != DType::fp8_e4m3,
-           "Engine: kv_cache_dtype fp8 needs calibrated scales, which this "
-           "model runner does not "
-           "provide yet; use auto, f32, f16 or bf16");
-  PA_CHECK(config.max_model_len >= 0,
-           "Engine: max_model_len must be >= 0, got ", config.max_model_len);
-  max_model_len_ = config.max_model_len > 0 ? config.max_model_len
-                                            : mc.max_position_embeddings;
-  PA_CHECK(max_model_len_ >= 2, "Engine: max_model_len must be >= 2, got ",
-           max_model_len_);
+  DType dtype = resolve_kv_dtype(config.kv_cache_dtype);
+  if (config.kv_cache_dtype == "auto" && model_->device() == Device::cuda) dtype = DType::bf16;
+  // NOTE: an fp8 cache needs per-head scales from a calibration pass before its first write; a
+  // default scale of 1 is the commonest source of garbage output with fp8 KV.
+  PA_CHECK(
+      dtype != DType::fp8_e4m3 || !config.kv_calibration_tokens.empty(),
+      "Engine: kv_cache_dtype fp8 needs kv_calibration_tokens (the tokenized calibration text)");
+  PA_CHECK(config.max_model_len >= 0, "Engine: max_model_len must be >= 0, got ",
+           config.max_model_len);
+  max_model_len_ = config.max_model_len > 0 ? config.max_model_len : mc.max_position_embeddings;
+  PA_CHECK(max_model_len_ >= 2, "Engine: max_model_len must be >= 2, got ", max_model_len_);
 
   KvCacheConfig kc;
   kc.num_layers = mc.num_layers;
@@ -96,6 +94,7 @@ Engine::Engine(std::unique_ptr<Model> model, const EngineConfig &config,
   kc.device = model_->device();
   kc.enable_prefix_cache = config.enable_prefix_cache;
   cache_ = std::make_unique<KvCache>(kc);
+  if (dtype == DType::fp8_e4m3) calibrate_kv_scales(*model_, *cache_, config.kv_calibration_tokens);
 
   SchedulerConfig sc;
   sc.max_num_batched_tokens = config.max_num_batched_tokens;
@@ -107,17 +106,15 @@ Engine::Engine(std::unique_ptr<Model> model, const EngineConfig &config,
 
   if (config.log_startup) {
     const int64_t tokens = kv_capacity_tokens();
-    const double mib = double(tokens) * 2 * mc.num_layers * mc.num_kv_heads *
-                       mc.head_dim * double(dtype_size(dtype)) /
-                       (1024.0 * 1024.0);
+    const double mib = double(tokens) * 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim *
+                       double(dtype_size(dtype)) / (1024.0 * 1024.0);
     std::fprintf(stderr,
                  "pagedattn: KV cache: %d pages x %d tokens = %lld tokens "
                  "(%.1f MiB, %s, %s); "
                  "max concurrency at %d tokens per request: %.2fx\n",
                  kc.num_pages, kc.page_size, (long long)tokens, mib,
-                 std::string(dtype_name(dtype)).c_str(),
-                 device_name(kc.device).c_str(), max_model_len_,
-                 double(tokens) / double(max_model_len_));
+                 std::string(dtype_name(dtype)).c_str(), device_name(kc.device).c_str(),
+                 max_model_len_, double(tokens) / double(max_model_len_));
   }
 }
 
@@ -131,25 +128,19 @@ void Engine::validate(const Request &req) const {
   const int32_t vocab = model_->config().vocab_size;
   PA_CHECK(!req.prompt.empty(), "add_request: prompt is empty");
   for (size_t i = 0; i < req.prompt.size(); ++i)
-    PA_CHECK(req.prompt[i] >= 0 && req.prompt[i] < vocab,
-             "add_request: prompt[", i, "] = ", req.prompt[i],
-             " is outside the vocabulary of ", vocab);
-  PA_CHECK(req.n >= 1 && req.n <= Request::kMaxSequences,
-           "add_request: n must be in [1, ", Request::kMaxSequences, "], got ",
-           req.n);
-  PA_CHECK(req.max_tokens >= 1, "add_request: max_tokens must be >= 1, got ",
-           req.max_tokens);
-  PA_CHECK(int64_t(req.prompt.size()) < max_model_len_,
-           "add_request: prompt of ", req.prompt.size(),
-           " tokens does not leave room for output within max_model_len ",
+    PA_CHECK(req.prompt[i] >= 0 && req.prompt[i] < vocab, "add_request: prompt[", i,
+             "] = ", req.prompt[i], " is outside the vocabulary of ", vocab);
+  PA_CHECK(req.n >= 1 && req.n <= Request::kMaxSequences, "add_request: n must be in [1, ",
+           Request::kMaxSequences, "], got ", req.n);
+  PA_CHECK(req.max_tokens >= 1, "add_request: max_tokens must be >= 1, got ", req.max_tokens);
+  PA_CHECK(int64_t(req.prompt.size()) < max_model_len_, "add_request: prompt of ",
+           req.prompt.size(), " tokens does not leave room for output within max_model_len ",
            max_model_len_);
-  PA_CHECK(int64_t(req.prompt.size()) < kv_capacity_tokens(),
-           "add_request: prompt of ", req.prompt.size(),
-           " tokens does not fit in the KV cache (", kv_capacity_tokens(),
+  PA_CHECK(int64_t(req.prompt.size()) < kv_capacity_tokens(), "add_request: prompt of ",
+           req.prompt.size(), " tokens does not fit in the KV cache (", kv_capacity_tokens(),
            " tokens)");
   validate_sampling_params(req.sampling);
-  PA_CHECK(req.sampling.stop.empty() || decode_,
-           "add_request: stop strings need a tokenizer");
+  PA_CHECK(req.sampling.stop.empty() || decode_, "add_request: stop strings need a tokenizer");
   for (const std::string &s : req.sampling.stop)
     PA_CHECK(!s.empty(), "add_request: stop strings must not be empty");
   for (int32_t t : req.sampling.stop_token_ids)
@@ -159,15 +150,14 @@ void Engine::validate(const Request &req) const {
 
 RequestId Engine::add_request(Request req, RequestId id) {
   validate(req);
-  if (id < 0)
-    id = new_request_id();
+  if (id < 0) id = new_request_id();
   PA_CHECK(!requests_.count(id), "add_request: id ", id, " is already in use");
   auto rs = std::make_unique<RequestState>();
   rs->id = id;
   rs->req = std::move(req);
-  rs->base_seed = rs->req.seed ? *rs->req.seed
-                               : (uint64_t(std::random_device{}()) << 32) ^
-                                     uint64_t(std::random_device{}());
+  rs->base_seed = rs->req.seed
+                      ? *rs->req.seed
+                      : (uint64_t(std::random_device{}()) << 32) ^ uint64_t(std::random_device{}());
   rs->arrival = Clock::now();
   rs->last_token.resize(size_t(rs->req.n));
   rs->finish_sent.assign(size_t(rs->req.n), false);
@@ -175,8 +165,7 @@ RequestId Engine::add_request(Request req, RequestId id) {
   seq->tokens = rs->req.prompt;
   seq->prompt_len = int32_t(seq->tokens.size());
   seq->order = (arrivals_ << 8);
-  scheduler_->add_waiting(
-      seq.get()); // the last check: nothing is changed when it throws
+  scheduler_->add_waiting(seq.get());  // the last check: nothing is changed when it throws
   ++arrivals_;
   counters_->prompt_tokens += int64_t(rs->req.prompt.size());
   rs->seqs.push_back(std::move(seq));
@@ -186,26 +175,21 @@ RequestId Engine::add_request(Request req, RequestId id) {
 
 void Engine::cancel(RequestId id, const std::string &error) {
   auto it = requests_.find(id);
-  if (it == requests_.end())
-    return;
+  if (it == requests_.end()) return;
   RequestState &rs = *it->second;
-  if (rs.cancelled)
-    return;
+  if (rs.cancelled) return;
   rs.cancelled = true;
   rs.error = error;
   for (auto &s : rs.seqs)
-    if (!s->finished())
-      finish_seq(*s, FinishReason::cancelled);
+    if (!s->finished()) finish_seq(*s, FinishReason::cancelled);
   pending_final_.push_back(id);
 }
 
-bool Engine::has_work() const {
-  return scheduler_->has_work() || !pending_final_.empty();
-}
+bool Engine::has_work() const { return scheduler_->has_work() || !pending_final_.empty(); }
 
 void Engine::finish_seq(Sequence &seq, FinishReason reason) {
   seq.finish = reason;
-  scheduler_->remove(&seq); // frees its pages now
+  scheduler_->remove(&seq);  // frees its pages now
   // Whatever text was held back (an incomplete character, a possible
   // stop-string prefix) is released unless a stop string cut the output.
   if (!seq.pending_bytes.empty()) {
@@ -221,8 +205,7 @@ void Engine::fork_children(RequestState &rs, Sequence &parent) {
     child->tokens = parent.tokens;
     child->prompt_len = parent.prompt_len;
     child->order = parent.order + uint64_t(i);
-    child->cache_seq =
-        cache_->fork(parent.cache_seq); // shares every page of the prompt
+    child->cache_seq = cache_->fork(parent.cache_seq);  // shares every page of the prompt
     child->num_computed = parent.num_computed;
     scheduler_->add_running(child.get());
     rs.seqs.push_back(std::move(child));
@@ -236,8 +219,7 @@ void Engine::append_token(RequestState &rs, Sequence &seq, int32_t token) {
   ++counters_->generation_tokens;
   if (!rs.first_token_seen) {
     rs.first_token_seen = true;
-    counters_->ttft.observe(
-        std::chrono::duration<double>(now - rs.arrival).count());
+    counters_->ttft.observe(std::chrono::duration<double>(now - rs.arrival).count());
   }
   auto &last = rs.last_token[size_t(seq.index)];
   if (seq.num_generated() > 1)
@@ -245,22 +227,20 @@ void Engine::append_token(RequestState &rs, Sequence &seq, int32_t token) {
   last = now;
 
   const bool eos =
-      !rs.req.ignore_eos &&
-      std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end();
+      !rs.req.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end();
   const bool stop_token = seq.sampler.is_stop_token(token);
   if (decode_ && !eos && !stop_token) {
     seq.pending_bytes += decode_({token});
     const size_t complete = utf8_complete_prefix(seq.pending_bytes);
     if (complete > 0) {
-      seq.new_text += seq.stop_matcher.feed(
-          std::string_view(seq.pending_bytes).substr(0, complete));
+      seq.new_text +=
+          seq.stop_matcher.feed(std::string_view(seq.pending_bytes).substr(0, complete));
       seq.pending_bytes.erase(0, complete);
     }
   }
   if (eos || stop_token || seq.stop_matcher.stopped())
     finish_seq(seq, FinishReason::stop);
-  else if (seq.num_generated() >= rs.req.max_tokens ||
-           seq.num_tokens() >= max_model_len_)
+  else if (seq.num_generated() >= rs.req.max_tokens || seq.num_tokens() >= max_model_len_)
     finish_seq(seq, FinishReason::length);
 }
 
@@ -268,15 +248,13 @@ void Engine::sample_scheduled(const SchedulerOutput &out, const Tensor &logits,
                               std::vector<RequestId> &touched) {
   const int64_t vocab = logits.dim(1);
   for (const ScheduledSeq &s : out.scheduled) {
-    if (s.logit_row < 0)
-      continue;
+    if (s.logit_row < 0) continue;
     Sequence &seq = *s.seq;
     RequestState &rs = *requests_.at(seq.request_id);
-    std::span<const float> row(
-        logits.data_as<float>() + int64_t(s.logit_row) * vocab, size_t(vocab));
+    std::span<const float> row(logits.data_as<float>() + int64_t(s.logit_row) * vocab,
+                               size_t(vocab));
     const size_t first_new = rs.seqs.size();
-    if (rs.req.n > 1 && seq.index == 0 && !seq.forked)
-      fork_children(rs, seq);
+    if (rs.req.n > 1 && seq.index == 0 && !seq.forked) fork_children(rs, seq);
     append_token(rs, seq, seq.sampler.sample(row, seq.tokens));
     for (size_t i = first_new; i < rs.seqs.size(); ++i) {
       Sequence &child = *rs.seqs[i];
@@ -297,24 +275,19 @@ RequestOutput Engine::collect(RequestState &rs) {
     o.completion_tokens += s.num_generated();
     all_finished = all_finished && s.finished();
     const bool report_finish = s.finished() && !rs.finish_sent[size_t(s.index)];
-    if (s.tokens_sent == size_t(s.num_generated()) && s.new_text.empty() &&
-        !report_finish)
+    if (s.tokens_sent == size_t(s.num_generated()) && s.new_text.empty() && !report_finish)
       continue;
     SequenceOutput so;
     so.index = s.index;
-    so.new_tokens.assign(s.tokens.begin() + s.prompt_len +
-                             int64_t(s.tokens_sent),
-                         s.tokens.end());
+    so.new_tokens.assign(s.tokens.begin() + s.prompt_len + int64_t(s.tokens_sent), s.tokens.end());
     so.new_text = std::move(s.new_text);
     s.new_text.clear();
     s.tokens_sent = size_t(s.num_generated());
     so.finish = s.finish;
-    if (report_finish)
-      rs.finish_sent[size_t(s.index)] = true;
+    if (report_finish) rs.finish_sent[size_t(s.index)] = true;
     o.seqs.push_back(std::move(so));
   }
-  o.finished =
-      all_finished && (rs.cancelled || int32_t(rs.seqs.size()) == rs.req.n);
+  o.finished = all_finished && (rs.cancelled || int32_t(rs.seqs.size()) == rs.req.n);
   o.error = rs.error;
   return o;
 }
@@ -334,17 +307,14 @@ std::vector<RequestOutput> Engine::step() {
     } catch (const std::exception &e) {
       ok = false;
       for (const ScheduledSeq &s : out.scheduled)
-        cancel(s.seq->request_id,
-               std::string("step: the forward pass failed: ") + e.what());
+        cancel(s.seq->request_id, std::string("step: the forward pass failed: ") + e.what());
     }
     if (ok) {
-      PA_ASSERT(logits.ndim() == 2 &&
-                logits.dim(0) == int64_t(out.batch.logit_rows.size()) &&
+      PA_ASSERT(logits.ndim() == 2 && logits.dim(0) == int64_t(out.batch.logit_rows.size()) &&
                 logits.dim(1) == model_->config().vocab_size);
       for (const ScheduledSeq &s : out.scheduled) {
         RequestState &rs = *requests_.at(s.seq->request_id);
-        if (rs.cached_tokens < 0)
-          rs.cached_tokens = s.seq->num_computed;
+        if (rs.cached_tokens < 0) rs.cached_tokens = s.seq->num_computed;
       }
       scheduler_->commit(out);
       sample_scheduled(out, logits, touched);
@@ -360,14 +330,11 @@ std::vector<RequestOutput> Engine::step() {
   touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
   for (RequestId id : touched) {
     auto it = requests_.find(id);
-    if (it == requests_.end())
-      continue;
+    if (it == requests_.end()) continue;
     RequestOutput o = collect(*it->second);
-    if (o.seqs.empty() && !o.finished)
-      continue;
+    if (o.seqs.empty() && !o.finished) continue;
     if (o.finished) {
-      ++(it->second->cancelled ? counters_->requests_cancelled
-                               : counters_->requests_finished);
+      ++(it->second->cancelled ? counters_->requests_cancelled : counters_->requests_finished);
       requests_.erase(it);
     }
     outputs.push_back(std::move(o));
@@ -393,4 +360,4 @@ EngineMetrics Engine::metrics() const {
   return m;
 }
 
-} // namespace pagedattn
+}  // namespace pagedattn

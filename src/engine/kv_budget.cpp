@@ -9,46 +9,36 @@
 namespace pagedattn {
 
 DType resolve_kv_dtype(const std::string &name) {
-  if (name == "auto")
-    return DType::f32;
+  if (name == "auto") return DType::f32;
   try {
     return parse_dtype(name);
   } catch (const Error &) {
-    fail("Engine: kv_cache_dtype '", name,
-         "' is not one of auto, f32, f16, bf16, fp8");
+    fail("Engine: kv_cache_dtype '", name, "' is not one of auto, f32, f16, bf16, fp8");
   }
 }
 
-int32_t kv_num_pages(const EngineConfig &config, const ModelConfig &model,
-                     DType kv_dtype) {
+int32_t kv_num_pages(const EngineConfig &config, const ModelConfig &model, DType kv_dtype) {
   PA_CHECK(config.block_size >= 1 && config.block_size <= 1024,
            "Engine: block_size must be in [1, 1024], got ", config.block_size);
-  PA_CHECK(config.kv_cache_tokens >= 0,
-           "Engine: kv_cache_tokens must be >= 0, got ",
+  PA_CHECK(config.kv_cache_tokens >= 0, "Engine: kv_cache_tokens must be >= 0, got ",
            config.kv_cache_tokens);
-  PA_CHECK(std::isfinite(config.kv_cache_memory_mib) &&
-               config.kv_cache_memory_mib >= 0,
-           "Engine: kv_cache_memory must be >= 0 MiB, got ",
-           config.kv_cache_memory_mib);
+  PA_CHECK(std::isfinite(config.kv_cache_memory_mib) && config.kv_cache_memory_mib >= 0,
+           "Engine: kv_cache_memory must be >= 0 MiB, got ", config.kv_cache_memory_mib);
   PA_CHECK(model.num_layers > 0 && model.num_kv_heads > 0 && model.head_dim > 0,
            "Engine: model config has no layers, KV heads or head_dim");
   int64_t pages = 0;
   if (config.kv_cache_tokens > 0) {
-    pages =
-        (config.kv_cache_tokens + config.block_size - 1) / config.block_size;
+    pages = (config.kv_cache_tokens + config.block_size - 1) / config.block_size;
   } else {
-    const double mib = config.kv_cache_memory_mib > 0
-                           ? config.kv_cache_memory_mib
-                           : EngineConfig::kDefaultKvMiB;
-    const double page_bytes = 2.0 * model.num_layers * model.num_kv_heads *
-                              model.head_dim * double(config.block_size) *
-                              double(dtype_size(kv_dtype));
+    const double mib =
+        config.kv_cache_memory_mib > 0 ? config.kv_cache_memory_mib : EngineConfig::kDefaultKvMiB;
+    const double page_bytes = 2.0 * model.num_layers * model.num_kv_heads * model.head_dim *
+                              double(config.block_size) * double(dtype_size(kv_dtype));
     pages = int64_t(std::floor(mib * 1024.0 * 1024.0 / page_bytes));
-    PA_CHECK(pages >= 1, "Engine: kv_cache_memory of ", mib,
-             " MiB holds no page of ", page_bytes, " bytes");
+    PA_CHECK(pages >= 1, "Engine: kv_cache_memory of ", mib, " MiB holds no page of ", page_bytes,
+             " bytes");
   }
-  PA_CHECK(pages <= std::numeric_limits<int32_t>::max(),
-           "Engine: the KV budget asks for ", pages,
+  PA_CHECK(pages <= std::numeric_limits<int32_t>::max(), "Engine: the KV budget asks for ", pages,
            " pages, more than page ids can address");
   return int32_t(pages);
 }
@@ -58,11 +48,10 @@ Histogram::Histogram(std::vector<double> upper_bounds)
 
 void Histogram::observe(double value) {
   size_t i = 0;
-  while (i < bounds.size() && value > bounds[i])
-    ++i;
+  while (i < bounds.size() && value > bounds[i]) ++i;
   ++counts[i];
   sum += value;
   ++count;
 }
 
-} // namespace pagedattn
+}  // namespace pagedattn

@@ -11,28 +11,22 @@ namespace pagedattn {
 Scheduler::Scheduler(const SchedulerConfig &config, KvCache &cache)
     : config_(config), cache_(cache) {
   PA_CHECK(config.max_num_batched_tokens >= 1,
-           "Scheduler: max_num_batched_tokens must be >= 1, got ",
-           config.max_num_batched_tokens);
-  PA_CHECK(config.max_num_seqs >= 1,
-           "Scheduler: max_num_seqs must be >= 1, got ", config.max_num_seqs);
+           "Scheduler: max_num_batched_tokens must be >= 1, got ", config.max_num_batched_tokens);
+  PA_CHECK(config.max_num_seqs >= 1, "Scheduler: max_num_seqs must be >= 1, got ",
+           config.max_num_seqs);
   const int32_t num_pages = cache.config().num_pages;
   PA_CHECK(config.watermark_pages < num_pages, "Scheduler: watermark_pages (",
-           config.watermark_pages, ") must be below the pool's ", num_pages,
-           " pages");
-  watermark_ =
-      config.watermark_pages >= 0 ? config.watermark_pages : num_pages / 100;
+           config.watermark_pages, ") must be below the pool's ", num_pages, " pages");
+  watermark_ = config.watermark_pages >= 0 ? config.watermark_pages : num_pages / 100;
 }
 
 void Scheduler::add_waiting(Sequence *seq) {
   PA_CHECK(seq != nullptr, "Scheduler::add_waiting: seq is null");
-  PA_CHECK(seq->cache_seq < 0,
-           "Scheduler::add_waiting: seq already holds cache state");
+  PA_CHECK(seq->cache_seq < 0, "Scheduler::add_waiting: seq already holds cache state");
   PA_CHECK(seq->num_tokens() >= 1, "Scheduler::add_waiting: seq has no tokens");
-  const int64_t capacity =
-      int64_t(cache_.config().num_pages) * cache_.config().page_size;
-  PA_CHECK(seq->num_tokens() < capacity, "Scheduler::add_waiting: prompt of ",
-           seq->num_tokens(), " tokens does not fit in the KV cache (",
-           capacity, " tokens)");
+  const int64_t capacity = int64_t(cache_.config().num_pages) * cache_.config().page_size;
+  PA_CHECK(seq->num_tokens() < capacity, "Scheduler::add_waiting: prompt of ", seq->num_tokens(),
+           " tokens does not fit in the KV cache (", capacity, " tokens)");
   PA_CHECK(!waiting_.count(seq->order) && !running_.count(seq->order),
            "Scheduler::add_waiting: order ", seq->order, " already queued");
   seq->num_computed = 0;
@@ -49,20 +43,16 @@ void Scheduler::add_running(Sequence *seq) {
 
 void Scheduler::remove(Sequence *seq) {
   auto w = waiting_.find(seq->order);
-  if (w != waiting_.end() && w->second == seq)
-    waiting_.erase(w);
+  if (w != waiting_.end() && w->second == seq) waiting_.erase(w);
   auto r = running_.find(seq->order);
-  if (r != running_.end() && r->second == seq)
-    running_.erase(r);
+  if (r != running_.end() && r->second == seq) running_.erase(r);
   if (seq->cache_seq >= 0) {
     cache_.free_sequence(seq->cache_seq);
     seq->cache_seq = -1;
   }
 }
 
-int32_t Scheduler::available_pages() const {
-  return cache_.allocator().num_available();
-}
+int32_t Scheduler::available_pages() const { return cache_.allocator().num_available(); }
 
 void Scheduler::preempt(Sequence *seq, SchedulerOutput &out) {
   cache_.free_sequence(seq->cache_seq);
@@ -74,9 +64,8 @@ void Scheduler::preempt(Sequence *seq, SchedulerOutput &out) {
   out.preempted.push_back(seq);
 }
 
-int32_t Scheduler::tokens_that_fit(const Sequence &seq, int32_t want,
-                                   int32_t available) const {
-  int32_t lo = 0, hi = want; // pages_needed is monotone in n
+int32_t Scheduler::tokens_that_fit(const Sequence &seq, int32_t want, int32_t available) const {
+  int32_t lo = 0, hi = want;  // pages_needed is monotone in n
   while (lo < hi) {
     const int32_t mid = lo + (hi - lo + 1) / 2;
     if (cache_.pages_needed(seq.cache_seq, mid) <= available)
@@ -89,11 +78,9 @@ int32_t Scheduler::tokens_that_fit(const Sequence &seq, int32_t want,
 
 void Scheduler::append(Sequence *seq, int32_t n, SchedulerOutput &out) {
   ForwardBatch &b = out.batch;
-  if (b.q_indptr.empty())
-    b.q_indptr.push_back(0);
+  if (b.q_indptr.empty()) b.q_indptr.push_back(0);
   const int32_t start = seq->num_computed;
-  const bool is_decode =
-      n == 1 && seq->num_uncomputed() == 1 && seq->num_generated() > 0;
+  const bool is_decode = n == 1 && seq->num_uncomputed() == 1 && seq->num_generated() > 0;
   std::span<const int32_t> toks(seq->tokens.data() + start, size_t(n));
   const std::vector<int32_t> slots = cache_.append_slots(seq->cache_seq, toks);
   b.seqs.push_back(seq->cache_seq);
@@ -118,8 +105,7 @@ bool Scheduler::admit_one(int32_t &budget, SchedulerOutput &out) {
   Sequence *seq = waiting_.begin()->second;
   const SeqId cs = cache_.create_sequence(seq->cache_salt);
   int32_t reused = 0;
-  if (config_.enable_prefix_cache)
-    reused = cache_.attach_prefix(cs, seq->tokens);
+  if (config_.enable_prefix_cache) reused = cache_.attach_prefix(cs, seq->tokens);
   int32_t n = std::min(seq->num_tokens() - reused, budget);
   const int32_t available = available_pages();
   const bool alone = running_.empty() && out.scheduled.empty();
@@ -130,8 +116,7 @@ bool Scheduler::admit_one(int32_t &budget, SchedulerOutput &out) {
     if (fit == 0) {
       cache_.free_sequence(cs);
       seq->cache_seq = -1;
-      if (!alone)
-        return false;
+      if (!alone) return false;
       // The whole cache cannot hold it: give up on it rather than wait forever.
       waiting_.erase(waiting_.begin());
       out.out_of_memory.push_back(seq);
@@ -156,27 +141,22 @@ SchedulerOutput Scheduler::schedule() {
   std::unordered_set<const Sequence *> scheduled;
 
   std::vector<Sequence *> decodes, prefills;
-  for (auto &[order, s] : running_)
-    (s->num_uncomputed() == 1 ? decodes : prefills).push_back(s);
+  for (auto &[order, s] : running_) (s->num_uncomputed() == 1 ? decodes : prefills).push_back(s);
 
   auto newest_victim = [&](const Sequence *self) -> Sequence * {
     for (auto it = running_.rbegin(); it != running_.rend(); ++it)
-      if (it->second != self && !scheduled.count(it->second))
-        return it->second;
+      if (it->second != self && !scheduled.count(it->second)) return it->second;
     return nullptr;
   };
 
   auto schedule_running = [&](Sequence *s, bool is_decode) {
-    if (!running_.count(s->order))
-      return; // preempted earlier in this step
-    if (budget == 0 || int32_t(scheduled.size()) >= config_.max_num_seqs)
-      return;
+    if (!running_.count(s->order)) return;  // preempted earlier in this step
+    if (budget == 0 || int32_t(scheduled.size()) >= config_.max_num_seqs) return;
     const int32_t want = std::min(s->num_uncomputed(), budget);
     int32_t n = want;
     for (;;) {
       const int32_t available = available_pages();
-      if (cache_.pages_needed(s->cache_seq, n) <= available)
-        break;
+      if (cache_.pages_needed(s->cache_seq, n) <= available) break;
       if (!is_decode) {
         const int32_t fit = tokens_that_fit(*s, want, available);
         if (fit > 0) {
@@ -205,19 +185,14 @@ SchedulerOutput Scheduler::schedule() {
     budget -= n;
   };
 
-  for (Sequence *s : decodes)
-    schedule_running(s, true);
-  for (Sequence *s : prefills)
-    schedule_running(s, false);
+  for (Sequence *s : decodes) schedule_running(s, true);
+  for (Sequence *s : prefills) schedule_running(s, false);
 
-  while (!waiting_.empty() && budget > 0 &&
-         int32_t(running_.size()) < config_.max_num_seqs &&
+  while (!waiting_.empty() && budget > 0 && int32_t(running_.size()) < config_.max_num_seqs &&
          int32_t(out.scheduled.size()) < config_.max_num_seqs) {
-    if (!admit_one(budget, out))
-      break;
+    if (!admit_one(budget, out)) break;
   }
-  if (out.scheduled.empty())
-    out.batch.q_indptr.assign(1, 0);
+  if (out.scheduled.empty()) out.batch.q_indptr.assign(1, 0);
   return out;
 }
 
@@ -228,4 +203,4 @@ void Scheduler::commit(const SchedulerOutput &out) {
   }
 }
 
-} // namespace pagedattn
+}  // namespace pagedattn

@@ -28,8 +28,7 @@ std::string utf8_sanitize(const std::string &s) {
       ok = (d & 0xC0) == 0x80;
       cp = (cp << 6) | (d & 0x3F);
     }
-    ok = ok && (need == 1 || cp >= min_cp) && cp <= 0x10FFFF &&
-         !(cp >= 0xD800 && cp <= 0xDFFF);
+    ok = ok && (need == 1 || cp >= min_cp) && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
     if (ok) {
       out.append(s, i, need);
       i += need;
@@ -41,4 +40,4 @@ std::string utf8_sanitize(const std::string &s) {
   return out;
 }
 
-} // namespace pagedattn
+}  // namespace pagedattn

@@ -13,8 +13,7 @@ inline size_t utf8_complete_prefix(const std::string &s) {
   const size_t n = s.size();
   for (size_t back = 1; back <= 4 && back <= n; ++back) {
     const unsigned char c = static_cast<unsigned char>(s[n - back]);
-    if ((c & 0xC0) == 0x80)
-      continue; // a continuation byte: look further back
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
     size_t need = 1;
     if ((c & 0xE0) == 0xC0)
       need = 2;
@@ -30,4 +29,4 @@ inline size_t utf8_complete_prefix(const std::string &s) {
 // s with every invalid or incomplete sequence replaced by U+FFFD.
 std::string utf8_sanitize(const std::string &s);
 
-} // namespace pagedattn
+}  // namespace pagedattn

@@ -10,8 +10,10 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "pagedattn/error.h"
@@ -21,12 +23,12 @@
 namespace pagedattn::fakes {
 
 class FakeModel : public Model {
-public:
+ public:
   // vocab: token ids are [0, vocab); eos: ids that end generation (the logits
   // never favour them unless eos_every > 0: then every eos_every-th generated
   // position prefers eos[0]).
-  explicit FakeModel(int32_t vocab = 64, std::vector<int32_t> eos = {},
-                     int32_t max_len = 4096, int32_t num_layers = 2) {
+  explicit FakeModel(int32_t vocab = 64, std::vector<int32_t> eos = {}, int32_t max_len = 4096,
+                     int32_t num_layers = 2) {
     cfg_.architecture = "fake";
     cfg_.vocab_size = vocab;
     cfg_.hidden_size = 8;
@@ -44,12 +46,11 @@ public:
   Tensor forward(const ForwardBatch &b, KvCache &cache) override {
     const size_t num_seqs = b.seqs.size();
     PA_CHECK(b.q_indptr.size() == num_seqs + 1, "FakeModel: q_indptr size");
-    PA_CHECK(b.tokens.size() == size_t(b.q_indptr.back()),
-             "FakeModel: tokens size");
-    PA_CHECK(b.positions.size() == b.tokens.size() &&
-                 b.slots.size() == b.tokens.size(),
+    PA_CHECK(b.tokens.size() == size_t(b.q_indptr.back()), "FakeModel: tokens size");
+    PA_CHECK(b.positions.size() == b.tokens.size() && b.slots.size() == b.tokens.size(),
              "FakeModel: positions/slots size");
     ++num_forward_calls;
+    if (step_delay.count() > 0) std::this_thread::sleep_for(step_delay);
     batch_tokens.push_back(int32_t(b.tokens.size()));
     batch_seqs.push_back(int32_t(num_seqs));
     const int32_t ps = cache.config().page_size;
@@ -59,13 +60,10 @@ public:
       const int32_t q_len = b.q_indptr[s + 1] - b.q_indptr[s];
       for (int32_t j = 0; j < q_len; ++j) {
         const size_t i = size_t(b.q_indptr[s] + j);
-        PA_CHECK(b.positions[i] == kv_len - q_len + j,
-                 "FakeModel: position of row ", i);
+        PA_CHECK(b.positions[i] == kv_len - q_len + j, "FakeModel: position of row ", i);
         const auto bt = cache.block_table(b.seqs[s]);
-        PA_CHECK(b.slots[i] ==
-                     bt[size_t(b.positions[i] / ps)] * ps + b.positions[i] % ps,
-                 "FakeModel: slot of row ", i,
-                 " does not match the block table");
+        PA_CHECK(b.slots[i] == bt[size_t(b.positions[i] / ps)] * ps + b.positions[i] % ps,
+                 "FakeModel: slot of row ", i, " does not match the block table");
         for (int32_t l = 0; l < cfg_.num_layers; ++l) {
           const PagedKVView v = cache.layer_view(l);
           for (int32_t h = 0; h < cfg_.num_kv_heads; ++h) {
@@ -85,13 +83,11 @@ public:
       }
     }
     // Read back and compute logits.
-    Tensor logits = Tensor::empty(
-        {int64_t(b.logit_rows.size()), cfg_.vocab_size}, DType::f32);
+    Tensor logits = Tensor::empty({int64_t(b.logit_rows.size()), cfg_.vocab_size}, DType::f32);
     for (size_t r = 0; r < b.logit_rows.size(); ++r) {
       const int32_t row = b.logit_rows[r];
       size_t s = 0;
-      while (b.q_indptr[s + 1] <= row)
-        ++s;
+      while (b.q_indptr[s + 1] <= row) ++s;
       const auto bt = cache.block_table(b.seqs[s]);
       uint64_t h = 1469598103934665603ull;
       for (int32_t p = 0; p <= b.positions[size_t(row)]; ++p) {
@@ -101,19 +97,16 @@ public:
             const int64_t off = v.offset(bt[size_t(p / ps)], kh, p % ps);
             const float *k = static_cast<const float *>(v.k_pages) + off;
             const float *vv = static_cast<const float *>(v.v_pages) + off;
-            PA_CHECK(k[1] == float(p) && vv[0] == float(p) && k[0] == vv[1] &&
-                         k[2] == float(l) && k[3] == float(kh),
-                     "FakeModel: K/V of position ", p,
-                     " read back wrong (paging bug)");
+            PA_CHECK(k[1] == float(p) && vv[0] == float(p) && k[0] == vv[1] && k[2] == float(l) &&
+                         k[3] == float(kh),
+                     "FakeModel: K/V of position ", p, " read back wrong (paging bug)");
           }
         }
-        const float *k0 =
-            static_cast<const float *>(cache.layer_view(0).k_pages) +
-            cache.layer_view(0).offset(bt[size_t(p / ps)], 0, p % ps);
+        const float *k0 = static_cast<const float *>(cache.layer_view(0).k_pages) +
+                          cache.layer_view(0).offset(bt[size_t(p / ps)], 0, p % ps);
         h = (h ^ uint64_t(int64_t(k0[0]))) * 1099511628211ull;
       }
-      fill_logits(h, b.positions[size_t(row)] + 1,
-                  logits.data_as<float>() + r * cfg_.vocab_size);
+      fill_logits(h, b.positions[size_t(row)] + 1, logits.data_as<float>() + r * cfg_.vocab_size);
     }
     return logits;
   }
@@ -126,58 +119,53 @@ public:
       x ^= x >> 31;
       x *= 0xbf58476d1ce4e5b9ull;
       x ^= x >> 29;
-      out[v] = float(x % 10000) / 1000.f; // [0, 10)
+      out[v] = float(x % 10000) / 1000.f;  // [0, 10)
     }
-    for (int32_t e : cfg_.eos_token_ids)
-      out[e] = -10.f;
+    for (int32_t e : cfg_.eos_token_ids) out[e] = -10.f;
     if (eos_every > 0 && !cfg_.eos_token_ids.empty() && len % eos_every == 0)
       out[cfg_.eos_token_ids[0]] = 100.f;
   }
 
   // Greedy continuation computed without any cache: the independent oracle.
-  std::vector<int32_t> greedy_oracle(std::vector<int32_t> tokens,
-                                     int32_t max_tokens) const {
+  std::vector<int32_t> greedy_oracle(std::vector<int32_t> tokens, int32_t max_tokens) const {
     std::vector<int32_t> out;
     std::vector<float> logits(size_t(cfg_.vocab_size));
     for (int32_t t = 0; t < max_tokens; ++t) {
       uint64_t h = 1469598103934665603ull;
-      for (int32_t tok : tokens)
-        h = (h ^ uint64_t(int64_t(tok))) * 1099511628211ull;
+      for (int32_t tok : tokens) h = (h ^ uint64_t(int64_t(tok))) * 1099511628211ull;
       fill_logits(h, int32_t(tokens.size()), logits.data());
       int32_t best = 0;
       for (int32_t v = 1; v < cfg_.vocab_size; ++v)
-        if (logits[size_t(v)] > logits[size_t(best)])
-          best = v;
+        if (logits[size_t(v)] > logits[size_t(best)]) best = v;
       out.push_back(best);
       tokens.push_back(best);
-      if (std::find(cfg_.eos_token_ids.begin(), cfg_.eos_token_ids.end(),
-                    best) != cfg_.eos_token_ids.end())
+      if (std::find(cfg_.eos_token_ids.begin(), cfg_.eos_token_ids.end(), best) !=
+          cfg_.eos_token_ids.end())
         break;
     }
     return out;
   }
 
   int32_t eos_every = 0;
+  std::chrono::microseconds step_delay{0};  // makes each forward call slow (streaming tests)
   int64_t num_forward_calls = 0;
-  std::vector<int32_t> batch_tokens; // tokens per forward call
-  std::vector<int32_t> batch_seqs;   // sequences per forward call
+  std::vector<int32_t> batch_tokens;  // tokens per forward call
+  std::vector<int32_t> batch_seqs;    // sequences per forward call
 
-private:
+ private:
   ModelConfig cfg_;
 };
 
 // Byte-level "tokenizer" for tests: token id = byte value (vocab 256).
 inline std::string fake_decode(const std::vector<int32_t> &ids) {
   std::string s;
-  for (int32_t id : ids)
-    s.push_back(char(uint8_t(id)));
+  for (int32_t id : ids) s.push_back(char(uint8_t(id)));
   return s;
 }
 inline std::vector<int32_t> fake_encode(const std::string &text) {
   std::vector<int32_t> ids;
-  for (unsigned char c : text)
-    ids.push_back(int32_t(c));
+  for (unsigned char c : text) ids.push_back(int32_t(c));
   return ids;
 }
 
-} // namespace pagedattn::fakes
+}  // namespace pagedattn::fakes

@@ -21,14 +21,13 @@ using pagedattn::fakes::FakeModel;
 namespace {
 
 struct Result {
-  std::vector<std::vector<int32_t>> tokens; // per sequence
+  std::vector<std::vector<int32_t>> tokens;  // per sequence
   std::vector<std::string> text;
   std::vector<FinishReason> finish;
   RequestOutput last;
 };
 
-EngineConfig small_config(int64_t kv_tokens, int32_t block = 4,
-                          int32_t budget = 32) {
+EngineConfig small_config(int64_t kv_tokens, int32_t block = 4, int32_t budget = 32) {
   EngineConfig c;
   c.kv_cache_tokens = kv_tokens;
   c.block_size = block;
@@ -38,11 +37,9 @@ EngineConfig small_config(int64_t kv_tokens, int32_t block = 4,
   return c;
 }
 
-std::vector<int32_t> make_prompt(int32_t len, int32_t seed,
-                                 int32_t vocab = 64) {
+std::vector<int32_t> make_prompt(int32_t len, int32_t seed, int32_t vocab = 64) {
   std::vector<int32_t> p;
-  for (int32_t i = 0; i < len; ++i)
-    p.push_back(int32_t((seed * 131 + i * 17 + i * i) % vocab));
+  for (int32_t i = 0; i < len; ++i) p.push_back(int32_t((seed * 131 + i * 17 + i * i) % vocab));
   return p;
 }
 
@@ -54,8 +51,7 @@ Request greedy(std::vector<int32_t> prompt, int32_t max_tokens) {
   return r;
 }
 
-void gather(std::map<RequestId, Result> &res,
-            const std::vector<RequestOutput> &outs) {
+void gather(std::map<RequestId, Result> &res, const std::vector<RequestOutput> &outs) {
   for (const RequestOutput &o : outs) {
     Result &r = res[o.id];
     for (const SequenceOutput &s : o.seqs) {
@@ -67,8 +63,7 @@ void gather(std::map<RequestId, Result> &res,
       auto &t = r.tokens[size_t(s.index)];
       t.insert(t.end(), s.new_tokens.begin(), s.new_tokens.end());
       r.text[size_t(s.index)] += s.new_text;
-      if (s.finish != FinishReason::none)
-        r.finish[size_t(s.index)] = s.finish;
+      if (s.finish != FinishReason::none) r.finish[size_t(s.index)] = s.finish;
     }
     r.last = o;
   }
@@ -76,20 +71,17 @@ void gather(std::map<RequestId, Result> &res,
 
 // Runs the engine until every request finished (bounded), gathering outputs by
 // request.
-std::map<RequestId, Result> run_all(Engine &e,
-                                    std::map<RequestId, Result> res = {},
+std::map<RequestId, Result> run_all(Engine &e, std::map<RequestId, Result> res = {},
                                     int32_t max_steps = 100000) {
   for (int32_t step = 0; e.has_work(); ++step) {
-    if (step >= max_steps)
-      ADD_FAILURE() << "engine did not finish in " << max_steps << " steps";
-    if (step >= max_steps)
-      break;
+    if (step >= max_steps) ADD_FAILURE() << "engine did not finish in " << max_steps << " steps";
+    if (step >= max_steps) break;
     gather(res, e.step());
   }
   return res;
 }
 
-} // namespace
+}  // namespace
 
 TEST(Engine, GreedyMatchesOracle) {
   auto model = std::make_unique<FakeModel>();
@@ -109,8 +101,7 @@ TEST(Engine, GreedyMatchesOracle) {
 
 TEST(Engine, SixteenConcurrentRequestsEqualOneByOne) {
   std::vector<std::vector<int32_t>> prompts;
-  for (int32_t i = 0; i < 16; ++i)
-    prompts.push_back(make_prompt(5 + 3 * i, i));
+  for (int32_t i = 0; i < 16; ++i) prompts.push_back(make_prompt(5 + 3 * i, i));
   std::vector<std::vector<int32_t>> alone;
   for (int32_t i = 0; i < 16; ++i) {
     Engine e(std::make_unique<FakeModel>(), small_config(4096));
@@ -119,19 +110,15 @@ TEST(Engine, SixteenConcurrentRequestsEqualOneByOne) {
   }
   auto model = std::make_unique<FakeModel>();
   FakeModel &fake = *model;
-  Engine e(std::move(model),
-           small_config(4096, 4, 24)); // small budget: chunked, mixed batches
+  Engine e(std::move(model), small_config(4096, 4, 24));  // small budget: chunked, mixed batches
   std::vector<RequestId> ids;
-  for (int32_t i = 0; i < 16; ++i)
-    ids.push_back(e.add_request(greedy(prompts[size_t(i)], 12 + i)));
+  for (int32_t i = 0; i < 16; ++i) ids.push_back(e.add_request(greedy(prompts[size_t(i)], 12 + i)));
   auto res = run_all(e);
   int32_t max_seqs = 0;
-  for (int32_t s : fake.batch_seqs)
-    max_seqs = std::max(max_seqs, s);
-  EXPECT_GE(max_seqs, 8); // really batched
+  for (int32_t s : fake.batch_seqs) max_seqs = std::max(max_seqs, s);
+  EXPECT_GE(max_seqs, 8);  // really batched
   for (int32_t i = 0; i < 16; ++i) {
-    EXPECT_EQ(res[ids[size_t(i)]].tokens.at(0), alone[size_t(i)])
-        << "request " << i;
+    EXPECT_EQ(res[ids[size_t(i)]].tokens.at(0), alone[size_t(i)]) << "request " << i;
     EXPECT_EQ(alone[size_t(i)], fake.greedy_oracle(prompts[size_t(i)], 12 + i));
   }
   EXPECT_EQ(e.cache().stats().pages_used, 0);
@@ -139,22 +126,18 @@ TEST(Engine, SixteenConcurrentRequestsEqualOneByOne) {
 
 TEST(Engine, PreemptionAndRecomputeGiveIdenticalOutput) {
   std::vector<std::vector<int32_t>> prompts;
-  for (int32_t i = 0; i < 6; ++i)
-    prompts.push_back(make_prompt(10 + i, 40 + i));
-  EngineConfig cfg =
-      small_config(64, 4, 64); // 16 pages for 6 requests growing to ~50 tokens
+  for (int32_t i = 0; i < 6; ++i) prompts.push_back(make_prompt(10 + i, 40 + i));
+  EngineConfig cfg = small_config(64, 4, 64);  // 16 pages for 6 requests growing to ~50 tokens
   cfg.watermark_pages = 0;
   auto model = std::make_unique<FakeModel>();
   const FakeModel &fake = *model;
   Engine e(std::move(model), cfg);
   std::vector<RequestId> ids;
-  for (auto &p : prompts)
-    ids.push_back(e.add_request(greedy(p, 40)));
+  for (auto &p : prompts) ids.push_back(e.add_request(greedy(p, 40)));
   auto res = run_all(e);
   EXPECT_GT(e.metrics().preemptions, 0);
   for (size_t i = 0; i < prompts.size(); ++i)
-    EXPECT_EQ(res[ids[i]].tokens.at(0), fake.greedy_oracle(prompts[i], 40))
-        << "request " << i;
+    EXPECT_EQ(res[ids[i]].tokens.at(0), fake.greedy_oracle(prompts[i], 40)) << "request " << i;
   EXPECT_EQ(e.cache().stats().pages_used, 0);
 }
 
@@ -169,13 +152,11 @@ TEST(Engine, PrefixCacheOnAndOffGiveTheSameOutput) {
       std::vector<RequestId> ids;
       for (int32_t i = 0; i < 4; ++i) {
         auto p = shared;
-        for (int32_t j = 0; j <= i; ++j)
-          p.push_back((i * 5 + j) % 64);
+        for (int32_t j = 0; j <= i; ++j) p.push_back((i * 5 + j) % 64);
         ids.push_back(e.add_request(greedy(p, 10)));
       }
       auto res = run_all(e);
-      for (RequestId id : ids)
-        outs.push_back(res[id].tokens.at(0));
+      for (RequestId id : ids) outs.push_back(res[id].tokens.at(0));
     }
     EXPECT_EQ(e.cache().stats().pages_used, 0);
     return std::make_pair(outs, e.metrics());
@@ -213,16 +194,16 @@ TEST(Engine, ParallelSamplingSharesPromptPages) {
   EngineConfig cfg = small_config(4096, 16, 256);
   Engine e(std::make_unique<FakeModel>(), cfg);
   Request r;
-  r.prompt = make_prompt(32, 5); // exactly 2 pages
+  r.prompt = make_prompt(32, 5);  // exactly 2 pages
   r.n = 4;
   r.seed = 1234;
   r.max_tokens = 8;
   RequestId id = e.add_request(r);
   std::map<RequestId, Result> res;
-  gather(res, e.step()); // prefill + fork + first token of each sequence
-  EXPECT_EQ(e.cache().stats().pages_used, 2); // shared, not copied
+  gather(res, e.step());                       // prefill + fork + first token of each sequence
+  EXPECT_EQ(e.cache().stats().pages_used, 2);  // shared, not copied
   EXPECT_EQ(e.cache().stats().num_sequences, 4);
-  gather(res, e.step()); // each sequence writes position 32: one new page each
+  gather(res, e.step());  // each sequence writes position 32: one new page each
   EXPECT_EQ(e.cache().stats().pages_used, 2 + 4);
   res = run_all(e, res);
   ASSERT_EQ(res[id].tokens.size(), 4u);
@@ -231,7 +212,7 @@ TEST(Engine, ParallelSamplingSharesPromptPages) {
     EXPECT_EQ(t.size(), 8u);
     distinct.insert(t);
   }
-  EXPECT_GE(distinct.size(), 2u); // independent samples
+  EXPECT_GE(distinct.size(), 2u);  // independent samples
   EXPECT_EQ(res[id].last.completion_tokens, 4 * 8);
   EXPECT_EQ(e.cache().stats().pages_used, 0);
 
@@ -244,7 +225,7 @@ TEST(Engine, ParallelSamplingSharesPromptPages) {
 TEST(Engine, ParallelSamplingWithPartialTailPageCopiesOnlyTheTail) {
   Engine e(std::make_unique<FakeModel>(), small_config(4096, 16, 256));
   Request r;
-  r.prompt = make_prompt(40, 6); // 2 full pages + a tail of 8
+  r.prompt = make_prompt(40, 6);  // 2 full pages + a tail of 8
   r.n = 4;
   r.seed = 1;
   r.max_tokens = 4;
@@ -261,12 +242,11 @@ TEST(Engine, ParallelSamplingWithPartialTailPageCopiesOnlyTheTail) {
 
 TEST(Engine, StopsOnEosStopTokenAndStopString) {
   auto model = std::make_unique<FakeModel>(128, std::vector<int32_t>{0});
-  model->eos_every = 9; // the 9th position of every history prefers EOS
+  model->eos_every = 9;  // the 9th position of every history prefers EOS
   const FakeModel &fake = *model;
   Engine e(std::move(model), small_config(2048), fakes::fake_decode);
   auto prompt = make_prompt(5, 2, 128);
-  for (auto &t : prompt)
-    t = 1 + t % 127;
+  for (auto &t : prompt) t = 1 + t % 127;
   RequestId a = e.add_request(greedy(prompt, 50));
   auto res = run_all(e);
   auto expect = fake.greedy_oracle(prompt, 50);
@@ -291,8 +271,7 @@ TEST(Engine, StopsOnEosStopTokenAndStopString) {
   c.sampling.stop_token_ids = {expect[1]};
   RequestId ic = e.add_request(c);
   res = run_all(e);
-  EXPECT_EQ(res[ic].tokens[0],
-            std::vector<int32_t>(expect.begin(), expect.begin() + 2));
+  EXPECT_EQ(res[ic].tokens[0], std::vector<int32_t>(expect.begin(), expect.begin() + 2));
   EXPECT_EQ(res[ic].finish[0], FinishReason::stop);
 
   // A stop string: two characters of the expected text; the output ends before
@@ -326,14 +305,13 @@ TEST(Engine, CancelFreesPagesAtOnce) {
     EXPECT_EQ(o.seqs.back().finish, FinishReason::cancelled);
   }
   EXPECT_FALSE(e.has_work());
-  e.cancel(a); // unknown by now: ignored
+  e.cancel(a);  // unknown by now: ignored
   EXPECT_FALSE(e.has_work());
   EXPECT_EQ(e.metrics().requests_cancelled, 2);
 }
 
 TEST(Engine, BadRequestsThrowAndQueueNothing) {
-  Engine e(std::make_unique<FakeModel>(64, std::vector<int32_t>{}, 64),
-           small_config(2048));
+  Engine e(std::make_unique<FakeModel>(64, std::vector<int32_t>{}, 64), small_config(2048));
   auto expect_error = [&](Request r, const std::string &what) {
     try {
       e.add_request(std::move(r));
@@ -364,9 +342,7 @@ TEST(Engine, BadRequestsThrowAndQueueNothing) {
 }
 
 TEST(Engine, KvBudgetFromMemoryAndTokens) {
-  ModelConfig mc =
-      FakeModel()
-          .config(); // 2 layers x 2 heads x 4 dims: 128 bytes/token at f32
+  ModelConfig mc = FakeModel().config();  // 2 layers x 2 heads x 4 dims: 128 bytes/token at f32
   EngineConfig c;
   c.block_size = 16;
   c.kv_cache_memory_mib = 1;
@@ -383,7 +359,9 @@ TEST(Engine, KvBudgetFromMemoryAndTokens) {
   EXPECT_EQ(resolve_kv_dtype("auto"), DType::f32);
   EngineConfig fp8 = small_config(64);
   fp8.kv_cache_dtype = "fp8";
-  EXPECT_THROW(Engine(std::make_unique<FakeModel>(), fp8), Error);
+  EXPECT_THROW(Engine(std::make_unique<FakeModel>(), fp8), Error);  // no calibration tokens
+  fp8.kv_calibration_tokens = {1, 2, 3};
+  EXPECT_THROW(Engine(std::make_unique<FakeModel>(), fp8), Error);  // the fake cannot calibrate
 }
 
 TEST(Engine, MetricsCountTokensAndLatencies) {
@@ -405,8 +383,7 @@ TEST(Engine, MetricsCountTokensAndLatencies) {
 TEST(AsyncEngine, ConcurrentSubmittersGetOracleOutputs) {
   auto model = std::make_unique<FakeModel>();
   const FakeModel *fake = model.get();
-  AsyncEngine ae(
-      std::make_unique<Engine>(std::move(model), small_config(4096, 4, 32)));
+  AsyncEngine ae(std::make_unique<Engine>(std::move(model), small_config(4096, 4, 32)));
   std::mutex mu;
   std::condition_variable cv;
   std::map<RequestId, std::vector<int32_t>> got;
@@ -420,8 +397,7 @@ TEST(AsyncEngine, ConcurrentSubmittersGetOracleOutputs) {
         RequestId id = ae.submit(greedy(p, 10), [&](const RequestOutput &o) {
           std::lock_guard<std::mutex> lk(mu);
           for (auto &s : o.seqs)
-            got[o.id].insert(got[o.id].end(), s.new_tokens.begin(),
-                             s.new_tokens.end());
+            got[o.id].insert(got[o.id].end(), s.new_tokens.begin(), s.new_tokens.end());
           if (o.finished) {
             ++done;
             cv.notify_all();
@@ -432,24 +408,19 @@ TEST(AsyncEngine, ConcurrentSubmittersGetOracleOutputs) {
       }
     });
   }
-  for (auto &th : threads)
-    th.join();
+  for (auto &th : threads) th.join();
   {
     std::unique_lock<std::mutex> lk(mu);
-    ASSERT_TRUE(
-        cv.wait_for(lk, std::chrono::seconds(30), [&] { return done == 16; }));
+    ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(30), [&] { return done == 16; }));
   }
-  for (auto &[id, p] : prompts)
-    EXPECT_EQ(got[id], fake->greedy_oracle(p, 10));
+  for (auto &[id, p] : prompts) EXPECT_EQ(got[id], fake->greedy_oracle(p, 10));
   EXPECT_THROW(ae.submit(greedy({}, 3), nullptr), Error);
   // A long request is cancelled by stop(): its callback still gets a final
   // output.
   std::atomic<bool> final_seen{false};
-  ae.submit(greedy(make_prompt(5, 1), 100000 / 100),
-            [&](const RequestOutput &o) {
-              if (o.finished)
-                final_seen = true;
-            });
+  ae.submit(greedy(make_prompt(5, 1), 100000 / 100), [&](const RequestOutput &o) {
+    if (o.finished) final_seen = true;
+  });
   ae.stop();
   EXPECT_TRUE(final_seen.load());
   EXPECT_EQ(ae.engine().cache().stats().pages_used, 0);

@@ -32,8 +32,7 @@ struct Harness {
 
   Sequence *add(int32_t prompt_len, int32_t first_token = 1) {
     auto s = std::make_unique<Sequence>(SamplingParams{});
-    for (int32_t i = 0; i < prompt_len; ++i)
-      s->tokens.push_back(first_token + i);
+    for (int32_t i = 0; i < prompt_len; ++i) s->tokens.push_back(first_token + i);
     s->prompt_len = prompt_len;
     s->order = (next_order++) << 8;
     sched.add_waiting(s.get());
@@ -46,27 +45,24 @@ struct Harness {
     SchedulerOutput out = sched.schedule();
     sched.commit(out);
     for (const ScheduledSeq &s : out.scheduled)
-      if (s.logit_row >= 0)
-        s.seq->tokens.push_back(7);
+      if (s.logit_row >= 0) s.seq->tokens.push_back(7);
     return out;
   }
   int32_t scheduled_tokens(const SchedulerOutput &out, const Sequence *s) {
     for (const ScheduledSeq &e : out.scheduled)
-      if (e.seq == s)
-        return e.num_tokens;
+      if (e.seq == s) return e.num_tokens;
     return 0;
   }
 };
 
-} // namespace
+}  // namespace
 
 TEST(Scheduler, TokenBudgetAndSeqLimitRespected) {
   SchedulerConfig sc;
   sc.max_num_batched_tokens = 10;
   sc.max_num_seqs = 3;
   Harness h(small_cache(256, 4), sc);
-  for (int32_t len : {7, 5, 9, 13, 2, 30})
-    h.add(len);
+  for (int32_t len : {7, 5, 9, 13, 2, 30}) h.add(len);
   int32_t steps = 0;
   while (h.sched.has_work() && steps < 200) {
     SchedulerOutput out = h.step();
@@ -76,8 +72,7 @@ TEST(Scheduler, TokenBudgetAndSeqLimitRespected) {
     ASSERT_EQ(out.batch.slots.size(), out.batch.tokens.size());
     // Finish sequences after 4 generated tokens.
     for (auto &s : h.seqs)
-      if (s->cache_seq >= 0 && s->num_generated() >= 4 &&
-          s->num_uncomputed() == 1)
+      if (s->cache_seq >= 0 && s->num_generated() >= 4 && s->num_uncomputed() == 1)
         h.sched.remove(s.get());
     ++steps;
   }
@@ -97,7 +92,7 @@ TEST(Scheduler, FirstStepChunksPrefillsInArrivalOrder) {
   EXPECT_EQ(out.scheduled[0].num_tokens, 7);
   EXPECT_EQ(out.scheduled[0].logit_row, 0);
   EXPECT_EQ(out.scheduled[1].seq, b);
-  EXPECT_EQ(out.scheduled[1].num_tokens, 3); // chunked: the rest next step
+  EXPECT_EQ(out.scheduled[1].num_tokens, 3);  // chunked: the rest next step
   EXPECT_EQ(out.scheduled[1].logit_row, -1);
   EXPECT_EQ(out.batch.logit_rows, std::vector<int32_t>{6});
   EXPECT_EQ(out.batch.positions[7], 0);
@@ -136,16 +131,16 @@ TEST(Scheduler, AdmissionWaitsForPages) {
   SchedulerConfig sc;
   sc.watermark_pages = 0;
   Harness h(small_cache(8, 4), sc);
-  Sequence *a = h.add(20);      // 5 pages
-  Sequence *b = h.add(16, 100); // 4 pages: only 3 left
+  Sequence *a = h.add(20);       // 5 pages
+  Sequence *b = h.add(16, 100);  // 4 pages: only 3 left
   SchedulerOutput out = h.step();
   ASSERT_EQ(out.scheduled.size(), 1u);
   EXPECT_EQ(out.scheduled[0].seq, a);
   EXPECT_EQ(h.sched.num_waiting(), 1);
   EXPECT_EQ(b->cache_seq, -1);
   EXPECT_EQ(h.cache.stats().pages_used, 5);
-  out = h.step(); // a decodes (token 21 fits in page 5... a needs a 6th page),
-                  // b still waits
+  out = h.step();  // a decodes (token 21 fits in page 5... a needs a 6th page),
+                   // b still waits
   EXPECT_EQ(h.sched.num_waiting(), 1);
   EXPECT_EQ(h.scheduled_tokens(out, b), 0);
   h.sched.remove(a);
@@ -159,9 +154,9 @@ TEST(Scheduler, WatermarkKeepsPagesSpare) {
   SchedulerConfig sc;
   sc.watermark_pages = 2;
   Harness h(small_cache(10, 4), sc);
-  h.add(16);                    // 4 pages (alone: no watermark needed)
-  Sequence *b = h.add(16, 100); // 4 more would leave 2: allowed
-  Sequence *c = h.add(4, 200);  // 1 more would leave 1 < 2: waits
+  h.add(16);                     // 4 pages (alone: no watermark needed)
+  Sequence *b = h.add(16, 100);  // 4 more would leave 2: allowed
+  Sequence *c = h.add(4, 200);   // 1 more would leave 1 < 2: waits
   SchedulerOutput out = h.step();
   EXPECT_EQ(h.scheduled_tokens(out, b), 16);
   EXPECT_EQ(h.scheduled_tokens(out, c), 0);
@@ -173,8 +168,8 @@ TEST(Scheduler, PreemptsNewestWhenPagesRunOut) {
   sc.watermark_pages = 0;
   sc.enable_prefix_cache = false;  // (with it, b's full pages would be reattached)
   Harness h(small_cache(5, 4), sc);
-  Sequence *a = h.add(8);      // 2 pages
-  Sequence *b = h.add(8, 100); // 2 pages (different tokens: no prefix sharing)
+  Sequence *a = h.add(8);       // 2 pages
+  Sequence *b = h.add(8, 100);  // 2 pages (different tokens: no prefix sharing)
   h.step();
   EXPECT_EQ(h.cache.stats().pages_used, 4);
   // Token 9 of each needs a page: a takes the last one, b (newest) is
@@ -187,7 +182,7 @@ TEST(Scheduler, PreemptsNewestWhenPagesRunOut) {
   EXPECT_EQ(h.sched.num_waiting(), 1);
   EXPECT_EQ(h.scheduled_tokens(out, a), 1);
   EXPECT_EQ(h.sched.num_preemptions(), 1);
-  EXPECT_EQ(b->num_tokens(), 9); // its tokens are kept for the recompute
+  EXPECT_EQ(b->num_tokens(), 9);  // its tokens are kept for the recompute
   // Once a is gone, b is recomputed from scratch: all 9 tokens in one chunk.
   h.sched.remove(a);
   out = h.step();
@@ -200,9 +195,9 @@ TEST(Scheduler, SequenceLargerThanTheCacheFinishesInsteadOfLooping) {
   Sequence *a = h.add(7);
   SchedulerOutput out = h.step();
   EXPECT_EQ(h.scheduled_tokens(out, a), 7);
-  out = h.step(); // position 7: the last slot
+  out = h.step();  // position 7: the last slot
   EXPECT_EQ(h.scheduled_tokens(out, a), 1);
-  out = h.step(); // position 8 needs a third page
+  out = h.step();  // position 8 needs a third page
   ASSERT_EQ(out.out_of_memory.size(), 1u);
   EXPECT_EQ(out.out_of_memory[0], a);
   EXPECT_FALSE(h.sched.has_work());
@@ -215,9 +210,7 @@ TEST(Scheduler, RejectsPromptsThatCanNeverFit) {
     h.add(8);
     FAIL() << "expected Error";
   } catch (const Error &e) {
-    EXPECT_EQ(std::string(e.what()).rfind("Scheduler::add_waiting: prompt", 0),
-              0u)
-        << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind("Scheduler::add_waiting: prompt", 0), 0u) << e.what();
   }
   EXPECT_EQ(h.sched.num_waiting(), 0);
 }
@@ -229,7 +222,7 @@ TEST(Scheduler, PrefixHitSkipsCachedPages) {
   h.step();
   h.sched.remove(a);
   EXPECT_EQ(h.cache.stats().pages_cached, 3);
-  Sequence *b = h.add(13); // same tokens 1..13
+  Sequence *b = h.add(13);  // same tokens 1..13
   SchedulerOutput out = h.step();
   EXPECT_EQ(h.scheduled_tokens(out, b), 1);
   EXPECT_EQ(out.batch.positions[0], 12);

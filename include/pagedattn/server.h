@@ -1,0 +1,61 @@
+// The OpenAI-compatible HTTP server over an AsyncEngine.
+//
+//   POST /v1/completions, /v1/chat/completions (stream: server-sent events ending in [DONE])
+//   GET  /v1/models, /health, /metrics (Prometheus text)
+// Bad input gets an OpenAI-style error {"error": {"message", "type", "param", "code"}} with a 4xx
+// status and a message naming the field. A client that disconnects mid-stream cancels its request
+// (pages freed at once).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pagedattn/chat_template.h"
+#include "pagedattn/engine.h"
+
+namespace pagedattn {
+
+// The server's view of a tokenizer.
+struct TextCodec {
+  // Prompt text -> ids (BOS added where the vocabulary asks for it).
+  std::function<std::vector<int32_t>(const std::string&)> encode;
+  // Conversation -> ids, with the assistant's generation prompt (throws Error for a bad role).
+  std::function<std::vector<int32_t>(const std::vector<ChatMessage>&)> encode_chat;
+};
+
+struct ServerConfig {
+  std::string host = "127.0.0.1";
+  int port = 8000;                     // 0: any free port (see Server::port())
+  std::string model_name = "default";  // the id served by /v1/models and required in requests
+  size_t max_body_bytes = 1 << 20;     // larger bodies get 413
+  int num_threads = 64;                // HTTP worker threads (each stream holds one)
+  int32_t max_stop_strings = 4;
+};
+
+class Server {
+ public:
+  Server(AsyncEngine& engine, TextCodec codec, ServerConfig config);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds the socket (throws Error naming host and port when it cannot) and serves on a background
+  // thread. Returns the bound port.
+  int start();
+  // Stops accepting and joins the serving thread (in-flight streams end first).
+  void stop();
+  int port() const { return port_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int port_ = 0;
+};
+
+// The Prometheus text of a metrics snapshot.
+std::string prometheus_text(const EngineMetrics& m, const std::string& model_name);
+
+}  // namespace pagedattn

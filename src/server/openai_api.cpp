@@ -1,0 +1,252 @@
+// Parsing and checking OpenAI completion and chat-completion request bodies.
+#include "openai_api.h"
+
+#include <cmath>
+#include <limits>
+
+#include "pagedattn/error.h"
+
+namespace pagedattn::api {
+
+using nlohmann::json;
+
+json error_body(const std::string& message, const std::string& type, const std::string& param,
+                const std::string& code) {
+  json e = {{"message", message}, {"type", type}};
+  e["param"] = param.empty() ? json(nullptr) : json(param);
+  e["code"] = code.empty() ? json(nullptr) : json(code);
+  return json{{"error", e}};
+}
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+namespace {
+
+const json* field(const json& j, const char* name) {
+  auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+int64_t get_int(const json& j, const char* name, int64_t def, int64_t lo, int64_t hi) {
+  const json* v = field(j, name);
+  if (!v) return def;
+  if (!v->is_number_integer())
+    throw ApiError(400, std::string(name) + " must be an integer", name, "invalid_type");
+  const int64_t x = v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)
+                        ? INT64_MAX
+                        : v->get<int64_t>();
+  if (x < lo || x > hi)
+    throw ApiError(400,
+                   std::string(name) + " must be in [" + std::to_string(lo) + ", " +
+                       std::to_string(hi) + "], got " + std::to_string(x),
+                   name, "invalid_value");
+  return x;
+}
+
+double get_number(const json& j, const char* name, double def, double lo, double hi,
+                  bool lo_open = false) {
+  const json* v = field(j, name);
+  if (!v) return def;
+  if (!v->is_number())
+    throw ApiError(400, std::string(name) + " must be a number", name, "invalid_type");
+  const double x = v->get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo)) {
+    throw ApiError(400,
+                   std::string(name) + " must be in " + (lo_open ? "(" : "[") + std::to_string(lo) +
+                       ", " + std::to_string(hi) + "], got " + v->dump(),
+                   name, "invalid_value");
+  }
+  return x;
+}
+
+bool get_bool(const json& j, const char* name, bool def) {
+  const json* v = field(j, name);
+  if (!v) return def;
+  if (!v->is_boolean())
+    throw ApiError(400, std::string(name) + " must be a boolean", name, "invalid_type");
+  return v->get<bool>();
+}
+
+std::vector<int32_t> completion_prompt(const json& j, const TextCodec& codec, int32_t vocab) {
+  const json* p = field(j, "prompt");
+  if (!p) throw ApiError(400, "prompt is required", "prompt", "missing_field");
+  if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) p = &(*p)[0];
+  if (p->is_string()) return codec.encode(p->get<std::string>());
+  if (p->is_array() && !p->empty()) {
+    std::vector<int32_t> ids;
+    for (const json& t : *p) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab)
+        throw ApiError(400,
+                       "prompt token ids must be integers in [0, " + std::to_string(vocab) + ")",
+                       "prompt", "invalid_value");
+      ids.push_back(int32_t(t.get<int64_t>()));
+    }
+    return ids;
+  }
+  throw ApiError(400, "prompt must be a string, a one-string array or an array of token ids",
+                 "prompt", "invalid_type");
+}
+
+std::vector<int32_t> chat_prompt(const json& j, const TextCodec& codec) {
+  const json* m = field(j, "messages");
+  if (!m) throw ApiError(400, "messages is required", "messages", "missing_field");
+  if (!m->is_array() || m->empty())
+    throw ApiError(400, "messages must be a non-empty array", "messages", "invalid_type");
+  std::vector<ChatMessage> msgs;
+  for (size_t i = 0; i < m->size(); ++i) {
+    const json& e = (*m)[i];
+    const std::string at = "messages[" + std::to_string(i) + "]";
+    if (!e.is_object()) throw ApiError(400, at + " must be an object", "messages", "invalid_type");
+    const json* role = field(e, "role");
+    if (!role || !role->is_string())
+      throw ApiError(400, at + ".role must be a string", "messages", "invalid_type");
+    const std::string r = role->get<std::string>();
+    if (r != "system" && r != "user" && r != "assistant" && r != "developer")
+      throw ApiError(400, at + ".role '" + r + "' is not one of system, user, assistant",
+                     "messages", "invalid_value");
+    const json* content = field(e, "content");
+    std::string text;
+    if (content && content->is_string()) {
+      text = content->get<std::string>();
+    } else if (content && content->is_array()) {
+      for (const json& part : *content) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+            !part["text"].is_string())
+          throw ApiError(400, at + ".content parts must be {\"type\": \"text\", \"text\": string}",
+                         "messages", "invalid_type");
+        text += part["text"].get<std::string>();
+      }
+    } else {
+      throw ApiError(400, at + ".content must be a string or an array of text parts", "messages",
+                     "invalid_type");
+    }
+    msgs.push_back({r == "developer" ? "system" : r, text});
+  }
+  try {
+    return codec.encode_chat(msgs);
+  } catch (const Error& e) {
+    throw ApiError(400, std::string("messages: ") + e.what(), "messages", "invalid_value");
+  }
+}
+
+}  // namespace
+
+ParsedRequest parse_request(const std::string& body, bool chat, const ServerConfig& config,
+                            const TextCodec& codec, const Engine& engine) {
+  json j = json::parse(body, nullptr, false);
+  if (j.is_discarded())
+    throw ApiError(400, "the request body is not valid JSON", "", "invalid_json");
+  if (!j.is_object())
+    throw ApiError(400, "the request body must be a JSON object", "", "invalid_json");
+
+  const json* model = field(j, "model");
+  if (!model) throw ApiError(400, "model is required", "model", "missing_field");
+  if (!model->is_string()) throw ApiError(400, "model must be a string", "model", "invalid_type");
+  if (model->get<std::string>() != config.model_name)
+    throw ApiError(404,
+                   "The model '" + model->get<std::string>() +
+                       "' does not exist; this server "
+                       "serves '" +
+                       config.model_name + "'",
+                   "model", "model_not_found");
+
+  ParsedRequest p;
+  p.chat = chat;
+  p.stream = get_bool(j, "stream", false);
+  if (const json* so = field(j, "stream_options")) {
+    if (!so->is_object())
+      throw ApiError(400, "stream_options must be an object", "stream_options", "invalid_type");
+    p.include_usage = get_bool(*so, "include_usage", false);
+  }
+  Request& r = p.req;
+  r.n = int32_t(get_int(j, "n", 1, 1, Request::kMaxSequences));
+  if (const json* b = field(j, "best_of"))
+    if (!b->is_number_integer() || b->get<int64_t>() != r.n)
+      throw ApiError(400, "best_of other than n is not supported", "best_of", "unsupported");
+  if (const json* lp = field(j, "logprobs"))
+    if (!(lp->is_boolean() && !lp->get<bool>()))
+      throw ApiError(400, "logprobs is not supported", "logprobs", "unsupported");
+  r.sampling.temperature = float(get_number(j, "temperature", 1.0, 0.0, 2.0));
+  r.sampling.top_p = float(get_number(j, "top_p", 1.0, 0.0, 1.0, true));
+  r.sampling.top_k = int32_t(get_int(j, "top_k", 0, -1, 1 << 30));
+  r.sampling.min_p = float(get_number(j, "min_p", 0.0, 0.0, 1.0));
+  r.sampling.repetition_penalty = float(get_number(j, "repetition_penalty", 1.0, 0.0, 10.0, true));
+  if (field(j, "seed")) {
+    const int64_t seed = get_int(j, "seed", 0, INT64_MIN, INT64_MAX);
+    r.seed = uint64_t(seed);
+  }
+  r.ignore_eos = get_bool(j, "ignore_eos", false);
+  if (const json* salt = field(j, "cache_salt")) {
+    if (!salt->is_string() || salt->get<std::string>().empty())
+      throw ApiError(400, "cache_salt must be a non-empty string", "cache_salt", "invalid_type");
+    r.cache_salt = salt->get<std::string>();
+  }
+  if (const json* stop = field(j, "stop")) {
+    if (stop->is_string()) {
+      r.sampling.stop.push_back(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      for (const json& s : *stop) {
+        if (!s.is_string())
+          throw ApiError(400, "stop must be a string or an array of strings", "stop",
+                         "invalid_type");
+        r.sampling.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      throw ApiError(400, "stop must be a string or an array of strings", "stop", "invalid_type");
+    }
+    if (int32_t(r.sampling.stop.size()) > config.max_stop_strings)
+      throw ApiError(400,
+                     "stop takes at most " + std::to_string(config.max_stop_strings) + " strings",
+                     "stop", "invalid_value");
+    for (const std::string& s : r.sampling.stop)
+      if (s.empty()) throw ApiError(400, "stop strings must not be empty", "stop", "invalid_value");
+  }
+
+  const int32_t vocab = engine.model().config().vocab_size;
+  r.prompt = chat ? chat_prompt(j, codec) : completion_prompt(j, codec, vocab);
+  const char* prompt_field = chat ? "messages" : "prompt";
+  if (r.prompt.empty())
+    throw ApiError(400, std::string(prompt_field) + " is empty", prompt_field, "invalid_value");
+  const int64_t len = int64_t(r.prompt.size());
+  const int64_t ctx = engine.max_model_len();
+  if (len >= ctx)
+    throw ApiError(400,
+                   "This model's maximum context length is " + std::to_string(ctx) +
+                       " tokens, but the " + prompt_field + " has " + std::to_string(len) +
+                       " tokens",
+                   prompt_field, "context_length_exceeded");
+  if (len >= engine.kv_capacity_tokens())
+    throw ApiError(400,
+                   std::string(prompt_field) + " of " + std::to_string(len) +
+                       " tokens does not fit in the KV cache (" +
+                       std::to_string(engine.kv_capacity_tokens()) + " tokens)",
+                   prompt_field, "context_length_exceeded");
+
+  const char* max_name =
+      (chat && field(j, "max_completion_tokens")) ? "max_completion_tokens" : "max_tokens";
+  const int64_t room = ctx - len;
+  if (field(j, max_name)) {
+    const int64_t mt = get_int(j, max_name, 0, std::numeric_limits<int64_t>::min(), INT64_MAX);
+    if (mt <= 0)
+      throw ApiError(400, std::string(max_name) + " must be at least 1, got " + std::to_string(mt),
+                     max_name, "invalid_value");
+    if (mt > room)
+      throw ApiError(400,
+                     "This model's maximum context length is " + std::to_string(ctx) +
+                         " tokens; the prompt has " + std::to_string(len) + " and " + max_name +
+                         " asks for " + std::to_string(mt),
+                     max_name, "context_length_exceeded");
+    r.max_tokens = int32_t(mt);
+  } else {
+    r.max_tokens = int32_t(chat ? room : std::min<int64_t>(16, room));
+  }
+  try {
+    engine.validate(r);
+  } catch (const Error& e) {
+    throw ApiError(400, e.what(), "", "invalid_value");
+  }
+  return p;
+}
+
+}  // namespace pagedattn::api

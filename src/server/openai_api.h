@@ -1,0 +1,47 @@
+// The OpenAI request format: parsing and checking request bodies, and the JSON of errors.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+
+#include "pagedattn/engine.h"
+#include "pagedattn/server.h"
+
+namespace pagedattn::api {
+
+// An error the client caused (or a server error) with its HTTP status and OpenAI error fields.
+struct ApiError : std::runtime_error {
+  int status;
+  std::string type, param, code;
+  ApiError(int status, std::string message, std::string param = "", std::string code = "",
+           std::string type = "invalid_request_error")
+      : std::runtime_error(std::move(message)),
+        status(status),
+        type(std::move(type)),
+        param(std::move(param)),
+        code(std::move(code)) {}
+};
+
+// {"error": {"message", "type", "param", "code"}} (param and code null when empty).
+nlohmann::json error_body(const std::string& message, const std::string& type,
+                          const std::string& param, const std::string& code);
+inline nlohmann::json error_body(const ApiError& e) {
+  return error_body(e.what(), e.type, e.param, e.code);
+}
+// JSON text with invalid UTF-8 replaced (never throws on model output).
+std::string dump(const nlohmann::json& j);
+
+struct ParsedRequest {
+  bool chat = false;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  Request req;
+};
+
+// Parses and checks a /v1/completions (chat = false) or /v1/chat/completions body. Throws ApiError
+// naming the field at fault; nothing is submitted.
+ParsedRequest parse_request(const std::string& body, bool chat, const ServerConfig& config,
+                            const TextCodec& codec, const Engine& engine);
+
+}  // namespace pagedattn::api
