@@ -18,4 +18,7 @@ void register_bench_attention(CLI::App& bench);
 // `pagedattn generate`, `chat`, `logits` and `bench model` (cmd_generate.cpp).
 void register_generate(CLI::App& app, CLI::App& bench);
 
+// `pagedattn bench serve` (cmd_bench_serve.cpp).
+void register_bench_serve(CLI::App& bench);
+
 }  // namespace pagedattn::tools

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   // ---- commands: one registration line each ----
   t::register_bench_attention(*bench);
   t::register_generate(app, *bench);
+  t::register_bench_serve(*bench);
 
   try {
     app.parse(argc, argv);

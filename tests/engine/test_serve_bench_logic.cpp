@@ -158,7 +158,9 @@ TEST(ServeBenchWorkload, SharedPrefixAndLengths) {
     EXPECT_EQ(it.max_tokens, 7);
     EXPECT_TRUE(std::equal(it.prompt.begin(), it.prompt.begin() + 40, items[0].prompt.begin()));
     for (int32_t t : it.prompt) EXPECT_TRUE(t >= 100 && t < 200);
-    if (i > 0) EXPECT_GE(it.arrival_s, items[i - 1].arrival_s);
+    if (i > 0) {
+      EXPECT_GE(it.arrival_s, items[i - 1].arrival_s);
+    }
   }
   EXPECT_NE(std::vector<int32_t>(items[0].prompt.begin() + 40, items[0].prompt.end()),
             std::vector<int32_t>(items[1].prompt.begin() + 40, items[1].prompt.end()));
