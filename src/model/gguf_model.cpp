@@ -154,10 +154,8 @@ ModelFile load_gguf_model(const std::string& path) {
     const std::string name = hf_name(ti.name);
     if (name.empty()) continue;
     Tensor t = g.load_f32(ti);
-    if (permuted && ti.name.size() > 13 && ti.name.compare(ti.name.size() - 13, 13, ".attn_q.weight") == 0)
-      unpermute_rows(t, c.num_q_heads, path, ti.name);
-    if (permuted && ti.name.size() > 13 && ti.name.compare(ti.name.size() - 13, 13, ".attn_k.weight") == 0)
-      unpermute_rows(t, c.num_kv_heads, path, ti.name);
+    if (permuted && ti.name.ends_with(".attn_q.weight")) unpermute_rows(t, c.num_q_heads, path, ti.name);
+    if (permuted && ti.name.ends_with(".attn_k.weight")) unpermute_rows(t, c.num_kv_heads, path, ti.name);
     mf.tensors.emplace(name, std::move(t));
   }
   c.tie_word_embeddings = !mf.tensors.count("lm_head.weight");
