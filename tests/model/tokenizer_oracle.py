@@ -8,7 +8,8 @@ Builds tokenizers.Tokenizer objects from the vocabulary and merges of a GGUF fil
   encodings[family]: ids with the family's pre-tokenizer (smollm: the file's own; llama3, qwen2:
                      the same vocabulary behind those families' split regexes)
   pretokens[family]: the pre-token strings of gpt2, llama3 and qwen2 split regexes
-Installs `tokenizers` and `gguf` with pip (quietly) when they are missing.
+Installs `tokenizers` and `gguf` with pip (quietly) when they are missing; exits with status 77
+when that is impossible (no pip, no network), which the tests report as a skip.
 """
 import json
 import subprocess
@@ -19,9 +20,13 @@ def ensure(module, package):
     try:
         __import__(module)
     except ImportError:
-        subprocess.check_call([sys.executable, "-m", "pip", "install", "--quiet",
-                               "--disable-pip-version-check", package],
-                              stdout=subprocess.DEVNULL)
+        try:
+            subprocess.check_call([sys.executable, "-m", "pip", "install", "--quiet",
+                                   "--disable-pip-version-check", package],
+                                  stdout=subprocess.DEVNULL)
+        except (OSError, subprocess.CalledProcessError):
+            print(f"tokenizer_oracle: cannot pip-install {package}", file=sys.stderr)
+            sys.exit(77)
 
 
 ensure("tokenizers", "tokenizers")
