@@ -26,10 +26,11 @@ struct DecodeShape {
   static constexpr int kVec = kVecElems<KV>;
   static constexpr int kTx = HEAD_DIM / kVec;
   static constexpr int kGroups = kDecodeThreads / kTx;
-  // Keys per group per step, and pipeline depth in steps. NOTE: single-head CTAs are light on
-  // registers and take more keys per step; fp8 GQA CTAs (two per SM by registers) go deeper.
-  static constexpr int kUnroll = GT == 1 ? 4 : 2;
-  static constexpr int kStages = (KV::kBytes == 1 && GT >= 4) ? 6 : 4;
+  // Keys per group per step and pipeline depth in steps. NOTE: measured on an H100, 4 keys per
+  // step for single-head CTAs reached 100% of copy bandwidth at batch 64 but lost 10-25% at
+  // batch 1-8 (fewer CTAs fit), and 6 stages did not help fp8 GQA (bound by arithmetic there).
+  static constexpr int kUnroll = 2;
+  static constexpr int kStages = 4;
   static constexpr int kStep = kGroups * kUnroll;  // positions per step
   static constexpr int kOwn = (GT * HEAD_DIM + kDecodeThreads - 1) / kDecodeThreads;
   static_assert(kTx <= 32 && 32 % kTx == 0, "a key row must fit one warp");
