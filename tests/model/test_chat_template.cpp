@@ -1,0 +1,113 @@
+// Chat templates: the exact text each family's reference template renders.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "pagedattn/chat_template.h"
+#include "pagedattn/error.h"
+#include "pagedattn/tokenizer.h"
+
+namespace pagedattn {
+namespace {
+
+const std::vector<ChatMessage> kConversation = {
+    {"system", "You are terse."},
+    {"user", "Hi!"},
+    {"assistant", "Hello."},
+    {"user", "  What is 2+2?\n"},
+};
+
+TEST(ChatTemplate, ChatML) {
+  EXPECT_EQ(apply_chat_template(ChatFamily::chatml, kConversation, true),
+            "<|im_start|>system\nYou are terse.<|im_end|>\n"
+            "<|im_start|>user\nHi!<|im_end|>\n"
+            "<|im_start|>assistant\nHello.<|im_end|>\n"
+            "<|im_start|>user\n  What is 2+2?\n<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  EXPECT_EQ(apply_chat_template(ChatFamily::chatml, {{"user", "x"}}, false),
+            "<|im_start|>user\nx<|im_end|>\n");
+  // A default system prompt is inserted only when the conversation has no system message.
+  EXPECT_EQ(apply_chat_template(ChatFamily::chatml, {{"user", "x"}}, true, "Be kind."),
+            "<|im_start|>system\nBe kind.<|im_end|>\n<|im_start|>user\nx<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  EXPECT_EQ(apply_chat_template(ChatFamily::chatml, {{"system", "S"}, {"user", "x"}}, false, "Be kind."),
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nx<|im_end|>\n");
+}
+
+TEST(ChatTemplate, Llama3) {
+  EXPECT_EQ(apply_chat_template(ChatFamily::llama3, kConversation, true),
+            "<|begin_of_text|>"
+            "<|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(apply_chat_template(ChatFamily::llama3, {{"user", "x"}}, false),
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nx<|eot_id|>");
+}
+
+TEST(ChatTemplate, Mistral) {
+  EXPECT_EQ(apply_chat_template(ChatFamily::mistral, kConversation, true),
+            "<s>[INST] You are terse.\n\nHi! [/INST]Hello.</s>[INST]   What is 2+2?\n [/INST]");
+  EXPECT_EQ(apply_chat_template(ChatFamily::mistral, {{"user", "a"}, {"assistant", "b"}}, false),
+            "<s>[INST] a [/INST]b</s>");
+  EXPECT_THROW(apply_chat_template(ChatFamily::mistral, {{"assistant", "b"}}, true), Error);
+  EXPECT_THROW(apply_chat_template(ChatFamily::mistral, {{"user", "a"}, {"user", "b"}}, true), Error);
+}
+
+TEST(ChatTemplate, BadRolesAndFamilies) {
+  try {
+    apply_chat_template(ChatFamily::chatml, {{"user", "a"}, {"tool", "b"}}, true);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("messages[1].role"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(parse_chat_family("llama3"), ChatFamily::llama3);
+  EXPECT_EQ(chat_family_name(ChatFamily::mistral), "mistral");
+  EXPECT_THROW(parse_chat_family("jinja"), Error);
+}
+
+TEST(ChatTemplate, FamilyDetection) {
+  const std::string smol =
+      "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+      "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+      "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+      "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}";
+  const std::string qwen25 =
+      "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + "
+      "messages[0]['content'] + '<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are "
+      "Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}{%- endif %}";
+  const std::string llama3 =
+      "{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + "
+      "'<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor %}";
+  EXPECT_EQ(detect_chat_family(smol, "llama"), ChatFamily::chatml);
+  EXPECT_EQ(detect_chat_family(qwen25, "qwen2"), ChatFamily::chatml);
+  EXPECT_EQ(detect_chat_family(llama3, "llama"), ChatFamily::llama3);
+  EXPECT_EQ(detect_chat_family("{{ '[INST] ' + message['content'] + ' [/INST]' }}", ""), ChatFamily::mistral);
+  EXPECT_EQ(detect_chat_family("", "mistral"), ChatFamily::mistral);
+  EXPECT_EQ(detect_chat_family("", "qwen3"), ChatFamily::chatml);
+  EXPECT_EQ(chatml_default_system(smol), "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
+  EXPECT_EQ(chatml_default_system(qwen25),
+            "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+  EXPECT_EQ(chatml_default_system("{{'<|im_start|>' + message['role'] + '\n'}}"), "");
+}
+
+TEST(ChatTemplate, DefaultModel) {
+  const std::string path = (std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() /
+                            "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
+                               .string();
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "default model missing: run scripts/fetch-default-model.sh";
+  const Tokenizer tok = load_tokenizer(path);
+  EXPECT_EQ(detect_chat_family(tok), ChatFamily::chatml);
+  const std::string text = apply_chat_template(tok, {{"user", "Hi"}}, true);
+  EXPECT_EQ(text,
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+            "Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  const auto ids = tok.encode(text);
+  EXPECT_EQ(ids.front(), 1);  // <|im_start|>
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 2), 2);  // two <|im_end|>
+  EXPECT_EQ(tok.decode(ids), text);
+}
+
+}  // namespace
+}  // namespace pagedattn
