@@ -31,12 +31,13 @@ namespace pagedattn {
 constexpr int32_t kDecodeChunkTokens = 256;
 
 struct CudaPlanOptions {
-  // Decode rows are split so that about this many CTAs per SM run (0: no split-KV at all).
+  // When the decode rows give fewer CTAs than the GPU has SMs, their chunks are spread so that
+  // about this many CTAs per SM run (0: no split-KV at all).
   int32_t target_ctas_per_sm = 4;
   // Force this many chunks per decode CTA (0: chosen by the heuristic). Tests use it.
   int32_t chunks_per_cta = 0;
-  // Decode rows only: use the tensor-core prefill kernel for q_len > 1 (false: the decode kernel
-  // runs every query row, a slower path kept for cross-checking).
+  // Rows of sequences with q_len > 1 go to the tensor-core prefill kernel where it supports the
+  // dtypes (false: the decode kernel runs every query row, a slower path kept for cross-checking).
   bool tensor_core_prefill = true;
 };
 
