@@ -133,6 +133,29 @@ RunResult run_serve_bench(const ModelFile& file, const std::vector<WorkItem>& wo
     return next < work.size() && (!closed_loop || issued_tokens < cfg.target_tokens);
   };
 
+  // Records the KV state at time now (after each step, and when it changes between steps).
+  auto sample = [&](double now) -> const KvSample& {
+    const KvCacheStats st = engine.cache().stats();
+    KvSample s;
+    s.t = now;
+    s.running = engine.scheduler().num_running();
+    s.waiting = engine.scheduler().num_waiting() + int32_t(batcher.queued());
+    s.kv_live = int64_t(st.pages_used) * cfg.block_size - st.tail_slots_wasted;
+    s.kv_allocated =
+        is_static ? batcher.reserved_tokens() : int64_t(st.pages_used) * cfg.block_size;
+    s.output_tokens = r.output_tokens;
+    r.timeline.push_back(s);
+    return r.timeline.back();
+  };
+  auto changed = [&] {
+    if (r.timeline.empty()) return true;
+    const KvSample& b = r.timeline.back();
+    const KvCacheStats st = engine.cache().stats();
+    return b.kv_allocated != (is_static ? batcher.reserved_tokens()
+                                        : int64_t(st.pages_used) * cfg.block_size) ||
+           b.waiting != engine.scheduler().num_waiting() + int32_t(batcher.queued());
+  };
+
   while (true) {
     double now = elapsed();
     if (closed_loop) {
@@ -146,6 +169,7 @@ RunResult run_serve_bench(const ModelFile& file, const std::vector<WorkItem>& wo
       for (size_t i : batcher.launch(now, more_to_come())) submit(i);
     }
     if (!engine.has_work()) {  // idle: sleep until the next arrival or batch deadline
+      if (changed()) sample(now);
       double wake = is_static ? batcher.deadline() : 1e300;
       if (!closed_loop && next < work.size()) wake = std::min(wake, work[next].arrival_s);
       const double dt = std::clamp(wake - now, 0.0, 0.05);
@@ -182,15 +206,7 @@ RunResult run_serve_bench(const ModelFile& file, const std::vector<WorkItem>& wo
         r.prompt_tokens += int64_t(work[it->second].prompt.size());
       }
     }
-    const KvCacheStats st = engine.cache().stats();
-    KvSample s;
-    s.t = now;
-    s.running = engine.scheduler().num_running();
-    s.waiting = engine.scheduler().num_waiting() + int32_t(batcher.queued());
-    s.kv_live = int64_t(st.pages_used) * cfg.block_size - st.tail_slots_wasted;
-    s.kv_allocated = is_static ? batcher.reserved_tokens() : int64_t(st.pages_used) * cfg.block_size;
-    s.output_tokens = r.output_tokens;
-    r.timeline.push_back(s);
+    const KvSample& s = sample(now);
     if (more_to_come() || s.waiting > 0) last_backlog = now;
     if (cfg.progress && (now - last_progress > 0.25)) {
       last_progress = now;
