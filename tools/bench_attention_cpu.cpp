@@ -4,20 +4,29 @@
 //
 // Every shape: one pool with the batch's pages in shuffled order (a fragmented cache), the same
 // K/V in a dense [seq][kv_head][token][head_dim] buffer, f32 queries and outputs. Times are the
-// median of `iters` runs after warm-up; GB/s counts the K/V bytes of the batch read once.
+// median of `iters` runs after warm-up, paged and dense runs interleaved; GB/s counts the K/V bytes of the batch read once.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "attention/cpu/cpu_attention.h"
 #include "bench_attention.h"
@@ -42,10 +51,35 @@ struct Result {
   double dense_vs_paged_err = 0, reference_err = -1;
 };
 
+// A zeroed buffer aligned to 2 MiB; on Linux it asks for transparent huge pages. The paged pools
+// and the dense K/V get the same kind of memory, so neither kernel gains from the allocator.
+class Buffer {
+ public:
+  Buffer() = default;
+  explicit Buffer(size_t bytes) {
+    constexpr size_t kAlign = size_t(2) << 20;
+    const size_t size = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+    data_.reset(static_cast<uint8_t*>(std::aligned_alloc(kAlign, size)));
+    PA_CHECK(data_ != nullptr, "bench attention: out of memory allocating ", size, " bytes");
+#if defined(__linux__)
+    madvise(data_.get(), size, MADV_HUGEPAGE);  // a hint: failure only costs speed
+#endif
+    std::memset(data_.get(), 0, size);
+  }
+  uint8_t* data() const { return data_.get(); }
+  uint8_t& operator[](size_t i) const { return data_.get()[i]; }
+
+ private:
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::unique_ptr<uint8_t, Free> data_;
+};
+
 // Buffers of one shape.
 struct Workload {
   Shape s;
-  std::vector<uint8_t> k_pages, v_pages, k_dense, v_dense;
+  Buffer k_pages, v_pages, k_dense, v_dense;
   std::vector<float> k_scale, v_scale, q, out_paged, out_dense, out_ref;
   std::vector<int32_t> q_indptr, kv_len, block_table;
   int32_t pages_per_seq = 0, num_pages = 0;
@@ -70,16 +104,16 @@ struct Workload {
     if (s.kv_dtype == DType::fp8_e4m3) k_scale.assign(size_t(Hk), 1.f / 224), v_scale = k_scale;
     const float inv = s.kv_dtype == DType::fp8_e4m3 ? 224.f : 1.f;
     const size_t dense_elems = size_t(B) * Hk * L * D;
-    k_dense.resize(dense_elems * es);
-    v_dense.resize(dense_elems * es);
+    k_dense = Buffer(dense_elems * es);
+    v_dense = Buffer(dense_elems * es);
     std::uniform_real_distribution<float> uni(-1.f, 1.f);
     for (size_t i = 0; i < dense_elems; ++i) {
       store_from_f32(k_dense.data(), s.kv_dtype, int64_t(i), uni(rng) * inv);
       store_from_f32(v_dense.data(), s.kv_dtype, int64_t(i), uni(rng) * inv);
     }
     // The same rows in the pool, through the block table.
-    k_pages.assign(size_t(num_pages) * Hk * P * D * es, 0);
-    v_pages.assign(k_pages.size(), 0);
+    k_pages = Buffer(size_t(num_pages) * Hk * P * D * es);
+    v_pages = Buffer(size_t(num_pages) * Hk * P * D * es);
     const PagedKVView v = view();
     for (int32_t b = 0; b < B; ++b)
       for (int32_t h = 0; h < Hk; ++h)
@@ -99,8 +133,8 @@ struct Workload {
 
   PagedKVView view() const {
     PagedKVView v;
-    v.k_pages = const_cast<uint8_t*>(k_pages.data());
-    v.v_pages = const_cast<uint8_t*>(v_pages.data());
+    v.k_pages = k_pages.data();
+    v.v_pages = v_pages.data();
     v.dtype = s.kv_dtype;
     v.num_pages = num_pages;
     v.num_kv_heads = s.num_kv_heads;
@@ -149,17 +183,28 @@ double rel_error(const std::vector<float>& got, const std::vector<float>& want) 
   return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
 }
 
-// Median milliseconds of `iters` runs after `warmup` runs.
-double time_ms(const std::function<void()>& fn, int warmup, int iters) {
-  for (int i = 0; i < warmup; ++i) fn();
-  std::vector<double> ms;
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double elapsed_ms(const std::function<void()>& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Median milliseconds of a and of b over `iters` runs each after `warmup` runs, the two
+// interleaved so that both see the same machine (other load, clock, cache state).
+std::pair<double, double> time_pair_ms(const std::function<void()>& a, const std::function<void()>& b,
+                                       int warmup, int iters) {
+  for (int i = 0; i < warmup; ++i) a(), b();
+  std::vector<double> ta, tb;
   for (int i = 0; i < iters; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    ta.push_back(elapsed_ms(a));
+    tb.push_back(elapsed_ms(b));
   }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return {median(ta), median(tb)};
 }
 
 std::string cpu_model() {
@@ -221,11 +266,11 @@ Result run_shape(const Shape& s, const BenchAttentionArgs& a) {
   // Few runs for heavy shapes; the reference (single-threaded, double) once, and only when small.
   const int iters = a.iters > 0 ? a.iters : (a.quick ? 3 : (work > 2e9 ? 3 : 10));
   const int warmup = work > 2e9 ? 1 : 2;
-  r.paged_ms = time_ms([&] { w.run_paged(); }, warmup, iters);
-  r.dense_ms = time_ms([&] { w.run_dense(); }, warmup, iters);
+  std::tie(r.paged_ms, r.dense_ms) =
+      time_pair_ms([&] { w.run_paged(); }, [&] { w.run_dense(); }, warmup, iters);
   r.dense_vs_paged_err = rel_error(w.out_paged, w.out_dense);
   if (work <= 1e9) {
-    r.reference_ms = time_ms([&] { w.run_reference(); }, 0, 1);
+    r.reference_ms = elapsed_ms([&] { w.run_reference(); });
     r.reference_err = rel_error(w.out_paged, w.out_ref);
   }
   r.kv_gbytes = double(s.batch) * s.context * s.num_kv_heads * s.head_dim * 2 * dtype_size(s.kv_dtype) / 1e9;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "cpu/kernel_types.h"
@@ -14,7 +15,9 @@
 #pragma GCC target("avx2,fma,f16c,bmi2")
 namespace pagedattn::cpu {
 namespace avx2 {
+#define PA_VEC_BYTES 32
 #include "cpu/kernel_body.inc"
+#undef PA_VEC_BYTES
 }  // namespace avx2
 }  // namespace pagedattn::cpu
 #pragma GCC pop_options

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "cpu/kernel_types.h"
@@ -14,7 +15,9 @@
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,bmi2,prefer-vector-width=512")
 namespace pagedattn::cpu {
 namespace avx512 {
+#define PA_VEC_BYTES 64
 #include "cpu/kernel_body.inc"
+#undef PA_VEC_BYTES
 }  // namespace avx512
 }  // namespace pagedattn::cpu
 #pragma GCC pop_options

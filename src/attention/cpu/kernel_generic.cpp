@@ -2,13 +2,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "cpu/kernel_types.h"
 
 namespace pagedattn::cpu {
 namespace generic {
+#define PA_VEC_BYTES 16
 #include "cpu/kernel_body.inc"
+#undef PA_VEC_BYTES
 }  // namespace generic
 
 ItemFn select_item_fn_generic(const KernelParams& p) { return generic::select_item_fn(p); }

@@ -17,8 +17,11 @@ enum class CpuIsa : uint8_t;
 
 namespace pagedattn::cpu {
 
-constexpr int kTile = 32;   // keys per tile
+constexpr int kTile = 64;   // keys per tile
 constexpr int kLanes = 16;  // accumulator width of the inner loops; rows are padded to it
+// Items with at least this many query vectors compute logits from a transposed K tile (a
+// broadcast-FMA over the tile's keys, no horizontal sums); fewer use one dot product per key.
+constexpr int kTransposeMinVectors = 16;
 
 // Where K/V rows come from.
 struct KvSource {
@@ -67,6 +70,7 @@ struct Scratch {
   std::vector<float> q;      // [M][Dp] queries of the item, scaled
   std::vector<float> o;      // [M][Dp] running output
   std::vector<float> k, v;   // [kTile][Dp] a tile of K/V dequantised to f32
+  std::vector<float> kt;     // [Dp][kTile] the K tile transposed (many query vectors)
   std::vector<float> s;      // [M][kTile] logits, then weights
   std::vector<float> m, l;   // [M] running max and sum
 };
