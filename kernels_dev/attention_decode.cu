@@ -11,9 +11,21 @@
 //   v3  v2 plus split-KV (promoted): chunks spread over CTAs when the batch cannot fill the SMs,
 //       partial states merged by a second kernel with the same arithmetic (bit-identical to v2).
 //
-// Measured (H100 80GB HBM3, cold L2, median of 20; GB/s of K+V read; see docs/BENCHMARKS.md for
-// the full grid and the device-to-device copy roofline):
-//   see the table printed at the end of a run; numbers recorded in docs/BENCHMARKS.md.
+// Measured: H100 80GB HBM3, 2026-11-22, 32 query heads, head dim 128, page 16, cold L2, median
+// of 20; GB/s of K+V read (copy roofline 3008 GB/s). v2/v3 at commit df42833 were the same design
+// with K/V loaded straight into registers (4 keys in flight per group, no pipeline); the cp.async
+// pipeline (a84c4bb) replaced them in place:
+//                                  v1        v2 regs  v3 regs   v2 pipe  v3 pipe    (GB/s)
+//   bf16 hkv=8  batch 1  ctx 8192     3         67      804        71      899
+//   bf16 hkv=8  batch 64 ctx 8192   165       1555     1555      2646     2646
+//   bf16 hkv=32 batch 1  ctx 8192    11        359     1756       471     1798
+//   bf16 hkv=32 batch 64 ctx 8192   642       2821     2834      2877     2876
+//   fp8  hkv=8  batch 64 ctx 8192    69       1262     1262      1392     1392
+//   fp8  hkv=32 batch 64 ctx 8192   270       2688     2688      2696     2696
+// Split-KV: v3 over v2 is 4-13x at batch 1, ctx 8192 (too few CTAs otherwise) but 5-17% slower where the
+// grid already covers every SM, so the plan (c954ed1) splits only grids smaller than the SM count.
+// Tried and dropped: 4 keys per step for single-head CTAs (+3-5% bf16 at batch 64, -10-27% at batch
+// 1-8: fewer CTAs fit), 6 pipeline stages for fp8 GQA (no change: bound by arithmetic there).
 #include <cstdio>
 
 #include "lab_common.h"
