@@ -22,10 +22,11 @@
 //   bf16 hkv=32 batch 64 ctx 8192   642       2821     2834      2877     2876
 //   fp8  hkv=8  batch 64 ctx 8192    69       1262     1262      1392     1392
 //   fp8  hkv=32 batch 64 ctx 8192   270       2688     2688      2696     2696
-// Split-KV: v3 over v2 is 4-13x at batch 1, ctx 8192 (too few CTAs otherwise) but 5-17% slower where the
-// grid already covers every SM, so the plan (c954ed1) splits only grids smaller than the SM count.
-// Tried and dropped: 4 keys per step for single-head CTAs (+3-5% bf16 at batch 64, -10-27% at batch
-// 1-8: fewer CTAs fit), 6 pipeline stages for fp8 GQA (no change: bound by arithmetic there).
+// Split-KV: v3 over v2 is 4-13x at batch 1, ctx 8192 (too few CTAs otherwise) but 5-17% slower
+// where the grid already covers every SM, so the plan (c954ed1) splits only grids smaller than the
+// SM count. Tried and dropped: 4 keys per step for single-head CTAs (+3-5% bf16 at batch 64,
+// -10-27% at batch 1-8: fewer CTAs fit), 6 pipeline stages for fp8 GQA (no change: bound by
+// arithmetic there).
 #include <cstdio>
 
 #include "lab_common.h"
@@ -58,11 +59,13 @@ __global__ void decode_v1(const void* q, void* out, PagedKVView kv, const int32_
     for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
     const float mn = fmaxf(m, s), alpha = __expf(m - mn), p = __expf(s - mn);
     l = l * alpha + p;
-    for (int i = 0; i < per; ++i) acc[i] = acc[i] * alpha + p * load_as_f32(kv.v_pages, kv.dtype, off + i);
+    for (int i = 0; i < per; ++i)
+      acc[i] = acc[i] * alpha + p * load_as_f32(kv.v_pages, kv.dtype, off + i);
     m = mn;
   }
   for (int i = 0; i < per; ++i)
-    store_from_f32(out, qt, (int64_t(b) * hq + h) * D + lane * per + i, l > 0 ? acc[i] / l * vs : 0.f);
+    store_from_f32(out, qt, (int64_t(b) * hq + h) * D + lane * per + i,
+                   l > 0 ? acc[i] / l * vs : 0.f);
 }
 
 struct DeviceMeta {
@@ -71,7 +74,8 @@ struct DeviceMeta {
   DeviceMeta(const lab::Problem& p) {
     lab::ck(cudaMalloc(&kv_len, p.s.kv_len.size() * 4), "malloc");
     lab::ck(cudaMalloc(&table, p.table.size() * 4), "malloc");
-    lab::ck(cudaMemcpy(kv_len, p.s.kv_len.data(), p.s.kv_len.size() * 4, cudaMemcpyHostToDevice), "copy");
+    lab::ck(cudaMemcpy(kv_len, p.s.kv_len.data(), p.s.kv_len.size() * 4, cudaMemcpyHostToDevice),
+            "copy");
     lab::ck(cudaMemcpy(table, p.table.data(), p.table.size() * 4, cudaMemcpyHostToDevice), "copy");
   }
   ~DeviceMeta() {
@@ -81,7 +85,8 @@ struct DeviceMeta {
 };
 
 // A runnable version: sets itself up for a problem, returns the launch.
-std::function<void()> make_version(int v, const lab::Problem& p, std::unique_ptr<CudaAttentionPlan>& plan,
+std::function<void()> make_version(int v, const lab::Problem& p,
+                                   std::unique_ptr<CudaAttentionPlan>& plan,
                                    std::unique_ptr<DeviceMeta>& dev) {
   if (v == 1) {
     dev = std::make_unique<DeviceMeta>(p);
@@ -133,14 +138,14 @@ int main() {
           const double tol = 1e-2;
           const bool ok = err <= tol;
           failures += !ok;
-          std::printf("gate v%d kv=%s d=%d hkv=%d err=%.2e %s\n", v, std::string(dtype_name(kv)).c_str(), d, hkv, err,
-                      ok ? "ok" : "FAIL");
+          std::printf("gate v%d kv=%s d=%d hkv=%d err=%.2e %s\n", v,
+                      std::string(dtype_name(kv)).c_str(), d, hkv, err, ok ? "ok" : "FAIL");
         }
       }
 
   std::printf("== timing sweep (hq=32, page 16, cold L2, median of 20)\n");
-  std::printf("%-5s %-6s %-6s %-4s %-5s %9s %9s %9s %8s %8s %8s\n", "kv", "batch", "ctx", "hkv", "d", "v1_us",
-              "v2_us", "v3_us", "v1_GBps", "v2_GBps", "v3_GBps");
+  std::printf("%-5s %-6s %-6s %-4s %-5s %9s %9s %9s %8s %8s %8s\n", "kv", "batch", "ctx", "hkv",
+              "d", "v1_us", "v2_us", "v3_us", "v1_GBps", "v2_GBps", "v3_GBps");
   for (DType kv : {DType::bf16, DType::fp8_e4m3})
     for (int hkv : {8, 32})
       for (int batch : {1, 8, 64})
@@ -156,8 +161,8 @@ int main() {
           }
           const double gb = double(p.kv_bytes()) / 1e3;
           std::printf("%-5s %-6d %-6d %-4d %-5d %9.1f %9.1f %9.1f %8.0f %8.0f %8.0f\n",
-                      std::string(dtype_name(kv)).c_str(), batch, ctx, hkv, 128, us[1], us[2], us[3], gb / us[1],
-                      gb / us[2], gb / us[3]);
+                      std::string(dtype_name(kv)).c_str(), batch, ctx, hkv, 128, us[1], us[2],
+                      us[3], gb / us[1], gb / us[2], gb / us[3]);
         }
   std::printf("gate: %s (%d failures)\n", failures ? "FAIL" : "ok", failures);
   return failures ? 1 : 0;

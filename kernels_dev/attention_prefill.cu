@@ -24,7 +24,8 @@ namespace {
 
 using namespace pagedattn;
 
-std::function<void()> make_version(int v, const lab::Problem& p, std::unique_ptr<CudaAttentionPlan>& plan) {
+std::function<void()> make_version(int v, const lab::Problem& p,
+                                   std::unique_ptr<CudaAttentionPlan>& plan) {
   CudaPlanOptions o;
   o.tensor_core_prefill = v >= 2;
   plan = std::make_unique<CudaAttentionPlan>(size_t(256) << 20, o);
@@ -60,8 +61,8 @@ int main() {
           const bool ok = err <= 1e-2;
           failures += !ok;
           std::printf("gate v%d kv=%s d=%d hkv=%d tensor_core=%d err=%.2e %s\n", v,
-                      std::string(dtype_name(kv)).c_str(), d, hkv, plan->info().prefill_tiles > 0, err,
-                      ok ? "ok" : "FAIL");
+                      std::string(dtype_name(kv)).c_str(), d, hkv, plan->info().prefill_tiles > 0,
+                      err, ok ? "ok" : "FAIL");
         }
       }
 
@@ -79,8 +80,8 @@ int main() {
         us[v] = lab::time_us(make_version(v, p, plan), 5);
       }
       const double flops = 4.0 * batch * s.hq * s.d * (double(len) * (len + 1) / 2);
-      std::printf("%-6d %-6d %10.1f %10.1f %8.1f %8.1f\n", batch, len, us[1], us[2], flops / us[1] / 1e6,
-                  flops / us[2] / 1e6);
+      std::printf("%-6d %-6d %10.1f %10.1f %8.1f %8.1f\n", batch, len, us[1], us[2],
+                  flops / us[1] / 1e6, flops / us[2] / 1e6);
     }
   std::printf("gate: %s (%d failures)\n", failures ? "FAIL" : "ok", failures);
   return failures ? 1 : 0;

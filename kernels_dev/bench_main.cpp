@@ -39,19 +39,32 @@ int main(int argc, char** argv) {
         PA_CHECK(i + 1 < argc, "bench attention: ", f, " needs a value");
         return argv[++i];
       };
-      if (f == "--quick") a.quick = true;
-      else if (f == "--json") a.json = true;
-      else if (f == "--csv") a.csv = value();
-      else if (f == "--batch") a.batch = list<int>(value());
-      else if (f == "--context") a.context = list<int>(value());
-      else if (f == "--num-kv-heads") a.num_kv_heads = list<int>(value());
-      else if (f == "--head-dim") a.head_dim = list<int>(value());
-      else if (f == "--page-size") a.page_size = list<int>(value());
-      else if (f == "--kv-dtype") a.kv_dtype = list<std::string>(value());
-      else if (f == "--num-q-heads") a.num_q_heads = std::stoi(value());
-      else if (f == "--iters") a.iters = std::stoi(value());
-      else if (f == "--mode") a.mode = value();
-      else pagedattn::fail("bench attention: unknown flag '", f, "'");
+      if (f == "--quick")
+        a.quick = true;
+      else if (f == "--json")
+        a.json = true;
+      else if (f == "--csv")
+        a.csv = value();
+      else if (f == "--batch")
+        a.batch = list<int>(value());
+      else if (f == "--context")
+        a.context = list<int>(value());
+      else if (f == "--num-kv-heads")
+        a.num_kv_heads = list<int>(value());
+      else if (f == "--head-dim")
+        a.head_dim = list<int>(value());
+      else if (f == "--page-size")
+        a.page_size = list<int>(value());
+      else if (f == "--kv-dtype")
+        a.kv_dtype = list<std::string>(value());
+      else if (f == "--num-q-heads")
+        a.num_q_heads = std::stoi(value());
+      else if (f == "--iters")
+        a.iters = std::stoi(value());
+      else if (f == "--mode")
+        a.mode = value();
+      else
+        pagedattn::fail("bench attention: unknown flag '", f, "'");
     }
     return pagedattn::tools::bench_attention_cuda(a);
   } catch (const std::exception& e) {

@@ -92,7 +92,8 @@ struct Problem {
     ck(cudaMemcpy(dvs, vs.data(), vs.size() * 4, cudaMemcpyHostToDevice), "copy vs");
   }
   ~Problem() {
-    for (void* p : {dq, dout, dk, dv, static_cast<void*>(dks), static_cast<void*>(dvs)}) cudaFree(p);
+    for (void* p : {dq, dout, dk, dv, static_cast<void*>(dks), static_cast<void*>(dvs)})
+      cudaFree(p);
   }
   Problem(const Problem&) = delete;
   Problem& operator=(const Problem&) = delete;
@@ -103,13 +104,23 @@ struct Problem {
     return 2 * t * s.hkv * s.d * int64_t(dtype_size(s.kv));
   }
   BatchLayout batch() const {
-    return BatchLayout{int32_t(s.kv_len.size()), indptr.data(), s.kv_len.data(), table.data(), maxp};
+    return BatchLayout{int32_t(s.kv_len.size()), indptr.data(), s.kv_len.data(), table.data(),
+                       maxp};
   }
   PagedKVView host_view() const {
-    return PagedKVView{const_cast<uint8_t*>(k.data()), const_cast<uint8_t*>(v.data()), s.kv, num_pages, s.hkv,
-                       s.page, s.d, ks.data(), vs.data()};
+    return PagedKVView{const_cast<uint8_t*>(k.data()),
+                       const_cast<uint8_t*>(v.data()),
+                       s.kv,
+                       num_pages,
+                       s.hkv,
+                       s.page,
+                       s.d,
+                       ks.data(),
+                       vs.data()};
   }
-  PagedKVView dev_view() const { return PagedKVView{dk, dv, s.kv, num_pages, s.hkv, s.page, s.d, dks, dvs}; }
+  PagedKVView dev_view() const {
+    return PagedKVView{dk, dv, s.kv, num_pages, s.hkv, s.page, s.d, dks, dvs};
+  }
   QKVTensor dev_q() const { return QKVTensor{dq, s.q, tokens, s.hq, s.d}; }
   QKVTensor dev_out() const { return QKVTensor{dout, s.q, tokens, s.hq, s.d}; }
 
@@ -122,8 +133,8 @@ struct Problem {
     std::vector<uint8_t> got(q.size()), ref(q.size());
     ck(cudaMemcpy(got.data(), dout, got.size(), cudaMemcpyDeviceToHost), "copy out");
     QKVTensor ro{ref.data(), s.q, tokens, s.hq, s.d};
-    paged_attention_reference(QKVTensor{const_cast<uint8_t*>(q.data()), s.q, tokens, s.hq, s.d}, host_view(),
-                              batch(), s.opt, ro);
+    paged_attention_reference(QKVTensor{const_cast<uint8_t*>(q.data()), s.q, tokens, s.hq, s.d},
+                              host_view(), batch(), s.opt, ro);
     double num = 0, den = 0;
     for (int64_t i = 0; i < int64_t(tokens) * s.hq * s.d; ++i) {
       const double g = load_as_f32(got.data(), s.q, i), r = load_as_f32(ref.data(), s.q, i);

@@ -29,7 +29,8 @@ void ck(cudaError_t e, const char* what) {
 
 // Fills n elements of dtype t with hashed pseudo-random values in [-amp, amp].
 __global__ void fill_random(void* p, DType t, int64_t n, uint32_t seed, float amp) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
     uint32_t h = uint32_t(i) * 2654435761u ^ seed ^ uint32_t(i >> 32) * 40503u;
     h ^= h >> 15;
     h *= 2246822519u;
@@ -41,7 +42,9 @@ __global__ void fill_random(void* p, DType t, int64_t n, uint32_t seed, float am
 
 struct DeviceBuf {
   void* p = nullptr;
-  explicit DeviceBuf(size_t bytes) { ck(cudaMalloc(&p, std::max<size_t>(bytes, 16)), "cudaMalloc"); }
+  explicit DeviceBuf(size_t bytes) {
+    ck(cudaMalloc(&p, std::max<size_t>(bytes, 16)), "cudaMalloc");
+  }
   ~DeviceBuf() { cudaFree(p); }
   DeviceBuf(const DeviceBuf&) = delete;
   DeviceBuf& operator=(const DeviceBuf&) = delete;
@@ -83,7 +86,8 @@ struct Pools {
   std::vector<int32_t> table, kv_len, indptr;
   std::unique_ptr<DeviceBuf> k, v, scales;
   PagedKVView view;
-  Pools(int batch, int ctx, int hkv, int d, int page_size, DType dt, bool contiguous, uint32_t seed) {
+  Pools(int batch, int ctx, int hkv, int d, int page_size, DType dt, bool contiguous,
+        uint32_t seed) {
     page = contiguous ? ctx : page_size;
     pages_per_seq = (ctx + page - 1) / page;
     const int32_t num_pages = batch * pages_per_seq;
@@ -103,13 +107,15 @@ struct Pools {
     if (fp8) {
       std::vector<float> s(size_t(2 * hkv), 0.01f);
       scales = std::make_unique<DeviceBuf>(s.size() * 4);
-      ck(cudaMemcpy(scales->p, s.data(), s.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy scales");
+      ck(cudaMemcpy(scales->p, s.data(), s.size() * 4, cudaMemcpyHostToDevice),
+         "cudaMemcpy scales");
       view.k_scale = static_cast<float*>(scales->p);
       view.v_scale = view.k_scale + hkv;
     }
   }
   BatchLayout batch(const std::vector<int32_t>& q_indptr) const {
-    return BatchLayout{int32_t(kv_len.size()), q_indptr.data(), kv_len.data(), table.data(), pages_per_seq};
+    return BatchLayout{int32_t(kv_len.size()), q_indptr.data(), kv_len.data(), table.data(),
+                       pages_per_seq};
   }
 };
 
@@ -121,8 +127,10 @@ struct Emitter {
     if (args.json) {
       s = "{";
       for (size_t i = 0; i < kv.size(); ++i) {
-        const bool num = !kv[i].second.empty() && (isdigit(kv[i].second[0]) || kv[i].second[0] == '-');
-        s += (i ? ", \"" : "\"") + kv[i].first + "\": " + (num ? kv[i].second : "\"" + kv[i].second + "\"");
+        const bool num =
+            !kv[i].second.empty() && (isdigit(kv[i].second[0]) || kv[i].second[0] == '-');
+        s += (i ? ", \"" : "\"") + kv[i].first +
+             "\": " + (num ? kv[i].second : "\"" + kv[i].second + "\"");
       }
       s += "}";
     } else {
@@ -131,7 +139,8 @@ struct Emitter {
     std::printf("%s\n", s.c_str());
     std::fflush(stdout);
     if (csv) {
-      for (size_t i = 0; i < kv.size(); ++i) std::fprintf(csv, "%s%s", i ? "," : "", kv[i].second.c_str());
+      for (size_t i = 0; i < kv.size(); ++i)
+        std::fprintf(csv, "%s%s", i ? "," : "", kv[i].second.c_str());
       std::fprintf(csv, "\n");
     }
   }
@@ -148,14 +157,23 @@ std::string fmt(double x, int prec = 2) {
 int bench_attention_cuda(const BenchAttentionArgs& args) {
   PA_CHECK(cuda_device_count() > 0, "bench attention: --device cuda needs a CUDA device");
   const bool quick = args.quick;
-  std::vector<int> batches = !args.batch.empty() ? args.batch : quick ? std::vector<int>{1, 8} : std::vector<int>{1, 8, 64};
+  std::vector<int> batches = !args.batch.empty() ? args.batch
+                             : quick             ? std::vector<int>{1, 8}
+                                                 : std::vector<int>{1, 8, 64};
   std::vector<int> contexts = !args.context.empty() ? args.context
-                              : quick ? std::vector<int>{512, 8192}
-                                      : std::vector<int>{512, 2048, 8192, 32768};
-  std::vector<int> kv_heads = !args.num_kv_heads.empty() ? args.num_kv_heads : quick ? std::vector<int>{8} : std::vector<int>{8, 32};
-  std::vector<int> dims = !args.head_dim.empty() ? args.head_dim : quick ? std::vector<int>{128} : std::vector<int>{128, 256};
-  std::vector<int> pages = !args.page_size.empty() ? args.page_size : quick ? std::vector<int>{16} : std::vector<int>{16, 32, 64};
-  std::vector<std::string> dts = !args.kv_dtype.empty() ? args.kv_dtype : std::vector<std::string>{"bf16", "fp8"};
+                              : quick               ? std::vector<int>{512, 8192}
+                                                    : std::vector<int>{512, 2048, 8192, 32768};
+  std::vector<int> kv_heads = !args.num_kv_heads.empty() ? args.num_kv_heads
+                              : quick                    ? std::vector<int>{8}
+                                                         : std::vector<int>{8, 32};
+  std::vector<int> dims = !args.head_dim.empty() ? args.head_dim
+                          : quick                ? std::vector<int>{128}
+                                                 : std::vector<int>{128, 256};
+  std::vector<int> pages = !args.page_size.empty() ? args.page_size
+                           : quick                 ? std::vector<int>{16}
+                                                   : std::vector<int>{16, 32, 64};
+  std::vector<std::string> dts =
+      !args.kv_dtype.empty() ? args.kv_dtype : std::vector<std::string>{"bf16", "fp8"};
   const int iters = args.iters > 0 ? args.iters : (quick ? 10 : 30);
   const int hq = args.num_q_heads;
 
@@ -178,11 +196,16 @@ int bench_attention_cuda(const BenchAttentionArgs& args) {
   {
     DeviceBuf a(copy_bytes_n), b(copy_bytes_n);
     fill(a.p, DType::fp8_e4m3, int64_t(copy_bytes_n), 7, 100.f);
-    const double us = time_us([&] { ck(cudaMemcpyAsync(b.p, a.p, copy_bytes_n, cudaMemcpyDeviceToDevice), "copy"); },
-                              iters, flush.p, flush_bytes);
+    const double us = time_us(
+        [&] { ck(cudaMemcpyAsync(b.p, a.p, copy_bytes_n, cudaMemcpyDeviceToDevice), "copy"); },
+        iters, flush.p, flush_bytes);
     copy_gbps = 2.0 * double(copy_bytes_n) / us / 1e3;
-    out.line({{"kind", "copy"}, {"device", prop.name}, {"sms", std::to_string(prop.multiProcessorCount)},
-              {"bytes_moved", std::to_string(2 * copy_bytes_n)}, {"us", fmt(us)}, {"GBps", fmt(copy_gbps, 0)}});
+    out.line({{"kind", "copy"},
+              {"device", prop.name},
+              {"sms", std::to_string(prop.multiProcessorCount)},
+              {"bytes_moved", std::to_string(2 * copy_bytes_n)},
+              {"us", fmt(us)},
+              {"GBps", fmt(copy_gbps, 0)}});
   }
 
   const bool do_decode = args.mode == "all" || args.mode == "decode";
@@ -208,20 +231,33 @@ int bench_attention_cuda(const BenchAttentionArgs& args) {
                 Pools dense(b, ctx, hkv, d, 0, kvt, true, 11);
                 CudaAttentionPlan plan;
                 plan.plan(qv, dense.view, dense.batch(indptr), opt, ov);
-                dense_us = time_us([&] { paged_attention_cuda(plan, qv, dense.view, ov); }, iters, flush.p, flush_bytes);
+                dense_us = time_us([&] { paged_attention_cuda(plan, qv, dense.view, ov); }, iters,
+                                   flush.p, flush_bytes);
               }
               for (int ps : pages) {
                 Pools pools(b, ctx, hkv, d, ps, kvt, false, 13);
                 CudaAttentionPlan plan;
                 plan.plan(qv, pools.view, pools.batch(indptr), opt, ov);
-                const double us = time_us([&] { paged_attention_cuda(plan, qv, pools.view, ov); }, iters, flush.p, flush_bytes);
+                const double us = time_us([&] { paged_attention_cuda(plan, qv, pools.view, ov); },
+                                          iters, flush.p, flush_bytes);
                 const double gbps = double(kv_bytes) / us / 1e3;
-                out.line({{"kind", "decode"}, {"batch", std::to_string(b)}, {"ctx", std::to_string(ctx)},
-                          {"hq", std::to_string(hq)}, {"hkv", std::to_string(hkv)}, {"d", std::to_string(d)},
-                          {"page", std::to_string(ps)}, {"kv", dname}, {"kv_MiB", fmt(kv_bytes / 1048576.0, 1)},
-                          {"splits", std::to_string(plan.info().split_rows > 0 ? plan.info().decode_ctas / b : 1)},
-                          {"us", fmt(us)}, {"GBps", fmt(gbps, 0)}, {"pct_copy", fmt(100.0 * gbps / copy_gbps, 1)},
-                          {"dense_us", fmt(dense_us)}, {"paged_over_dense", fmt(us / dense_us, 3)}});
+                out.line(
+                    {{"kind", "decode"},
+                     {"batch", std::to_string(b)},
+                     {"ctx", std::to_string(ctx)},
+                     {"hq", std::to_string(hq)},
+                     {"hkv", std::to_string(hkv)},
+                     {"d", std::to_string(d)},
+                     {"page", std::to_string(ps)},
+                     {"kv", dname},
+                     {"kv_MiB", fmt(kv_bytes / 1048576.0, 1)},
+                     {"splits",
+                      std::to_string(plan.info().split_rows > 0 ? plan.info().decode_ctas / b : 1)},
+                     {"us", fmt(us)},
+                     {"GBps", fmt(gbps, 0)},
+                     {"pct_copy", fmt(100.0 * gbps / copy_gbps, 1)},
+                     {"dense_us", fmt(dense_us)},
+                     {"paged_over_dense", fmt(us / dense_us, 3)}});
               }
             }
     }
@@ -240,14 +276,21 @@ int bench_attention_cuda(const BenchAttentionArgs& args) {
         Pools pools(b, len, hkv, d, 16, DType::bf16, false, 17);
         CudaAttentionPlan plan;
         plan.plan(qv, pools.view, pools.batch(indptr), AttentionOptions{}, ov);
-        const double us = time_us([&] { paged_attention_cuda(plan, qv, pools.view, ov); }, std::max(3, iters / 4),
-                                  flush.p, flush_bytes);
+        const double us = time_us([&] { paged_attention_cuda(plan, qv, pools.view, ov); },
+                                  std::max(3, iters / 4), flush.p, flush_bytes);
         // Causal: query j sees j + 1 keys; 2 matrix products of 2 flops per multiply-add.
         const double flops = 4.0 * b * hq * d * (double(len) * (len + 1) / 2);
-        out.line({{"kind", "prefill"}, {"batch", std::to_string(b)}, {"len", std::to_string(len)},
-                  {"hq", std::to_string(hq)}, {"hkv", std::to_string(hkv)}, {"d", std::to_string(d)},
-                  {"page", "16"}, {"kv", "bf16"}, {"tensor_core", plan.info().prefill_tiles > 0 ? "yes" : "no"},
-                  {"us", fmt(us)}, {"TFLOPs", fmt(flops / us / 1e6, 1)}});
+        out.line({{"kind", "prefill"},
+                  {"batch", std::to_string(b)},
+                  {"len", std::to_string(len)},
+                  {"hq", std::to_string(hq)},
+                  {"hkv", std::to_string(hkv)},
+                  {"d", std::to_string(d)},
+                  {"page", "16"},
+                  {"kv", "bf16"},
+                  {"tensor_core", plan.info().prefill_tiles > 0 ? "yes" : "no"},
+                  {"us", fmt(us)},
+                  {"TFLOPs", fmt(flops / us / 1e6, 1)}});
       }
   }
   if (out.csv) std::fclose(out.csv);

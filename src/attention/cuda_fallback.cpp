@@ -18,13 +18,13 @@ void CudaAttentionPlan::plan(const QKVTensor&, const PagedKVView&, const BatchLa
   fail("paged_attention_cuda: pagedattn was built without CUDA support");
 }
 
-void paged_attention_cuda(const CudaAttentionPlan&, const QKVTensor&, const PagedKVView&, QKVTensor&,
-                          void*) {
+void paged_attention_cuda(const CudaAttentionPlan&, const QKVTensor&, const PagedKVView&,
+                          QKVTensor&, void*) {
   fail("paged_attention_cuda: pagedattn was built without CUDA support");
 }
 
-void write_kv_cuda(const PagedKVView&, const int32_t*, int32_t, const void*, const void*, DType, void*,
-                   const int32_t*) {
+void write_kv_cuda(const PagedKVView&, const int32_t*, int32_t, const void*, const void*, DType,
+                   void*, const int32_t*) {
   fail("write_kv: pagedattn was built without CUDA support");
 }
 

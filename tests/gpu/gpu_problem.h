@@ -34,12 +34,13 @@ struct Spec {
 };
 
 inline std::string describe(const Spec& s) {
-  std::string d = "Hq=" + std::to_string(s.num_q_heads) + " Hk=" + std::to_string(s.num_kv_heads) +
-                  " D=" + std::to_string(s.head_dim) + " P=" + std::to_string(s.page_size) + " q=" +
-                  std::string(dtype_name(s.q_dtype)) + " kv=" + std::string(dtype_name(s.kv_dtype)) +
-                  " causal=" + std::to_string(s.opt.causal) + " window=" + std::to_string(s.opt.window) +
-                  " softcap=" + std::to_string(s.opt.softcap) + " scale=" + std::to_string(s.opt.scale) +
-                  " seqs(q/kv):";
+  std::string d =
+      "Hq=" + std::to_string(s.num_q_heads) + " Hk=" + std::to_string(s.num_kv_heads) +
+      " D=" + std::to_string(s.head_dim) + " P=" + std::to_string(s.page_size) +
+      " q=" + std::string(dtype_name(s.q_dtype)) + " kv=" + std::string(dtype_name(s.kv_dtype)) +
+      " causal=" + std::to_string(s.opt.causal) + " window=" + std::to_string(s.opt.window) +
+      " softcap=" + std::to_string(s.opt.softcap) + " scale=" + std::to_string(s.opt.scale) +
+      " seqs(q/kv):";
   for (size_t b = 0; b < s.q_len.size(); ++b)
     d += " " + std::to_string(s.q_len[b]) + "/" + std::to_string(s.kv_len[b]);
   return d;
@@ -65,7 +66,8 @@ struct Problem {
     std::normal_distribution<float> normal(0.f, 1.f);
     const int32_t n = int32_t(s.q_len.size()), P = s.page_size, Hk = s.num_kv_heads, D = s.head_dim;
     q_indptr.assign(size_t(n) + 1, 0);
-    for (int32_t b = 0; b < n; ++b) q_indptr[size_t(b) + 1] = q_indptr[size_t(b)] + s.q_len[size_t(b)];
+    for (int32_t b = 0; b < n; ++b)
+      q_indptr[size_t(b) + 1] = q_indptr[size_t(b)] + s.q_len[size_t(b)];
     num_tokens = q_indptr.back();
     kv_len = s.kv_len;
     std::vector<int32_t> pages_of(size_t(n), 0);
@@ -146,7 +148,8 @@ struct Problem {
     PagedKVView v = host_view();
     v.k_pages = d_k.data();
     v.v_pages = d_v.data();
-    if (!k_scale.empty()) v.k_scale = d_k_scale.data_as<float>(), v.v_scale = d_v_scale.data_as<float>();
+    if (!k_scale.empty())
+      v.k_scale = d_k_scale.data_as<float>(), v.v_scale = d_v_scale.data_as<float>();
     return v;
   }
   BatchLayout batch() const {
@@ -154,9 +157,12 @@ struct Problem {
                        max_pages_per_seq};
   }
   QKVTensor host_q() const {
-    return QKVTensor{const_cast<uint8_t*>(q.data()), spec.q_dtype, num_tokens, spec.num_q_heads, spec.head_dim};
+    return QKVTensor{const_cast<uint8_t*>(q.data()), spec.q_dtype, num_tokens, spec.num_q_heads,
+                     spec.head_dim};
   }
-  QKVTensor device_q() { return QKVTensor{d_q.data(), spec.q_dtype, num_tokens, spec.num_q_heads, spec.head_dim}; }
+  QKVTensor device_q() {
+    return QKVTensor{d_q.data(), spec.q_dtype, num_tokens, spec.num_q_heads, spec.head_dim};
+  }
   int64_t out_elems() const { return int64_t(num_tokens) * spec.num_q_heads * spec.head_dim; }
 
   // The reference output (host, as floats of the output dtype).
@@ -165,7 +171,8 @@ struct Problem {
     QKVTensor o{out.data(), spec.q_dtype, num_tokens, spec.num_q_heads, spec.head_dim};
     paged_attention_reference(host_q(), host_view(), batch(), spec.opt, o);
     std::vector<float> r(static_cast<size_t>(out_elems()));
-    for (int64_t i = 0; i < out_elems(); ++i) r[size_t(i)] = load_as_f32(out.data(), spec.q_dtype, i);
+    for (int64_t i = 0; i < out_elems(); ++i)
+      r[size_t(i)] = load_as_f32(out.data(), spec.q_dtype, i);
     return r;
   }
 
@@ -184,8 +191,8 @@ struct Problem {
 };
 
 // Every element within atol + rtol * |ref| (NaN never passes), and a relative L2 error bound.
-inline void expect_close(const std::vector<uint8_t>& got_bytes, DType t, const std::vector<float>& ref,
-                         const std::string& what) {
+inline void expect_close(const std::vector<uint8_t>& got_bytes, DType t,
+                         const std::vector<float>& ref, const std::string& what) {
   const bool bf16 = t == DType::bf16;
   const double atol = bf16 ? 2e-2 : 4e-3, rtol = bf16 ? 2e-2 : 5e-3, l2_tol = bf16 ? 1e-2 : 3e-3;
   double num = 0, den = 0;
@@ -201,8 +208,8 @@ inline void expect_close(const std::vector<uint8_t>& got_bytes, DType t, const s
   }
   const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
   EXPECT_EQ(bad, 0) << what << ": " << bad << " elements off, first at " << first_bad << " got "
-                    << (first_bad >= 0 ? load_as_f32(got_bytes.data(), t, first_bad) : 0.f) << " want "
-                    << (first_bad >= 0 ? ref[size_t(first_bad)] : 0.f);
+                    << (first_bad >= 0 ? load_as_f32(got_bytes.data(), t, first_bad) : 0.f)
+                    << " want " << (first_bad >= 0 ? ref[size_t(first_bad)] : 0.f);
   EXPECT_LE(rel, l2_tol) << what << ": relative L2 error " << rel;
 }
 

@@ -41,11 +41,14 @@ TEST(CudaWriteKv, BitIdenticalToCpu) {
       Tensor dv = Problem::to_device(v_pool.data(), v_pool.size());
       Tensor dks = Problem::to_device(ks.data(), 12), dvs = Problem::to_device(vs.data(), 12);
       Tensor dslots = Problem::to_device(slots.data(), slots.size() * 4);
-      Tensor dsk = Problem::to_device(k.data(), k.size()), dsv = Problem::to_device(v.data(), v.size());
-      PagedKVView dev{dk.data(), dv.data(), pool, pages, Hk, P, D, dks.data_as<float>(), dvs.data_as<float>()};
+      Tensor dsk = Problem::to_device(k.data(), k.size()),
+             dsv = Problem::to_device(v.data(), v.size());
+      PagedKVView dev{dk.data(),           dv.data(), pool, pages, Hk, P, D, dks.data_as<float>(),
+                      dvs.data_as<float>()};
 
       write_kv_cpu(host, slots.data(), T, k.data(), v.data(), src);
-      write_kv_cuda(dev, dslots.data_as<int32_t>(), T, dsk.data(), dsv.data(), src, nullptr, slots.data());
+      write_kv_cuda(dev, dslots.data_as<int32_t>(), T, dsk.data(), dsv.data(), src, nullptr,
+                    slots.data());
       std::vector<uint8_t> got_k(k_pool.size()), got_v(v_pool.size());
       copy_bytes(got_k.data(), Device::cpu, dk.data(), Device::cuda, got_k.size());
       copy_bytes(got_v.data(), Device::cpu, dv.data(), Device::cuda, got_v.size());
@@ -59,13 +62,16 @@ TEST(CudaWriteKv, BadSlotThrowsAndWritesNothing) {
   PA_SKIP_WITHOUT_GPU();
   const int32_t pages = 4, Hk = 1, P = 16, D = 64;
   std::vector<uint8_t> pool(size_t(pages) * Hk * P * D * 2, 0x5a);
-  Tensor dk = Problem::to_device(pool.data(), pool.size()), dv = Problem::to_device(pool.data(), pool.size());
+  Tensor dk = Problem::to_device(pool.data(), pool.size()),
+         dv = Problem::to_device(pool.data(), pool.size());
   PagedKVView dev{dk.data(), dv.data(), DType::bf16, pages, Hk, P, D, nullptr, nullptr};
   std::vector<int32_t> slots = {3, pages * P};  // the second is one past the pool
   std::vector<uint16_t> kv(size_t(2) * D, 0x3f80);
-  Tensor ds = Problem::to_device(slots.data(), 8), dsrc = Problem::to_device(kv.data(), kv.size() * 2);
+  Tensor ds = Problem::to_device(slots.data(), 8),
+         dsrc = Problem::to_device(kv.data(), kv.size() * 2);
   try {
-    write_kv_cuda(dev, ds.data_as<int32_t>(), 2, dsrc.data(), dsrc.data(), DType::bf16, nullptr, slots.data());
+    write_kv_cuda(dev, ds.data_as<int32_t>(), 2, dsrc.data(), dsrc.data(), DType::bf16, nullptr,
+                  slots.data());
     ADD_FAILURE() << "no error for a slot outside the pool";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("write_kv: slots[1]"), std::string::npos) << e.what();

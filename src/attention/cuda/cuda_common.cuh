@@ -76,7 +76,9 @@ __device__ __forceinline__ void vec_to_float(const uint4& r, float* f) {
 }
 
 // Read-only 16-byte load through the non-coherent path.
-__device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
+__device__ __forceinline__ uint4 ldg16(const void* p) {
+  return __ldg(static_cast<const uint4*>(p));
+}
 
 // ---- cp.async: 16-byte global -> shared copies completing in commit groups ----
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {

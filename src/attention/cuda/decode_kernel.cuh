@@ -53,18 +53,21 @@ __device__ __forceinline__ void load_q(const uint16_t* src, float mul, float* f)
 }
 
 template <class Q, class KV, int HEAD_DIM, int GT>
-__global__ void __launch_bounds__(kDecodeThreads, (GT == 4 && KV::kBytes == 2 && HEAD_DIM <= 128) ? 4 : 1) decode_kernel(const AttentionParams p) {
+__global__ void __launch_bounds__(kDecodeThreads,
+                                  (GT == 4 && KV::kBytes == 2 && HEAD_DIM <= 128) ? 4 : 1)
+    decode_kernel(const AttentionParams p) {
   using S = DecodeShape<KV, HEAD_DIM, GT>;
   constexpr int kVec = S::kVec, kTx = S::kTx, kGroups = S::kGroups, kUnroll = S::kUnroll;
   constexpr int kStages = S::kStages, kStep = S::kStep;
   extern __shared__ uint4 smem_vec[];
   uint4* pipe = smem_vec;  // [kStages][2][kUnroll][kDecodeThreads]
-  float* s_acc = reinterpret_cast<float*>(smem_vec + S::kPipeBytes / 16);  // [kGroups][GT][HEAD_DIM]
-  float* s_m = s_acc + size_t(kGroups) * GT * HEAD_DIM;  // [kGroups][GT]
-  float* s_d = s_m + kGroups * GT;                      // [kGroups][GT]
-  float* s_w = s_d + kGroups * GT;                      // [kGroups][GT]
-  float* s_cm = s_w + kGroups * GT;                     // [GT]
-  float* s_cd = s_cm + GT;                              // [GT]
+  float* s_acc =
+      reinterpret_cast<float*>(smem_vec + S::kPipeBytes / 16);  // [kGroups][GT][HEAD_DIM]
+  float* s_m = s_acc + size_t(kGroups) * GT * HEAD_DIM;         // [kGroups][GT]
+  float* s_d = s_m + kGroups * GT;                              // [kGroups][GT]
+  float* s_w = s_d + kGroups * GT;                              // [kGroups][GT]
+  float* s_cm = s_w + kGroups * GT;                             // [GT]
+  float* s_cd = s_cm + GT;                                      // [GT]
 
   const DecodeItem it = p.decode_items[blockIdx.x];
   const int kvh = blockIdx.y / p.head_tiles;
@@ -119,7 +122,8 @@ __global__ void __launch_bounds__(kDecodeThreads, (GT == 4 && KV::kBytes == 2 &&
       const bool valid = live && t < te;
       int64_t off = 0;
       if (valid) {
-        off = (int64_t(bt[t / p.page_size]) * p.page_stride + int64_t(t % p.page_size) * HEAD_DIM) * KV::kBytes +
+        off = (int64_t(bt[t / p.page_size]) * p.page_stride + int64_t(t % p.page_size) * HEAD_DIM) *
+                  KV::kBytes +
               head_off;
       }
       cp_async16(slot + u * kDecodeThreads, kpool + off, valid);  // invalid: zero-filled
@@ -227,7 +231,8 @@ __global__ void __launch_bounds__(kDecodeThreads, (GT == 4 && KV::kBytes == 2 &&
     __syncthreads();  // the previous chunk's readers of s_acc are done
 #pragma unroll
     for (int g = 0; g < GT; ++g) {
-      float4* dst = reinterpret_cast<float4*>(s_acc + (size_t(grp) * GT + g) * HEAD_DIM + lane * kVec);
+      float4* dst =
+          reinterpret_cast<float4*>(s_acc + (size_t(grp) * GT + g) * HEAD_DIM + lane * kVec);
 #pragma unroll
       for (int i = 0; i < kVec; i += 4)
         dst[i / 4] = make_float4(acc[g][i], acc[g][i + 1], acc[g][i + 2], acc[g][i + 3]);
@@ -261,7 +266,8 @@ __global__ void __launch_bounds__(kDecodeThreads, (GT == 4 && KV::kBytes == 2 &&
           a = fmaf(s_acc[(size_t(r) * GT + g) * HEAD_DIM + dim], s_w[r * GT + g], a);
         if (it.partial >= 0) {
           if (g < gcount) {
-            const int64_t slot = int64_t(it.partial + c - it.chunk_begin) * p.num_q_heads + head0 + g;
+            const int64_t slot =
+                int64_t(it.partial + c - it.chunk_begin) * p.num_q_heads + head0 + g;
             p.partial_o[slot * HEAD_DIM + dim] = a;
             if (dim == 0) {
               p.partial_md[slot * 2] = s_cm[g];
@@ -277,11 +283,13 @@ __global__ void __launch_bounds__(kDecodeThreads, (GT == 4 && KV::kBytes == 2 &&
 
   cp_async_wait<0>();
   if (it.partial < 0) {
-    uint16_t* out = static_cast<uint16_t*>(p.out) + (int64_t(it.q_row) * p.num_q_heads + head0) * HEAD_DIM;
+    uint16_t* out =
+        static_cast<uint16_t*>(p.out) + (int64_t(it.q_row) * p.num_q_heads + head0) * HEAD_DIM;
 #pragma unroll
     for (int j = 0; j < S::kOwn; ++j) {
       const int e = tid + j * kDecodeThreads;
-      if (e < GT * HEAD_DIM && e / HEAD_DIM < gcount) out[e] = Q::from_float(finalize_state(run[j], v_mul));
+      if (e < GT * HEAD_DIM && e / HEAD_DIM < gcount)
+        out[e] = Q::from_float(finalize_state(run[j], v_mul));
     }
   }
 }
@@ -293,9 +301,10 @@ void launch_decode_t(const AttentionParams& p, cudaStream_t s) {
   pp.head_tiles = (p.group + GT - 1) / GT;
   static bool configured = false;  // NOTE: per kernel instance; setting it twice is harmless
   if (!configured) {
-    check_cuda(cudaFuncSetAttribute(decode_kernel<Q, KV, HEAD_DIM, GT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(S::kSmemBytes)),
-               "paged_attention_cuda: decode shared memory attribute");
+    check_cuda(
+        cudaFuncSetAttribute(decode_kernel<Q, KV, HEAD_DIM, GT>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(S::kSmemBytes)),
+        "paged_attention_cuda: decode shared memory attribute");
     configured = true;
   }
   const dim3 grid(unsigned(p.num_decode_items), unsigned(p.num_kv_heads * pp.head_tiles));
@@ -306,8 +315,10 @@ void launch_decode_t(const AttentionParams& p, cudaStream_t s) {
 template <class Q, class KV, int HEAD_DIM>
 void launch_decode_dim(const AttentionParams& p, cudaStream_t s) {
   switch (decode_group_tile(p.group, KV::kBytes == 1)) {
-    case 1: return launch_decode_t<Q, KV, HEAD_DIM, 1>(p, s);
-    case 4: return launch_decode_t<Q, KV, HEAD_DIM, 4>(p, s);
+    case 1:
+      return launch_decode_t<Q, KV, HEAD_DIM, 1>(p, s);
+    case 4:
+      return launch_decode_t<Q, KV, HEAD_DIM, 4>(p, s);
     default:
       if constexpr (KV::kBytes == 2) return launch_decode_t<Q, KV, HEAD_DIM, 8>(p, s);
   }
@@ -318,10 +329,14 @@ template <class Q, class KV>
 void launch_decode_pair(const AttentionParams& p, int head_dim, cudaStream_t s) {
   if (p.num_decode_items == 0) return;
   switch (head_dim) {
-    case 64: return launch_decode_dim<Q, KV, 64>(p, s);
-    case 128: return launch_decode_dim<Q, KV, 128>(p, s);
-    case 256: return launch_decode_dim<Q, KV, 256>(p, s);
-    default: fail("paged_attention_cuda: head_dim ", head_dim, " is not supported (64, 128 or 256)");
+    case 64:
+      return launch_decode_dim<Q, KV, 64>(p, s);
+    case 128:
+      return launch_decode_dim<Q, KV, 128>(p, s);
+    case 256:
+      return launch_decode_dim<Q, KV, 256>(p, s);
+    default:
+      fail("paged_attention_cuda: head_dim ", head_dim, " is not supported (64, 128 or 256)");
   }
 }
 

@@ -12,7 +12,8 @@ namespace pagedattn::cuda {
 
 // One CTA of the decode kernel: query row q_row of sequence seq, positions in chunks
 // [chunk_begin, chunk_end) of kDecodeChunkTokens each. partial < 0: the CTA covers every chunk of
-// the row and writes the output; else chunk c's state goes to partial slot partial + c - chunk_begin.
+// the row and writes the output; else chunk c's state goes to partial slot partial + c -
+// chunk_begin.
 struct DecodeItem {
   int32_t seq, q_row, chunk_begin, chunk_end, partial;
 };
@@ -27,19 +28,19 @@ struct PrefillItem {
 };
 
 struct AttentionParams {
-  const void* q = nullptr;  // [num_tokens, num_q_heads, head_dim] (bf16 | f16)
-  void* out = nullptr;      // [num_tokens, num_q_heads, head_dim] (q's dtype)
-  const void* k_pages = nullptr;  // [num_pages, num_kv_heads, page_size, head_dim]
-  const void* v_pages = nullptr;  // [num_pages, num_kv_heads, page_size, head_dim]
-  const float* k_scale = nullptr;  // [num_kv_heads], fp8 only
-  const float* v_scale = nullptr;  // [num_kv_heads], fp8 only
+  const void* q = nullptr;               // [num_tokens, num_q_heads, head_dim] (bf16 | f16)
+  void* out = nullptr;                   // [num_tokens, num_q_heads, head_dim] (q's dtype)
+  const void* k_pages = nullptr;         // [num_pages, num_kv_heads, page_size, head_dim]
+  const void* v_pages = nullptr;         // [num_pages, num_kv_heads, page_size, head_dim]
+  const float* k_scale = nullptr;        // [num_kv_heads], fp8 only
+  const float* v_scale = nullptr;        // [num_kv_heads], fp8 only
   const int32_t* q_indptr = nullptr;     // [num_seqs + 1]
   const int32_t* kv_len = nullptr;       // [num_seqs]
   const int32_t* block_table = nullptr;  // [num_seqs, max_pages_per_seq]
   int32_t max_pages_per_seq = 0;
   int32_t num_q_heads = 0, num_kv_heads = 0, group = 1, page_size = 0;
   int64_t page_stride = 0, head_stride = 0;  // elements
-  float scale = 0.f;                          // effective softmax scale
+  float scale = 0.f;                         // effective softmax scale
   float softcap = 0.f;
   int32_t window = 0;
   bool causal = true;
@@ -47,8 +48,8 @@ struct AttentionParams {
   // decode
   const DecodeItem* decode_items = nullptr;  // [num_decode_items]
   int32_t num_decode_items = 0;
-  float* partial_o = nullptr;   // [num_partials, num_q_heads, head_dim]
-  float* partial_md = nullptr;  // [num_partials, num_q_heads, 2]: (max, sum)
+  float* partial_o = nullptr;              // [num_partials, num_q_heads, head_dim]
+  float* partial_md = nullptr;             // [num_partials, num_q_heads, 2]: (max, sum)
   const MergeItem* merge_items = nullptr;  // [num_merge_items]
   int32_t num_merge_items = 0;
   // prefill

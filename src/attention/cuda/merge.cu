@@ -25,7 +25,8 @@ __global__ void merge_kernel(const AttentionParams p, int head_dim, bool fp8) {
   }
   const float v_mul = fp8 ? p.v_scale[h / p.group] : 1.f;
   uint16_t* out = static_cast<uint16_t*>(p.out);
-  out[(int64_t(mi.q_row) * p.num_q_heads + h) * head_dim + dim] = Q::from_float(finalize_state(run, v_mul));
+  out[(int64_t(mi.q_row) * p.num_q_heads + h) * head_dim + dim] =
+      Q::from_float(finalize_state(run, v_mul));
 }
 
 }  // namespace

@@ -40,14 +40,15 @@ int cuda_sm_count() {
 
 CudaAttentionPlan::CudaAttentionPlan(size_t workspace_bytes, CudaPlanOptions opts)
     : impl_(std::make_unique<Impl>()) {
-  PA_CHECK(workspace_bytes >= (size_t(1) << 16), "CudaAttentionPlan: workspace_bytes must be >= 64 KiB, got ",
-           workspace_bytes);
+  PA_CHECK(workspace_bytes >= (size_t(1) << 16),
+           "CudaAttentionPlan: workspace_bytes must be >= 64 KiB, got ", workspace_bytes);
   PA_CHECK(opts.target_ctas_per_sm >= 0 && opts.chunks_per_cta >= 0,
            "CudaAttentionPlan: opts.target_ctas_per_sm and opts.chunks_per_cta must be >= 0");
   impl_->opts = opts;
   impl_->sm_count = cuda_sm_count();
   PA_CHECK(impl_->sm_count > 0, "CudaAttentionPlan: no CUDA device is available");
-  check_cuda(cudaMalloc(&impl_->ws, workspace_bytes), "CudaAttentionPlan: cudaMalloc of the workspace");
+  check_cuda(cudaMalloc(&impl_->ws, workspace_bytes),
+             "CudaAttentionPlan: cudaMalloc of the workspace");
   impl_->ws_bytes = workspace_bytes;
 }
 
@@ -93,7 +94,8 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   const int32_t n = batch.num_seqs, D = kv.head_dim, Hq = q.num_heads, Hk = kv.num_kv_heads;
   const int32_t group = Hq / Hk;
   const bool fp8 = kv.dtype == DType::fp8_e4m3;
-  const bool use_prefill = im.opts.tensor_core_prefill && cuda::prefill_supported(q.dtype, kv.dtype, D);
+  const bool use_prefill =
+      im.opts.tensor_core_prefill && cuda::prefill_supported(q.dtype, kv.dtype, D);
 
   // ---- rows for the decode kernel, prefill tiles for the rest ----
   std::vector<DecodeRow> rows;
@@ -128,10 +130,13 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
     return opt.causal ? batch.kv_len[t.seq] - qlen + last / group : batch.kv_len[t.seq];
   };
   std::stable_sort(prefill.begin(), prefill.end(),
-                   [&](const cuda::PrefillItem& a, const cuda::PrefillItem& b) { return tile_keys(a) > tile_keys(b); });
+                   [&](const cuda::PrefillItem& a, const cuda::PrefillItem& b) {
+                     return tile_keys(a) > tile_keys(b);
+                   });
 
   // ---- split-KV: chunks per CTA from the shape and the SM count ----
-  const int64_t tiles = (group + cuda::decode_group_tile(group, fp8) - 1) / cuda::decode_group_tile(group, fp8);
+  const int64_t tiles =
+      (group + cuda::decode_group_tile(group, fp8) - 1) / cuda::decode_group_tile(group, fp8);
   const int64_t base_ctas = int64_t(rows.size()) * Hk * tiles;
   const int64_t target = int64_t(im.sm_count) * im.opts.target_ctas_per_sm;
   int64_t k = INT_MAX;
@@ -181,11 +186,13 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
     o_prefill = stage(host, prefill.data(), prefill.size());
     const size_t meta = align_up(host.size());
     PA_CHECK(meta <= im.ws_bytes, "paged_attention_cuda: the batch metadata needs ", meta,
-             " bytes but the plan's workspace has ", im.ws_bytes, " (construct CudaAttentionPlan with more)");
+             " bytes but the plan's workspace has ", im.ws_bytes,
+             " (construct CudaAttentionPlan with more)");
     if (meta + size_t(partials) * partial_bytes <= im.ws_bytes) break;
-    PA_CHECK(k != INT_MAX && im.opts.chunks_per_cta == 0, "paged_attention_cuda: the split-KV partials need ",
-             size_t(partials) * partial_bytes, " bytes beyond the ", meta, " of metadata, but the workspace has ",
-             im.ws_bytes, " (construct CudaAttentionPlan with more)");
+    PA_CHECK(k != INT_MAX && im.opts.chunks_per_cta == 0,
+             "paged_attention_cuda: the split-KV partials need ", size_t(partials) * partial_bytes,
+             " bytes beyond the ", meta, " of metadata, but the workspace has ", im.ws_bytes,
+             " (construct CudaAttentionPlan with more)");
     k = k * 2 >= 1 << 20 ? INT_MAX : k * 2;  // fewer splits until the partials fit
   }
   const size_t o_partial = align_up(host.size());
@@ -243,8 +250,8 @@ void paged_attention_cuda(const CudaAttentionPlan& plan, const QKVTensor& q, con
   const CudaAttentionPlan::Impl& im = plan.impl();
   PA_CHECK(im.planned, "paged_attention_cuda: plan() has not succeeded on this plan");
   auto same = [](const char* what, int64_t got, int64_t planned) {
-    PA_CHECK(got == planned, "paged_attention_cuda: ", what, " (", got, ") does not match the plan (",
-             planned, ")");
+    PA_CHECK(got == planned, "paged_attention_cuda: ", what, " (", got,
+             ") does not match the plan (", planned, ")");
   };
   same("q.num_tokens", q.num_tokens, im.num_tokens);
   same("q.num_heads", q.num_heads, im.num_q_heads);
@@ -256,9 +263,9 @@ void paged_attention_cuda(const CudaAttentionPlan& plan, const QKVTensor& q, con
   same("kv.head_dim", kv.head_dim, im.head_dim);
   same("kv.page_size", kv.page_size, im.page_size);
   same("kv.num_pages", kv.num_pages, im.num_pages);
-  PA_CHECK(q.dtype == im.q_dtype && out.dtype == im.q_dtype, "paged_attention_cuda: q.dtype/out.dtype (",
-           dtype_name(q.dtype), "/", dtype_name(out.dtype), ") do not match the plan (",
-           dtype_name(im.q_dtype), ")");
+  PA_CHECK(q.dtype == im.q_dtype && out.dtype == im.q_dtype,
+           "paged_attention_cuda: q.dtype/out.dtype (", dtype_name(q.dtype), "/",
+           dtype_name(out.dtype), ") do not match the plan (", dtype_name(im.q_dtype), ")");
   PA_CHECK(kv.dtype == im.kv_dtype, "paged_attention_cuda: kv.dtype (", dtype_name(kv.dtype),
            ") does not match the plan (", dtype_name(im.kv_dtype), ")");
   if (im.num_tokens == 0) return;

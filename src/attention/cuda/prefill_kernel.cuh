@@ -50,7 +50,8 @@ template <class Q>
 __device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
   if constexpr (Q::kDType == DType::bf16) {
     asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -74,8 +75,8 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(const Attentio
   using S = PrefillShape<HEAD_DIM>;
   constexpr int BM = S::kBM, BN = S::kBN, kChunks = S::kChunks;
   extern __shared__ __align__(128) uint16_t sm[];
-  uint16_t* sQ = sm;                  // [BM][HEAD_DIM]
-  uint16_t* sK = sQ + BM * HEAD_DIM;  // [2][BN][HEAD_DIM]
+  uint16_t* sQ = sm;                      // [BM][HEAD_DIM]
+  uint16_t* sK = sQ + BM * HEAD_DIM;      // [2][BN][HEAD_DIM]
   uint16_t* sV = sK + 2 * BN * HEAD_DIM;  // [2][BN][HEAD_DIM]
 
   const PrefillItem it = p.prefill_items[blockIdx.x];
@@ -101,7 +102,8 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(const Attentio
     const int r = i / kChunks, c = i % kChunks, pr = it.row_begin + r;
     const bool valid = pr < row_end;
     const uint16_t* src = q;
-    if (valid) src = q + (int64_t(q0 + pr / G) * p.num_q_heads + kvh * G + pr % G) * HEAD_DIM + c * 8;
+    if (valid)
+      src = q + (int64_t(q0 + pr / G) * p.num_q_heads + kvh * G + pr % G) * HEAD_DIM + c * 8;
     cp_async16(sQ + swz<HEAD_DIM>(r, c), src, valid);
   }
   auto load_kv = [&](int tile, int stage) {
@@ -152,11 +154,13 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(const Attentio
 #pragma unroll
     for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
       uint32_t a[4];
-      ldmatrix_x4(a, sQ + swz<HEAD_DIM>(warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, kk * 2 + (lane >> 4)));
+      ldmatrix_x4(a, sQ + swz<HEAD_DIM>(warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                        kk * 2 + (lane >> 4)));
 #pragma unroll
       for (int nn = 0; nn < BN / 16; ++nn) {
         uint32_t b[4];
-        ldmatrix_x4(b, tK + swz<HEAD_DIM>(nn * 16 + (lane & 7) + (lane >> 4) * 8, kk * 2 + ((lane >> 3) & 1)));
+        ldmatrix_x4(b, tK + swz<HEAD_DIM>(nn * 16 + (lane & 7) + (lane >> 4) * 8,
+                                          kk * 2 + ((lane >> 3) & 1)));
         mma16816<Q>(s[2 * nn], a, b[0], b[1]);
         mma16816<Q>(s[2 * nn + 1], a, b[2], b[3]);
       }
@@ -182,7 +186,7 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(const Attentio
         s[n][e] = x;
       }
 
-    // ---- online softmax (rows lane/4 and lane/4 + 8; a quad shares a row) ----
+      // ---- online softmax (rows lane/4 and lane/4 + 8; a quad shares a row) ----
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float mx = -INFINITY;
@@ -220,7 +224,8 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(const Attentio
 #pragma unroll
       for (int dn = 0; dn < HEAD_DIM / 16; ++dn) {
         uint32_t b[4];
-        ldmatrix_x4_trans(b, tV + swz<HEAD_DIM>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, dn * 2 + (lane >> 4)));
+        ldmatrix_x4_trans(b, tV + swz<HEAD_DIM>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                dn * 2 + (lane >> 4)));
         mma16816<Q>(o[2 * dn], a, b[0], b[1]);
         mma16816<Q>(o[2 * dn + 1], a, b[2], b[3]);
       }
@@ -239,21 +244,25 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(const Attentio
     if (!row_ok[h]) continue;
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
     const int pr = it.row_begin + warp * 16 + lane / 4 + 8 * h;
-    uint16_t* dst = out + (int64_t(q0 + pr / G) * p.num_q_heads + kvh * G + pr % G) * HEAD_DIM + (lane & 3) * 2;
+    uint16_t* dst =
+        out + (int64_t(q0 + pr / G) * p.num_q_heads + kvh * G + pr % G) * HEAD_DIM + (lane & 3) * 2;
 #pragma unroll
     for (int n = 0; n < HEAD_DIM / 8; ++n)
-      *reinterpret_cast<uint32_t*>(dst + n * 8) = pack2<Q>(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
+      *reinterpret_cast<uint32_t*>(dst + n * 8) =
+          pack2<Q>(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
   }
 }
 
 template <class Q, int HEAD_DIM>
 void launch_prefill_t(const AttentionParams& p, cudaStream_t s) {
   using S = PrefillShape<HEAD_DIM>;
-  static bool configured = false;  // NOTE: the attribute is per kernel; setting it twice is harmless
+  static bool configured =
+      false;  // NOTE: the attribute is per kernel; setting it twice is harmless
   if (!configured) {
-    check_cuda(cudaFuncSetAttribute(prefill_kernel<Q, HEAD_DIM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(S::kSmemBytes)),
-               "paged_attention_cuda: prefill shared memory attribute");
+    check_cuda(
+        cudaFuncSetAttribute(prefill_kernel<Q, HEAD_DIM>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(S::kSmemBytes)),
+        "paged_attention_cuda: prefill shared memory attribute");
     configured = true;
   }
   const dim3 grid(unsigned(p.num_prefill_items), unsigned(p.num_kv_heads));
@@ -265,10 +274,14 @@ template <class Q>
 void launch_prefill_q(const AttentionParams& p, int head_dim, cudaStream_t s) {
   if (p.num_prefill_items == 0) return;
   switch (head_dim) {
-    case 64: return launch_prefill_t<Q, 64>(p, s);
-    case 128: return launch_prefill_t<Q, 128>(p, s);
-    case 256: return launch_prefill_t<Q, 256>(p, s);
-    default: fail("paged_attention_cuda: head_dim ", head_dim, " is not supported (64, 128 or 256)");
+    case 64:
+      return launch_prefill_t<Q, 64>(p, s);
+    case 128:
+      return launch_prefill_t<Q, 128>(p, s);
+    case 256:
+      return launch_prefill_t<Q, 256>(p, s);
+    default:
+      fail("paged_attention_cuda: head_dim ", head_dim, " is not supported (64, 128 or 256)");
   }
 }
 

@@ -38,8 +38,8 @@ void write_kv_cuda(const PagedKVView& kv, const int32_t* slots, int32_t num_toke
   if (num_tokens == 0) return;
   PA_CHECK(slots && k && v, "write_kv: slots, k and v must not be null");
   PA_CHECK(kv.k_pages && kv.v_pages, "write_kv: the KV pools are null");
-  PA_CHECK(src_dtype != DType::fp8_e4m3, "write_kv: k/v source dtype must be f32, f16 or bf16, got ",
-           dtype_name(src_dtype));
+  PA_CHECK(src_dtype != DType::fp8_e4m3,
+           "write_kv: k/v source dtype must be f32, f16 or bf16, got ", dtype_name(src_dtype));
   const bool fp8 = kv.dtype == DType::fp8_e4m3;
   PA_CHECK(!fp8 || (kv.k_scale && kv.v_scale), "write_kv: fp8 pools need k_scale and v_scale");
   PA_CHECK(kv.num_kv_heads > 0 && kv.head_dim > 0 && kv.page_size > 0,
@@ -47,9 +47,9 @@ void write_kv_cuda(const PagedKVView& kv, const int32_t* slots, int32_t num_toke
   if (host_slots) {
     const int64_t total_slots = int64_t(kv.num_pages) * kv.page_size;
     for (int32_t t = 0; t < num_tokens; ++t) {
-      PA_CHECK(host_slots[t] >= 0 && host_slots[t] < total_slots, "write_kv: slots[", t, "] = ",
-               host_slots[t], " is outside the pool of ", kv.num_pages, " pages x ", kv.page_size,
-               " slots");
+      PA_CHECK(host_slots[t] >= 0 && host_slots[t] < total_slots, "write_kv: slots[", t,
+               "] = ", host_slots[t], " is outside the pool of ", kv.num_pages, " pages x ",
+               kv.page_size, " slots");
     }
   }
   const int64_t total = int64_t(num_tokens) * kv.num_kv_heads * kv.head_dim;
