@@ -21,4 +21,7 @@ void register_generate(CLI::App& app, CLI::App& bench);
 // `pagedattn bench serve` (cmd_bench_serve.cpp).
 void register_bench_serve(CLI::App& bench);
 
+// `pagedattn serve` (cmd_serve.cpp).
+void register_serve(CLI::App& app);
+
 }  // namespace pagedattn::tools

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   t::register_bench_attention(*bench);
   t::register_generate(app, *bench);
   t::register_bench_serve(*bench);
+  t::register_serve(app);
 
   try {
     app.parse(argc, argv);

@@ -75,6 +75,8 @@ struct EngineConfig {
   std::string kv_cache_dtype = "auto";  // auto (f32 on the CPU) | f32 | f16 | bf16 | fp8
   // fp8: the tokens of the calibration pass that sets the per-head scales (kv_calibration_text()).
   std::vector<int32_t> kv_calibration_tokens;
+  // Ids that end generation besides the model's eos (the tokenizer's end-of-turn tokens).
+  std::vector<int32_t> eos_token_ids;
   bool enable_prefix_cache = true;
   int32_t max_num_batched_tokens = 2048;
   int32_t max_num_seqs = 64;

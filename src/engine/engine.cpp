@@ -103,6 +103,7 @@ Engine::Engine(std::unique_ptr<Model> model, const EngineConfig &config, DecodeF
   sc.enable_prefix_cache = config.enable_prefix_cache;
   scheduler_ = std::make_unique<Scheduler>(sc, *cache_);
   eos_ids_ = mc.eos_token_ids;
+  eos_ids_.insert(eos_ids_.end(), config.eos_token_ids.begin(), config.eos_token_ids.end());
 
   if (config.log_startup) {
     const int64_t tokens = kv_capacity_tokens();

@@ -1,0 +1,125 @@
+// `pagedattn serve`: the OpenAI-compatible HTTP server over the continuous-batching engine.
+//
+// SIGINT and SIGTERM stop it gracefully: running requests are cancelled (streams get their last
+// event and [DONE]), the listener closes, and the process exits 0.
+#include <pthread.h>
+
+#include <csignal>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "cli.h"
+#include "pagedattn/chat_template.h"
+#include "pagedattn/engine.h"
+#include "pagedattn/error.h"
+#include "pagedattn/model.h"
+#include "pagedattn/server.h"
+#include "pagedattn/tokenizer.h"
+
+namespace pagedattn::tools {
+
+namespace {
+
+struct ServeArgs {
+  std::string model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  std::string device = "auto";
+  std::string served_model_name;  // "" -> the file's stem
+  ServerConfig server;
+  EngineConfig engine;
+  bool no_prefix_cache = false;
+};
+
+Device pick_device(const std::string& d) {
+  if (d == "cpu") return Device::cpu;
+  if (d == "cuda") return Device::cuda;
+  PA_CHECK(d == "auto", "serve: --device '", d, "' is not auto, cpu or cuda");
+  return cuda_device_count() > 0 ? Device::cuda : Device::cpu;
+}
+
+void run_serve(ServeArgs a) {
+  PA_CHECK(std::filesystem::exists(a.model), "serve: --model '", a.model,
+           "' does not exist (fetch the default model with scripts/fetch-default-model.sh)");
+  // Signals go to the waiting thread below only: block them before any thread starts.
+  // NOTE: a signal ignored at exec (a background job's SIGINT) is discarded even while blocked, so
+  // give both a handler first.
+  struct sigaction sa = {};
+  sa.sa_handler = [](int) {};
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  std::unique_ptr<Model> model;
+  {
+    const ModelFile file = load_model_file(a.model);
+    model = create_model(file, pick_device(a.device));
+  }
+  auto tok = std::make_shared<Tokenizer>(load_tokenizer(a.model));
+  a.engine.enable_prefix_cache = !a.no_prefix_cache;
+  a.engine.eos_token_ids = tok->eog_ids();
+  if (a.engine.kv_cache_dtype == "fp8")
+    a.engine.kv_calibration_tokens = tok->encode(kv_calibration_text(), true, false);
+  auto decode = [tok](const std::vector<int32_t>& ids) { return tok->decode(ids, true); };
+  AsyncEngine engine(std::make_unique<Engine>(std::move(model), a.engine, decode));
+
+  TextCodec codec;
+  codec.encode = [tok](const std::string& text) { return tok->encode(text, true, true); };
+  codec.encode_chat = [tok](const std::vector<ChatMessage>& msgs) {
+    return tok->encode(apply_chat_template(*tok, msgs, true), false, true);
+  };
+  a.server.model_name = a.served_model_name.empty() ? std::filesystem::path(a.model).stem().string()
+                                                    : a.served_model_name;
+  Server server(engine, codec, a.server);
+  const int port = server.start();
+  std::cerr << "pagedattn: serving '" << a.server.model_name << "' on http://" << a.server.host
+            << ":" << port << " (Ctrl-C to stop)" << std::endl;
+
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  std::cerr << "pagedattn: signal " << sig << ", shutting down" << std::endl;
+  engine.stop();  // cancels what runs: every waiting handler gets its final output
+  server.stop();
+  set_exit_code(0);
+}
+
+}  // namespace
+
+void register_serve(CLI::App& app) {
+  auto a = std::make_shared<ServeArgs>();
+  CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server");
+  cmd->add_option("--model", a->model, "GGUF file or Hugging Face folder")->capture_default_str();
+  cmd->add_option("--device", a->device, "auto | cpu | cuda")->capture_default_str();
+  cmd->add_option("--served-model-name", a->served_model_name,
+                  "Model id in the API (default: the file's stem)");
+  cmd->add_option("--host", a->server.host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", a->server.port, "Port (0: any free port)")->capture_default_str();
+  cmd->add_option("--kv-cache-memory", a->engine.kv_cache_memory_mib,
+                  "KV cache budget in MiB (default 512)");
+  cmd->add_option("--kv-cache-tokens", a->engine.kv_cache_tokens,
+                  "KV cache budget in tokens (overrides --kv-cache-memory)");
+  cmd->add_option("--block-size", a->engine.block_size, "Tokens per KV page")
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", a->engine.kv_cache_dtype, "auto | f32 | f16 | bf16 | fp8")
+      ->capture_default_str();
+  cmd->add_flag("--no-prefix-cache", a->no_prefix_cache, "Disable prefix caching");
+  cmd->add_option("--max-num-batched-tokens", a->engine.max_num_batched_tokens,
+                  "Token budget per step")
+      ->capture_default_str();
+  cmd->add_option("--max-num-seqs", a->engine.max_num_seqs, "Sequences per step")
+      ->capture_default_str();
+  cmd->add_option("--max-model-len", a->engine.max_model_len, "Context length (0: the model's)")
+      ->capture_default_str();
+  cmd->add_option("--max-body-bytes", a->server.max_body_bytes, "Largest request body")
+      ->capture_default_str();
+  cmd->add_option("--http-threads", a->server.num_threads, "HTTP worker threads")
+      ->capture_default_str();
+  cmd->callback([a] { run_serve(*a); });
+}
+
+}  // namespace pagedattn::tools
