@@ -184,6 +184,43 @@ TEST(GGUFModel, BadModelsNameTheKeyOrTensor) {
   expect_error(dir + "/pa_does_not_exist.gguf", "pa_does_not_exist.gguf");
 }
 
+TEST(GGUFModel, Llama3RopeFreqsBecomeRopeScaling) {
+  // llama.cpp stores Llama 3 rope scaling as per-frequency factors (rope_freqs.weight). Compute
+  // them with Hugging Face's llama3 rule (factor 8, low 1, high 4, original 8192) for head_dim 128
+  // and check that the loader recovers those parameters.
+  GGUFWriter w;
+  w.kv_str("general.architecture", "llama");
+  for (auto [k, v] : {std::pair{"embedding_length", 256}, {"block_count", 1}, {"feed_forward_length", 32},
+                      {"attention.head_count", 2}, {"attention.head_count_kv", 2}})
+    w.kv_u32(std::string("llama.") + k, uint32_t(v));
+  w.kv_f32("llama.rope.freq_base", 500000.f);
+  std::vector<float> freqs;
+  for (int i = 0; i < 64; ++i) {
+    const double inv = std::pow(500000.0, -2.0 * i / 128), wavelen = 2 * M_PI / inv;
+    double scaled;  // HF: the new inverse frequency
+    if (wavelen < 8192.0 / 4) scaled = inv;
+    else if (wavelen > 8192.0 / 1) scaled = inv / 8;
+    else {
+      const double smooth = (8192.0 / wavelen - 1) / (4 - 1);
+      scaled = (1 - smooth) * inv / 8 + smooth * inv;
+    }
+    freqs.push_back(float(inv / scaled));
+  }
+  w.tensor_f32("rope_freqs.weight", {64}, freqs);
+  w.tensor_f32("token_embd.weight", {256, 2}, std::vector<float>(512, 1.f));
+  w.tensor_f32("output_norm.weight", {256}, std::vector<float>(256, 1.f));
+  const std::string path = (fs::temp_directory_path() / "pa_rope.gguf").string();
+  w.write(path);
+  const ModelFile mf = load_gguf_model(path);  // the mapping alone: the file has no layer tensors
+  EXPECT_EQ(mf.config.rope_scaling.type, "llama3");
+  EXPECT_FLOAT_EQ(mf.config.rope_scaling.factor, 8.f);
+  EXPECT_FLOAT_EQ(mf.config.rope_scaling.low_freq_factor, 1.f);
+  EXPECT_FLOAT_EQ(mf.config.rope_scaling.high_freq_factor, 4.f);
+  EXPECT_EQ(mf.config.rope_scaling.original_max_position, 8192);
+  EXPECT_EQ(mf.tensors.count("rope_freqs.weight"), 0u);
+  fs::remove(path);
+}
+
 std::string default_model_path() {
   if (const char* env = std::getenv("PAGEDATTN_MODEL")) return env;
   return (fs::path(__FILE__).parent_path().parent_path().parent_path() / "models" /

@@ -17,8 +17,9 @@ class GGUFWriter {
 
   template <class T>
   static void put(std::vector<uint8_t>& b, T v) {
-    const auto* p = reinterpret_cast<const uint8_t*>(&v);
-    b.insert(b.end(), p, p + sizeof(T));
+    const size_t at = b.size();
+    b.resize(at + sizeof(T));
+    std::memcpy(b.data() + at, &v, sizeof(T));
   }
   static void put_str(std::vector<uint8_t>& b, const std::string& s) {
     put<uint64_t>(b, s.size());
