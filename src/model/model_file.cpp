@@ -106,14 +106,19 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& file) {
            " does not divide num_attention_heads = ", c.num_q_heads);
   c.rms_norm_eps = get_float(j, "rms_norm_eps", 1e-6, file);
   c.rope_theta = get_float(j, "rope_theta", 10000.0, file);
+  // transformers >= 5 writes rope_theta and the scaling under 'rope_parameters'.
+  const bool rope_params = !j.contains("rope_scaling") && j.contains("rope_parameters") &&
+                           j["rope_parameters"].is_object();
+  if (rope_params) c.rope_theta = get_float(j["rope_parameters"], "rope_theta", c.rope_theta, file);
+  const char* rope_key = rope_params ? "rope_parameters" : "rope_scaling";
   c.max_position_embeddings = get_int(j, "max_position_embeddings", 2048, file);
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", false, file);
   c.attention_bias = c.architecture == "qwen2" || get_bool(j, "attention_bias", false, file);
   c.qk_norm = c.architecture == "qwen3";
   const bool use_sw = get_bool(j, "use_sliding_window", c.architecture == "mistral", file);
   c.sliding_window = use_sw ? get_int(j, "sliding_window", 0, file) : 0;
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    const json& rs = j["rope_scaling"];
+  if (j.contains(rope_key) && !j[rope_key].is_null()) {
+    const json& rs = j[rope_key];
     PA_CHECK(rs.is_object(), "load_model_file: ", file, ": key 'rope_scaling' must be an object");
     std::string type = rs.value("rope_type", rs.value("type", std::string("default")));
     if (type == "llama3") {
