@@ -39,7 +39,8 @@ class Tokenizer {
   static Tokenizer from_tokenizer_json(const std::string& path);
 
   // Splits out special tokens (added tokens; when parse_special) and BPE-encodes the rest.
-  // add_special prepends BOS when the vocabulary asks for it (add_bos).
+  // add_special prepends BOS when the vocabulary asks for it (add_bos). text is UTF-8; a byte the
+  // vocabulary has no token for (0xFF in most) maps to the unknown token, or is dropped without one.
   std::vector<int32_t> encode(std::string_view text, bool add_special = false,
                               bool parse_special = true) const;
   // Concatenated bytes of the tokens (special tokens included as their text unless skip_special).

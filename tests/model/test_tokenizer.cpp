@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "model/tokenizer_internal.h"
 #include "pagedattn/error.h"
@@ -252,6 +253,40 @@ TEST(Tokenizer, StreamingEmitsOnlyCompleteUtf8) {
   EXPECT_EQ(dec.push(a9), "\xEF\xBF\xBD");
   EXPECT_EQ(dec.push(c3), "");
   EXPECT_EQ(dec.flush(), "\xEF\xBF\xBD");
+}
+
+TEST(Tokenizer, RandomInputsRoundTrip) {
+  if (!fs::exists(model_path())) GTEST_SKIP() << "default model missing: run scripts/fetch-default-model.sh";
+  const Tokenizer tok = load_tokenizer(model_path());
+  std::mt19937 rng(7);
+  const std::vector<std::string> atoms = {"a", "Z", " ", "  ", "\n", "\t", "'s", "1", "é", "日", "🙂",
+                                          "<|im_end|>", "<|im_", "!?", "\r\n", "\xF0\x9F", "\x80", "\xFF"};
+  for (int round = 0; round < 300; ++round) {
+    std::string text;
+    const int n = int(rng() % 40);
+    // Even rounds draw only valid UTF-8 (the last three atoms are invalid on their own).
+    const size_t pool = round % 2 == 0 ? atoms.size() - 3 : atoms.size();
+    for (int k = 0; k < n; ++k) text += atoms[rng() % pool];
+    const auto ids = tok.encode(text);
+    for (int32_t id : ids) ASSERT_TRUE(id >= 0 && id < tok.vocab_size());
+    // Valid UTF-8 round-trips exactly (directly and streamed). NOTE: this vocabulary has no token
+    // for bytes that never occur in UTF-8 (0xFF), so those are dropped, as the tokenizers library
+    // (which only takes valid strings) never sees them.
+    bool valid = true;
+    for (size_t i = 0, len; i < text.size(); i += len) valid &= utf8_decode(text, i, len) != 0xFFFFFFFFu;
+    if (valid) {
+      ASSERT_EQ(tok.decode(ids), text) << "round " << round;
+    }
+    StreamDecoder dec(tok);
+    std::string streamed;
+    for (int32_t id : ids) streamed += dec.push(id);
+    streamed += dec.flush();
+    if (valid) {
+      EXPECT_EQ(streamed, text) << "round " << round;
+    }
+    for (size_t i = 0, len; i < streamed.size(); i += len)
+      ASSERT_NE(utf8_decode(streamed, i, len), 0xFFFFFFFFu) << "round " << round;
+  }
 }
 
 // A hand-made vocabulary whose expected encodings follow from the merge ranks alone.
