@@ -61,7 +61,7 @@ plot_series() {  # column expression, title suffix
 }
 
 gnuplot <<EOF
-set terminal pngcairo size 900,560 noenhanced
+set terminal pngcairo size 1000,560 noenhanced
 set grid
 set key top left
 set xtics ($xtics)
@@ -76,7 +76,7 @@ set title "Latency vs request rate"
 set ylabel "seconds (log)"
 set logscale y
 set yrange [*:*]
-set key top left
+set key outside right top
 plot $(plot_series 3 " TTFT p50"), $(plot_series 4 " TTFT p99"), $(plot_series 5 " E2E p99")
 EOF
 echo "wrote $outdir/serve_throughput.png $outdir/serve_latency.png"

@@ -131,6 +131,8 @@ nlohmann::json result_json(const sb::RunResult& r, const std::string& model) {
           {"running_mean", r.running_mean},
           {"running_max", r.running_max},
           {"preemptions", r.preemptions},
+          {"steps", r.steps},
+          {"output_tokens_per_step", r.output_tokens_per_step},
           {"prefix_hit_rate", r.prefix_hit_rate}};
 }
 
@@ -139,7 +141,7 @@ const char* kCsvHeader =
     "output_tokens_per_s,total_tokens_per_s,ttft_p50,ttft_p90,ttft_p99,tpot_p50,tpot_p90,tpot_p99,"
     "itl_p50,itl_p90,itl_p99,e2e_p50,e2e_p90,e2e_p99,kv_allocated_mean,kv_live_mean,kv_waste_frac,"
     "running_mean,running_max,preemptions,prefix_hit_rate,ramp_s,steady_s,tail_s,"
-    "steady_output_tokens_per_s,prefix_len\n";
+    "steady_output_tokens_per_s,prefix_len,steps,output_tokens_per_step\n";
 
 std::string rate_text(double rate) {
   if (std::isinf(rate)) return "inf";
@@ -159,7 +161,7 @@ void append_csv(const std::string& path, const sb::RunResult& r) {
   if (fresh) std::fputs(kCsvHeader, f);
   std::fprintf(f,
                "%s,%s,%s,%d,%lld,%.4f,%.4f,%.3f,%.3f,%.5f,%.5f,%.5f,%.5f,%.5f,%.5f,%.5f,%.5f,"
-               "%.5f,%.4f,%.4f,%.4f,%.1f,%.1f,%.4f,%.2f,%d,%lld,%.4f,%.3f,%.3f,%.3f,%.3f,%d\n",
+               "%.5f,%.4f,%.4f,%.4f,%.1f,%.1f,%.4f,%.2f,%d,%lld,%.4f,%.3f,%.3f,%.3f,%.3f,%d,%lld,%.3f\n",
                r.config.mode.c_str(), prefix_text(r.config).c_str(),
                rate_text(r.workload.rate).c_str(), r.completed,
                (long long)r.config.kv_budget_tokens, r.duration_s, r.req_per_s,
@@ -168,7 +170,7 @@ void append_csv(const std::string& path, const sb::RunResult& r) {
                r.e2e_s.p50, r.e2e_s.p90, r.e2e_s.p99, r.kv_allocated_mean, r.kv_live_mean,
                r.kv_waste_frac, r.running_mean, r.running_max, (long long)r.preemptions,
                r.prefix_hit_rate, r.ramp_s, r.steady_s, r.tail_s, r.steady_output_tok_per_s,
-               r.workload.prefix_len);
+               r.workload.prefix_len, (long long)r.steps, r.output_tokens_per_step);
   std::fclose(f);
 }
 
@@ -188,21 +190,22 @@ void append_timeline(const std::string& path, const sb::RunResult& r) {
 
 void print_header() {
   std::printf("%-6s %-6s %5s %4s %7s %8s %8s | %-23s | %-15s | %-15s | %-15s | %-13s %5s %4s %5s "
-              "| %s\n",
+              "| %s | %s\n",
               "mode", "prefix", "rate", "reqs", "req/s", "out t/s", "tot t/s",
               "TTFT p50/p90/p99 s", "TPOT p50/p99 ms", "ITL p50/p99 ms", "E2E p50/p99 s",
-              "KV alloc/live", "waste", "pre", "hit", "ramp/steady/tail s");
+              "KV alloc/live", "waste", "pre", "hit", "ramp/steady/tail s", "tok/step");
 }
 
 void print_row(const sb::RunResult& r) {
   std::printf("%-6s %-6s %5s %4d %7.3f %8.1f %8.1f | %6.2f/%7.2f/%7.2f | %6.1f/%7.1f | %6.1f/%7.1f |"
-              " %6.2f/%7.2f | %6.0f/%6.0f %4.0f%% %4lld %4.0f%% | %.1f/%.1f/%.1f\n",
+              " %6.2f/%7.2f | %6.0f/%6.0f %4.0f%% %4lld %4.0f%% | %.1f/%.1f/%.1f | %.2f\n",
               r.config.mode.c_str(), prefix_text(r.config).c_str(),
               rate_text(r.workload.rate).c_str(), r.completed, r.req_per_s, r.output_tok_per_s,
               r.total_tok_per_s, r.ttft_s.p50, r.ttft_s.p90, r.ttft_s.p99, 1e3 * r.tpot_s.p50,
               1e3 * r.tpot_s.p99, 1e3 * r.itl_s.p50, 1e3 * r.itl_s.p99, r.e2e_s.p50, r.e2e_s.p99,
               r.kv_allocated_mean, r.kv_live_mean, 100 * r.kv_waste_frac,
-              (long long)r.preemptions, 100 * r.prefix_hit_rate, r.ramp_s, r.steady_s, r.tail_s);
+              (long long)r.preemptions, 100 * r.prefix_hit_rate, r.ramp_s, r.steady_s, r.tail_s,
+              r.output_tokens_per_step);
   std::fflush(stdout);
 }
 

@@ -163,7 +163,11 @@ RunResult run_serve_bench(const ModelFile& file, const std::vector<WorkItem>& wo
     } else {
       while (next < work.size() && work[next].arrival_s <= now) arrive(next++, now);
     }
-    if (!more_to_come() && active == 0) break;
+    if (!more_to_come() && active == 0) {
+      if (is_static) batcher.finish_batch();
+      sample(now);  // the end state: nothing held
+      break;
+    }
     if (is_static && engine.num_active_requests() == 0) {
       if (batcher.running()) batcher.finish_batch();
       for (size_t i : batcher.launch(now, more_to_come())) submit(i);
@@ -251,6 +255,8 @@ RunResult run_serve_bench(const ModelFile& file, const std::vector<WorkItem>& wo
     r.running_max = std::max(r.running_max, s.running);
   }
   r.preemptions = engine.scheduler().num_preemptions();
+  r.steps = engine.metrics().steps;
+  r.output_tokens_per_step = r.steps > 0 ? double(r.output_tokens) / double(r.steps) : 0.0;
   r.prefix_hit_rate = engine.scheduler().prefix_queried_tokens() > 0
                           ? double(engine.scheduler().prefix_hit_tokens()) /
                                 double(engine.scheduler().prefix_queried_tokens())

@@ -55,6 +55,10 @@ struct RunResult {
   double running_mean = 0;
   int32_t running_max = 0;
   int64_t preemptions = 0;
+  // Engine steps (forward passes) and output tokens per step: how much batching the KV budget
+  // allowed, independent of how fast the machine ran each step.
+  int64_t steps = 0;
+  double output_tokens_per_step = 0;
   double prefix_hit_rate = 0;
   int64_t kv_pool_tokens = 0;  // pages the engine was given (static: budget + rounding slack)
   std::vector<KvSample> timeline;
