@@ -426,3 +426,23 @@ TEST(AsyncEngine, ConcurrentSubmittersGetOracleOutputs) {
   EXPECT_EQ(ae.engine().cache().stats().pages_used, 0);
   EXPECT_THROW(ae.submit(greedy({1}, 3), nullptr), Error);
 }
+
+TEST(Engine, LongRequestIsNotStarvedByAStreamOfShortOnes) {
+  auto model = std::make_unique<FakeModel>();
+  const FakeModel &fake = *model;
+  EngineConfig cfg = small_config(256, 4, 16);  // 64 pages, 16 tokens per step
+  Engine e(std::move(model), cfg);
+  auto long_prompt = make_prompt(120, 77);
+  RequestId long_id = e.add_request(greedy(long_prompt, 20));
+  std::map<RequestId, Result> res;
+  int32_t steps = 0;
+  // Two new short requests every step, for as long as the long one runs.
+  while (!res.count(long_id) || !res[long_id].last.finished) {
+    for (int32_t k = 0; k < 2; ++k) e.add_request(greedy(make_prompt(6, steps * 2 + k), 3));
+    gather(res, e.step());
+    ASSERT_LT(++steps, 400) << "the long request starved";
+  }
+  EXPECT_EQ(res[long_id].tokens.at(0), fake.greedy_oracle(long_prompt, 20));
+  run_all(e);
+  EXPECT_EQ(e.cache().stats().pages_used, 0);
+}
