@@ -33,7 +33,8 @@ void register_bench_attention(CLI::App& bench) {
       ->check(CLI::IsMember({"decode", "prefill", "all"}))
       ->capture_default_str();
   cmd->callback([args] {
-    set_exit_code(args->device == "cuda" ? bench_attention_cuda(*args) : bench_attention_cpu(*args));
+    set_exit_code(args->device == "cuda" ? bench_attention_cuda(*args)
+                                         : bench_attention_cpu(*args));
   });
 }
 

@@ -4,7 +4,8 @@
 //
 // Every shape: one pool with the batch's pages in shuffled order (a fragmented cache), the same
 // K/V in a dense [seq][kv_head][token][head_dim] buffer, f32 queries and outputs. Times are the
-// median of `iters` runs after warm-up, paged and dense runs interleaved; GB/s counts the K/V bytes of the batch read once.
+// median of `iters` runs after warm-up, paged and dense runs interleaved; GB/s counts the K/V bytes
+// of the batch read once.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -85,8 +86,7 @@ struct Workload {
   int32_t pages_per_seq = 0, num_pages = 0;
 
   explicit Workload(const Shape& shape) : s(shape) {
-    const int32_t B = s.batch, L = s.context, Hk = s.num_kv_heads, D = s.head_dim,
-                  P = s.page_size;
+    const int32_t B = s.batch, L = s.context, Hk = s.num_kv_heads, D = s.head_dim, P = s.page_size;
     pages_per_seq = (L + P - 1) / P;
     num_pages = B * pages_per_seq;
     const size_t es = dtype_size(s.kv_dtype);
@@ -119,7 +119,8 @@ struct Workload {
       for (int32_t h = 0; h < Hk; ++h)
         for (int32_t p = 0; p < L; ++p) {
           const size_t src = ((size_t(b) * Hk + h) * L + p) * D * es;
-          const size_t dst = size_t(v.offset(block_table[size_t(b) * pages_per_seq + p / P], h, p % P)) * es;
+          const size_t dst =
+              size_t(v.offset(block_table[size_t(b) * pages_per_seq + p / P], h, p % P)) * es;
           std::copy_n(&k_dense[src], D * es, &k_pages[dst]);
           std::copy_n(&v_dense[src], D * es, &v_pages[dst]);
         }
@@ -155,11 +156,17 @@ struct Workload {
     paged_attention_cpu(tensor(q), view(), batch(), AttentionOptions{}, out);
   }
   void run_dense() {
-    const DenseKV kv{k_dense.data(), v_dense.data(), s.kv_dtype, s.num_kv_heads, s.head_dim,
-                     s.context, k_scale.empty() ? nullptr : k_scale.data(),
+    const DenseKV kv{k_dense.data(),
+                     v_dense.data(),
+                     s.kv_dtype,
+                     s.num_kv_heads,
+                     s.head_dim,
+                     s.context,
+                     k_scale.empty() ? nullptr : k_scale.data(),
                      v_scale.empty() ? nullptr : v_scale.data()};
     QKVTensor out = tensor(out_dense);
-    dense_attention_cpu(tensor(q), kv, s.batch, q_indptr.data(), kv_len.data(), AttentionOptions{}, out);
+    dense_attention_cpu(tensor(q), kv, s.batch, q_indptr.data(), kv_len.data(), AttentionOptions{},
+                        out);
   }
   void run_reference() {
     QKVTensor out = tensor(out_ref);
@@ -196,8 +203,8 @@ double elapsed_ms(const std::function<void()>& fn) {
 
 // Median milliseconds of a and of b over `iters` runs each after `warmup` runs, the two
 // interleaved so that both see the same machine (other load, clock, cache state).
-std::pair<double, double> time_pair_ms(const std::function<void()>& a, const std::function<void()>& b,
-                                       int warmup, int iters) {
+std::pair<double, double> time_pair_ms(const std::function<void()>& a,
+                                       const std::function<void()>& b, int warmup, int iters) {
   for (int i = 0; i < warmup; ++i) a(), b();
   std::vector<double> ta, tb;
   for (int i = 0; i < iters; ++i) {
@@ -229,7 +236,8 @@ std::vector<T> or_default(const std::vector<T>& given, std::vector<T> fallback) 
 std::vector<Shape> make_grid(const BenchAttentionArgs& a) {
   const bool q = a.quick;
   const auto batches = or_default(a.batch, q ? std::vector<int>{2} : std::vector<int>{1, 8});
-  const auto contexts = or_default(a.context, q ? std::vector<int>{256, 1024} : std::vector<int>{2048, 8192});
+  const auto contexts =
+      or_default(a.context, q ? std::vector<int>{256, 1024} : std::vector<int>{2048, 8192});
   const auto kv_heads = or_default(a.num_kv_heads, {8});
   const auto head_dims = or_default(a.head_dim, {128});
   const auto pages = or_default(a.page_size, {16});
@@ -250,8 +258,9 @@ std::vector<Shape> make_grid(const BenchAttentionArgs& a) {
                          "--page-size must be > 0");
                 PA_CHECK(a.num_q_heads % hk == 0, "bench attention: --num-q-heads (", a.num_q_heads,
                          ") is not a multiple of --num-kv-heads (", hk, ")");
-                Shape s{mode, b, ctx, mode == "decode" ? 1 : std::min(chunk, ctx), a.num_q_heads, hk,
-                        d, p, parse_dtype(dt)};
+                Shape s{mode,           b,  ctx, mode == "decode" ? 1 : std::min(chunk, ctx),
+                        a.num_q_heads,  hk, d,   p,
+                        parse_dtype(dt)};
                 grid.push_back(s);
               }
   }
@@ -273,27 +282,35 @@ Result run_shape(const Shape& s, const BenchAttentionArgs& a) {
     r.reference_ms = elapsed_ms([&] { w.run_reference(); });
     r.reference_err = rel_error(w.out_paged, w.out_ref);
   }
-  r.kv_gbytes = double(s.batch) * s.context * s.num_kv_heads * s.head_dim * 2 * dtype_size(s.kv_dtype) / 1e9;
+  r.kv_gbytes =
+      double(s.batch) * s.context * s.num_kv_heads * s.head_dim * 2 * dtype_size(s.kv_dtype) / 1e9;
   return r;
 }
 
-std::string json_line(const Result& r, const std::string& cpu, int threads, const std::string& isa) {
+std::string json_line(const Result& r, const std::string& cpu, int threads,
+                      const std::string& isa) {
   const Shape& s = r.shape;
   std::ostringstream o;
   o.precision(6);
-  o << "{\"bench\":\"attention\",\"device\":\"cpu\",\"cpu\":\"" << cpu << "\",\"threads\":" << threads
-    << ",\"isa\":\"" << isa << "\",\"mode\":\"" << s.mode << "\",\"batch\":" << s.batch
-    << ",\"context\":" << s.context << ",\"q_per_seq\":" << s.q_per_seq
-    << ",\"num_q_heads\":" << s.num_q_heads << ",\"num_kv_heads\":" << s.num_kv_heads
-    << ",\"head_dim\":" << s.head_dim << ",\"page_size\":" << s.page_size << ",\"kv_dtype\":\""
-    << dtype_name(s.kv_dtype) << "\",\"paged_ms\":" << r.paged_ms << ",\"dense_ms\":" << r.dense_ms
-    << ",\"reference_ms\":";
-  if (r.reference_ms < 0) o << "null"; else o << r.reference_ms;
+  o << "{\"bench\":\"attention\",\"device\":\"cpu\",\"cpu\":\"" << cpu
+    << "\",\"threads\":" << threads << ",\"isa\":\"" << isa << "\",\"mode\":\"" << s.mode
+    << "\",\"batch\":" << s.batch << ",\"context\":" << s.context
+    << ",\"q_per_seq\":" << s.q_per_seq << ",\"num_q_heads\":" << s.num_q_heads
+    << ",\"num_kv_heads\":" << s.num_kv_heads << ",\"head_dim\":" << s.head_dim
+    << ",\"page_size\":" << s.page_size << ",\"kv_dtype\":\"" << dtype_name(s.kv_dtype)
+    << "\",\"paged_ms\":" << r.paged_ms << ",\"dense_ms\":" << r.dense_ms << ",\"reference_ms\":";
+  if (r.reference_ms < 0)
+    o << "null";
+  else
+    o << r.reference_ms;
   o << ",\"paged_gbps\":" << r.kv_gbytes / (r.paged_ms / 1e3)
     << ",\"dense_gbps\":" << r.kv_gbytes / (r.dense_ms / 1e3)
     << ",\"dense_over_paged\":" << r.dense_ms / r.paged_ms
     << ",\"paged_vs_dense_rel_err\":" << r.dense_vs_paged_err << ",\"paged_vs_reference_rel_err\":";
-  if (r.reference_err < 0) o << "null"; else o << r.reference_err;
+  if (r.reference_err < 0)
+    o << "null";
+  else
+    o << r.reference_err;
   o << "}";
   return o.str();
 }
@@ -309,7 +326,8 @@ int bench_attention_cpu(const BenchAttentionArgs& args) {
     csv.open(args.csv);
     PA_CHECK(csv.good(), "bench attention: cannot write --csv file '", args.csv, "'");
     csv << "mode,batch,context,q_per_seq,num_q_heads,num_kv_heads,head_dim,page_size,kv_dtype,"
-           "paged_ms,dense_ms,reference_ms,paged_gbps,dense_over_paged,paged_vs_reference_rel_err\n";
+           "paged_ms,dense_ms,reference_ms,paged_gbps,dense_over_paged,paged_vs_reference_rel_"
+           "err\n";
   }
   if (!args.json) {
     std::printf("pagedattn bench attention --device cpu: %s, %d threads, kernel %s\n", cpu.c_str(),
@@ -322,7 +340,8 @@ int bench_attention_cpu(const BenchAttentionArgs& args) {
   for (const Shape& s : grid) {
     const Result r = run_shape(s, args);
     // Same kernel, same tiles: paged and dense agree to rounding; the reference to fp32 accuracy.
-    const bool ok = r.dense_vs_paged_err <= 1e-5 && (r.reference_err < 0 || r.reference_err <= 1e-4);
+    const bool ok =
+        r.dense_vs_paged_err <= 1e-5 && (r.reference_err < 0 || r.reference_err <= 1e-4);
     if (!ok) status = 1;
     if (args.json) {
       std::cout << json_line(r, cpu, threads, isa) << std::endl;
@@ -330,18 +349,20 @@ int bench_attention_cpu(const BenchAttentionArgs& args) {
       char ref_ms[32] = "-", ref_err[32] = "-";
       if (r.reference_ms >= 0) std::snprintf(ref_ms, sizeof ref_ms, "%.2f", r.reference_ms);
       if (r.reference_err >= 0) std::snprintf(ref_err, sizeof ref_err, "%.1e", r.reference_err);
-      const std::string heads = std::to_string(s.num_q_heads) + "/" + std::to_string(s.num_kv_heads);
-      std::printf("%-8s %5d %7d %5d %7s %4d %5d %4s | %10.3f %10.3f %10s | %10.2f %10.2f | %11.3f %8s%s\n",
-                  s.mode.c_str(), s.batch, s.context, s.q_per_seq, heads.c_str(), s.head_dim,
-                  s.page_size, std::string(dtype_name(s.kv_dtype)).c_str(), r.paged_ms, r.dense_ms,
-                  ref_ms, r.kv_gbytes / (r.paged_ms / 1e3), r.kv_gbytes / (r.dense_ms / 1e3),
-                  r.dense_ms / r.paged_ms, ref_err, ok ? "" : "  MISMATCH");
+      const std::string heads =
+          std::to_string(s.num_q_heads) + "/" + std::to_string(s.num_kv_heads);
+      std::printf(
+          "%-8s %5d %7d %5d %7s %4d %5d %4s | %10.3f %10.3f %10s | %10.2f %10.2f | %11.3f %8s%s\n",
+          s.mode.c_str(), s.batch, s.context, s.q_per_seq, heads.c_str(), s.head_dim, s.page_size,
+          std::string(dtype_name(s.kv_dtype)).c_str(), r.paged_ms, r.dense_ms, ref_ms,
+          r.kv_gbytes / (r.paged_ms / 1e3), r.kv_gbytes / (r.dense_ms / 1e3),
+          r.dense_ms / r.paged_ms, ref_err, ok ? "" : "  MISMATCH");
       std::fflush(stdout);
     }
     if (csv.is_open()) {
       csv << s.mode << ',' << s.batch << ',' << s.context << ',' << s.q_per_seq << ','
-          << s.num_q_heads << ',' << s.num_kv_heads << ',' << s.head_dim << ',' << s.page_size << ','
-          << dtype_name(s.kv_dtype) << ',' << r.paged_ms << ',' << r.dense_ms << ','
+          << s.num_q_heads << ',' << s.num_kv_heads << ',' << s.head_dim << ',' << s.page_size
+          << ',' << dtype_name(s.kv_dtype) << ',' << r.paged_ms << ',' << r.dense_ms << ','
           << (r.reference_ms < 0 ? std::string() : std::to_string(r.reference_ms)) << ','
           << r.kv_gbytes / (r.paged_ms / 1e3) << ',' << r.dense_ms / r.paged_ms << ','
           << (r.reference_err < 0 ? std::string() : std::to_string(r.reference_err)) << '\n';

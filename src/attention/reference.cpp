@@ -52,14 +52,16 @@ void paged_attention_reference(const QKVTensor& q, const PagedKVView& kv, const 
         double max_logit = -std::numeric_limits<double>::infinity();
         bool any = false;
         for (int32_t t = 0; t < L; ++t) {
-          const bool visible = (!opt.causal || t <= pos) && (opt.window == 0 || t > pos - opt.window);
+          const bool visible =
+              (!opt.causal || t <= pos) && (opt.window == 0 || t > pos - opt.window);
           if (!visible) {
             logits[size_t(t)] = -std::numeric_limits<double>::infinity();
             continue;
           }
           double dot = 0.0;
           const double* kr = &k[(size_t(t) * Hk + g) * D];
-          for (int32_t d = 0; d < D; ++d) dot += double(load_as_f32(q.data, q.dtype, qrow + d)) * kr[d];
+          for (int32_t d = 0; d < D; ++d)
+            dot += double(load_as_f32(q.data, q.dtype, qrow + d)) * kr[d];
           double x = dot * scale;
           if (opt.softcap > 0.f) x = opt.softcap * std::tanh(x / opt.softcap);
           logits[size_t(t)] = x;

@@ -81,15 +81,15 @@ void validate_paged_attention(const QKVTensor& q, const PagedKVView& kv, const B
              " < q_indptr[", b, "] = ", lo);
     const int32_t len = batch.kv_len[b];
     PA_CHECK(len >= 0, kOp, ": kv_len[", b, "] must be >= 0, got ", len);
-    PA_CHECK(hi - lo <= len, kOp, ": q_len of sequence ", b, " (", hi - lo, ") exceeds kv_len[",
-             b, "] = ", len, " (the new tokens must be written to the cache first)");
+    PA_CHECK(hi - lo <= len, kOp, ": q_len of sequence ", b, " (", hi - lo, ") exceeds kv_len[", b,
+             "] = ", len, " (the new tokens must be written to the cache first)");
     PA_CHECK(len <= capacity, kOp, ": kv_len[", b, "] = ", len, " exceeds the block table (",
              batch.max_pages_per_seq, " pages x ", kv.page_size, " tokens)");
     const int32_t used = int32_t((int64_t(len) + kv.page_size - 1) / kv.page_size);
     const int32_t* row = batch.block_table + int64_t(b) * batch.max_pages_per_seq;
     for (int32_t i = 0; i < used; ++i) {
-      PA_CHECK(row[i] >= 0 && row[i] < kv.num_pages, kOp, ": block_table[", b, "][", i, "] = ",
-               row[i], " is outside the pool of ", kv.num_pages, " pages");
+      PA_CHECK(row[i] >= 0 && row[i] < kv.num_pages, kOp, ": block_table[", b, "][", i,
+               "] = ", row[i], " is outside the pool of ", kv.num_pages, " pages");
     }
   }
 }

@@ -27,10 +27,10 @@ struct ProblemSpec {
   DType q_dtype = DType::f32;
   DType kv_dtype = DType::f32;
   DType out_dtype = DType::f32;
-  std::vector<int32_t> q_len;   // per sequence
-  std::vector<int32_t> kv_len;  // per sequence, >= q_len
-  int32_t extra_pages = 3;      // unused pages in the pool (NaN-filled)
-  int32_t extra_table_cols = 1; // block-table entries past the last needed page (garbage ids)
+  std::vector<int32_t> q_len;    // per sequence
+  std::vector<int32_t> kv_len;   // per sequence, >= q_len
+  int32_t extra_pages = 3;       // unused pages in the pool (NaN-filled)
+  int32_t extra_table_cols = 1;  // block-table entries past the last needed page (garbage ids)
   AttentionOptions opt;
 };
 
@@ -64,10 +64,10 @@ struct Problem {
   explicit Problem(const ProblemSpec& s, uint64_t seed) : spec(s) {
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> normal(0.f, 1.f);
-    const int32_t n = int32_t(s.q_len.size()), P = s.page_size, Hk = s.num_kv_heads,
-                  D = s.head_dim;
+    const int32_t n = int32_t(s.q_len.size()), P = s.page_size, Hk = s.num_kv_heads, D = s.head_dim;
     q_indptr.assign(size_t(n) + 1, 0);
-    for (int32_t b = 0; b < n; ++b) q_indptr[size_t(b) + 1] = q_indptr[size_t(b)] + s.q_len[size_t(b)];
+    for (int32_t b = 0; b < n; ++b)
+      q_indptr[size_t(b) + 1] = q_indptr[size_t(b)] + s.q_len[size_t(b)];
     num_tokens = q_indptr.back();
     kv_len = s.kv_len;
     std::vector<int32_t> pages_of(static_cast<size_t>(n));
@@ -173,10 +173,14 @@ inline double rel_error(const std::vector<double>& got, const std::vector<double
 // rounding dominates; f32 allows for fp32 accumulation over long contexts).
 inline double tolerance(DType out) {
   switch (out) {
-    case DType::f32: return 2e-5;
-    case DType::f16: return 1.5e-3;
-    case DType::bf16: return 1e-2;
-    default: return 0.0;
+    case DType::f32:
+      return 2e-5;
+    case DType::f16:
+      return 1.5e-3;
+    case DType::bf16:
+      return 1e-2;
+    default:
+      return 0.0;
   }
 }
 

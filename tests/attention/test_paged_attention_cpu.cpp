@@ -34,10 +34,14 @@ int32_t pick_kv_len(std::mt19937_64& rng, int32_t page, int32_t max_len) {
   const int32_t pages = std::max(1, max_len / page);
   std::uniform_int_distribution<int32_t> npages(1, pages);
   switch (kind(rng)) {
-    case 0: return std::min(max_len, npages(rng) * page);
-    case 1: return std::min(max_len, npages(rng) * page + 1);
-    case 2: return 1;
-    default: return std::uniform_int_distribution<int32_t>(1, max_len)(rng);
+    case 0:
+      return std::min(max_len, npages(rng) * page);
+    case 1:
+      return std::min(max_len, npages(rng) * page + 1);
+    case 2:
+      return 1;
+    default:
+      return std::uniform_int_distribution<int32_t>(1, max_len)(rng);
   }
 }
 
@@ -49,10 +53,18 @@ ProblemSpec random_spec(std::mt19937_64& rng, int index) {
   s.head_dim = head_dims[pick(8)];
   s.page_size = pages[pick(10)];
   switch (pick(4)) {  // GQA ratio 1, 4, 8 or MQA
-    case 0: s.num_kv_heads = 1 + pick(3), s.num_q_heads = s.num_kv_heads; break;
-    case 1: s.num_kv_heads = 1 + pick(2), s.num_q_heads = 4 * s.num_kv_heads; break;
-    case 2: s.num_kv_heads = 1 + pick(2), s.num_q_heads = 8 * s.num_kv_heads; break;
-    default: s.num_kv_heads = 1, s.num_q_heads = 1 << (1 + pick(4)); break;
+    case 0:
+      s.num_kv_heads = 1 + pick(3), s.num_q_heads = s.num_kv_heads;
+      break;
+    case 1:
+      s.num_kv_heads = 1 + pick(2), s.num_q_heads = 4 * s.num_kv_heads;
+      break;
+    case 2:
+      s.num_kv_heads = 1 + pick(2), s.num_q_heads = 8 * s.num_kv_heads;
+      break;
+    default:
+      s.num_kv_heads = 1, s.num_q_heads = 1 << (1 + pick(4));
+      break;
   }
   // Every (q, KV) dtype pair equally often; the output dtype varies independently.
   s.q_dtype = kQDtypes[index % 3];
@@ -65,10 +77,18 @@ ProblemSpec random_spec(std::mt19937_64& rng, int index) {
     const int32_t L = pick_kv_len(rng, s.page_size, max_len);
     int32_t q = 1;
     switch (pick(4)) {
-      case 0: q = 1; break;                                                    // decode
-      case 1: q = L; break;                                                    // prefill
-      case 2: q = std::uniform_int_distribution<int32_t>(1, std::min(L, 24))(rng); break;  // chunk
-      default: q = pick(2) ? 1 : std::min(L, 1 + pick(5)); break;              // mixed
+      case 0:
+        q = 1;
+        break;  // decode
+      case 1:
+        q = L;
+        break;  // prefill
+      case 2:
+        q = std::uniform_int_distribution<int32_t>(1, std::min(L, 24))(rng);
+        break;  // chunk
+      default:
+        q = pick(2) ? 1 : std::min(L, 1 + pick(5));
+        break;  // mixed
     }
     s.q_len.push_back(q);
     s.kv_len.push_back(L);
@@ -108,15 +128,19 @@ TEST(PagedAttentionCpu, EveryIsaVariantMatchesReference) {
       const double err = compare(pr, [isa](const Problem& p, QKVTensor& out) {
         paged_attention_cpu_isa(p.q_tensor(), p.view(), p.batch(), p.spec.opt, out, isa);
       });
-      ASSERT_LE(err, tolerance(spec.out_dtype)) << "isa " << int(isa) << " config " << i << ": "
-                                                << describe(spec);
+      ASSERT_LE(err, tolerance(spec.out_dtype))
+          << "isa " << int(isa) << " config " << i << ": " << describe(spec);
     }
   }
 }
 
 // Long contexts (8k+) with shuffled block tables: decode and chunked prefill.
 TEST(PagedAttentionCpu, LongShuffledContexts) {
-  struct Case { int32_t page, kv0, kv1, q0, q1; DType kv; int32_t window; };
+  struct Case {
+    int32_t page, kv0, kv1, q0, q1;
+    DType kv;
+    int32_t window;
+  };
   const Case cases[] = {
       {16, 8192, 8500, 1, 16, DType::bf16, 0},
       {1, 8193, 4000, 1, 1, DType::f32, 0},
@@ -152,8 +176,10 @@ TEST(PagedAttentionCpu, PoolBeyondSixteenBitPageIds) {
   for (int32_t b = 0; b < 2; ++b) {
     for (int32_t i = 0; i < pr.kv_len[size_t(b)]; ++i) {
       int32_t& id = pr.block_table[size_t(b) * pr.max_pages_per_seq + i];
-      std::copy_n(&pr0.k_pages[size_t(id) * page_bytes], page_bytes, &pr.k_pages[size_t(next) * page_bytes]);
-      std::copy_n(&pr0.v_pages[size_t(id) * page_bytes], page_bytes, &pr.v_pages[size_t(next) * page_bytes]);
+      std::copy_n(&pr0.k_pages[size_t(id) * page_bytes], page_bytes,
+                  &pr.k_pages[size_t(next) * page_bytes]);
+      std::copy_n(&pr0.v_pages[size_t(id) * page_bytes], page_bytes,
+                  &pr.v_pages[size_t(next) * page_bytes]);
       id = next++;
     }
   }
@@ -189,17 +215,24 @@ TEST(DenseAttentionCpu, MatchesReference) {
     for (int32_t b = 0; b < n; ++b)
       for (int32_t p = 0; p < spec.kv_len[size_t(b)]; ++p)
         for (int32_t h = 0; h < Hk; ++h) {
-          const int32_t page = pr.block_table[size_t(b) * pr.max_pages_per_seq + p / spec.page_size];
+          const int32_t page =
+              pr.block_table[size_t(b) * pr.max_pages_per_seq + p / spec.page_size];
           const size_t src = size_t(pv.offset(page, h, p % spec.page_size)) * es;
           const size_t dst = ((size_t(b) * Hk + h) * max_len + p) * D * es;
           std::copy_n(&pr.k_pages[src], D * es, &k[dst]);
           std::copy_n(&pr.v_pages[src], D * es, &v[dst]);
         }
-    DenseKV dense{k.data(), v.data(), spec.kv_dtype, Hk, D, max_len,
+    DenseKV dense{k.data(),
+                  v.data(),
+                  spec.kv_dtype,
+                  Hk,
+                  D,
+                  max_len,
                   pr.k_scale.empty() ? nullptr : pr.k_scale.data(),
                   pr.v_scale.empty() ? nullptr : pr.v_scale.data()};
     const double err = compare(pr, [&](const Problem& p, QKVTensor& out) {
-      dense_attention_cpu(p.q_tensor(), dense, n, p.q_indptr.data(), p.kv_len.data(), p.spec.opt, out);
+      dense_attention_cpu(p.q_tensor(), dense, n, p.q_indptr.data(), p.kv_len.data(), p.spec.opt,
+                          out);
     });
     ASSERT_LE(err, tolerance(spec.out_dtype)) << describe(spec);
   }

@@ -137,7 +137,8 @@ TEST(Reference, MatchesNaiveFormulaOnRandomProblems) {
             const long double sc = s.kv_dtype == DType::fp8_e4m3
                                        ? (&pool == &pr.k_pages ? pr.k_scale : pr.v_scale)[size_t(g)]
                                        : 1.0L;
-            return sc * load_as_f32(pool.data(), s.kv_dtype, kv.offset(page, g, t % s.page_size) + d);
+            return sc *
+                   load_as_f32(pool.data(), s.kv_dtype, kv.offset(page, g, t % s.page_size) + d);
           };
           std::vector<long double> w;
           std::vector<int32_t> keys;

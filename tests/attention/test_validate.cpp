@@ -32,7 +32,11 @@ struct Call {
   AttentionOptions opt;
   OutBuffer out;
   explicit Call(const ProblemSpec& s = base_spec())
-      : pr(s, 1), q(pr.q_tensor()), kv(pr.view()), batch(pr.batch()), opt(s.opt),
+      : pr(s, 1),
+        q(pr.q_tensor()),
+        kv(pr.view()),
+        batch(pr.batch()),
+        opt(s.opt),
         out(pr, DType::f32) {}
   Call(const Call&) = delete;  // the views point into pr and out
   Call& operator=(const Call&) = delete;
@@ -60,7 +64,8 @@ void expect_rejected(const Mutation& mutate, const std::string& needle,
     } catch (const Error& e) {
       const std::string msg = e.what();
       EXPECT_EQ(msg.rfind("paged_attention: ", 0), 0u) << msg;
-      EXPECT_NE(msg.find(needle), std::string::npos) << "message '" << msg << "' lacks '" << needle << "'";
+      EXPECT_NE(msg.find(needle), std::string::npos)
+          << "message '" << msg << "' lacks '" << needle << "'";
     }
     EXPECT_EQ(c.out.bytes, before) << "a rejected call wrote to out (" << needle << ")";
   }
@@ -72,10 +77,14 @@ TEST(ValidatePagedAttention, AcceptsAValidCall) {
 }
 
 TEST(ValidatePagedAttention, ShapesThatDisagree) {
-  expect_rejected([](Call& c) { c.q.head_dim = 16; }, "q.head_dim (16) does not match kv.head_dim (8)");
-  expect_rejected([](Call& c) { c.out.t.head_dim = 4; }, "out.head_dim (4) does not match kv.head_dim");
-  expect_rejected([](Call& c) { c.out.t.num_tokens -= 1; }, "out.num_tokens (7) does not match q.num_tokens (8)");
-  expect_rejected([](Call& c) { c.out.t.num_heads = 2; }, "out.num_heads (2) does not match q.num_heads (4)");
+  expect_rejected([](Call& c) { c.q.head_dim = 16; },
+                  "q.head_dim (16) does not match kv.head_dim (8)");
+  expect_rejected([](Call& c) { c.out.t.head_dim = 4; },
+                  "out.head_dim (4) does not match kv.head_dim");
+  expect_rejected([](Call& c) { c.out.t.num_tokens -= 1; },
+                  "out.num_tokens (7) does not match q.num_tokens (8)");
+  expect_rejected([](Call& c) { c.out.t.num_heads = 2; },
+                  "out.num_heads (2) does not match q.num_heads (4)");
   expect_rejected([](Call& c) { c.q.num_heads = 3, c.out.t.num_heads = 3; },
                   "num_q_heads (3) is not a multiple of kv.num_kv_heads (2)");
   expect_rejected([](Call& c) { c.kv.num_kv_heads = 0; }, "kv.num_kv_heads must be > 0");
@@ -86,30 +95,48 @@ TEST(ValidatePagedAttention, ShapesThatDisagree) {
 }
 
 TEST(ValidatePagedAttention, QIndptr) {
-  expect_rejected([](Call& c) {
-    static const int32_t indptr[] = {1, 1, 6, 8};
-    c.batch.q_indptr = indptr;
-  }, "q_indptr[0] must be 0, got 1");
-  expect_rejected([](Call& c) {
-    static const int32_t indptr[] = {0, 4, 2, 8};
-    static const int32_t kv_len[] = {9, 5, 7};
-    c.batch.q_indptr = indptr, c.batch.kv_len = kv_len;
-  }, "q_indptr must be non-decreasing, but q_indptr[2] = 2 < q_indptr[1] = 4");
-  expect_rejected([](Call& c) {
-    static const int32_t indptr[] = {0, 1, 6, 7};
-    c.batch.q_indptr = indptr;
-  }, "q_indptr[3] = 7 must equal q.num_tokens (8)");
+  expect_rejected(
+      [](Call& c) {
+        static const int32_t indptr[] = {1, 1, 6, 8};
+        c.batch.q_indptr = indptr;
+      },
+      "q_indptr[0] must be 0, got 1");
+  expect_rejected(
+      [](Call& c) {
+        static const int32_t indptr[] = {0, 4, 2, 8};
+        static const int32_t kv_len[] = {9, 5, 7};
+        c.batch.q_indptr = indptr, c.batch.kv_len = kv_len;
+      },
+      "q_indptr must be non-decreasing, but q_indptr[2] = 2 < q_indptr[1] = 4");
+  expect_rejected(
+      [](Call& c) {
+        static const int32_t indptr[] = {0, 1, 6, 7};
+        c.batch.q_indptr = indptr;
+      },
+      "q_indptr[3] = 7 must equal q.num_tokens (8)");
   expect_rejected([](Call& c) { c.batch.q_indptr = nullptr; }, "batch.q_indptr is null");
 }
 
 TEST(ValidatePagedAttention, KvLen) {
-  expect_rejected([](Call& c) { c.pr.kv_len[1] = 4; c.batch.kv_len = c.pr.kv_len.data(); },
-                  "q_len of sequence 1 (5) exceeds kv_len[1] = 4");
-  expect_rejected([](Call& c) { c.pr.kv_len[2] = -1; c.batch.kv_len = c.pr.kv_len.data(); },
-                  "kv_len[2] must be >= 0, got -1");
+  expect_rejected(
+      [](Call& c) {
+        c.pr.kv_len[1] = 4;
+        c.batch.kv_len = c.pr.kv_len.data();
+      },
+      "q_len of sequence 1 (5) exceeds kv_len[1] = 4");
+  expect_rejected(
+      [](Call& c) {
+        c.pr.kv_len[2] = -1;
+        c.batch.kv_len = c.pr.kv_len.data();
+      },
+      "kv_len[2] must be >= 0, got -1");
   // max_pages_per_seq is 3 (+1 spare column) pages of 4 tokens: 17 tokens do not fit.
-  expect_rejected([](Call& c) { c.pr.kv_len[0] = 17; c.batch.kv_len = c.pr.kv_len.data(); },
-                  "kv_len[0] = 17 exceeds the block table (4 pages x 4 tokens)");
+  expect_rejected(
+      [](Call& c) {
+        c.pr.kv_len[0] = 17;
+        c.batch.kv_len = c.pr.kv_len.data();
+      },
+      "kv_len[0] = 17 exceeds the block table (4 pages x 4 tokens)");
   expect_rejected([](Call& c) { c.batch.kv_len = nullptr; }, "batch.kv_len is null");
 }
 
@@ -125,8 +152,10 @@ TEST(ValidatePagedAttention, PageIdOutsideThePool) {
 }
 
 TEST(ValidatePagedAttention, Dtypes) {
-  expect_rejected([](Call& c) { c.q.dtype = DType::fp8_e4m3; }, "q.dtype must be f32, f16 or bf16, got fp8_e4m3");
-  expect_rejected([](Call& c) { c.out.t.dtype = DType::fp8_e4m3; }, "out.dtype must be f32, f16 or bf16");
+  expect_rejected([](Call& c) { c.q.dtype = DType::fp8_e4m3; },
+                  "q.dtype must be f32, f16 or bf16, got fp8_e4m3");
+  expect_rejected([](Call& c) { c.out.t.dtype = DType::fp8_e4m3; },
+                  "out.dtype must be f32, f16 or bf16");
 }
 
 TEST(ValidatePagedAttention, Fp8PoolsNeedScales) {

@@ -25,8 +25,8 @@ struct Pools {
     v = k;
   }
   PagedKVView view() {
-    return PagedKVView{k.data(), v.data(), dtype, num_pages, heads, page, dim,
-                       k_scale.data(), v_scale.data()};
+    return PagedKVView{k.data(), v.data(), dtype,          num_pages,     heads,
+                       page,     dim,      k_scale.data(), v_scale.data()};
   }
 };
 
@@ -50,16 +50,20 @@ TEST(WriteKvCpu, StoresConvertedValuesInTheirSlotsOnly) {
       for (int32_t t = 0; t < n; ++t)
         for (int32_t h = 0; h < p.heads; ++h)
           for (int32_t d = 0; d < p.dim; ++d) {
-            const int64_t dst = kv.offset(slots[size_t(t)] / p.page, h, slots[size_t(t)] % p.page) + d;
+            const int64_t dst =
+                kv.offset(slots[size_t(t)] / p.page, h, slots[size_t(t)] % p.page) + d;
             const int64_t s = (int64_t(t) * p.heads + h) * p.dim + d;
             const bool fp8 = pool == DType::fp8_e4m3;
-            const float ks = fp8 ? p.k_scale[size_t(h)] : 1.f, vs = fp8 ? p.v_scale[size_t(h)] : 1.f;
+            const float ks = fp8 ? p.k_scale[size_t(h)] : 1.f,
+                        vs = fp8 ? p.v_scale[size_t(h)] : 1.f;
             // The stored value is the source converted to the pool dtype, once.
             std::vector<uint8_t> one(dtype_size(pool));
             store_from_f32(one.data(), pool, 0, load_as_f32(k.data(), src, s) / ks);
-            EXPECT_EQ(f32_bits(load_as_f32(p.k.data(), pool, dst)), f32_bits(load_as_f32(one.data(), pool, 0)));
+            EXPECT_EQ(f32_bits(load_as_f32(p.k.data(), pool, dst)),
+                      f32_bits(load_as_f32(one.data(), pool, 0)));
             store_from_f32(one.data(), pool, 0, load_as_f32(v.data(), src, s) / vs);
-            EXPECT_EQ(f32_bits(load_as_f32(p.v.data(), pool, dst)), f32_bits(load_as_f32(one.data(), pool, 0)));
+            EXPECT_EQ(f32_bits(load_as_f32(p.v.data(), pool, dst)),
+                      f32_bits(load_as_f32(one.data(), pool, 0)));
             written[size_t(dst)] = true;
           }
       for (size_t i = 0; i < written.size(); ++i) {

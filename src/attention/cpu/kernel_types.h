@@ -67,12 +67,12 @@ struct WorkItem {
 
 // Per-thread buffers, grown on demand and reused across items and calls.
 struct Scratch {
-  std::vector<float> q;      // [M][Dp] queries of the item, scaled
-  std::vector<float> o;      // [M][Dp] running output
-  std::vector<float> k, v;   // [kTile][Dp] a tile of K/V dequantised to f32
-  std::vector<float> kt;     // [Dp][kTile] the K tile transposed (many query vectors)
-  std::vector<float> s;      // [M][kTile] logits, then weights
-  std::vector<float> m, l;   // [M] running max and sum
+  std::vector<float> q;     // [M][Dp] queries of the item, scaled
+  std::vector<float> o;     // [M][Dp] running output
+  std::vector<float> k, v;  // [kTile][Dp] a tile of K/V dequantised to f32
+  std::vector<float> kt;    // [Dp][kTile] the K tile transposed (many query vectors)
+  std::vector<float> s;     // [M][kTile] logits, then weights
+  std::vector<float> m, l;  // [M] running max and sum
 };
 
 using ItemFn = void (*)(const KernelParams&, const WorkItem&, Scratch&);
@@ -99,7 +99,7 @@ inline float f16_to_f32_fast(uint16_t h) {
   const uint32_t exp = o & 0x0f800000u;
   o += (127u - 15u) << 23;
   o += exp == 0x0f800000u ? (128u - 16u) << 23 : 0u;  // inf / NaN: exponent to 255
-  o += exp == 0 ? 1u << 23 : 0u;                     // zero / subnormal: renormalise below
+  o += exp == 0 ? 1u << 23 : 0u;                      // zero / subnormal: renormalise below
   float f = bits_f32(o);
   f = exp == 0 ? f - 6.103515625e-05f : f;  // minus 2^-14
   return bits_f32(f32_bits(f) | sign);

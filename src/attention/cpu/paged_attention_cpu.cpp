@@ -36,8 +36,10 @@ int cpu_level() {
 #endif
     if (const char* env = std::getenv("PAGEDATTN_CPU_ISA")) {
       const std::string_view want(env);
-      if (want == "generic") l = 0;
-      else if (want == "avx2") l = std::min(l, 1);
+      if (want == "generic")
+        l = 0;
+      else if (want == "avx2")
+        l = std::min(l, 1);
     }
     return l;
   }();
@@ -47,10 +49,14 @@ int cpu_level() {
 // The instantiation for p on the variant (nullptr when this build or CPU lacks it).
 ItemFn item_fn(const KernelParams& p, CpuIsa isa) {
   switch (isa) {
-    case CpuIsa::generic: return select_item_fn_generic(p);
-    case CpuIsa::avx2: return cpu_level() >= 1 ? select_item_fn_avx2(p) : nullptr;
-    case CpuIsa::avx512: return cpu_level() >= 2 ? select_item_fn_avx512(p) : nullptr;
-    case CpuIsa::best: break;
+    case CpuIsa::generic:
+      return select_item_fn_generic(p);
+    case CpuIsa::avx2:
+      return cpu_level() >= 1 ? select_item_fn_avx2(p) : nullptr;
+    case CpuIsa::avx512:
+      return cpu_level() >= 2 ? select_item_fn_avx512(p) : nullptr;
+    case CpuIsa::best:
+      break;
   }
   ItemFn fn = item_fn(p, CpuIsa::avx512);
   if (!fn) fn = item_fn(p, CpuIsa::avx2);
@@ -87,7 +93,8 @@ std::vector<WorkItem> plan_items(const KernelParams& p, int32_t num_seqs, int32_
   // Longest first, so the dynamic hand-out of the pool ends with short items.
   std::vector<size_t> order(items.size());
   std::iota(order.begin(), order.end(), size_t(0));
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return cost[a] > cost[b]; });
   std::vector<WorkItem> sorted;
   sorted.reserve(items.size());
   for (size_t i : order) sorted.push_back(items[i]);
@@ -108,7 +115,8 @@ void run_items(const KernelParams& p, const std::vector<WorkItem>& items, CpuIsa
 namespace {
 
 cpu::KernelParams make_params(const QKVTensor& q, const AttentionOptions& opt, QKVTensor& out,
-                              int32_t num_kv_heads, const int32_t* q_indptr, const int32_t* kv_len) {
+                              int32_t num_kv_heads, const int32_t* q_indptr,
+                              const int32_t* kv_len) {
   cpu::KernelParams p;
   p.q = q.data;
   p.q_dtype = q.dtype;
