@@ -169,7 +169,10 @@ RunResult run_serve_bench(const ModelFile& file, const std::vector<WorkItem>& wo
       break;
     }
     if (is_static && engine.num_active_requests() == 0) {
-      if (batcher.running()) batcher.finish_batch();
+      if (batcher.running()) {
+        batcher.finish_batch();
+        sample(now);
+      }
       for (size_t i : batcher.launch(now, more_to_come())) submit(i);
     }
     if (!engine.has_work()) {  // idle: sleep until the next arrival or batch deadline
