@@ -10,6 +10,18 @@
 
 namespace pagedattn {
 
+namespace {
+// NOTE: set while a thread runs tasks of a parallel_for; a nested parallel_for then runs its tasks
+// inline instead of waiting for a pool that is busy with the outer one (which would deadlock).
+thread_local bool t_in_parallel_for = false;
+
+struct InParallelFor {
+  bool saved = t_in_parallel_for;
+  InParallelFor() { t_in_parallel_for = true; }
+  ~InParallelFor() { t_in_parallel_for = saved; }
+};
+}  // namespace
+
 struct ThreadPool::Impl {
   std::vector<std::thread> workers;
   std::mutex mu;
@@ -24,6 +36,7 @@ struct ThreadPool::Impl {
   std::exception_ptr error;
 
   void work() {
+    InParallelFor guard;
     for (;;) {
       const int64_t i = next.fetch_add(1, std::memory_order_relaxed);
       if (i >= n) return;
@@ -69,7 +82,7 @@ ThreadPool::~ThreadPool() {
 
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
   if (n <= 0) return;
-  if (num_threads_ == 1 || n == 1) {
+  if (num_threads_ == 1 || n == 1 || t_in_parallel_for) {
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;
   }

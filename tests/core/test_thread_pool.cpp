@@ -25,3 +25,12 @@ TEST(ThreadPool, ExceptionReachesCaller) {
   pool.parallel_for(10, [&](int64_t i) { sum += i; });
   EXPECT_EQ(sum.load(), 45);
 }
+
+TEST(ThreadPool, NestedParallelForRunsInline) {
+  ThreadPool pool(3);
+  std::vector<std::atomic<int>> hits(static_cast<size_t>(8 * 16));
+  pool.parallel_for(8, [&](int64_t i) {
+    pool.parallel_for(16, [&](int64_t j) { hits[static_cast<size_t>(i * 16 + j)].fetch_add(1); });
+  });
+  for (auto& h : hits) ASSERT_EQ(h.load(), 1);
+}
