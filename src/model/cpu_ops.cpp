@@ -22,6 +22,16 @@ bool have_blas() {
 void matmul_wt(const float* x, int64_t m, int64_t k, const float* w, int64_t n, float* y) {
   if (m == 0 || n == 0) return;
 #if defined(PAGEDATTN_HAVE_BLAS)
+  // NOTE: sgemm packs (copies) all of w on every call, as costly as the product itself for a
+  // row or two; decode steps of small batches go through sgemv, which reads w in place.
+  constexpr int64_t kGemvRows = 4;
+  if (m < kGemvRows) {
+    for (int64_t r = 0; r < m; ++r) {
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, int(n), int(k), 1.f, w, int(k), x + r * k, 1, 0.f,
+                  y + r * n, 1);
+    }
+    return;
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(k), 1.f, x, int(k), w,
               int(k), 0.f, y, int(n));
 #else
