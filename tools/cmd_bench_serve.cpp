@@ -159,18 +159,18 @@ void append_csv(const std::string& path, const sb::RunResult& r) {
   FILE* f = std::fopen(path.c_str(), "a");
   PA_CHECK(f, "bench serve: cannot open --csv '", path, "'");
   if (fresh) std::fputs(kCsvHeader, f);
-  std::fprintf(f,
-               "%s,%s,%s,%d,%lld,%.4f,%.4f,%.3f,%.3f,%.5f,%.5f,%.5f,%.5f,%.5f,%.5f,%.5f,%.5f,"
-               "%.5f,%.4f,%.4f,%.4f,%.1f,%.1f,%.4f,%.2f,%d,%lld,%.4f,%.3f,%.3f,%.3f,%.3f,%d,%lld,%.3f\n",
-               r.config.mode.c_str(), prefix_text(r.config).c_str(),
-               rate_text(r.workload.rate).c_str(), r.completed,
-               (long long)r.config.kv_budget_tokens, r.duration_s, r.req_per_s,
-               r.output_tok_per_s, r.total_tok_per_s, r.ttft_s.p50, r.ttft_s.p90, r.ttft_s.p99,
-               r.tpot_s.p50, r.tpot_s.p90, r.tpot_s.p99, r.itl_s.p50, r.itl_s.p90, r.itl_s.p99,
-               r.e2e_s.p50, r.e2e_s.p90, r.e2e_s.p99, r.kv_allocated_mean, r.kv_live_mean,
-               r.kv_waste_frac, r.running_mean, r.running_max, (long long)r.preemptions,
-               r.prefix_hit_rate, r.ramp_s, r.steady_s, r.tail_s, r.steady_output_tok_per_s,
-               r.workload.prefix_len, (long long)r.steps, r.output_tokens_per_step);
+  std::fprintf(
+      f,
+      "%s,%s,%s,%d,%lld,%.4f,%.4f,%.3f,%.3f,%.5f,%.5f,%.5f,%.5f,%.5f,%.5f,%.5f,%.5f,"
+      "%.5f,%.4f,%.4f,%.4f,%.1f,%.1f,%.4f,%.2f,%d,%lld,%.4f,%.3f,%.3f,%.3f,%.3f,%d,%lld,%.3f\n",
+      r.config.mode.c_str(), prefix_text(r.config).c_str(), rate_text(r.workload.rate).c_str(),
+      r.completed, (long long)r.config.kv_budget_tokens, r.duration_s, r.req_per_s,
+      r.output_tok_per_s, r.total_tok_per_s, r.ttft_s.p50, r.ttft_s.p90, r.ttft_s.p99, r.tpot_s.p50,
+      r.tpot_s.p90, r.tpot_s.p99, r.itl_s.p50, r.itl_s.p90, r.itl_s.p99, r.e2e_s.p50, r.e2e_s.p90,
+      r.e2e_s.p99, r.kv_allocated_mean, r.kv_live_mean, r.kv_waste_frac, r.running_mean,
+      r.running_max, (long long)r.preemptions, r.prefix_hit_rate, r.ramp_s, r.steady_s, r.tail_s,
+      r.steady_output_tok_per_s, r.workload.prefix_len, (long long)r.steps,
+      r.output_tokens_per_step);
   std::fclose(f);
 }
 
@@ -178,8 +178,11 @@ void append_timeline(const std::string& path, const sb::RunResult& r) {
   const bool fresh = !std::filesystem::exists(path) || std::filesystem::file_size(path) == 0;
   FILE* f = std::fopen(path.c_str(), "a");
   PA_CHECK(f, "bench serve: cannot open --timeline-csv '", path, "'");
-  if (fresh) std::fputs("mode,prefix_cache,request_rate,t,kv_allocated,kv_live,running,waiting,"
-                        "output_tokens\n", f);
+  if (fresh)
+    std::fputs(
+        "mode,prefix_cache,request_rate,t,kv_allocated,kv_live,running,waiting,"
+        "output_tokens\n",
+        f);
   for (const sb::KvSample& s : r.timeline)
     std::fprintf(f, "%s,%s,%s,%.4f,%lld,%lld,%d,%d,%lld\n", r.config.mode.c_str(),
                  prefix_text(r.config).c_str(), rate_text(r.workload.rate).c_str(), s.t,
@@ -189,23 +192,24 @@ void append_timeline(const std::string& path, const sb::RunResult& r) {
 }
 
 void print_header() {
-  std::printf("%-6s %-6s %5s %4s %7s %8s %8s | %-23s | %-15s | %-15s | %-15s | %-13s %5s %4s %5s "
-              "| %s | %s\n",
-              "mode", "prefix", "rate", "reqs", "req/s", "out t/s", "tot t/s",
-              "TTFT p50/p90/p99 s", "TPOT p50/p99 ms", "ITL p50/p99 ms", "E2E p50/p99 s",
-              "KV alloc/live", "waste", "pre", "hit", "ramp/steady/tail s", "tok/step");
+  std::printf(
+      "%-6s %-6s %5s %4s %7s %8s %8s | %-23s | %-15s | %-15s | %-15s | %-13s %5s %4s %5s "
+      "| %s | %s\n",
+      "mode", "prefix", "rate", "reqs", "req/s", "out t/s", "tot t/s", "TTFT p50/p90/p99 s",
+      "TPOT p50/p99 ms", "ITL p50/p99 ms", "E2E p50/p99 s", "KV alloc/live", "waste", "pre", "hit",
+      "ramp/steady/tail s", "tok/step");
 }
 
 void print_row(const sb::RunResult& r) {
-  std::printf("%-6s %-6s %5s %4d %7.3f %8.1f %8.1f | %6.2f/%7.2f/%7.2f | %6.1f/%7.1f | %6.1f/%7.1f |"
-              " %6.2f/%7.2f | %6.0f/%6.0f %4.0f%% %4lld %4.0f%% | %.1f/%.1f/%.1f | %.2f\n",
-              r.config.mode.c_str(), prefix_text(r.config).c_str(),
-              rate_text(r.workload.rate).c_str(), r.completed, r.req_per_s, r.output_tok_per_s,
-              r.total_tok_per_s, r.ttft_s.p50, r.ttft_s.p90, r.ttft_s.p99, 1e3 * r.tpot_s.p50,
-              1e3 * r.tpot_s.p99, 1e3 * r.itl_s.p50, 1e3 * r.itl_s.p99, r.e2e_s.p50, r.e2e_s.p99,
-              r.kv_allocated_mean, r.kv_live_mean, 100 * r.kv_waste_frac,
-              (long long)r.preemptions, 100 * r.prefix_hit_rate, r.ramp_s, r.steady_s, r.tail_s,
-              r.output_tokens_per_step);
+  std::printf(
+      "%-6s %-6s %5s %4d %7.3f %8.1f %8.1f | %6.2f/%7.2f/%7.2f | %6.1f/%7.1f | %6.1f/%7.1f |"
+      " %6.2f/%7.2f | %6.0f/%6.0f %4.0f%% %4lld %4.0f%% | %.1f/%.1f/%.1f | %.2f\n",
+      r.config.mode.c_str(), prefix_text(r.config).c_str(), rate_text(r.workload.rate).c_str(),
+      r.completed, r.req_per_s, r.output_tok_per_s, r.total_tok_per_s, r.ttft_s.p50, r.ttft_s.p90,
+      r.ttft_s.p99, 1e3 * r.tpot_s.p50, 1e3 * r.tpot_s.p99, 1e3 * r.itl_s.p50, 1e3 * r.itl_s.p99,
+      r.e2e_s.p50, r.e2e_s.p99, r.kv_allocated_mean, r.kv_live_mean, 100 * r.kv_waste_frac,
+      (long long)r.preemptions, 100 * r.prefix_hit_rate, r.ramp_s, r.steady_s, r.tail_s,
+      r.output_tokens_per_step);
   std::fflush(stdout);
 }
 
@@ -229,7 +233,7 @@ void run_bench_serve(const BenchServeArgs& a) {
   const ModelFile file = load_bench_model(a.model);
   w.vocab_hi = file.config.vocab_size;
   w.vocab_lo = std::min(256, w.vocab_hi - 1);  // past byte tokens and most special ids
-  if (a.run.target_tokens > 0) {  // closed loop: enough requests to reach the target
+  if (a.run.target_tokens > 0) {               // closed loop: enough requests to reach the target
     const double mean_out = std::max(1.0, double(w.output.max_value()) / 8);
     w.num_requests = std::max(a.num_requests,
                               int32_t(double(a.run.target_tokens) / mean_out) + a.run.concurrency);

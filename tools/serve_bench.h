@@ -40,10 +40,13 @@ struct LengthSpec {
   double a = 128, b = 0, c = 0;
   int32_t max_value() const {
     switch (kind) {
-      case LengthKind::fixed: return int32_t(a);
-      case LengthKind::uniform: return int32_t(b);
+      case LengthKind::fixed:
+        return int32_t(a);
+      case LengthKind::uniform:
+        return int32_t(b);
       case LengthKind::lognormal:
-      case LengthKind::pareto: return int32_t(c);
+      case LengthKind::pareto:
+        return int32_t(c);
     }
     return int32_t(a);
   }
@@ -87,8 +90,9 @@ inline LengthSpec parse_length_spec(const std::string& text, const std::string& 
     PA_CHECK(s.c >= s.a, option, ": the MAX of '", text, "' is below its ",
              k == "pareto" ? "MIN" : "MEDIAN");
   } else {
-    ::pagedattn::fail(option, ": expected N, fixed:N, uniform:LO:HI, lognormal:MEDIAN:SIGMA:MAX or ",
-            "pareto:MIN:ALPHA:MAX, got '", text, "'");
+    ::pagedattn::fail(option,
+                      ": expected N, fixed:N, uniform:LO:HI, lognormal:MEDIAN:SIGMA:MAX or ",
+                      "pareto:MIN:ALPHA:MAX, got '", text, "'");
   }
   PA_CHECK(s.max_value() >= 1, option, ": lengths must be at least 1, got '", text, "'");
   return s;
@@ -97,7 +101,8 @@ inline LengthSpec parse_length_spec(const std::string& text, const std::string& 
 inline int32_t sample_length(const LengthSpec& s, std::mt19937_64& rng) {
   std::uniform_real_distribution<double> u01(0.0, 1.0);
   switch (s.kind) {
-    case LengthKind::fixed: return int32_t(s.a);
+    case LengthKind::fixed:
+      return int32_t(s.a);
     case LengthKind::uniform:
       return int32_t(std::uniform_int_distribution<int64_t>(int64_t(s.a), int64_t(s.b))(rng));
     case LengthKind::lognormal: {
@@ -137,7 +142,7 @@ struct WorkloadSpec {
   double rate = std::numeric_limits<double>::infinity();  // requests/s
   LengthSpec prompt{LengthKind::fixed, 128};
   LengthSpec output{LengthKind::fixed, 128};
-  int32_t prefix_len = 0;  // shared system-prompt tokens in front of every prompt
+  int32_t prefix_len = 0;              // shared system-prompt tokens in front of every prompt
   int32_t vocab_lo = 0, vocab_hi = 1;  // token ids are drawn from [vocab_lo, vocab_hi)
   uint64_t seed = 1;
 };
@@ -151,8 +156,8 @@ struct WorkItem {
 inline std::vector<WorkItem> make_workload(const WorkloadSpec& w) {
   PA_CHECK(w.num_requests >= 1, "make_workload: num_requests must be >= 1, got ", w.num_requests);
   PA_CHECK(w.prefix_len >= 0, "make_workload: prefix_len must be >= 0, got ", w.prefix_len);
-  PA_CHECK(w.vocab_lo >= 0 && w.vocab_lo < w.vocab_hi, "make_workload: token range [",
-           w.vocab_lo, ", ", w.vocab_hi, ") is empty");
+  PA_CHECK(w.vocab_lo >= 0 && w.vocab_lo < w.vocab_hi, "make_workload: token range [", w.vocab_lo,
+           ", ", w.vocab_hi, ") is empty");
   std::mt19937_64 rng(w.seed);
   std::uniform_int_distribution<int32_t> tok(w.vocab_lo, w.vocab_hi - 1);
   std::vector<int32_t> prefix(size_t(w.prefix_len));

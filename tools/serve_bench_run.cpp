@@ -26,8 +26,8 @@ struct Track {
   bool submitted = false;
 };
 
-void print_progress(const std::string& label, int32_t done, int32_t total, int64_t tokens,
-                    double t, bool final) {
+void print_progress(const std::string& label, int32_t done, int32_t total, int64_t tokens, double t,
+                    bool final) {
   constexpr int kWidth = 30;
   const int fill = total > 0 ? int(double(kWidth) * done / total) : 0;
   std::string bar(size_t(fill), '#');
@@ -96,7 +96,10 @@ RunResult run_serve_bench(const ModelFile& file, const std::vector<WorkItem>& wo
   std::map<RequestId, size_t> by_id;
   StaticBatcher batcher(cfg.kv_budget_tokens, cfg.max_num_seqs, cfg.batch_timeout_s);
   std::vector<double> ttft, tpot, itl, e2e;
-  const std::string label = cfg.mode + (is_static ? "" : cfg.prefix_cache ? "+prefix" : "") +
+  const std::string label = cfg.mode +
+                            (is_static          ? ""
+                             : cfg.prefix_cache ? "+prefix"
+                                                : "") +
                             " rate=" + (closed_loop ? std::string("closed") : [&] {
                               char b[32];
                               std::snprintf(b, sizeof b, "%g", spec.rate);
@@ -105,9 +108,9 @@ RunResult run_serve_bench(const ModelFile& file, const std::vector<WorkItem>& wo
 
   const Clock::time_point t0 = Clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
-  size_t next = 0;            // next request to arrive
+  size_t next = 0;                    // next request to arrive
   int32_t completed = 0, active = 0;  // active: arrived, not finished
-  int64_t issued_tokens = 0;  // closed loop: output tokens asked for so far
+  int64_t issued_tokens = 0;          // closed loop: output tokens asked for so far
   double first_done = -1, last_backlog = 0, last_progress = -1;
 
   auto submit = [&](size_t i) {
@@ -151,8 +154,8 @@ RunResult run_serve_bench(const ModelFile& file, const std::vector<WorkItem>& wo
     if (r.timeline.empty()) return true;
     const KvSample& b = r.timeline.back();
     const KvCacheStats st = engine.cache().stats();
-    return b.kv_allocated != (is_static ? batcher.reserved_tokens()
-                                        : int64_t(st.pages_used) * cfg.block_size) ||
+    return b.kv_allocated !=
+               (is_static ? batcher.reserved_tokens() : int64_t(st.pages_used) * cfg.block_size) ||
            b.waiting != engine.scheduler().num_waiting() + int32_t(batcher.queued());
   };
 
@@ -222,7 +225,8 @@ RunResult run_serve_bench(const ModelFile& file, const std::vector<WorkItem>& wo
     }
   }
   r.duration_s = elapsed();
-  if (cfg.progress) print_progress(label, completed, completed, r.output_tokens, r.duration_s, true);
+  if (cfg.progress)
+    print_progress(label, completed, completed, r.output_tokens, r.duration_s, true);
 
   r.completed = completed;
   r.req_per_s = completed / r.duration_s;
@@ -247,9 +251,8 @@ RunResult run_serve_bench(const ModelFile& file, const std::vector<WorkItem>& wo
     };
     r.steady_output_tok_per_s = double(tokens_at(tail_start) - tokens_at(r.ramp_s)) / r.steady_s;
   }
-  r.kv_allocated_mean = time_mean(r.timeline, r.duration_s, [](const KvSample& s) {
-    return s.kv_allocated;
-  });
+  r.kv_allocated_mean =
+      time_mean(r.timeline, r.duration_s, [](const KvSample& s) { return s.kv_allocated; });
   r.kv_live_mean = time_mean(r.timeline, r.duration_s, [](const KvSample& s) { return s.kv_live; });
   r.kv_waste_frac = r.kv_allocated_mean > 0 ? 1.0 - r.kv_live_mean / r.kv_allocated_mean : 0.0;
   r.running_mean = time_mean(r.timeline, r.duration_s, [](const KvSample& s) { return s.running; });

@@ -30,8 +30,8 @@ class StaticBatcher {
   // Error (nothing queued) when the reservation alone exceeds the budget.
   void push(size_t index, int64_t reservation, double arrival_s) {
     PA_CHECK(reservation > 0 && reservation <= budget_, "StaticBatcher::push: reservation of ",
-             reservation, " tokens for request ", index, " does not fit the KV budget of ",
-             budget_, " tokens");
+             reservation, " tokens for request ", index, " does not fit the KV budget of ", budget_,
+             " tokens");
     queue_.push_back({index, reservation, arrival_s});
   }
 

@@ -76,9 +76,9 @@ TEST(ServeBenchArrivals, PoissonGapsHaveTheRightStatistics) {
   EXPECT_NEAR(mean, 1 / rate, 0.03 / rate);
   EXPECT_NEAR(std::sqrt(var) / mean, 1.0, 0.03);
   // Memorylessness: P(gap > 1/rate) = e^-1.
-  const double frac = double(std::count_if(gaps.begin(), gaps.end(),
-                                           [&](double g) { return g > 1 / rate; })) /
-                      double(gaps.size());
+  const double frac =
+      double(std::count_if(gaps.begin(), gaps.end(), [&](double g) { return g > 1 / rate; })) /
+      double(gaps.size());
   EXPECT_NEAR(frac, std::exp(-1.0), 0.015);
   // Counts in unit windows are Poisson(rate): variance equals the mean.
   std::vector<int> counts(size_t(t.back()) + 1, 0);
@@ -173,10 +173,10 @@ TEST(StaticBaseline, BatchIsTheLongestFittingPrefix) {
   EXPECT_EQ(sb::static_batch_size({300, 300, 300, 200, 10}, 1000, 64), 3);
   // First come, first served: the small one behind a big one does not jump the queue.
   EXPECT_EQ(sb::static_batch_size({600, 500, 10}, 1000, 64), 1);
-  EXPECT_EQ(sb::static_batch_size({100, 100, 100}, 1000, 2), 2);    // max_seqs
-  EXPECT_EQ(sb::static_batch_size({500, 500}, 1000, 8), 2);         // exactly full
+  EXPECT_EQ(sb::static_batch_size({100, 100, 100}, 1000, 2), 2);  // max_seqs
+  EXPECT_EQ(sb::static_batch_size({500, 500}, 1000, 8), 2);       // exactly full
   EXPECT_EQ(sb::static_batch_size({}, 1000, 8), 0);
-  EXPECT_THROW(sb::static_batch_size({1001}, 1000, 8), Error);      // can never fit
+  EXPECT_THROW(sb::static_batch_size({1001}, 1000, 8), Error);  // can never fit
   EXPECT_THROW(sb::static_batch_size({10}, 0, 8), Error);
   EXPECT_EQ(sb::static_reservation(128, 64), 192);
 }
@@ -209,7 +209,7 @@ TEST(StaticBaseline, BatcherHoldsReservationsUntilTheBatchEnds) {
   EXPECT_DOUBLE_EQ(b.deadline(), 0.8);
   const auto second = b.launch(0.5, true);  // 500 fits, not full, waited 0.2 s < 0.5: waits
   EXPECT_TRUE(second.empty());
-  const auto third = b.launch(0.8, true);   // the oldest (arrived 0.3) timed out
+  const auto third = b.launch(0.8, true);  // the oldest (arrived 0.3) timed out
   EXPECT_EQ(third, (std::vector<size_t>{2, 3}));
   EXPECT_EQ(b.reserved_tokens(), 500);
   EXPECT_EQ(b.queued(), 0u);

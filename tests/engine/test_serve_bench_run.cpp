@@ -1,8 +1,8 @@
-// The serving benchmark's replay loop end to end on a tiny synthetic Llama (tools/serve_bench_run.cpp
-// is compiled into this test: the tools folder builds an executable, not a library). Checks what
-// must hold whatever the timing: every request completes with exactly its output length, the
-// static baseline never holds more than the KV budget nor preempts, and paged KV use stays within
-// the pool. No timing assertions.
+// The serving benchmark's replay loop end to end on a tiny synthetic Llama
+// (tools/serve_bench_run.cpp is compiled into this test: the tools folder builds an executable, not
+// a library). Checks what must hold whatever the timing: every request completes with exactly its
+// output length, the static baseline never holds more than the KV budget nor preempts, and paged KV
+// use stays within the pool. No timing assertions.
 #include <gtest/gtest.h>
 
 #include "../../tools/serve_bench_run.cpp"
