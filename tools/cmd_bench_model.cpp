@@ -47,8 +47,8 @@ void run_bench_model(const BenchModelArgs& a) {
   const int max_batch = *std::max_element(a.batch.begin(), a.batch.end());
   SessionOptions so = a.session;
   so.quiet = a.json;
-  const int64_t per_seq = (int64_t(a.prompt_len) + a.decode_steps + so.page_size) / so.page_size *
-                          so.page_size;
+  const int64_t per_seq =
+      (int64_t(a.prompt_len) + a.decode_steps + so.page_size) / so.page_size * so.page_size;
   so.kv_tokens = per_seq * max_batch;
   ModelSession m(so);
   const int32_t vocab = m.config().vocab_size;

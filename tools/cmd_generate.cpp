@@ -59,11 +59,11 @@ std::string run_turn(ModelSession& m, SeqId seq, const std::vector<int32_t>& new
                      std::vector<int32_t>& history, const GenerateArgs& a, TurnStats& st) {
   const Tokenizer& tok = m.tokenizer();
   const int64_t limit =
-      std::min<int64_t>(m.config().max_position_embeddings, int64_t(m.cache().config().num_pages) *
-                                                                m.cache().config().page_size);
+      std::min<int64_t>(m.config().max_position_embeddings,
+                        int64_t(m.cache().config().num_pages) * m.cache().config().page_size);
   PA_CHECK(m.cache().kv_len(seq) + int64_t(new_tokens.size()) < limit, "generate: the prompt (",
-           m.cache().kv_len(seq) + int64_t(new_tokens.size()), " tokens) does not fit the context of ",
-           limit, " tokens");
+           m.cache().kv_len(seq) + int64_t(new_tokens.size()),
+           " tokens) does not fit the context of ", limit, " tokens");
   SamplingParams sp = a.sampling;
   const std::vector<int32_t> eog = m.stop_ids();
   sp.stop_token_ids.insert(sp.stop_token_ids.end(), eog.begin(), eog.end());
@@ -107,10 +107,13 @@ void print_stats(const TurnStats& st) {
   // NOTE: the first decode token comes from the prefill's logits, so decode speed counts the
   // forward steps after it (generated - 1) over the decode time.
   const double pre = st.prefill_s > 0 ? double(st.prefill_tokens) / st.prefill_s : 0;
-  const double dec = st.decode_s > 0 ? double(std::max<int64_t>(st.decode_tokens - 1, 0)) / st.decode_s : 0;
-  std::fprintf(stderr, "\nprefill: %lld tokens in %.3f s (%.1f tok/s); decode: %lld tokens in %.3f s (%.1f tok/s)\n",
-               static_cast<long long>(st.prefill_tokens), st.prefill_s, pre,
-               static_cast<long long>(st.decode_tokens), st.decode_s, dec);
+  const double dec =
+      st.decode_s > 0 ? double(std::max<int64_t>(st.decode_tokens - 1, 0)) / st.decode_s : 0;
+  std::fprintf(
+      stderr,
+      "\nprefill: %lld tokens in %.3f s (%.1f tok/s); decode: %lld tokens in %.3f s (%.1f tok/s)\n",
+      static_cast<long long>(st.prefill_tokens), st.prefill_s, pre,
+      static_cast<long long>(st.decode_tokens), st.decode_s, dec);
 }
 
 SessionOptions sized(SessionOptions s, int64_t tokens) {
@@ -169,7 +172,8 @@ void run_chat(const GenerateArgs& a) {
     const std::vector<int32_t> ids = tok.encode(apply_chat_template(tok, msgs, true), false, true);
     // Reuse the cached conversation when it is a prefix of the new rendering, else start over.
     const auto cached = m.cache().tokens(seq);
-    const bool prefix = cached.size() < ids.size() && std::equal(cached.begin(), cached.end(), ids.begin());
+    const bool prefix =
+        cached.size() < ids.size() && std::equal(cached.begin(), cached.end(), ids.begin());
     if (!prefix) {
       m.cache().free_sequence(seq);
       seq = m.cache().create_sequence();

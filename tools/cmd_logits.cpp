@@ -1,5 +1,6 @@
 // `pagedattn logits`: raw logits of a batch of token-id prompts, prefilled together and decoded
-// greedily together, for parity checks against another implementation (scripts/device/hf_parity.py).
+// greedily together, for parity checks against another implementation
+// (scripts/device/hf_parity.py).
 //
 // For each sequence, rows are the logits at every prompt position, then one row after each
 // generated token: with P prompt ids and N decode steps, P + N rows for the P + N tokens of
@@ -48,7 +49,8 @@ std::vector<std::vector<int32_t>> parse_prompt_ids(const std::string& text) {
       PA_CHECK(v >= 0 && v <= INT32_MAX, "logits: --prompt-ids has ", v, ", not a token id");
       ids.push_back(int32_t(v));
     }
-    PA_CHECK(!ids.empty(), "logits: --prompt-ids has an empty sequence (sequence ", out.size(), ")");
+    PA_CHECK(!ids.empty(), "logits: --prompt-ids has an empty sequence (sequence ", out.size(),
+             ")");
     out.push_back(std::move(ids));
   }
   PA_CHECK(!out.empty(), "logits: --prompt-ids is empty");
@@ -76,7 +78,8 @@ void run_logits(const LogitsArgs& a) {
   so.quiet = a.json;
   so.kv_tokens = 0;  // every sequence's tokens, each rounded up to whole pages
   for (const auto& p : prompts) {
-    so.kv_tokens += (int64_t(p.size()) + a.decode_steps + so.page_size) / so.page_size * so.page_size;
+    so.kv_tokens +=
+        (int64_t(p.size()) + a.decode_steps + so.page_size) / so.page_size * so.page_size;
   }
   auto m = std::make_unique<ModelSession>(so);
   for (size_t s = 0; s < prompts.size(); ++s) {

@@ -1,5 +1,5 @@
-// A loaded model for the CLI's direct commands (generate, chat, logits, bench model): the model file,
-// its runner, a paged KV cache sized for the job, the tokenizer when the file has one, and a
+// A loaded model for the CLI's direct commands (generate, chat, logits, bench model): the model
+// file, its runner, a paged KV cache sized for the job, the tokenizer when the file has one, and a
 // chunked prefill / batched decode over any set of sequences. The engine proper (scheduler,
 // preemption, prefix cache) lives in src/engine; this is the small loop beside it.
 #pragma once
@@ -26,8 +26,8 @@ struct SessionOptions {
   std::string kv_cache_dtype = "auto";  // auto (the model's compute dtype) | fp8
   int64_t kv_tokens = 4096;             // cache capacity, in tokens (rounded up to pages)
   int32_t page_size = 16;
-  int32_t prefill_chunk = 512;          // most prompt tokens per forward step
-  bool quiet = false;                   // no load summary on stderr
+  int32_t prefill_chunk = 512;  // most prompt tokens per forward step
+  bool quiet = false;           // no load summary on stderr
 };
 
 // Adds --model, --device and --kv-cache-dtype to a command.

@@ -5,9 +5,9 @@
 //   h = rms_norm(x) * input_layernorm
 //   q, k, v = h Wq^T (+bq), h Wk^T (+bk), h Wv^T (+bv)        (bias: Qwen2)
 //   q, k = rms_norm per head * q_norm / k_norm                 (Qwen3)
-//   q, k = rope(q, k) at each token's absolute position        (rotate_half, theta, Llama-3 scaling)
-//   write k, v at the batch's slots; o = paged_attention(q, cache layer) Wo^T; x += o
-//   h = rms_norm(x) * post_attention_layernorm; x += (silu(h Wg^T) * h Wu^T) Wd^T
+//   q, k = rope(q, k) at each token's absolute position        (rotate_half, theta, Llama-3
+//   scaling) write k, v at the batch's slots; o = paged_attention(q, cache layer) Wo^T; x += o h =
+//   rms_norm(x) * post_attention_layernorm; x += (silu(h Wg^T) * h Wu^T) Wd^T
 // then the final norm and lm_head (embed_tokens when tied) for the requested rows only.
 #pragma once
 

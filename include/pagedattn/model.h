@@ -16,12 +16,12 @@ namespace pagedattn {
 // q_indptr[b] .. q_indptr[b+1] of tokens/positions/slots; the cache already holds their slots
 // (KvCache::append_slots) and kv_len(seqs[b]) counts them.
 struct ForwardBatch {
-  std::vector<SeqId> seqs;             // [num_seqs]
-  std::vector<int32_t> q_indptr;       // [num_seqs + 1]
-  std::vector<int32_t> tokens;         // [num_tokens]
-  std::vector<int32_t> positions;      // [num_tokens]
-  std::vector<int32_t> slots;          // [num_tokens]
-  std::vector<int32_t> logit_rows;     // token rows whose logits are wanted (usually each seq's last)
+  std::vector<SeqId> seqs;          // [num_seqs]
+  std::vector<int32_t> q_indptr;    // [num_seqs + 1]
+  std::vector<int32_t> tokens;      // [num_tokens]
+  std::vector<int32_t> positions;   // [num_tokens]
+  std::vector<int32_t> slots;       // [num_tokens]
+  std::vector<int32_t> logit_rows;  // token rows whose logits are wanted (usually each seq's last)
 };
 
 class Model {

@@ -14,11 +14,11 @@
 namespace pagedattn {
 
 struct SamplingParams {
-  float temperature = 1.f;          // >= 0; 0: greedy (argmax, lowest id on ties)
-  int32_t top_k = 0;                // <= 0: off; else keep the k most likely
-  float top_p = 1.f;                // (0, 1]; keep the smallest most-likely set with mass >= top_p
-  float min_p = 0.f;                // [0, 1]; drop tokens with p < min_p * max p
-  float repetition_penalty = 1.f;   // > 0; 1: off (CTRL: logit > 0 ? logit / r : logit * r)
+  float temperature = 1.f;         // >= 0; 0: greedy (argmax, lowest id on ties)
+  int32_t top_k = 0;               // <= 0: off; else keep the k most likely
+  float top_p = 1.f;               // (0, 1]; keep the smallest most-likely set with mass >= top_p
+  float min_p = 0.f;               // [0, 1]; drop tokens with p < min_p * max p
+  float repetition_penalty = 1.f;  // > 0; 1: off (CTRL: logit > 0 ? logit / r : logit * r)
   uint64_t seed = 0;
   std::vector<int32_t> stop_token_ids;  // generation ends after emitting one (not shown)
   std::vector<std::string> stop;        // stop strings, matched on the decoded text and trimmed

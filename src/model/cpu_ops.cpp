@@ -58,7 +58,8 @@ void matmul_wt_blocked(const float* x, int64_t m, int64_t k, const float* w, int
           for (; i + 8 <= k; i += 8) {
             for (int j = 0; j < 8; ++j) acc[j] += xr[i + j] * wc[i + j];
           }
-          float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+          float s =
+              ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
           for (; i < k; ++i) s += xr[i] * wc[i];
           y[r * n + c] = s;
         }

@@ -19,8 +19,9 @@ ForwardBatch make_forward_batch(KvCache& cache, const std::vector<SeqId>& seqs,
     pages += cache.pages_needed(seqs[s], int32_t(new_tokens[s].size()));
   }
   const KvCacheStats st = cache.stats();
-  PA_CHECK(pages <= int64_t(st.pages_free) + st.pages_cached, "make_forward_batch: new_tokens need ",
-           pages, " pages but only ", st.pages_free + st.pages_cached, " are available");
+  PA_CHECK(pages <= int64_t(st.pages_free) + st.pages_cached,
+           "make_forward_batch: new_tokens need ", pages, " pages but only ",
+           st.pages_free + st.pages_cached, " are available");
   ForwardBatch b;
   b.seqs = seqs;
   b.q_indptr.push_back(0);

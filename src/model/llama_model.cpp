@@ -47,7 +47,8 @@ LlamaModel::LlamaModel(const ModelFile& file) : config_(file.config), tensors_(f
   PA_CHECK(supported_architecture(c.architecture), kOp, ": architecture '", c.architecture,
            "' is not supported (llama, mistral, qwen2, qwen3)");
   PA_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0 && c.num_layers > 0,
-           kOp, ": config needs positive vocab_size, hidden_size, intermediate_size and num_layers");
+           kOp,
+           ": config needs positive vocab_size, hidden_size, intermediate_size and num_layers");
   PA_CHECK(c.num_q_heads > 0 && c.num_kv_heads > 0, kOp,
            ": config needs positive num_q_heads and num_kv_heads");
   PA_CHECK(c.num_q_heads % c.num_kv_heads == 0, kOp, ": num_q_heads (", c.num_q_heads,
@@ -100,9 +101,9 @@ void LlamaModel::validate(const ForwardBatch& b, const KvCache& cache) const {
            "; the CPU model needs a CPU cache");
   PA_CHECK(cc.num_layers == config_.num_layers && cc.num_kv_heads == config_.num_kv_heads &&
                cc.head_dim == config_.head_dim,
-           op, ": cache has ", cc.num_layers, " layers x ", cc.num_kv_heads, " KV heads x head_dim ",
-           cc.head_dim, ", the model needs ", config_.num_layers, " x ", config_.num_kv_heads,
-           " x ", config_.head_dim);
+           op, ": cache has ", cc.num_layers, " layers x ", cc.num_kv_heads,
+           " KV heads x head_dim ", cc.head_dim, ", the model needs ", config_.num_layers, " x ",
+           config_.num_kv_heads, " x ", config_.head_dim);
   const size_t num_seqs = b.seqs.size(), num_tokens = b.tokens.size();
   PA_CHECK(b.q_indptr.size() == num_seqs + 1, op, ": batch.q_indptr has ", b.q_indptr.size(),
            " entries, expected num_seqs + 1 = ", num_seqs + 1);
@@ -122,8 +123,8 @@ void LlamaModel::validate(const ForwardBatch& b, const KvCache& cache) const {
   }
   for (size_t r = 0; r < b.logit_rows.size(); ++r) {
     PA_CHECK(b.logit_rows[r] >= 0 && size_t(b.logit_rows[r]) < num_tokens, op,
-             ": batch.logit_rows[", r, "] = ", b.logit_rows[r], " is not a token row (",
-             num_tokens, " tokens)");
+             ": batch.logit_rows[", r, "] = ", b.logit_rows[r], " is not a token row (", num_tokens,
+             " tokens)");
   }
   std::unordered_set<SeqId> seen;
   const int32_t ps = cc.page_size;
@@ -143,8 +144,8 @@ void LlamaModel::validate(const ForwardBatch& b, const KvCache& cache) const {
       PA_CHECK(b.positions[t] == pos, op, ": batch.positions[", t, "] = ", b.positions[t],
                ", expected ", pos, " (kv_len - q_len + j of sequence ", seq, ")");
       const int32_t slot = table[size_t(pos / ps)] * ps + pos % ps;
-      PA_CHECK(b.slots[t] == slot, op, ": batch.slots[", t, "] = ", b.slots[t], ", expected ",
-               slot, " (position ", pos, " of sequence ", seq, " in its block table)");
+      PA_CHECK(b.slots[t] == slot, op, ": batch.slots[", t, "] = ", b.slots[t], ", expected ", slot,
+               " (position ", pos, " of sequence ", seq, " in its block table)");
     }
   }
 }

@@ -50,8 +50,8 @@ void rope_tables(const std::vector<double>& inv_freq, const int32_t* positions, 
   }
 }
 
-void rope_apply(float* x, int32_t num_tokens, int32_t num_heads, int32_t head_dim,
-                const float* cos, const float* sin) {
+void rope_apply(float* x, int32_t num_tokens, int32_t num_heads, int32_t head_dim, const float* cos,
+                const float* sin) {
   const int32_t half = head_dim / 2;
   for (int32_t t = 0; t < num_tokens; ++t) {
     const float* c = cos + int64_t(t) * half;

@@ -19,7 +19,7 @@ void rope_tables(const std::vector<double>& inv_freq, const int32_t* positions, 
                  float* cos, float* sin);
 
 // Rotates x [num_tokens, num_heads, head_dim] in place with the tables of rope_tables.
-void rope_apply(float* x, int32_t num_tokens, int32_t num_heads, int32_t head_dim,
-                const float* cos, const float* sin);
+void rope_apply(float* x, int32_t num_tokens, int32_t num_heads, int32_t head_dim, const float* cos,
+                const float* sin);
 
 }  // namespace pagedattn

@@ -36,8 +36,8 @@ void apply_repetition_penalty(std::span<float> logits, std::span<const int32_t> 
   PA_CHECK(penalty > 0.f, "repetition_penalty: penalty must be > 0, got ", penalty);
   const int64_t vocab = int64_t(logits.size());
   for (size_t i = 0; i < history.size(); ++i) {
-    PA_CHECK(history[i] >= 0 && history[i] < vocab, "repetition_penalty: history[", i, "] = ",
-             history[i], " is outside the vocabulary of ", vocab);
+    PA_CHECK(history[i] >= 0 && history[i] < vocab, "repetition_penalty: history[", i,
+             "] = ", history[i], " is outside the vocabulary of ", vocab);
   }
   if (penalty == 1.f) return;
   std::unordered_set<int32_t> done;
@@ -64,8 +64,7 @@ bool more_likely(const TokenProb& a, const TokenProb& b) {
 
 }  // namespace
 
-std::vector<TokenProb> sampling_distribution(std::span<const float> logits,
-                                             const SamplingParams& p,
+std::vector<TokenProb> sampling_distribution(std::span<const float> logits, const SamplingParams& p,
                                              std::span<const int32_t> history) {
   validate_sampling_params(p);
   PA_CHECK(!logits.empty(), "sampling: logits are empty");

@@ -205,7 +205,8 @@ TEST(Llama, GreedyOutputsAreBatchInvariant) {
   LlamaModel model(file);
   constexpr int kSeqs = 8, kSteps = 12;
   std::vector<std::vector<int32_t>> prompts;
-  for (int s = 0; s < kSeqs; ++s) prompts.push_back(random_tokens(3 + 5 * s, cfg.vocab_size, 50 + s));
+  for (int s = 0; s < kSeqs; ++s)
+    prompts.push_back(random_tokens(3 + 5 * s, cfg.vocab_size, 50 + s));
 
   auto generate = [&](KvCache& cache, const std::vector<int>& which) {
     std::vector<SeqId> seqs;
@@ -217,7 +218,8 @@ TEST(Llama, GreedyOutputsAreBatchInvariant) {
     for (int it = 0; it < kSteps; ++it) {
       Tensor l = step(model, cache, seqs, work, false);
       for (size_t s = 0; s < which.size(); ++s) {
-        const int32_t t = argmax_row(l.data_as<float>() + int64_t(s) * cfg.vocab_size, cfg.vocab_size);
+        const int32_t t =
+            argmax_row(l.data_as<float>() + int64_t(s) * cfg.vocab_size, cfg.vocab_size);
         out[s].push_back(t);
         work[s] = {t};
       }

@@ -35,7 +35,8 @@ struct DefaultModel : ::testing::Test {
     tok = nullptr;
   }
   void SetUp() override {
-    if (!file) GTEST_SKIP() << default_model_path() << " is absent (scripts/fetch-default-model.sh)";
+    if (!file)
+      GTEST_SKIP() << default_model_path() << " is absent (scripts/fetch-default-model.sh)";
   }
   static KvCacheConfig cache_config(int32_t pages) {
     KvCacheConfig k;
@@ -66,7 +67,8 @@ TEST_F(DefaultModel, LogitsMatchNaiveOracle) {
   const auto want = test::NaiveLlama(*file).logits(ids);
   const int64_t V = file->config.vocab_size;
   for (size_t r = 0; r < ids.size(); ++r) {
-    const float* got = r + 1 < ids.size() ? pre.data_as<float>() + int64_t(r) * V : dec.data_as<float>();
+    const float* got =
+        r + 1 < ids.size() ? pre.data_as<float>() + int64_t(r) * V : dec.data_as<float>();
     double err = 0, scale = 1;
     for (int64_t i = 0; i < V; ++i) {
       err = std::max(err, std::abs(double(got[i]) - want[r][size_t(i)]));

@@ -57,7 +57,8 @@ double prefill_error(LlamaModel& model, const ModelFile& file, KvCache& cache,
   for (size_t r = 0; r < want.size(); ++r) {
     double err = 0.0, scale = 1.0;
     for (size_t i = 0; i < want[r].size(); ++i) {
-      err = std::max(err, std::abs(double(l.data_as<float>()[r * want[r].size() + i]) - want[r][i]));
+      err =
+          std::max(err, std::abs(double(l.data_as<float>()[r * want[r].size() + i]) - want[r][i]));
       scale = std::max(scale, std::abs(want[r][i]));
     }
     worst = std::max(worst, err / scale);

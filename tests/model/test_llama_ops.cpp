@@ -88,7 +88,8 @@ TEST(Rope, PlainFrequenciesAndRotation) {
   for (int i = 0; i < 4; ++i) {
     const double a = 3.0 * f[size_t(i)];
     EXPECT_NEAR(y[size_t(i)], x[size_t(i)] * std::cos(a) - x[size_t(i + 4)] * std::sin(a), 1e-6);
-    EXPECT_NEAR(y[size_t(i + 4)], x[size_t(i + 4)] * std::cos(a) + x[size_t(i)] * std::sin(a), 1e-6);
+    EXPECT_NEAR(y[size_t(i + 4)], x[size_t(i + 4)] * std::cos(a) + x[size_t(i)] * std::sin(a),
+                1e-6);
   }
 }
 

@@ -73,8 +73,7 @@ class NaiveLlama {
         for (int i = 0; i < H; ++i) x[t][i] += dn[i];
       }
     }
-    const std::string head =
-        f_.tensors.count("lm_head.weight") ? "lm_head" : "model.embed_tokens";
+    const std::string head = f_.tensors.count("lm_head.weight") ? "lm_head" : "model.embed_tokens";
     Mat out(N);
     for (int t = 0; t < n; ++t) {
       out[t] = linear(norm(x[t], w("model.norm.weight")), head, c_.vocab_size, false);

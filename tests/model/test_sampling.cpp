@@ -1,4 +1,5 @@
-// Sampling: each filter's support checked by drawing many times, against probabilities computed here.
+// Sampling: each filter's support checked by drawing many times, against probabilities computed
+// here.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -74,7 +75,8 @@ TEST(Sampling, TemperatureSharpensAndFlattens) {
   auto d = sampling_distribution(logits_for(kProbs), p, {});
   double z = 0;
   for (double q : kProbs) z += q * q;
-  for (const TokenProb& t : d) EXPECT_NEAR(t.prob, kProbs[size_t(t.token)] * kProbs[size_t(t.token)] / z, 1e-6);
+  for (const TokenProb& t : d)
+    EXPECT_NEAR(t.prob, kProbs[size_t(t.token)] * kProbs[size_t(t.token)] / z, 1e-6);
   p.temperature = 100.f;  // nearly uniform
   d = sampling_distribution(logits_for(kProbs), p, {});
   for (const TokenProb& t : d) EXPECT_NEAR(t.prob, 0.2, 0.01);
@@ -106,8 +108,8 @@ TEST(Sampling, TopPKeepsSmallestSetReachingP) {
 
 TEST(Sampling, TopPAppliesAfterTopK) {
   SamplingParams p;
-  p.top_k = 2;       // {1: 0.4, 3: 0.25} -> renormalised {0.615, 0.385}
-  p.top_p = 0.6f;    // 0.615 >= 0.6: token 1 alone
+  p.top_k = 2;     // {1: 0.4, 3: 0.25} -> renormalised {0.615, 0.385}
+  p.top_p = 0.6f;  // 0.615 >= 0.6: token 1 alone
   EXPECT_EQ(support(draw(p, logits_for(kProbs), 2000)), (std::set<int32_t>{1}));
 }
 
