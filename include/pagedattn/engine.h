@@ -135,6 +135,12 @@ class Engine {
   void append_token(RequestState &rs, Sequence &seq, int32_t token);
   void finish_seq(Sequence &seq, FinishReason reason);
   RequestOutput collect(RequestState &rs);
+  // Beam search and best_of (engine_beam.cpp).
+  void beam_step(RequestState &rs);
+  void run_beam_steps(const SchedulerOutput &out, std::vector<RequestId> &touched);
+  Sequence *fork_beam(RequestState &rs, Sequence &parent);
+  void drop_seq(RequestState &rs, Sequence *seq);
+  RequestOutput collect_held(RequestState &rs);
 
   EngineConfig config_;
   std::unique_ptr<Model> model_;

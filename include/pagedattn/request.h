@@ -6,6 +6,12 @@
 // after the prompt (KvCache::fork: the prompt's pages are shared, not copied)
 // into n sequences that sample independently.
 //
+// best_of > n samples best_of sequences the same way and returns the n with the highest cumulative
+// log-probability. use_beam_search keeps the beam_width best partial sequences by cumulative
+// log-probability each step (a beam kept twice forks, one not kept is freed at once) and returns
+// the n best finished ones by sum_logprob / generated_len^length_penalty. Both hold their output
+// back until the request finishes (they cannot stream).
+//
 // Each sequence knows how many of its tokens exist (prompt + generated) and how
 // many are computed (their K/V are in the cache). Every step the scheduler lets
 // the second catch up with the first; chunked prefill, prefix hits (computed
@@ -13,6 +19,7 @@
 // rule.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -38,14 +45,31 @@ struct Request {
   int32_t max_tokens = 16;       // generated tokens per sequence, >= 1
   bool ignore_eos = false;
   std::string cache_salt;  // requests with different salts never share cached pages
+  // Candidates sampled, best n returned (0: n). n <= best_of <= kMaxSequences.
+  int32_t best_of = 0;
+  // Beam search (temperature, top-k/p, min-p, repetition penalty and seed are ignored; stop
+  // tokens, stop strings, eos and max_tokens end a beam). Width: beam_width, else best_of, else n;
+  // n <= width <= kMaxBeamWidth.
+  bool use_beam_search = false;
+  int32_t beam_width = 0;
+  float length_penalty = 1.f;  // beam score = sum_logprob / generated_len^length_penalty
 
   static constexpr int32_t kMaxSequences = 16;
+  static constexpr int32_t kMaxBeamWidth = 8;
+
+  int32_t width() const {
+    return beam_width > 0 ? beam_width : (best_of > 0 ? std::max(best_of, n) : n);
+  }
+  // Sequences the request generates at once after its prompt.
+  int32_t num_sequences() const { return use_beam_search ? width() : std::max(best_of, n); }
+  // Output held back until the request finishes (best_of > n, or beam search).
+  bool holds_output() const { return use_beam_search || best_of > n; }
 };
 
 // The engine's state of one sequence of a request.
 struct Sequence {
   RequestId request_id = 0;
-  int32_t index = 0;            // within its request, 0 .. n-1
+  int32_t index = 0;            // within its request, 0 .. n-1 (beams: a running count)
   uint64_t order = 0;           // age: smaller is older (arrival, then index); preemption
                                 // takes the largest
   std::vector<int32_t> tokens;  // prompt + generated
@@ -55,6 +79,9 @@ struct Sequence {
   SeqId cache_seq = -1;      // -1 while it holds no cache state (waiting)
   FinishReason finish = FinishReason::none;
   bool forked = false;  // n > 1: children were made from this sequence
+  // Sum of log-softmax(logits)[token] over the generated tokens (tracked when the request has
+  // more than one sequence or holds its output; 0 otherwise).
+  double cumulative_logprob = 0;
   Sampler sampler;
   StopStringMatcher stop_matcher;
   std::string pending_bytes;  // decoded bytes of an incomplete UTF-8 character
@@ -75,6 +102,7 @@ struct SequenceOutput {
   std::vector<int32_t> new_tokens;
   std::string new_text;
   FinishReason finish = FinishReason::none;
+  double cumulative_logprob = 0;  // of the sequence so far (see Sequence::cumulative_logprob)
 };
 
 struct RequestOutput {

@@ -9,6 +9,7 @@
 //      only when the pages of its first chunk fit with a watermark to spare;
 //      with the prefix cache its longest cached prefix is attached first and
 //      not recomputed.
+// Running sequences with nothing to compute (a beam waiting for its siblings) are skipped.
 // When a running sequence needs a page and none is left, the newest running
 // sequence not yet scheduled this step is preempted: its pages are freed and it
 // goes back to the waiting queue to be recomputed later (its tokens are kept,

@@ -4,11 +4,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <random>
 
+#include "beam_search.h"
 #include "engine_counters.h"
 #include "pagedattn/error.h"
+#include "request_state.h"
 #include "utf8.h"
 
 namespace pagedattn {
@@ -28,20 +31,6 @@ const char *finish_reason_name(FinishReason r) {
   }
   return "";
 }
-
-struct Engine::RequestState {
-  RequestId id = 0;
-  Request req;
-  uint64_t base_seed = 0;
-  Clock::time_point arrival;
-  bool first_token_seen = false;
-  bool cancelled = false;
-  std::string error;
-  int32_t cached_tokens = -1;  // known once the first chunk is scheduled
-  std::vector<std::unique_ptr<Sequence>> seqs;
-  std::vector<Clock::time_point> last_token;  // per sequence
-  std::vector<bool> finish_sent;              // per sequence
-};
 
 namespace {
 
@@ -140,6 +129,16 @@ void Engine::validate(const Request &req) const {
   PA_CHECK(int64_t(req.prompt.size()) < kv_capacity_tokens(), "add_request: prompt of ",
            req.prompt.size(), " tokens does not fit in the KV cache (", kv_capacity_tokens(),
            " tokens)");
+  PA_CHECK(req.best_of == 0 || (req.best_of >= req.n && req.best_of <= Request::kMaxSequences),
+           "add_request: best_of must be 0 or in [n = ", req.n, ", ", Request::kMaxSequences,
+           "], got ", req.best_of);
+  if (req.use_beam_search) {
+    PA_CHECK(req.beam_width >= 0, "add_request: beam_width must be >= 0, got ", req.beam_width);
+    PA_CHECK(req.width() >= req.n && req.width() <= Request::kMaxBeamWidth,
+             "add_request: beam_width must be in [n = ", req.n, ", ", Request::kMaxBeamWidth,
+             "], got ", req.width());
+    PA_CHECK(std::isfinite(req.length_penalty), "add_request: length_penalty must be finite");
+  }
   validate_sampling_params(req.sampling);
   PA_CHECK(req.sampling.stop.empty() || decode_, "add_request: stop strings need a tokenizer");
   for (const std::string &s : req.sampling.stop)
@@ -160,12 +159,15 @@ RequestId Engine::add_request(Request req, RequestId id) {
                       ? *rs->req.seed
                       : (uint64_t(std::random_device{}()) << 32) ^ uint64_t(std::random_device{}());
   rs->arrival = Clock::now();
-  rs->last_token.resize(size_t(rs->req.n));
-  rs->finish_sent.assign(size_t(rs->req.n), false);
+  rs->last_token.resize(size_t(rs->req.num_sequences()));
+  rs->finish_sent.assign(size_t(rs->req.num_sequences()), false);
+  rs->track_logprobs = rs->req.num_sequences() > 1 || rs->req.holds_output();
   auto seq = make_sequence(rs->req, rs->base_seed, id, 0);
   seq->tokens = rs->req.prompt;
   seq->prompt_len = int32_t(seq->tokens.size());
-  seq->order = (arrivals_ << 8);
+  // NOTE: 2^24 orders per request leave room for every beam a request can fork.
+  seq->order = (arrivals_ << 24);
+  rs->base_order = seq->order;
   scheduler_->add_waiting(seq.get());  // the last check: nothing is changed when it throws
   ++arrivals_;
   counters_->prompt_tokens += int64_t(rs->req.prompt.size());
@@ -201,7 +203,7 @@ void Engine::finish_seq(Sequence &seq, FinishReason reason) {
 }
 
 void Engine::fork_children(RequestState &rs, Sequence &parent) {
-  for (int32_t i = 1; i < rs.req.n; ++i) {
+  for (int32_t i = 1; i < rs.req.num_sequences(); ++i) {
     auto child = make_sequence(rs.req, rs.base_seed, rs.id, i);
     child->tokens = parent.tokens;
     child->prompt_len = parent.prompt_len;
@@ -222,6 +224,7 @@ void Engine::append_token(RequestState &rs, Sequence &seq, int32_t token) {
     rs.first_token_seen = true;
     counters_->ttft.observe(std::chrono::duration<double>(now - rs.arrival).count());
   }
+  if (rs.last_token.size() <= size_t(seq.index)) rs.last_token.resize(size_t(seq.index) + 1);
   auto &last = rs.last_token[size_t(seq.index)];
   if (seq.num_generated() > 1)
     counters_->itl.observe(std::chrono::duration<double>(now - last).count());
@@ -254,18 +257,26 @@ void Engine::sample_scheduled(const SchedulerOutput &out, const Tensor &logits,
     RequestState &rs = *requests_.at(seq.request_id);
     std::span<const float> row(logits.data_as<float>() + int64_t(s.logit_row) * vocab,
                                size_t(vocab));
-    const size_t first_new = rs.seqs.size();
-    if (rs.req.n > 1 && seq.index == 0 && !seq.forked) fork_children(rs, seq);
-    append_token(rs, seq, seq.sampler.sample(row, seq.tokens));
-    for (size_t i = first_new; i < rs.seqs.size(); ++i) {
-      Sequence &child = *rs.seqs[i];
-      append_token(rs, child, child.sampler.sample(row, child.tokens));
-    }
     touched.push_back(seq.request_id);
+    if (rs.req.use_beam_search) {
+      // Enough continuations per beam that width of them survive ending tokens.
+      rs.beam_pending[&seq] = beam::top_logprobs(row, 2 * rs.req.width() + 1);
+      continue;
+    }
+    const size_t first_new = rs.seqs.size();
+    if (rs.req.num_sequences() > 1 && seq.index == 0 && !seq.forked) fork_children(rs, seq);
+    auto sample = [&](Sequence &q) {
+      const int32_t token = q.sampler.sample(row, q.tokens);
+      if (rs.track_logprobs) q.cumulative_logprob += beam::token_logprob(row, token);
+      append_token(rs, q, token);
+    };
+    sample(seq);
+    for (size_t i = first_new; i < rs.seqs.size(); ++i) sample(*rs.seqs[i]);
   }
 }
 
 RequestOutput Engine::collect(RequestState &rs) {
+  if (rs.req.holds_output()) return collect_held(rs);
   RequestOutput o;
   o.id = rs.id;
   o.prompt_tokens = int32_t(rs.req.prompt.size());
@@ -285,10 +296,12 @@ RequestOutput Engine::collect(RequestState &rs) {
     s.new_text.clear();
     s.tokens_sent = size_t(s.num_generated());
     so.finish = s.finish;
+    so.cumulative_logprob = s.cumulative_logprob;
     if (report_finish) rs.finish_sent[size_t(s.index)] = true;
     o.seqs.push_back(std::move(so));
   }
-  o.finished = all_finished && (rs.cancelled || int32_t(rs.seqs.size()) == rs.req.n);
+  o.finished =
+      all_finished && (rs.cancelled || int32_t(rs.seqs.size()) == rs.req.num_sequences());
   o.error = rs.error;
   return o;
 }
@@ -296,6 +309,10 @@ RequestOutput Engine::collect(RequestState &rs) {
 std::vector<RequestOutput> Engine::step() {
   std::vector<RequestId> touched;
   SchedulerOutput out = scheduler_->schedule();
+  for (Sequence *s : out.preempted) {  // a preempted beam recomputes its continuations
+    auto it = requests_.find(s->request_id);
+    if (it != requests_.end()) it->second->beam_pending.erase(s);
+  }
   for (Sequence *s : out.out_of_memory) {
     finish_seq(*s, FinishReason::length);
     touched.push_back(s->request_id);
@@ -321,6 +338,7 @@ std::vector<RequestOutput> Engine::step() {
       sample_scheduled(out, logits, touched);
     }
   }
+  run_beam_steps(out, touched);
   ++counters_->steps;
   counters_->record_rate(Clock::now());
   touched.insert(touched.end(), pending_final_.begin(), pending_final_.end());

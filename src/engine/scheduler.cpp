@@ -141,7 +141,10 @@ SchedulerOutput Scheduler::schedule() {
   std::unordered_set<const Sequence *> scheduled;
 
   std::vector<Sequence *> decodes, prefills;
-  for (auto &[order, s] : running_) (s->num_uncomputed() == 1 ? decodes : prefills).push_back(s);
+  for (auto &[order, s] : running_) {
+    if (s->num_uncomputed() == 0) continue;  // a beam waiting for its siblings' step
+    (s->num_uncomputed() == 1 ? decodes : prefills).push_back(s);
+  }
 
   auto newest_victim = [&](const Sequence *self) -> Sequence * {
     for (auto it = running_.rbegin(); it != running_.rend(); ++it)

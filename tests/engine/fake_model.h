@@ -121,9 +121,16 @@ class FakeModel : public Model {
       x ^= x >> 29;
       out[v] = float(x % 10000) / 1000.f;  // [0, 10)
     }
-    for (int32_t e : cfg_.eos_token_ids) out[e] = -10.f;
+    for (int32_t e : cfg_.eos_token_ids) out[e] = eos_logit;
     if (eos_every > 0 && !cfg_.eos_token_ids.empty() && len % eos_every == 0)
       out[cfg_.eos_token_ids[0]] = 100.f;
+  }
+
+  // The logits after a whole history, computed without any cache. out: [vocab].
+  void logits_after(const std::vector<int32_t> &tokens, float *out) const {
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t tok : tokens) h = (h ^ uint64_t(int64_t(tok))) * 1099511628211ull;
+    fill_logits(h, int32_t(tokens.size()), out);
   }
 
   // Greedy continuation computed without any cache: the independent oracle.
@@ -131,9 +138,7 @@ class FakeModel : public Model {
     std::vector<int32_t> out;
     std::vector<float> logits(size_t(cfg_.vocab_size));
     for (int32_t t = 0; t < max_tokens; ++t) {
-      uint64_t h = 1469598103934665603ull;
-      for (int32_t tok : tokens) h = (h ^ uint64_t(int64_t(tok))) * 1099511628211ull;
-      fill_logits(h, int32_t(tokens.size()), logits.data());
+      logits_after(tokens, logits.data());
       int32_t best = 0;
       for (int32_t v = 1; v < cfg_.vocab_size; ++v)
         if (logits[size_t(v)] > logits[size_t(best)]) best = v;
@@ -147,6 +152,7 @@ class FakeModel : public Model {
   }
 
   int32_t eos_every = 0;
+  float eos_logit = -10.f;  // the eos logits where eos_every does not favour them
   std::chrono::microseconds step_delay{0};  // makes each forward call slow (streaming tests)
   int64_t num_forward_calls = 0;
   std::vector<int32_t> batch_tokens;  // tokens per forward call

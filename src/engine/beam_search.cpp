@@ -1,0 +1,74 @@
+// Log-softmax of logits rows and the beam-selection rule.
+#include "beam_search.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "pagedattn/error.h"
+
+namespace pagedattn::beam {
+
+namespace {
+
+// log(sum(exp(logits))) in double.
+double log_sum_exp(std::span<const float> logits) {
+  double mx = -std::numeric_limits<double>::infinity();
+  for (float x : logits) mx = std::max(mx, double(x));
+  if (!std::isfinite(mx)) return mx;
+  double sum = 0;
+  for (float x : logits) sum += std::exp(double(x) - mx);
+  return mx + std::log(sum);
+}
+
+}  // namespace
+
+double token_logprob(std::span<const float> logits, int32_t token) {
+  PA_CHECK(token >= 0 && size_t(token) < logits.size(), "token_logprob: token ", token,
+           " is outside the vocabulary of ", logits.size());
+  return double(logits[size_t(token)]) - log_sum_exp(logits);
+}
+
+std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int32_t k) {
+  PA_CHECK(k >= 0, "top_logprobs: k must be >= 0, got ", k);
+  const size_t kk = std::min(size_t(k), logits.size());
+  std::vector<int32_t> ids(logits.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
+  auto better = [&](int32_t a, int32_t b) {
+    const float la = logits[size_t(a)], lb = logits[size_t(b)];
+    return la != lb ? la > lb : a < b;
+  };
+  std::partial_sort(ids.begin(), ids.begin() + int64_t(kk), ids.end(), better);
+  const double lse = log_sum_exp(logits);
+  std::vector<TokenLogprob> out(kk);
+  for (size_t i = 0; i < kk; ++i) out[i] = {ids[i], double(logits[size_t(ids[i])]) - lse};
+  return out;
+}
+
+double score(double sum_logprob, int32_t generated_len, double length_penalty) {
+  if (generated_len <= 0) return sum_logprob;
+  return sum_logprob / std::pow(double(generated_len), length_penalty);
+}
+
+std::vector<Candidate> select(std::vector<Candidate> candidates, int32_t width,
+                              const std::function<bool(int32_t)> &ends) {
+  PA_CHECK(width >= 1, "beam select: width must be >= 1, got ", width);
+  std::sort(candidates.begin(), candidates.end(), [](const Candidate &a, const Candidate &b) {
+    if (a.cum_logprob != b.cum_logprob) return a.cum_logprob > b.cum_logprob;
+    return a.beam != b.beam ? a.beam < b.beam : a.token < b.token;
+  });
+  std::vector<Candidate> kept;
+  int32_t continuing = 0;
+  for (size_t rank = 0; rank < candidates.size() && continuing < width; ++rank) {
+    const Candidate &c = candidates[rank];
+    if (ends(c.token)) {
+      if (int64_t(rank) < width) kept.push_back(c);
+    } else {
+      kept.push_back(c);
+      ++continuing;
+    }
+  }
+  return kept;
+}
+
+}  // namespace pagedattn::beam

@@ -1,0 +1,36 @@
+// The engine's state of one request (private to the engine).
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "beam_search.h"
+#include "pagedattn/engine.h"
+
+namespace pagedattn {
+
+struct Engine::RequestState {
+  using Clock = std::chrono::steady_clock;
+  RequestId id = 0;
+  Request req;
+  uint64_t base_seed = 0;
+  uint64_t base_order = 0;  // the prompt sequence's order; beams count up from it
+  int32_t next_index = 1;   // beams: the index (and order offset) of the next fork
+  Clock::time_point arrival;
+  bool first_token_seen = false;
+  bool cancelled = false;
+  bool track_logprobs = false;  // more than one sequence or held output
+  std::string error;
+  int32_t cached_tokens = -1;  // known once the first chunk is scheduled
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  std::vector<Clock::time_point> last_token;  // by sequence index
+  std::vector<bool> finish_sent;              // by sequence index
+  // Beam search: the top continuations of each live beam whose last token is computed; the
+  // step runs once every live beam has them.
+  std::map<const Sequence *, std::vector<beam::TokenLogprob>> beam_pending;
+};
+
+}  // namespace pagedattn
