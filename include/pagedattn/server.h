@@ -4,7 +4,9 @@
 //   GET  /v1/models, /health, /metrics (Prometheus text)
 // Bad input gets an OpenAI-style error {"error": {"message", "type", "param", "code"}} with a 4xx
 // status and a message naming the field. A client that disconnects mid-stream cancels its request
-// (pages freed at once).
+// (pages freed at once). /v1/completions also takes best_of (the n best of best_of samples by
+// cumulative logprob) and use_beam_search with beam_width (else best_of, else n) and
+// length_penalty; neither streams.
 #pragma once
 
 #include <cstdint>

@@ -26,8 +26,8 @@ std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int32_t k)
 double score(double sum_logprob, int32_t generated_len, double length_penalty);
 
 struct Candidate {
-  int32_t beam = 0;       // index of the live beam it extends
-  int32_t token = 0;      // the token appended
+  int32_t beam = 0;        // index of the live beam it extends
+  int32_t token = 0;       // the token appended
   double cum_logprob = 0;  // the beam's cumulative logprob plus the token's
 };
 

@@ -29,9 +29,9 @@ std::vector<Sequence *> live_beams(const Seqs &seqs) {
 }
 
 double seq_score(const Request &req, const Sequence &s) {
-  return req.use_beam_search ? beam::score(s.cumulative_logprob, s.num_generated(),
-                                           double(req.length_penalty))
-                             : s.cumulative_logprob;
+  return req.use_beam_search
+             ? beam::score(s.cumulative_logprob, s.num_generated(), double(req.length_penalty))
+             : s.cumulative_logprob;
 }
 
 // Finished sequences, best first (ties: lower index).
@@ -81,8 +81,8 @@ void Engine::beam_step(RequestState &rs) {
       cands.push_back({int32_t(b), t.token, live[b]->cumulative_logprob + t.logprob});
   rs.beam_pending.clear();
   auto ends = [&](int32_t token) {
-    const bool eos = !rs.req.ignore_eos &&
-                     std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end();
+    const bool eos =
+        !rs.req.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end();
     return eos || live[0]->sampler.is_stop_token(token);
   };
   const std::vector<beam::Candidate> kept = beam::select(std::move(cands), width, ends);
@@ -144,8 +144,8 @@ RequestOutput Engine::collect_held(RequestState &rs) {
     all_finished = all_finished && s->finished();
   }
   // best_of: every candidate exists once the prompt's sequence forked.
-  const bool complete = rs.req.use_beam_search || rs.cancelled ||
-                        int32_t(rs.seqs.size()) == rs.req.num_sequences();
+  const bool complete =
+      rs.req.use_beam_search || rs.cancelled || int32_t(rs.seqs.size()) == rs.req.num_sequences();
   if (!all_finished || !complete) return o;
   const std::vector<Sequence *> best = ranked(rs.req, rs.seqs);
   o.completion_tokens = 0;

@@ -161,9 +161,29 @@ ParsedRequest parse_request(const std::string& body, bool chat, const ServerConf
   }
   Request& r = p.req;
   r.n = int32_t(get_int(j, "n", 1, 1, Request::kMaxSequences));
-  if (const json* b = field(j, "best_of"))
-    if (!b->is_number_integer() || b->get<int64_t>() != r.n)
-      throw ApiError(400, "best_of other than n is not supported", "best_of", "unsupported");
+  // best_of: candidates sampled, the n with the highest cumulative logprob returned; with
+  // use_beam_search (vLLM's legacy API) it is the beam width unless beam_width is given.
+  r.use_beam_search = get_bool(j, "use_beam_search", false);
+  const int64_t best_of_max = r.use_beam_search ? Request::kMaxBeamWidth : Request::kMaxSequences;
+  r.best_of = int32_t(get_int(j, "best_of", 0, 1, best_of_max));
+  if (r.best_of > 0 && r.best_of < r.n)
+    throw ApiError(
+        400, "best_of must be >= n (" + std::to_string(r.n) + "), got " + std::to_string(r.best_of),
+        "best_of", "invalid_value");
+  r.beam_width = int32_t(get_int(j, "beam_width", 0, 1, Request::kMaxBeamWidth));
+  if (field(j, "beam_width") && !r.use_beam_search)
+    throw ApiError(400, "beam_width needs use_beam_search", "beam_width", "invalid_value");
+  if (r.use_beam_search && r.width() < r.n)
+    throw ApiError(400,
+                   "the beam width (" + std::to_string(r.width()) + ") must be >= n (" +
+                       std::to_string(r.n) + ")",
+                   field(j, "beam_width") ? "beam_width" : "n", "invalid_value");
+  r.length_penalty = float(get_number(j, "length_penalty", 1.0, -10.0, 10.0));
+  if (p.stream && r.holds_output())
+    throw ApiError(400,
+                   r.use_beam_search ? "use_beam_search cannot be used with stream"
+                                     : "best_of > n cannot be used with stream",
+                   r.use_beam_search ? "use_beam_search" : "best_of", "invalid_value");
   if (const json* lp = field(j, "logprobs"))
     if (!(lp->is_boolean() && !lp->get<bool>()))
       throw ApiError(400, "logprobs is not supported", "logprobs", "unsupported");

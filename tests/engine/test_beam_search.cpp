@@ -156,8 +156,8 @@ TEST(BeamSearch, LogprobHelpersMatchAHandComputation) {
 TEST(BeamSearch, SelectKeepsEndingCandidatesOnlyWithinTheWidth) {
   // Token 9 ends a sequence.
   auto ends = [](int32_t t) { return t == 9; };
-  std::vector<beam::Candidate> c = {
-      {0, 1, -1.0}, {0, 9, -0.5}, {1, 2, -2.0}, {1, 3, -3.0}, {0, 4, -4.0}, {1, 9, -3.5}};
+  std::vector<beam::Candidate> c = {{0, 1, -1.0}, {0, 9, -0.5}, {1, 2, -2.0},
+                                    {1, 3, -3.0}, {0, 4, -4.0}, {1, 9, -3.5}};
   auto kept = beam::select(c, 2, ends);
   // Ranks: (0,9) -0.5 ends, rank 0 -> finished; (0,1) -1 live; (1,2) -2 live: two live, done.
   ASSERT_EQ(kept.size(), 3u);
@@ -232,8 +232,8 @@ TEST(BeamSearch, EqualsExhaustiveSearchWithEos) {
     ASSERT_EQ(res[id].size(), 4u);
     for (size_t i = 0; i < 4; ++i) {
       EXPECT_EQ(res[id][i].tokens, best[i].tokens) << "length_penalty " << lp << " rank " << i;
-      EXPECT_EQ(res[id][i].finish, res[id][i].tokens.back() == 0 ? FinishReason::stop
-                                                                 : FinishReason::length);
+      EXPECT_EQ(res[id][i].finish,
+                res[id][i].tokens.back() == 0 ? FinishReason::stop : FinishReason::length);
       some_eos = some_eos || res[id][i].tokens.size() < 3;
     }
     if (lp == 2.f) {

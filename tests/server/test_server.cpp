@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -265,6 +267,75 @@ TEST_P(ServerTest, ParallelSamplingReturnsNChoices) {
   expect_pages_released();
 }
 
+// Cumulative logprob of a completion text under the fake model (byte tokens), in double.
+double oracle_cum_logprob(const FakeModel& m, std::vector<int32_t> history,
+                          const std::string& text) {
+  std::vector<float> logits(size_t(m.config().vocab_size));
+  double cum = 0;
+  for (int32_t t : fakes::fake_encode(text)) {
+    m.logits_after(history, logits.data());
+    double mx = -INFINITY, sum = 0;
+    for (float x : logits) mx = std::max(mx, double(x));
+    for (float x : logits) sum += std::exp(double(x) - mx);
+    cum += double(logits[size_t(t)]) - mx - std::log(sum);
+    history.push_back(t);
+  }
+  return cum;
+}
+
+TEST_P(ServerTest, BestOfReturnsTheHighestScoringSamples) {
+  const std::string all_body =
+      R"({"model": "fake", "prompt": "best", "max_tokens": 6, "n": 5, "best_of": 5, "seed": 9})";
+  auto ra = post("/v1/completions", all_body);
+  ASSERT_EQ(ra->status, 200) << ra->body;
+  const json all = json::parse(ra->body)["choices"];
+  ASSERT_EQ(all.size(), 5u);
+  const auto prompt = fakes::fake_encode("best");
+  std::vector<std::pair<double, std::string>> ranked;
+  for (const json& c : all) {
+    const std::string t = c["text"];
+    ranked.emplace_back(oracle_cum_logprob(*fake_, prompt, t), t);
+  }
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  // Same seed, best_of 5, n 2: the same five candidates, the best two returned, best first.
+  auto rb = post("/v1/completions",
+                 R"({"model": "fake", "prompt": "best", "max_tokens": 6, "n": 2, "best_of": 5,
+                     "seed": 9})");
+  ASSERT_EQ(rb->status, 200) << rb->body;
+  const json best = json::parse(rb->body)["choices"];
+  ASSERT_EQ(best.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(best[i]["index"], int(i));
+    EXPECT_EQ(best[i]["text"], ranked[i].second) << "rank " << i;
+  }
+  expect_pages_released();
+}
+
+TEST_P(ServerTest, BeamSearchCompletions) {
+  // Width 1 is greedy.
+  auto r = post("/v1/completions", R"({"model": "fake", "prompt": "beam", "max_tokens": 7,
+                                       "use_beam_search": true, "beam_width": 1})");
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["choices"][0]["text"], oracle_text(fakes::fake_encode("beam"), 7));
+  // best_of as the width (vLLM's legacy API): three beams, best first.
+  r = post("/v1/completions", R"({"model": "fake", "prompt": "beam", "max_tokens": 7, "n": 3,
+                                  "best_of": 4, "use_beam_search": true, "length_penalty": 0.5})");
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json choices = json::parse(r->body)["choices"];
+  ASSERT_EQ(choices.size(), 3u);
+  const auto prompt = fakes::fake_encode("beam");
+  double prev = INFINITY;
+  for (const json& c : choices) {
+    EXPECT_EQ(c["finish_reason"], "length");
+    const double s = oracle_cum_logprob(*fake_, prompt, c["text"]) / std::pow(7.0, 0.5);
+    EXPECT_LE(s, prev);
+    prev = s;
+  }
+  EXPECT_NE(choices[0]["text"], choices[1]["text"]);
+  expect_pages_released();
+}
+
 TEST_P(ServerTest, ConcurrentClients) {
   std::vector<std::thread> threads;
   std::vector<std::string> got(12), want(12);
@@ -334,6 +405,32 @@ TEST_P(ServerTest, BadInputGetsOpenAiErrors) {
                "stream", "boolean");
   expect_error(post("/v1/completions", R"({"model": "fake", "prompt": "x", "seed": 1.5})"), 400,
                "seed", "integer");
+  expect_error(post("/v1/completions", R"({"model": "fake", "prompt": "x", "n": 3, "best_of": 2})"),
+               400, "best_of", "best_of must be >= n");
+  expect_error(post("/v1/completions", R"({"model": "fake", "prompt": "x", "best_of": 17})"), 400,
+               "best_of", "best_of must be in");
+  expect_error(post("/v1/completions", R"({"model": "fake", "prompt": "x", "best_of": 1.5})"), 400,
+               "best_of", "integer");
+  expect_error(
+      post("/v1/completions", R"({"model": "fake", "prompt": "x", "best_of": 3, "stream": true})"),
+      400, "best_of", "stream");
+  expect_error(post("/v1/completions",
+                    R"({"model": "fake", "prompt": "x", "use_beam_search": true, "stream": true})"),
+               400, "use_beam_search", "stream");
+  expect_error(post("/v1/completions", R"({"model": "fake", "prompt": "x", "beam_width": 2})"), 400,
+               "beam_width", "needs use_beam_search");
+  expect_error(
+      post("/v1/completions",
+           R"({"model": "fake", "prompt": "x", "use_beam_search": true, "beam_width": 9})"),
+      400, "beam_width", "beam_width must be in");
+  expect_error(post("/v1/completions", R"({"model": "fake", "prompt": "x", "n": 3,
+                                           "use_beam_search": true, "beam_width": 2})"),
+               400, "beam_width", "must be >= n");
+  expect_error(post("/v1/completions", R"({"model": "fake", "prompt": "x", "use_beam_search": 1})"),
+               400, "use_beam_search", "boolean");
+  expect_error(post("/v1/completions", R"({"model": "fake", "prompt": "x", "use_beam_search": true,
+                                           "length_penalty": "long"})"),
+               400, "length_penalty", "number");
   json long_prompt = {{"model", "fake"}, {"prompt", std::string(kMaxLen + 10, 'a')}};
   expect_error(post("/v1/completions", long_prompt.dump()), 400, "prompt",
                "maximum context length");
