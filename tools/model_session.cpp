@@ -66,7 +66,8 @@ ModelSession::ModelSession(const SessionOptions& opt) : opt_(opt) {
   kc.num_pages = int32_t((opt.kv_tokens + opt.page_size - 1) / opt.page_size);
   kc.device = model_->device();
   kc.enable_prefix_cache = false;
-  kc.dtype = opt.kv_cache_dtype == "auto" ? DType::f32 : parse_dtype(opt.kv_cache_dtype);
+  const DType compute_dtype = kc.device == Device::cuda ? DType::bf16 : DType::f32;
+  kc.dtype = opt.kv_cache_dtype == "auto" ? compute_dtype : parse_dtype(opt.kv_cache_dtype);
   cache_ = std::make_unique<KvCache>(kc);
   if (kc.dtype == DType::fp8_e4m3) {
     std::vector<int32_t> calib;

@@ -7,6 +7,7 @@
 #include "pagedattn/attention.h"
 #include "pagedattn/error.h"
 #include "pagedattn/llama.h"
+#include "pagedattn/llama_cuda.h"
 #include "rope.h"
 
 namespace pagedattn {
@@ -260,8 +261,12 @@ void LlamaModel::run_layer(const Layer& w, int32_t layer, int32_t num_tokens,
 namespace pagedattn {
 
 std::unique_ptr<Model> create_model(const ModelFile& file, Device device) {
-  PA_CHECK(device == Device::cpu, "create_model: device ", device_name(device),
-           " has no forward path yet (the CUDA model runner is not implemented; use cpu)");
+  if (device == Device::cuda) {
+    PA_CHECK(cuda_device_count() > 0,
+             "create_model: device cuda has no usable CUDA device (none found, or pagedattn was "
+             "built without CUDA); use cpu");
+    return std::make_unique<LlamaModelCuda>(file);
+  }
   return std::make_unique<LlamaModel>(file);
 }
 

@@ -1,0 +1,52 @@
+// LlamaModelCuda: the Llama-family forward pass (the same math as LlamaModel, llama.h) on one CUDA
+// device, in bf16 with fp32 accumulation, over a KvCache whose pools are on that device.
+//
+// At load the f32 weights of the ModelFile become bf16 on the device (q/k/v and gate/up fused into
+// one matrix each); norm weights, biases and the residual stream stay fp32. Per forward:
+//   one upload of tokens, slots, logit rows and the RoPE cos/sin of the positions;
+//   x = embed[tokens]                                              (gather kernel, fp32 x)
+//   per layer: h = rms_norm(x) (bf16); qkv = h Wqkv^T (cuBLAS, fp32 out);
+//     one kernel: + bias (Qwen2), per-head q/k RMSNorm (Qwen3), RoPE, split to bf16 q, k, v;
+//     write_kv_cuda into the layer's pools; paged_attention_cuda (one plan per forward);
+//     x += attn Wo^T (GEMM with beta = 1); h = rms_norm(x); gu = h Wgu^T; a = silu(g) * u;
+//     x += a Wd^T;
+//   logits = rms_norm(x[logit_rows]) lm_head^T (fp32 out), copied to a host f32 tensor.
+// The cache must be on CUDA with dtype bf16 (or fp8_e4m3 with its scales set).
+// In builds without CUDA the constructor throws Error.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "pagedattn/model.h"
+
+namespace pagedattn {
+
+class LlamaModelCuda : public Model {
+ public:
+  // Validates the file like LlamaModel (same messages, "LlamaModelCuda: ..."), then uploads the
+  // weights. Throws Error when there is no CUDA device or a CUDA/cuBLAS call fails.
+  explicit LlamaModelCuda(const ModelFile& file);
+  ~LlamaModelCuda() override;
+  LlamaModelCuda(const LlamaModelCuda&) = delete;
+  LlamaModelCuda& operator=(const LlamaModelCuda&) = delete;
+
+  const ModelConfig& config() const override;
+  Device device() const override { return Device::cuda; }
+  Tensor forward(const ForwardBatch& batch, KvCache& cache) override;
+
+  // Checks a batch against the cache and this model without touching either (the CPU model's
+  // rules and messages, prefixed "LlamaModelCuda::forward"; the cache must be a CUDA one).
+  void validate(const ForwardBatch& batch, const KvCache& cache) const;
+
+  // Bytes of the device weights (for benchmarks: the floor of a decode step reads all of them).
+  size_t weight_bytes() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pagedattn

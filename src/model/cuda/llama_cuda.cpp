@@ -1,0 +1,356 @@
+// LlamaModelCuda: bf16 weights on the device, cuBLAS for the matrix products, the fused kernels of
+// llama_kernels.cu for the rest, paged attention over the cache's device pools.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <unordered_set>
+
+#include "llama_kernels.h"
+#include "pagedattn/attention_cuda.h"
+#include "pagedattn/error.h"
+#include "pagedattn/llama.h"
+#include "pagedattn/llama_cuda.h"
+#include "rope.h"
+
+namespace pagedattn {
+
+namespace {
+
+constexpr const char* kOp = "LlamaModelCuda";
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail(kOp, ": ", what, ": ", cudaGetErrorString(e));
+}
+
+void check_cublas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    fail(kOp, ": ", what, ": ", cublasGetStatusString(s), " (status ", int(s), ")");
+  }
+}
+
+// Device storage of at least `elems` values of dtype (regrown, never shrunk).
+void* ensure(Tensor& t, int64_t elems, DType dtype) {
+  elems = std::max<int64_t>(elems, 1);
+  if (!t.defined() || t.numel() < elems || t.dtype() != dtype) {
+    t = Tensor();
+    t = Tensor::empty({elems}, dtype, Device::cuda);
+  }
+  return t.data();
+}
+
+const float* host_f32(const ModelFile& f, const std::string& name) {
+  // LlamaModel's constructor has checked that the tensor exists with the right shape and dtype.
+  return f.tensors.at(name).data_as<float>();
+}
+
+}  // namespace
+
+struct LlamaModelCuda::Impl {
+  struct Layer {
+    Tensor attn_norm, mlp_norm;  // [hidden] f32
+    Tensor wqkv;                 // [(Hq + 2 Hkv) * D, hidden] bf16 (q, k, v rows stacked)
+    Tensor bqkv;                 // [(Hq + 2 Hkv) * D] f32 (Qwen2) or empty
+    Tensor q_norm, k_norm;       // [D] f32 (Qwen3) or empty
+    Tensor wo;                   // [hidden, Hq * D] bf16
+    Tensor wgu;                  // [2 * intermediate, hidden] bf16 (gate rows, then up rows)
+    Tensor wd;                   // [hidden, intermediate] bf16
+  };
+
+  ModelConfig config;
+  std::vector<double> inv_freq;  // [D / 2]
+  std::vector<Layer> layers;
+  Tensor embed;       // [vocab, hidden] bf16
+  Tensor lm_head;     // [vocab, hidden] bf16, empty when tied (embed is used)
+  Tensor final_norm;  // [hidden] f32
+  size_t weight_bytes = 0;
+  cublasHandle_t cublas = nullptr;
+  std::unique_ptr<CudaAttentionPlan> plan;
+  Tensor staging;  // f32 weights on their way to bf16 (load only)
+
+  // Per-step device scratch, grown on demand.
+  Tensor meta;    // tokens [T], slots [T], logit rows [R], rope cos [T, D/2], sin [T, D/2] (4 bytes each)
+  Tensor x;       // [T, hidden] f32, the residual stream
+  Tensor h;       // [T, max(hidden, Hq * D)] bf16
+  Tensor qkv;     // [T, (Hq + 2 Hkv) * D] f32
+  Tensor q, k, v; // [T, Hq, D], [T, Hkv, D] bf16
+  Tensor attn;    // [T, Hq, D] bf16
+  Tensor gu;      // [T, 2 * intermediate] f32
+  Tensor act;     // [T, intermediate] bf16
+  Tensor logits;  // [R, vocab] f32
+  std::vector<int32_t> host_meta, kv_len, block_table;
+  std::vector<float> rope_cos, rope_sin;
+
+  ~Impl() {
+    if (cublas) cublasDestroy(cublas);
+  }
+
+  Tensor upload_f32(const float* src, int64_t n) {
+    Tensor t = Tensor::empty({n}, DType::f32, Device::cuda);
+    check_cuda(cudaMemcpy(t.data(), src, size_t(n) * 4, cudaMemcpyHostToDevice), "weight upload");
+    return t;
+  }
+  // Converts n host f32 values to bf16 at dst (device).
+  void upload_bf16(const float* src, int64_t n, uint16_t* dst) {
+    float* s = static_cast<float*>(ensure(staging, n, DType::f32));
+    check_cuda(cudaMemcpy(s, src, size_t(n) * 4, cudaMemcpyHostToDevice), "weight upload");
+    cuda::f32_to_bf16_device(s, n, dst, nullptr);
+  }
+  // Several [rows_i, cols] f32 matrices stacked into one bf16 [sum rows_i, cols] device tensor.
+  Tensor stack_bf16(const std::vector<const float*>& parts, const std::vector<int64_t>& rows,
+                    int64_t cols) {
+    int64_t total = 0;
+    for (int64_t r : rows) total += r;
+    Tensor t = Tensor::empty({total, cols}, DType::bf16, Device::cuda);
+    int64_t at = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      upload_bf16(parts[i], rows[i] * cols, t.data_as<uint16_t>() + at * cols);
+      at += rows[i];
+    }
+    weight_bytes += t.nbytes();
+    return t;
+  }
+
+  // y [T, out] (ytype) = beta * y + x [T, in] (bf16) W^T, W [out, in] bf16, fp32 accumulation.
+  void gemm(const void* x_, int32_t T, int32_t in, const Tensor& w, int32_t out, void* y,
+            cudaDataType_t ytype, float beta, const char* what) {
+    const float alpha = 1.f;
+    // Column-major view: y^T [out, T] = W [out, in] (row-major = col-major W^T, hence OP_T) x^T.
+    check_cublas(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &alpha, w.data(),
+                              CUDA_R_16BF, in, x_, CUDA_R_16BF, in, &beta, y, ytype, out,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 what);
+  }
+};
+
+LlamaModelCuda::LlamaModelCuda(const ModelFile& file) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  {
+    // NOTE: the CPU model's constructor validates the config and every tensor (shape, dtype,
+    // device) without copying anything; its messages are the ones users already see.
+    const LlamaModel cpu_check(file);
+    m.config = cpu_check.config();
+  }
+  const ModelConfig& c = m.config;
+  PA_CHECK(c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256, kOp, ": head_dim ",
+           c.head_dim, " has no CUDA attention kernel (64, 128 or 256)");
+  PA_CHECK(cuda_device_count() > 0, kOp, ": no CUDA device is available");
+  m.inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling);
+  check_cublas(cublasCreate(&m.cublas), "cublasCreate");
+  m.plan = std::make_unique<CudaAttentionPlan>();
+
+  const int64_t hidden = c.hidden_size, inter = c.intermediate_size, D = c.head_dim;
+  const int64_t q_dim = int64_t(c.num_q_heads) * D, kv_dim = int64_t(c.num_kv_heads) * D;
+  m.embed = m.stack_bf16({host_f32(file, "model.embed_tokens.weight")}, {c.vocab_size}, hidden);
+  if (file.tensors.count("lm_head.weight")) {
+    m.lm_head = m.stack_bf16({host_f32(file, "lm_head.weight")}, {c.vocab_size}, hidden);
+  }
+  m.final_norm = m.upload_f32(host_f32(file, "model.norm.weight"), hidden);
+  for (int32_t i = 0; i < c.num_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    auto w = [&](const std::string& name) { return host_f32(file, p + name); };
+    Impl::Layer L;
+    L.attn_norm = m.upload_f32(w("input_layernorm.weight"), hidden);
+    L.mlp_norm = m.upload_f32(w("post_attention_layernorm.weight"), hidden);
+    L.wqkv = m.stack_bf16({w("self_attn.q_proj.weight"), w("self_attn.k_proj.weight"),
+                           w("self_attn.v_proj.weight")},
+                          {q_dim, kv_dim, kv_dim}, hidden);
+    if (c.attention_bias) {
+      std::vector<float> b(size_t(q_dim + 2 * kv_dim));
+      std::memcpy(b.data(), w("self_attn.q_proj.bias"), size_t(q_dim) * 4);
+      std::memcpy(b.data() + q_dim, w("self_attn.k_proj.bias"), size_t(kv_dim) * 4);
+      std::memcpy(b.data() + q_dim + kv_dim, w("self_attn.v_proj.bias"), size_t(kv_dim) * 4);
+      L.bqkv = m.upload_f32(b.data(), int64_t(b.size()));
+    }
+    if (c.qk_norm) {
+      L.q_norm = m.upload_f32(w("self_attn.q_norm.weight"), D);
+      L.k_norm = m.upload_f32(w("self_attn.k_norm.weight"), D);
+    }
+    L.wo = m.stack_bf16({w("self_attn.o_proj.weight")}, {hidden}, q_dim);
+    L.wgu = m.stack_bf16({w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")}, {inter, inter},
+                         hidden);
+    L.wd = m.stack_bf16({w("mlp.down_proj.weight")}, {hidden}, inter);
+    m.layers.push_back(std::move(L));
+  }
+  check_cuda(cudaDeviceSynchronize(), "weight conversion");
+  m.staging = Tensor();
+}
+
+LlamaModelCuda::~LlamaModelCuda() = default;
+
+const ModelConfig& LlamaModelCuda::config() const { return impl_->config; }
+
+size_t LlamaModelCuda::weight_bytes() const { return impl_->weight_bytes; }
+
+void LlamaModelCuda::validate(const ForwardBatch& b, const KvCache& cache) const {
+  constexpr const char* op = "LlamaModelCuda::forward";
+  const ModelConfig& config = impl_->config;
+  const KvCacheConfig& cc = cache.config();
+  PA_CHECK(cc.device == Device::cuda, op, ": cache is on ", device_name(cc.device),
+           "; the CUDA model needs a CUDA cache");
+  PA_CHECK(cc.dtype == DType::bf16 || cc.dtype == DType::fp8_e4m3, op, ": cache dtype is ",
+           dtype_name(cc.dtype), "; the CUDA model writes bf16 or fp8_e4m3 K/V");
+  PA_CHECK(cc.num_layers == config.num_layers && cc.num_kv_heads == config.num_kv_heads &&
+               cc.head_dim == config.head_dim,
+           op, ": cache has ", cc.num_layers, " layers x ", cc.num_kv_heads,
+           " KV heads x head_dim ", cc.head_dim, ", the model needs ", config.num_layers, " x ",
+           config.num_kv_heads, " x ", config.head_dim);
+  const size_t num_seqs = b.seqs.size(), num_tokens = b.tokens.size();
+  PA_CHECK(b.q_indptr.size() == num_seqs + 1, op, ": batch.q_indptr has ", b.q_indptr.size(),
+           " entries, expected num_seqs + 1 = ", num_seqs + 1);
+  PA_CHECK(b.q_indptr[0] == 0, op, ": batch.q_indptr[0] must be 0, got ", b.q_indptr[0]);
+  for (size_t s = 0; s < num_seqs; ++s) {
+    PA_CHECK(b.q_indptr[s + 1] >= b.q_indptr[s], op, ": batch.q_indptr decreases at ", s + 1);
+  }
+  PA_CHECK(size_t(b.q_indptr[num_seqs]) == num_tokens, op, ": batch.q_indptr ends at ",
+           b.q_indptr[num_seqs], " but batch.tokens has ", num_tokens);
+  PA_CHECK(b.positions.size() == num_tokens, op, ": batch.positions has ", b.positions.size(),
+           " entries, batch.tokens ", num_tokens);
+  PA_CHECK(b.slots.size() == num_tokens, op, ": batch.slots has ", b.slots.size(),
+           " entries, batch.tokens ", num_tokens);
+  for (size_t t = 0; t < num_tokens; ++t) {
+    PA_CHECK(b.tokens[t] >= 0 && b.tokens[t] < config.vocab_size, op, ": batch.tokens[", t,
+             "] = ", b.tokens[t], " is outside the vocabulary of ", config.vocab_size);
+  }
+  for (size_t r = 0; r < b.logit_rows.size(); ++r) {
+    PA_CHECK(b.logit_rows[r] >= 0 && size_t(b.logit_rows[r]) < num_tokens, op,
+             ": batch.logit_rows[", r, "] = ", b.logit_rows[r], " is not a token row (", num_tokens,
+             " tokens)");
+  }
+  std::unordered_set<SeqId> seen;
+  const int32_t ps = cc.page_size;
+  for (size_t s = 0; s < num_seqs; ++s) {
+    const SeqId seq = b.seqs[s];
+    PA_CHECK(cache.has_sequence(seq), op, ": batch.seqs[", s, "] = ", seq, " is not in the cache");
+    PA_CHECK(seen.insert(seq).second, op, ": batch.seqs[", s, "] = ", seq, " appears twice");
+    const int32_t kv = cache.kv_len(seq), q_len = b.q_indptr[s + 1] - b.q_indptr[s];
+    PA_CHECK(q_len <= kv, op, ": sequence ", seq, " has ", q_len, " new tokens but kv_len ", kv,
+             " (reserve their slots with append_slots first)");
+    const auto table = cache.block_table(seq);
+    PA_CHECK(int64_t(table.size()) * ps >= kv, op, ": sequence ", seq, " has kv_len ", kv,
+             " beyond its block table of ", table.size(), " pages");
+    for (int32_t j = 0; j < q_len; ++j) {
+      const size_t t = size_t(b.q_indptr[s] + j);
+      const int32_t pos = kv - q_len + j;
+      PA_CHECK(b.positions[t] == pos, op, ": batch.positions[", t, "] = ", b.positions[t],
+               ", expected ", pos, " (kv_len - q_len + j of sequence ", seq, ")");
+      const int32_t slot = table[size_t(pos / ps)] * ps + pos % ps;
+      PA_CHECK(b.slots[t] == slot, op, ": batch.slots[", t, "] = ", b.slots[t], ", expected ", slot,
+               " (position ", pos, " of sequence ", seq, " in its block table)");
+    }
+  }
+}
+
+Tensor LlamaModelCuda::forward(const ForwardBatch& batch, KvCache& cache) {
+  validate(batch, cache);
+  Impl& m = *impl_;
+  const ModelConfig& c = m.config;
+  const int32_t num_seqs = int32_t(batch.seqs.size());
+  const int32_t T = int32_t(batch.tokens.size()), R = int32_t(batch.logit_rows.size());
+  const int32_t hidden = c.hidden_size, inter = c.intermediate_size, D = c.head_dim;
+  const int32_t Hq = c.num_q_heads, Hkv = c.num_kv_heads, half = D / 2;
+  const int32_t q_dim = Hq * D, qkv_dim = (Hq + 2 * Hkv) * D;
+  Tensor logits = Tensor::empty({int64_t(R), c.vocab_size}, DType::f32);
+  if (T == 0) return logits;
+
+  // Host plan: kv_len, block tables padded to the longest, RoPE tables of the positions.
+  size_t max_pages = 1;
+  for (SeqId s : batch.seqs) max_pages = std::max(max_pages, cache.block_table(s).size());
+  m.kv_len.resize(size_t(num_seqs));
+  m.block_table.assign(size_t(num_seqs) * max_pages, 0);
+  for (int32_t s = 0; s < num_seqs; ++s) {
+    m.kv_len[size_t(s)] = cache.kv_len(batch.seqs[size_t(s)]);
+    const auto table = cache.block_table(batch.seqs[size_t(s)]);
+    std::copy(table.begin(), table.end(), m.block_table.begin() + ptrdiff_t(s * max_pages));
+  }
+  BatchLayout layout;
+  layout.num_seqs = num_seqs;
+  layout.q_indptr = batch.q_indptr.data();
+  layout.kv_len = m.kv_len.data();
+  layout.block_table = m.block_table.data();
+  layout.max_pages_per_seq = int32_t(max_pages);
+  m.rope_cos.resize(size_t(T) * size_t(half));
+  m.rope_sin.resize(size_t(T) * size_t(half));
+  rope_tables(m.inv_freq, batch.positions.data(), T, m.rope_cos.data(), m.rope_sin.data());
+
+  // One upload: tokens, slots, logit rows, cos, sin (all 4-byte values).
+  const size_t n_meta = size_t(2 * T + R) + 2 * m.rope_cos.size();
+  m.host_meta.resize(n_meta);
+  int32_t* hm = m.host_meta.data();
+  std::copy(batch.tokens.begin(), batch.tokens.end(), hm);
+  std::copy(batch.slots.begin(), batch.slots.end(), hm + T);
+  std::copy(batch.logit_rows.begin(), batch.logit_rows.end(), hm + 2 * T);
+  std::memcpy(hm + 2 * T + R, m.rope_cos.data(), m.rope_cos.size() * 4);
+  std::memcpy(hm + 2 * T + R + m.rope_cos.size(), m.rope_sin.data(), m.rope_sin.size() * 4);
+  auto* dm = static_cast<int32_t*>(ensure(m.meta, int64_t(n_meta), DType::f32));
+  check_cuda(cudaMemcpy(dm, hm, n_meta * 4, cudaMemcpyHostToDevice), "batch upload");
+  const int32_t* d_tokens = dm;
+  const int32_t* d_slots = dm + T;
+  const int32_t* d_rows = dm + 2 * T;
+  const auto* d_cos = reinterpret_cast<const float*>(dm + 2 * T + R);
+  const float* d_sin = d_cos + m.rope_cos.size();
+
+  float* x = static_cast<float*>(ensure(m.x, int64_t(T) * hidden, DType::f32));
+  void* h = ensure(m.h, int64_t(T) * std::max(hidden, q_dim), DType::bf16);
+  float* qkv = static_cast<float*>(ensure(m.qkv, int64_t(T) * qkv_dim, DType::f32));
+  void* q = ensure(m.q, int64_t(T) * q_dim, DType::bf16);
+  void* k = ensure(m.k, int64_t(T) * Hkv * D, DType::bf16);
+  void* v = ensure(m.v, int64_t(T) * Hkv * D, DType::bf16);
+  void* attn = ensure(m.attn, int64_t(T) * q_dim, DType::bf16);
+  float* gu = static_cast<float*>(ensure(m.gu, int64_t(T) * 2 * inter, DType::f32));
+  void* act = ensure(m.act, int64_t(T) * inter, DType::bf16);
+
+  // Plan once for every layer (layer 0's view: all layers share shapes and dtype).
+  const QKVTensor q_t{q, DType::bf16, T, Hq, D};
+  QKVTensor out_t{attn, DType::bf16, T, Hq, D};
+  AttentionOptions opt;
+  opt.window = c.sliding_window;
+  m.plan->plan(q_t, cache.layer_view(0), layout, opt, out_t, nullptr);
+
+  cuda::embed_gather(m.embed.data_as<uint16_t>(), d_tokens, T, hidden, x, nullptr);
+  cuda::QkvParams qp;
+  qp.num_tokens = T;
+  qp.num_q_heads = Hq;
+  qp.num_kv_heads = Hkv;
+  qp.head_dim = D;
+  qp.eps = c.rms_norm_eps;
+  auto* hb = static_cast<uint16_t*>(h);
+  auto opt_f32 = [](const Tensor& t) { return t.data_as<float>(); };  // null when absent
+  for (int32_t i = 0; i < c.num_layers; ++i) {
+    const Impl::Layer& L = m.layers[size_t(i)];
+    // Attention block.
+    cuda::rms_norm_bf16(x, L.attn_norm.data_as<float>(), nullptr, T, hidden, c.rms_norm_eps, hb,
+                        nullptr);
+    m.gemm(h, T, hidden, L.wqkv, qkv_dim, qkv, CUDA_R_32F, 0.f, "qkv projection");
+    cuda::qkv_post(qkv, opt_f32(L.bqkv), opt_f32(L.q_norm), opt_f32(L.k_norm), d_cos, d_sin, qp,
+                   static_cast<uint16_t*>(q), static_cast<uint16_t*>(k),
+                   static_cast<uint16_t*>(v), nullptr);
+    const PagedKVView view = cache.layer_view(i);
+    write_kv_cuda(view, d_slots, T, k, v, DType::bf16, nullptr);
+    paged_attention_cuda(*m.plan, q_t, view, out_t, nullptr);
+    m.gemm(attn, T, q_dim, L.wo, hidden, x, CUDA_R_32F, 1.f, "o projection");
+    // MLP block.
+    cuda::rms_norm_bf16(x, L.mlp_norm.data_as<float>(), nullptr, T, hidden, c.rms_norm_eps, hb,
+                        nullptr);
+    m.gemm(h, T, hidden, L.wgu, 2 * inter, gu, CUDA_R_32F, 0.f, "gate/up projection");
+    cuda::swiglu(gu, T, inter, static_cast<uint16_t*>(act), nullptr);
+    m.gemm(act, T, inter, L.wd, hidden, x, CUDA_R_32F, 1.f, "down projection");
+  }
+
+  if (R > 0) {
+    cuda::rms_norm_bf16(x, m.final_norm.data_as<float>(), d_rows, R, hidden, c.rms_norm_eps, hb,
+                        nullptr);
+    float* dl = static_cast<float*>(ensure(m.logits, int64_t(R) * c.vocab_size, DType::f32));
+    m.gemm(h, R, hidden, m.lm_head.data() ? m.lm_head : m.embed, c.vocab_size, dl, CUDA_R_32F,
+           0.f, "lm_head");
+    check_cuda(cudaMemcpy(logits.data(), dl, logits.nbytes(), cudaMemcpyDeviceToHost),
+               "logits download");
+  } else {
+    check_cuda(cudaDeviceSynchronize(), "forward");
+  }
+  return logits;
+}
+
+}  // namespace pagedattn

@@ -1,0 +1,158 @@
+// The fused element-wise kernels of LlamaModelCuda (see llama_kernels.h for the contracts).
+#include "llama_kernels.h"
+
+#include "pagedattn/dtype.h"
+#include "pagedattn/error.h"
+
+namespace pagedattn::cuda {
+
+namespace {
+
+void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) fail(what, ": ", cudaGetErrorString(e));
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+__device__ float block_sum(float v) {
+  __shared__ float partial[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  __syncthreads();  // partial may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  float s = lane < warps ? partial[lane] : 0.f;
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+
+// grid (num_tokens), block 256
+__global__ void embed_gather_kernel(const uint16_t* __restrict__ embed,  // [vocab, hidden]
+                                    const int32_t* __restrict__ tokens,  // [num_tokens]
+                                    int32_t hidden, float* __restrict__ x) {  // [T, hidden]
+  const uint16_t* row = embed + int64_t(tokens[blockIdx.x]) * hidden;
+  float* out = x + int64_t(blockIdx.x) * hidden;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[i] = bf16_to_f32(row[i]);
+}
+
+// grid (num_rows), block 256
+__global__ void rms_norm_kernel(const float* __restrict__ x,       // [*, hidden]
+                                const float* __restrict__ weight,  // [hidden]
+                                const int32_t* __restrict__ rows,  // [num_rows] or null
+                                int32_t hidden, float eps,
+                                uint16_t* __restrict__ out) {  // [num_rows, hidden]
+  const int64_t src = rows ? rows[blockIdx.x] : blockIdx.x;
+  const float* xr = x + src * hidden;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) ss += xr[i] * xr[i];
+  const float inv = rsqrtf(block_sum(ss) / float(hidden) + eps);
+  uint16_t* o = out + int64_t(blockIdx.x) * hidden;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = f32_to_bf16(xr[i] * inv * weight[i]);
+}
+
+// grid (num_tokens, Hq + 2 Hkv), block head_dim / 2: thread i owns the RoPE pair (i, i + D/2).
+__global__ void qkv_post_kernel(const float* __restrict__ qkv,  // [T, (Hq + 2 Hkv) * D]
+                                const float* __restrict__ bias,      // [(Hq + 2 Hkv) * D] or null
+                                const float* __restrict__ q_norm,    // [D] or null
+                                const float* __restrict__ k_norm,    // [D] or null
+                                const float* __restrict__ rope_cos,  // [T, D / 2]
+                                const float* __restrict__ rope_sin,  // [T, D / 2]
+                                QkvParams p, uint16_t* __restrict__ q,  // [T, Hq, D]
+                                uint16_t* __restrict__ k,               // [T, Hkv, D]
+                                uint16_t* __restrict__ v) {             // [T, Hkv, D]
+  const int t = blockIdx.x, head = blockIdx.y, i = threadIdx.x;
+  const int D = p.head_dim, half = D / 2, Hq = p.num_q_heads, Hkv = p.num_kv_heads;
+  const int64_t width = int64_t(Hq + 2 * Hkv) * D;
+  const int64_t col = int64_t(head) * D;
+  float a = qkv[t * width + col + i], b = qkv[t * width + col + i + half];
+  if (bias) {
+    a += bias[col + i];
+    b += bias[col + i + half];
+  }
+  const bool is_q = head < Hq, is_k = !is_q && head < Hq + Hkv;
+  uint16_t* dst;
+  if (is_q) {
+    dst = q + (int64_t(t) * Hq + head) * D;
+  } else if (is_k) {
+    dst = k + (int64_t(t) * Hkv + (head - Hq)) * D;
+  } else {
+    dst = v + (int64_t(t) * Hkv + (head - Hq - Hkv)) * D;
+  }
+  if (is_q || is_k) {
+    const float* w = is_q ? q_norm : k_norm;
+    if (w) {  // uniform across the block: every thread takes this branch or none does
+      const float inv = rsqrtf(block_sum(a * a + b * b) / float(D) + p.eps);
+      a = a * inv * w[i];
+      b = b * inv * w[i + half];
+    }
+    const float c = rope_cos[int64_t(t) * half + i], s = rope_sin[int64_t(t) * half + i];
+    const float ra = a * c - b * s, rb = b * c + a * s;
+    a = ra;
+    b = rb;
+  }
+  dst[i] = f32_to_bf16(a);
+  dst[i + half] = f32_to_bf16(b);
+}
+
+// grid (ceil(T * inter / 256)), block 256
+__global__ void swiglu_kernel(const float* __restrict__ gu,  // [T, 2 * inter]
+                              int64_t total, int32_t inter,
+                              uint16_t* __restrict__ a) {  // [T, inter]
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= total) return;
+  const int64_t t = idx / inter, j = idx % inter;
+  const float g = gu[t * 2 * inter + j], u = gu[t * 2 * inter + inter + j];
+  a[idx] = f32_to_bf16(g / (1.f + __expf(-g)) * u);
+}
+
+// grid (ceil(n / 256)), block 256
+__global__ void f32_to_bf16_kernel(const float* __restrict__ src, int64_t n,
+                                   uint16_t* __restrict__ dst) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx < n) dst[idx] = f32_to_bf16(src[idx]);
+}
+
+unsigned blocks_for(int64_t n) { return unsigned((n + 255) / 256); }
+
+}  // namespace
+
+void embed_gather(const uint16_t* embed, const int32_t* tokens, int32_t num_tokens, int32_t hidden,
+                  float* x, cudaStream_t stream) {
+  if (num_tokens == 0) return;
+  embed_gather_kernel<<<num_tokens, 256, 0, stream>>>(embed, tokens, hidden, x);
+  check_launch("LlamaModelCuda: embedding gather");
+}
+
+void rms_norm_bf16(const float* x, const float* weight, const int32_t* rows, int32_t num_rows,
+                   int32_t hidden, float eps, uint16_t* out, cudaStream_t stream) {
+  if (num_rows == 0) return;
+  rms_norm_kernel<<<num_rows, 256, 0, stream>>>(x, weight, rows, hidden, eps, out);
+  check_launch("LlamaModelCuda: rms_norm");
+}
+
+void qkv_post(const float* qkv, const float* bias, const float* q_norm, const float* k_norm,
+              const float* rope_cos, const float* rope_sin, const QkvParams& p, uint16_t* q,
+              uint16_t* k, uint16_t* v, cudaStream_t stream) {
+  PA_CHECK(p.head_dim % 64 == 0 && p.head_dim <= 512,
+           "LlamaModelCuda: head_dim must be a multiple of 64 up to 512, got ", p.head_dim);
+  if (p.num_tokens == 0) return;
+  const dim3 grid(unsigned(p.num_tokens), unsigned(p.num_q_heads + 2 * p.num_kv_heads));
+  qkv_post_kernel<<<grid, unsigned(p.head_dim / 2), 0, stream>>>(qkv, bias, q_norm, k_norm,
+                                                                 rope_cos, rope_sin, p, q, k, v);
+  check_launch("LlamaModelCuda: qkv bias / norm / rope");
+}
+
+void swiglu(const float* gu, int32_t num_tokens, int32_t inter, uint16_t* a, cudaStream_t stream) {
+  const int64_t total = int64_t(num_tokens) * inter;
+  if (total == 0) return;
+  swiglu_kernel<<<blocks_for(total), 256, 0, stream>>>(gu, total, inter, a);
+  check_launch("LlamaModelCuda: swiglu");
+}
+
+void f32_to_bf16_device(const float* src, int64_t n, uint16_t* dst, cudaStream_t stream) {
+  if (n == 0) return;
+  f32_to_bf16_kernel<<<blocks_for(n), 256, 0, stream>>>(src, n, dst);
+  check_launch("LlamaModelCuda: weight conversion");
+}
+
+}  // namespace pagedattn::cuda

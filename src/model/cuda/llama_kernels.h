@@ -1,0 +1,42 @@
+// The fused element-wise kernels of LlamaModelCuda (everything but the matrix products and
+// attention). Host launchers; each checks its launch and throws Error on failure. Asynchronous on
+// `stream`. bf16 values are raw uint16_t bits. Compiled as C++17 (nvcc), so no C++20 headers here.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace pagedattn::cuda {
+
+// x[t] = embed[tokens[t]] as fp32.
+//   embed  [vocab, hidden] bf16;  tokens [num_tokens];  x [num_tokens, hidden] f32
+void embed_gather(const uint16_t* embed, const int32_t* tokens, int32_t num_tokens, int32_t hidden,
+                  float* x, cudaStream_t stream);
+
+// out[r] = rms_norm(x[rows ? rows[r] : r]) * weight, fp32 math, bf16 out.
+//   x [*, hidden] f32;  weight [hidden] f32;  rows [num_rows] or null;  out [num_rows, hidden] bf16
+void rms_norm_bf16(const float* x, const float* weight, const int32_t* rows, int32_t num_rows,
+                   int32_t hidden, float eps, uint16_t* out, cudaStream_t stream);
+
+// From the fused projection qkv [num_tokens, (Hq + 2 Hkv) * D] f32: adds the bias (when given),
+// applies the per-head RMSNorm to q and k (when q_norm is given), rotates q and k (HF rotate_half
+// with the cos/sin tables) and stores q [T, Hq, D], k, v [T, Hkv, D] as bf16.
+//   bias [(Hq + 2 Hkv) * D] f32 or null;  q_norm, k_norm [D] f32 or null
+//   rope_cos, rope_sin [num_tokens, D / 2] f32
+struct QkvParams {
+  int32_t num_tokens = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
+  float eps = 1e-5f;
+};
+void qkv_post(const float* qkv, const float* bias, const float* q_norm, const float* k_norm,
+              const float* rope_cos, const float* rope_sin, const QkvParams& p, uint16_t* q,
+              uint16_t* k, uint16_t* v, cudaStream_t stream);
+
+// a[t, j] = silu(gu[t, j]) * gu[t, inter + j] as bf16.
+//   gu [num_tokens, 2 * inter] f32;  a [num_tokens, inter] bf16
+void swiglu(const float* gu, int32_t num_tokens, int32_t inter, uint16_t* a, cudaStream_t stream);
+
+// dst[i] = bf16(src[i]) for n values (weights at load).
+void f32_to_bf16_device(const float* src, int64_t n, uint16_t* dst, cudaStream_t stream);
+
+}  // namespace pagedattn::cuda

@@ -1,0 +1,32 @@
+// LlamaModelCuda in builds without CUDA: the constructor throws Error, so nothing else is reached.
+#ifndef PAGEDATTN_HAVE_CUDA
+
+#include "pagedattn/error.h"
+#include "pagedattn/llama_cuda.h"
+
+namespace pagedattn {
+
+struct LlamaModelCuda::Impl {
+  ModelConfig config;
+};
+
+LlamaModelCuda::LlamaModelCuda(const ModelFile&) {
+  fail("LlamaModelCuda: pagedattn was built without CUDA support");
+}
+LlamaModelCuda::~LlamaModelCuda() = default;
+
+const ModelConfig& LlamaModelCuda::config() const { return impl_->config; }
+
+Tensor LlamaModelCuda::forward(const ForwardBatch&, KvCache&) {
+  fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
+}
+
+void LlamaModelCuda::validate(const ForwardBatch&, const KvCache&) const {
+  fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
+}
+
+size_t LlamaModelCuda::weight_bytes() const { return 0; }
+
+}  // namespace pagedattn
+
+#endif  // PAGEDATTN_HAVE_CUDA

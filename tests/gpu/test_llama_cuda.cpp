@@ -1,0 +1,240 @@
+// LlamaModelCuda (bf16, cuBLAS) against the CPU LlamaModel (fp32, the oracle) on synthetic
+// weights: a ragged prefill then greedy decode steps, for each supported variant.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "pagedattn/error.h"
+#include "pagedattn/llama.h"
+#include "pagedattn/llama_cuda.h"
+
+using namespace pagedattn;
+
+namespace {
+
+#define PA_SKIP_WITHOUT_GPU() \
+  if (::pagedattn::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"
+
+// Head dims the CUDA attention kernels support (64, 128); hidden 256 so the GEMMs are not trivial.
+ModelConfig gpu_config(const std::string& variant) {
+  ModelConfig c;
+  c.architecture = "llama";
+  c.vocab_size = 300;
+  c.hidden_size = 256;
+  c.intermediate_size = 512;
+  c.num_layers = 2;
+  c.num_q_heads = 4;
+  c.num_kv_heads = 2;
+  c.rms_norm_eps = 1e-5f;
+  c.rope_theta = 10000.f;
+  if (variant == "qwen2") {
+    c.architecture = "qwen2";
+    c.attention_bias = true;
+    c.rope_theta = 1000000.f;
+    c.rms_norm_eps = 1e-6f;
+    c.tie_word_embeddings = true;
+  } else if (variant == "qwen3") {
+    c.architecture = "qwen3";
+    c.qk_norm = true;
+    c.head_dim = 128;  // q_dim 512 != hidden 256, as in Qwen3
+    c.num_kv_heads = 1;
+  } else if (variant == "llama3") {
+    c.rope_theta = 500000.f;
+    c.rope_scaling.type = "llama3";
+    c.rope_scaling.factor = 8.f;
+    c.rope_scaling.low_freq_factor = 1.f;
+    c.rope_scaling.high_freq_factor = 4.f;
+    c.rope_scaling.original_max_position = 32;  // so the scaling changes positions used here
+  } else if (variant == "mistral") {
+    c.architecture = "mistral";
+    c.sliding_window = 8;
+    c.num_kv_heads = 4;
+  }
+  return c;
+}
+
+KvCacheConfig cache_config(const ModelConfig& c, Device device) {
+  KvCacheConfig k;
+  k.num_layers = c.num_layers;
+  k.num_kv_heads = c.num_kv_heads;
+  k.head_dim = c.head_dim ? c.head_dim : c.hidden_size / c.num_q_heads;
+  k.page_size = 16;
+  k.num_pages = 64;
+  k.dtype = device == Device::cuda ? DType::bf16 : DType::f32;
+  k.device = device;
+  k.enable_prefix_cache = false;
+  return k;
+}
+
+struct RowCheck {
+  double rel_err = 0;
+  bool argmax_clear = false;  // the CPU row's top-2 margin is clear of bf16 noise
+  int32_t cpu_argmax = 0, gpu_argmax = 0;
+};
+
+RowCheck check_row(const float* cpu, const float* gpu, int32_t V) {
+  RowCheck r;
+  double num = 0, den = 0;
+  for (int32_t i = 0; i < V; ++i) {
+    num += double(cpu[i] - gpu[i]) * (cpu[i] - gpu[i]);
+    den += double(cpu[i]) * cpu[i];
+  }
+  r.rel_err = std::sqrt(num / std::max(den, 1e-30));
+  r.cpu_argmax = int32_t(std::max_element(cpu, cpu + V) - cpu);
+  r.gpu_argmax = int32_t(std::max_element(gpu, gpu + V) - gpu);
+  std::vector<float> sorted(cpu, cpu + V);
+  std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+  const float range = sorted[0] - *std::min_element(cpu, cpu + V);
+  r.argmax_clear = sorted[0] - sorted[1] > 0.05f * range;
+  return r;
+}
+
+class LlamaCudaParity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LlamaCudaParity, RaggedPrefillThenGreedyDecode) {
+  PA_SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = gpu_config(GetParam());
+  const ModelFile file = make_synthetic_model_file(cfg, 11);
+  LlamaModel cpu(file);
+  std::unique_ptr<Model> gpu = create_model(file, Device::cuda);
+  ASSERT_EQ(gpu->device(), Device::cuda);
+  KvCache cpu_cache(cache_config(cpu.config(), Device::cpu));
+  KvCache gpu_cache(cache_config(cpu.config(), Device::cuda));
+
+  std::mt19937 rng(3);
+  const std::vector<int> lens = {5, 37, 1, 19};
+  std::vector<SeqId> cs, gs;
+  std::vector<std::vector<int32_t>> toks;
+  for (int len : lens) {
+    cs.push_back(cpu_cache.create_sequence());
+    gs.push_back(gpu_cache.create_sequence());
+    std::vector<int32_t> t(static_cast<size_t>(len));
+    for (auto& x : t) x = int32_t(rng() % uint32_t(cfg.vocab_size));
+    toks.push_back(t);
+  }
+  const int32_t V = cfg.vocab_size;
+  int clear = 0, compared = 0;
+  for (int step = 0; step <= 8; ++step) {
+    const ForwardBatch cb = make_forward_batch(cpu_cache, cs, toks);
+    const ForwardBatch gb = make_forward_batch(gpu_cache, gs, toks);
+    ASSERT_EQ(cb.slots, gb.slots);
+    const Tensor cl = cpu.forward(cb, cpu_cache);
+    const Tensor gl = gpu->forward(gb, gpu_cache);
+    ASSERT_EQ(gl.device(), Device::cpu);
+    ASSERT_EQ(gl.dtype(), DType::f32);
+    ASSERT_EQ(gl.shape(), cl.shape());
+    for (size_t s = 0; s < cs.size(); ++s) {
+      cpu_cache.commit(cs[s]);
+      gpu_cache.commit(gs[s]);
+    }
+    for (int64_t r = 0; r < cl.dim(0); ++r) {
+      const RowCheck rc = check_row(cl.data_as<float>() + r * V, gl.data_as<float>() + r * V, V);
+      EXPECT_LT(rc.rel_err, 2e-2) << GetParam() << " step " << step << " row " << r;
+      ++compared;
+      if (rc.argmax_clear) {
+        ++clear;
+        EXPECT_EQ(rc.gpu_argmax, rc.cpu_argmax) << GetParam() << " step " << step << " row " << r;
+      }
+      toks[size_t(r)] = {rc.cpu_argmax};  // both runners continue with the oracle's token
+    }
+  }
+  EXPECT_EQ(compared, 9 * int(lens.size()));
+  EXPECT_GE(clear, compared / 4) << "too few rows with a clear greedy choice to compare";
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, LlamaCudaParity,
+                         ::testing::Values("llama", "qwen2", "qwen3", "llama3", "mistral"));
+
+// Every logit row of a prefill (all_logits), not only the last ones.
+TEST(LlamaCuda, AllLogitRowsMatchCpu) {
+  PA_SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = gpu_config("llama");
+  const ModelFile file = make_synthetic_model_file(cfg, 5);
+  LlamaModel cpu(file);
+  LlamaModelCuda gpu(file);
+  EXPECT_GT(gpu.weight_bytes(), size_t(cfg.num_layers) * 4 * 256 * 256 * 2);
+  KvCache cpu_cache(cache_config(cpu.config(), Device::cpu));
+  KvCache gpu_cache(cache_config(cpu.config(), Device::cuda));
+  std::vector<int32_t> t(50);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = int32_t((i * 37 + 11) % 300);
+  const ForwardBatch cb = make_forward_batch(cpu_cache, {cpu_cache.create_sequence()}, {t}, true);
+  const ForwardBatch gb = make_forward_batch(gpu_cache, {gpu_cache.create_sequence()}, {t}, true);
+  const Tensor cl = cpu.forward(cb, cpu_cache), gl = gpu.forward(gb, gpu_cache);
+  ASSERT_EQ(gl.dim(0), 50);
+  for (int64_t r = 0; r < 50; ++r) {
+    const RowCheck rc = check_row(cl.data_as<float>() + r * 300, gl.data_as<float>() + r * 300, 300);
+    EXPECT_LT(rc.rel_err, 2e-2) << "row " << r;
+  }
+}
+
+// The message after "<runner>::forward" for a bad batch, or "" when nothing was thrown.
+std::string forward_error(Model& m, const ForwardBatch& b, KvCache& cache) {
+  try {
+    m.forward(b, cache);
+  } catch (const Error& e) {
+    const std::string s = e.what();
+    const size_t at = s.find("::forward");
+    return at == std::string::npos ? s : s.substr(at);
+  }
+  return "";
+}
+
+TEST(LlamaCuda, BadBatchRaisesTheCpuErrors) {
+  PA_SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = gpu_config("llama");
+  const ModelFile file = make_synthetic_model_file(cfg, 2);
+  LlamaModel cpu(file);
+  LlamaModelCuda gpu(file);
+  KvCache cpu_cache(cache_config(cpu.config(), Device::cpu));
+  KvCache gpu_cache(cache_config(cpu.config(), Device::cuda));
+  const std::vector<std::vector<int32_t>> toks = {{1, 2, 3}, {4, 5}};
+  const ForwardBatch cb = make_forward_batch(
+      cpu_cache, {cpu_cache.create_sequence(), cpu_cache.create_sequence()}, toks);
+  const ForwardBatch gb = make_forward_batch(
+      gpu_cache, {gpu_cache.create_sequence(), gpu_cache.create_sequence()}, toks);
+  using Edit = void (*)(ForwardBatch&);
+  const std::vector<std::pair<std::string, Edit>> edits = {
+      {"batch.positions[", [](ForwardBatch& b) { b.positions[1] += 1; }},
+      {"batch.slots[", [](ForwardBatch& b) { b.slots[4] += 1; }},
+      {"batch.tokens[", [](ForwardBatch& b) { b.tokens[0] = 300; }},
+      {"batch.logit_rows[", [](ForwardBatch& b) { b.logit_rows[1] = 5; }},
+      {"batch.q_indptr ends", [](ForwardBatch& b) { b.q_indptr[2] = 4; }},
+      {"appears twice", [](ForwardBatch& b) { b.seqs[1] = b.seqs[0]; }},
+      {"batch.positions has", [](ForwardBatch& b) { b.positions.pop_back(); }},
+  };
+  for (const auto& [what, edit] : edits) {
+    ForwardBatch c = cb, g = gb;
+    edit(c);
+    edit(g);
+    const std::string ce = forward_error(cpu, c, cpu_cache), ge = forward_error(gpu, g, gpu_cache);
+    EXPECT_NE(ge.find(what), std::string::npos) << what << ": " << ge;
+    EXPECT_EQ(ge, ce) << what;
+  }
+  // The unchanged batch still runs: the rejected ones left the caches usable.
+  EXPECT_EQ(gpu.forward(gb, gpu_cache).dim(0), 2);
+  // A CPU cache, or a f32 one, is not the CUDA model's.
+  EXPECT_NE(forward_error(gpu, cb, cpu_cache).find("cache is on cpu"), std::string::npos);
+  KvCacheConfig f32 = cache_config(cpu.config(), Device::cuda);
+  f32.dtype = DType::f32;
+  KvCache f32_cache(f32);
+  const ForwardBatch fb = make_forward_batch(f32_cache, {f32_cache.create_sequence()}, {{1}});
+  EXPECT_NE(forward_error(gpu, fb, f32_cache).find("cache dtype is f32"), std::string::npos);
+}
+
+TEST(LlamaCuda, WithoutDeviceTheConstructorRaises) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is present";
+  const ModelFile file = make_synthetic_model_file(gpu_config("llama"), 1);
+  try {
+    LlamaModelCuda m(file);
+    ADD_FAILURE() << "no Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("LlamaModelCuda: ", 0), 0u) << e.what();
+  }
+  EXPECT_THROW(create_model(file, Device::cuda), Error);
+}
+
+}  // namespace
