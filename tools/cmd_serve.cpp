@@ -29,6 +29,7 @@ struct ServeArgs {
   ServerConfig server;
   EngineConfig engine;
   bool no_prefix_cache = false;
+  std::string kv_cache_memory;  // MiB, a fraction or a percentage of free memory
 };
 
 Device pick_device(const std::string& d) {
@@ -41,6 +42,11 @@ Device pick_device(const std::string& d) {
 void run_serve(ServeArgs a) {
   PA_CHECK(std::filesystem::exists(a.model), "serve: --model '", a.model,
            "' does not exist (fetch the default model with scripts/fetch-default-model.sh)");
+  if (!a.kv_cache_memory.empty()) {
+    const KvMemorySpec kv = parse_kv_cache_memory(a.kv_cache_memory);
+    a.engine.kv_cache_memory_mib = kv.mib;
+    a.engine.kv_cache_memory_fraction = kv.fraction;
+  }
   // Signals go to the waiting thread below only: block them before any thread starts.
   // NOTE: a signal ignored at exec (a background job's SIGINT) is discarded even while blocked, so
   // give both a handler first.
@@ -99,8 +105,9 @@ void register_serve(CLI::App& app) {
                   "Model id in the API (default: the file's stem)");
   cmd->add_option("--host", a->server.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", a->server.port, "Port (0: any free port)")->capture_default_str();
-  cmd->add_option("--kv-cache-memory", a->engine.kv_cache_memory_mib,
-                  "KV cache budget in MiB (default 512)");
+  cmd->add_option("--kv-cache-memory", a->kv_cache_memory,
+                  "KV cache budget: MiB (default 512), or a fraction (0.5) or percentage (50%) of "
+                  "free memory (the GPU's after the weights load; on the CPU, MemAvailable)");
   cmd->add_option("--kv-cache-tokens", a->engine.kv_cache_tokens,
                   "KV cache budget in tokens (overrides --kv-cache-memory)");
   cmd->add_option("--block-size", a->engine.block_size, "Tokens per KV page")

@@ -68,9 +68,11 @@ struct EngineMetrics {
 using DecodeFn = std::function<std::string(const std::vector<int32_t> &)>;
 
 struct EngineConfig {
-  // KV budget, first that is set: tokens, MiB, else kDefaultKvMiB.
+  // KV budget, first that is set: tokens, MiB, a fraction of free memory (the device's after the
+  // weights are loaded; on the CPU, MemAvailable), else kDefaultKvMiB.
   int64_t kv_cache_tokens = 0;
   double kv_cache_memory_mib = 0;
+  double kv_cache_memory_fraction = 0;  // (0, 1]; 0: off
   int32_t block_size = 16;
   std::string kv_cache_dtype = "auto";  // auto (f32 on the CPU) | f32 | f16 | bf16 | fp8
   // fp8: the tokens of the calibration pass that sets the per-head scales (kv_calibration_text()).
@@ -90,6 +92,19 @@ struct EngineConfig {
 // Pages for a config (validates the budget fields; throws Error naming the one
 // at fault).
 int32_t kv_num_pages(const EngineConfig &config, const ModelConfig &model, DType kv_dtype);
+// --kv-cache-memory: MiB ("512", any value >= 1), a fraction ("0.5", in (0, 1)) or a percentage
+// ("50%") of free memory. Exactly one of the fields is set. Throws Error ("kv_cache_memory: ...").
+struct KvMemorySpec {
+  double mib = 0;
+  double fraction = 0;
+};
+KvMemorySpec parse_kv_cache_memory(const std::string &text);
+// Bytes of MemAvailable in /proc/meminfo's text.
+int64_t parse_mem_available(const std::string &meminfo);
+// Free memory: cudaMemGetInfo's free bytes on CUDA, MemAvailable on the CPU.
+int64_t free_memory_bytes(Device device);
+// MiB that a fraction of free_bytes buys (validates the fraction).
+double kv_fraction_mib(double fraction, int64_t free_bytes);
 // "auto" -> f32 (the CPU runner's compute dtype), else parse_dtype.
 DType resolve_kv_dtype(const std::string &name);
 

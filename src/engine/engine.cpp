@@ -78,7 +78,21 @@ Engine::Engine(std::unique_ptr<Model> model, const EngineConfig &config, DecodeF
   kc.num_kv_heads = mc.num_kv_heads;
   kc.head_dim = mc.head_dim;
   kc.page_size = config.block_size;
-  kc.num_pages = kv_num_pages(config, mc, dtype);
+  if (config.kv_cache_tokens == 0 && config.kv_cache_memory_mib == 0 &&
+      config.kv_cache_memory_fraction != 0) {
+    const int64_t free_b = free_memory_bytes(model_->device());
+    EngineConfig sized = config;
+    sized.kv_cache_memory_mib = kv_fraction_mib(config.kv_cache_memory_fraction, free_b);
+    PA_CHECK(sized.kv_cache_memory_mib > 0, "Engine: kv_cache_memory_fraction ",
+             config.kv_cache_memory_fraction, " of ", free_b, " free bytes is no memory");
+    if (config.log_startup)
+      std::fprintf(stderr, "pagedattn: KV budget %.0f%% of %.1f MiB free = %.1f MiB\n",
+                   config.kv_cache_memory_fraction * 100, double(free_b) / (1024.0 * 1024.0),
+                   sized.kv_cache_memory_mib);
+    kc.num_pages = kv_num_pages(sized, mc, dtype);
+  } else {
+    kc.num_pages = kv_num_pages(config, mc, dtype);
+  }
   kc.dtype = dtype;
   kc.device = model_->device();
   kc.enable_prefix_cache = config.enable_prefix_cache;

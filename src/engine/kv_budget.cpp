@@ -24,6 +24,10 @@ int32_t kv_num_pages(const EngineConfig &config, const ModelConfig &model, DType
            config.kv_cache_tokens);
   PA_CHECK(std::isfinite(config.kv_cache_memory_mib) && config.kv_cache_memory_mib >= 0,
            "Engine: kv_cache_memory must be >= 0 MiB, got ", config.kv_cache_memory_mib);
+  PA_CHECK(std::isfinite(config.kv_cache_memory_fraction) && config.kv_cache_memory_fraction >= 0 &&
+               config.kv_cache_memory_fraction <= 1,
+           "Engine: kv_cache_memory_fraction must be in (0, 1] (0: off), got ",
+           config.kv_cache_memory_fraction);
   PA_CHECK(model.num_layers > 0 && model.num_kv_heads > 0 && model.head_dim > 0,
            "Engine: model config has no layers, KV heads or head_dim");
   int64_t pages = 0;
