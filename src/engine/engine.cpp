@@ -328,6 +328,7 @@ std::vector<RequestOutput> Engine::step() {
     if (it != requests_.end()) it->second->beam_pending.erase(s);
   }
   for (Sequence *s : out.out_of_memory) {
+    requests_.at(s->request_id)->beam_pending.erase(s);
     finish_seq(*s, FinishReason::length);
     touched.push_back(s->request_id);
   }

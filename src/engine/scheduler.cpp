@@ -108,7 +108,10 @@ bool Scheduler::admit_one(int32_t &budget, SchedulerOutput &out) {
   if (config_.enable_prefix_cache) reused = cache_.attach_prefix(cs, seq->tokens);
   int32_t n = std::min(seq->num_tokens() - reused, budget);
   const int32_t available = available_pages();
-  const bool alone = running_.empty() && out.scheduled.empty();
+  // Alone: nothing else computes (beams parked for their siblings' step hold pages but wait).
+  const bool alone = out.scheduled.empty() &&
+                     std::none_of(running_.begin(), running_.end(),
+                                  [](const auto &r) { return r.second->num_uncomputed() > 0; });
   const int32_t reserve = alone ? 0 : watermark_;
   seq->cache_seq = cs;
   if (cache_.pages_needed(cs, n) + reserve > available) {
