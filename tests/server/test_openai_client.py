@@ -93,6 +93,20 @@ def run_checks(port, model_id):
     check(sorted(ch.index for ch in many.choices) == [0, 1], "n=2 choices")
     check(many.usage.completion_tokens == 12, "n=2 usage")
 
+    best = client.completions.create(model=model_id, prompt="Once upon a time", max_tokens=6, n=2,
+                                     best_of=4, seed=7)
+    check(sorted(ch.index for ch in best.choices) == [0, 1], "best_of=4 n=2 choices")
+    beam = client.completions.create(model=model_id, prompt="The capital of France is",
+                                     max_tokens=8, n=2,
+                                     extra_body={"use_beam_search": True, "beam_width": 3})
+    check(len(beam.choices) == 2 and "Paris" in beam.choices[0].text,
+          "beam search choices: %r" % beam.choices)
+    try:
+        client.completions.create(model=model_id, prompt="x", max_tokens=2, best_of=3, stream=True)
+        raise AssertionError("best_of with stream accepted")
+    except openai.BadRequestError as e:
+        check("best_of" in str(e), "400 message names best_of")
+
     try:
         client.completions.create(model="no-such-model", prompt="x", max_tokens=2)
         raise AssertionError("unknown model accepted")
