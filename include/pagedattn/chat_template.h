@@ -9,6 +9,7 @@
 // add_special = false and parse_special = true.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
