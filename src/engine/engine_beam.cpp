@@ -54,6 +54,8 @@ Sequence *Engine::fork_beam(RequestState &rs, Sequence &parent) {
   child->index = rs.next_index++;
   child->order = rs.base_order + uint64_t(child->index);
   child->cache_seq = cache_->fork(parent.cache_seq);  // shares every page of the history
+  rs.last_token.resize(std::max(rs.last_token.size(), size_t(child->index) + 1));
+  rs.last_token[size_t(child->index)] = rs.last_token[size_t(parent.index)];  // for the ITL
   scheduler_->add_running(child.get());
   rs.seqs.push_back(std::move(child));
   return rs.seqs.back().get();

@@ -270,6 +270,9 @@ TEST(BeamSearch, SharesHistoryPagesAndFreesEverything) {
     }
   }
   EXPECT_LE(max_seqs, 4);  // beams not kept are freed at once
+  // Forked beams time their tokens from their parent's last one (no gap since the epoch).
+  EXPECT_LT(e.metrics().itl_s.sum, 60.0);
+  EXPECT_GT(e.metrics().itl_s.count, 0);
   // 4 beams of at most 52 tokens: 2 shared prompt pages + 2 pages each.
   EXPECT_LE(max_used, 2 + 4 * 2);
   EXPECT_EQ(e.cache().stats().pages_used, 0);
