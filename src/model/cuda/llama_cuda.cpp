@@ -1,5 +1,7 @@
 // LlamaModelCuda: bf16 weights on the device, cuBLAS for the matrix products, the fused kernels of
 // llama_kernels.cu for the rest, paged attention over the cache's device pools.
+#include "pagedattn/llama_cuda.h"
+
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -12,7 +14,6 @@
 #include "pagedattn/attention_cuda.h"
 #include "pagedattn/error.h"
 #include "pagedattn/llama.h"
-#include "pagedattn/llama_cuda.h"
 #include "rope.h"
 
 namespace pagedattn {
@@ -71,15 +72,16 @@ struct LlamaModelCuda::Impl {
   Tensor staging;  // f32 weights on their way to bf16 (load only)
 
   // Per-step device scratch, grown on demand.
-  Tensor meta;    // tokens [T], slots [T], logit rows [R], rope cos [T, D/2], sin [T, D/2] (4 bytes each)
-  Tensor x;       // [T, hidden] f32, the residual stream
-  Tensor h;       // [T, max(hidden, Hq * D)] bf16
-  Tensor qkv;     // [T, (Hq + 2 Hkv) * D] f32
-  Tensor q, k, v; // [T, Hq, D], [T, Hkv, D] bf16
-  Tensor attn;    // [T, Hq, D] bf16
-  Tensor gu;      // [T, 2 * intermediate] f32
-  Tensor act;     // [T, intermediate] bf16
-  Tensor logits;  // [R, vocab] f32
+  Tensor meta;  // tokens [T], slots [T], logit rows [R], rope cos [T, D/2], sin [T, D/2] (4 bytes
+                // each)
+  Tensor x;     // [T, hidden] f32, the residual stream
+  Tensor h;     // [T, max(hidden, Hq * D)] bf16
+  Tensor qkv;   // [T, (Hq + 2 Hkv) * D] f32
+  Tensor q, k, v;  // [T, Hq, D], [T, Hkv, D] bf16
+  Tensor attn;     // [T, Hq, D] bf16
+  Tensor gu;       // [T, 2 * intermediate] f32
+  Tensor act;      // [T, intermediate] bf16
+  Tensor logits;   // [R, vocab] f32
   std::vector<int32_t> host_meta, kv_len, block_table;
   std::vector<float> rope_cos, rope_sin;
 
@@ -154,9 +156,9 @@ LlamaModelCuda::LlamaModelCuda(const ModelFile& file) : impl_(std::make_unique<I
     Impl::Layer L;
     L.attn_norm = m.upload_f32(w("input_layernorm.weight"), hidden);
     L.mlp_norm = m.upload_f32(w("post_attention_layernorm.weight"), hidden);
-    L.wqkv = m.stack_bf16({w("self_attn.q_proj.weight"), w("self_attn.k_proj.weight"),
-                           w("self_attn.v_proj.weight")},
-                          {q_dim, kv_dim, kv_dim}, hidden);
+    L.wqkv = m.stack_bf16(
+        {w("self_attn.q_proj.weight"), w("self_attn.k_proj.weight"), w("self_attn.v_proj.weight")},
+        {q_dim, kv_dim, kv_dim}, hidden);
     if (c.attention_bias) {
       std::vector<float> b(size_t(q_dim + 2 * kv_dim));
       std::memcpy(b.data(), w("self_attn.q_proj.bias"), size_t(q_dim) * 4);
@@ -169,8 +171,8 @@ LlamaModelCuda::LlamaModelCuda(const ModelFile& file) : impl_(std::make_unique<I
       L.k_norm = m.upload_f32(w("self_attn.k_norm.weight"), D);
     }
     L.wo = m.stack_bf16({w("self_attn.o_proj.weight")}, {hidden}, q_dim);
-    L.wgu = m.stack_bf16({w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")}, {inter, inter},
-                         hidden);
+    L.wgu =
+        m.stack_bf16({w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")}, {inter, inter}, hidden);
     L.wd = m.stack_bf16({w("mlp.down_proj.weight")}, {hidden}, inter);
     m.layers.push_back(std::move(L));
   }
@@ -325,8 +327,8 @@ Tensor LlamaModelCuda::forward(const ForwardBatch& batch, KvCache& cache) {
                         nullptr);
     m.gemm(h, T, hidden, L.wqkv, qkv_dim, qkv, CUDA_R_32F, 0.f, "qkv projection");
     cuda::qkv_post(qkv, opt_f32(L.bqkv), opt_f32(L.q_norm), opt_f32(L.k_norm), d_cos, d_sin, qp,
-                   static_cast<uint16_t*>(q), static_cast<uint16_t*>(k),
-                   static_cast<uint16_t*>(v), nullptr);
+                   static_cast<uint16_t*>(q), static_cast<uint16_t*>(k), static_cast<uint16_t*>(v),
+                   nullptr);
     const PagedKVView view = cache.layer_view(i);
     write_kv_cuda(view, d_slots, T, k, v, DType::bf16, nullptr);
     paged_attention_cuda(*m.plan, q_t, view, out_t, nullptr);
@@ -343,8 +345,8 @@ Tensor LlamaModelCuda::forward(const ForwardBatch& batch, KvCache& cache) {
     cuda::rms_norm_bf16(x, m.final_norm.data_as<float>(), d_rows, R, hidden, c.rms_norm_eps, hb,
                         nullptr);
     float* dl = static_cast<float*>(ensure(m.logits, int64_t(R) * c.vocab_size, DType::f32));
-    m.gemm(h, R, hidden, m.lm_head.data() ? m.lm_head : m.embed, c.vocab_size, dl, CUDA_R_32F,
-           0.f, "lm_head");
+    m.gemm(h, R, hidden, m.lm_head.data() ? m.lm_head : m.embed, c.vocab_size, dl, CUDA_R_32F, 0.f,
+           "lm_head");
     check_cuda(cudaMemcpy(logits.data(), dl, logits.nbytes(), cudaMemcpyDeviceToHost),
                "logits download");
   } else {

@@ -1,6 +1,5 @@
 // The fused element-wise kernels of LlamaModelCuda (see llama_kernels.h for the contracts).
 #include "llama_kernels.h"
-
 #include "pagedattn/dtype.h"
 #include "pagedattn/error.h"
 
@@ -27,8 +26,8 @@ __device__ float block_sum(float v) {
 }
 
 // grid (num_tokens), block 256
-__global__ void embed_gather_kernel(const uint16_t* __restrict__ embed,  // [vocab, hidden]
-                                    const int32_t* __restrict__ tokens,  // [num_tokens]
+__global__ void embed_gather_kernel(const uint16_t* __restrict__ embed,       // [vocab, hidden]
+                                    const int32_t* __restrict__ tokens,       // [num_tokens]
                                     int32_t hidden, float* __restrict__ x) {  // [T, hidden]
   const uint16_t* row = embed + int64_t(tokens[blockIdx.x]) * hidden;
   float* out = x + int64_t(blockIdx.x) * hidden;
@@ -47,11 +46,12 @@ __global__ void rms_norm_kernel(const float* __restrict__ x,       // [*, hidden
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) ss += xr[i] * xr[i];
   const float inv = rsqrtf(block_sum(ss) / float(hidden) + eps);
   uint16_t* o = out + int64_t(blockIdx.x) * hidden;
-  for (int i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = f32_to_bf16(xr[i] * inv * weight[i]);
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x)
+    o[i] = f32_to_bf16(xr[i] * inv * weight[i]);
 }
 
 // grid (num_tokens, Hq + 2 Hkv), block head_dim / 2: thread i owns the RoPE pair (i, i + D/2).
-__global__ void qkv_post_kernel(const float* __restrict__ qkv,  // [T, (Hq + 2 Hkv) * D]
+__global__ void qkv_post_kernel(const float* __restrict__ qkv,       // [T, (Hq + 2 Hkv) * D]
                                 const float* __restrict__ bias,      // [(Hq + 2 Hkv) * D] or null
                                 const float* __restrict__ q_norm,    // [D] or null
                                 const float* __restrict__ k_norm,    // [D] or null
