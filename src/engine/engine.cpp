@@ -314,8 +314,10 @@ RequestOutput Engine::collect(RequestState &rs) {
     if (report_finish) rs.finish_sent[size_t(s.index)] = true;
     o.seqs.push_back(std::move(so));
   }
-  o.finished =
-      all_finished && (rs.cancelled || int32_t(rs.seqs.size()) == rs.req.num_sequences());
+  // NOTE: a prompt that the cache cannot hold finishes before it forks; no sibling will come.
+  const bool unforked_end = rs.seqs.size() == 1 && !rs.seqs[0]->forked;
+  o.finished = all_finished && (rs.cancelled || unforked_end ||
+                                int32_t(rs.seqs.size()) == rs.req.num_sequences());
   o.error = rs.error;
   return o;
 }

@@ -145,9 +145,11 @@ RequestOutput Engine::collect_held(RequestState &rs) {
     o.completion_tokens += s->num_generated();
     all_finished = all_finished && s->finished();
   }
-  // best_of: every candidate exists once the prompt's sequence forked.
-  const bool complete =
-      rs.req.use_beam_search || rs.cancelled || int32_t(rs.seqs.size()) == rs.req.num_sequences();
+  // best_of: every candidate exists once the prompt's sequence forked (a prompt that the cache
+  // cannot hold finishes before it forks).
+  const bool complete = rs.req.use_beam_search || rs.cancelled ||
+                        (rs.seqs.size() == 1 && !rs.seqs[0]->forked) ||
+                        int32_t(rs.seqs.size()) == rs.req.num_sequences();
   if (!all_finished || !complete) return o;
   const std::vector<Sequence *> best = ranked(rs.req, rs.seqs);
   o.completion_tokens = 0;
