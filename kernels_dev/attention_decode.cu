@@ -8,8 +8,14 @@
 //   v2  library kernel, split-KV off: one CTA per (sequence, KV head) serving the whole GQA
 //       group; groups of lanes own a key row each, 16-byte loads, 2-4 keys in flight per group,
 //       chunk states of 256 positions merged in a fixed order.
-//   v3  v2 plus split-KV (promoted): chunks spread over CTAs when the batch cannot fill the SMs,
-//       partial states merged by a second kernel with the same arithmetic (bit-identical to v2).
+//   v3  v2 plus split-KV: chunks spread over CTAs when the batch cannot fill the SMs, partial
+//       states merged with the same arithmetic (bit-identical to v2): first by a second kernel,
+//       since v4 by the last CTA of each split row (one launch). The library's kernel for group 1.
+//   v4  tensor cores for GQA groups (promoted for group >= 2; decode_tc_kernel.cuh): keys as the
+//       M side and the group's heads as the N side of m16n8k16 mma.sync, so a K/V row costs a
+//       share of an mma instead of a shuffle reduction and GT dot products per head; each warp
+//       pipelines its own 16 keys of every 64-key step (cp.async, about 96 KiB in flight per
+//       CTA); fp8 converted to f16 in registers; merge fused into the kernel as in v3.
 //
 // Measured: H100 80GB HBM3, 2026-11-22, 32 query heads, head dim 128, page 16, cold L2, median
 // of 20; GB/s of K+V read (copy roofline 3008 GB/s). v2/v3 at commit df42833 were the same design
@@ -99,6 +105,9 @@ std::function<void()> make_version(int v, const lab::Problem& p,
   }
   CudaPlanOptions o;
   if (v == 2) o.target_ctas_per_sm = 0;
+  // v2, v3: the CUDA-core kernel on every group; v4: the tensor-core kernel on every group (the
+  // library picks per group: CudaPlanOptions::tensor_core_decode_min_group).
+  o.tensor_core_decode_min_group = v <= 3 ? 1 << 20 : 1;
   plan = std::make_unique<CudaAttentionPlan>(size_t(256) << 20, o);
   plan->plan(p.dev_q(), p.dev_view(), p.batch(), p.s.opt, p.dev_out());
   return [&p, &plan] {
@@ -122,13 +131,46 @@ lab::Shape shape(int batch, int ctx, int hkv, int d, int page, DType kv) {
 
 }  // namespace
 
-int main() {
-  constexpr int kVersions = 3;
+// attention_decode_lab [--sweep-only] [--shape KV:BATCH:CTX:HKV ...] [--versions DIGITS]
+//   --shape bf16:8:8192:8 times only those shapes (for a profiler); --versions 34 only those.
+int main(int argc, char** argv) {
+  constexpr int kVersions = 4;
+  bool gate = true;
+  struct Only {
+    DType kv;
+    int batch, ctx, hkv;
+  };
+  std::vector<Only> only;
+  std::vector<bool> run_v(kVersions + 1, true);
+  for (int a = 1; a < argc; ++a) {
+    const std::string arg = argv[a];
+    if (arg == "--sweep-only") {
+      gate = false;
+    } else if (arg == "--shape" && a + 1 < argc) {
+      char kv[16] = {};
+      Only o{};
+      if (std::sscanf(argv[++a], "%15[^:]:%d:%d:%d", kv, &o.batch, &o.ctx, &o.hkv) != 4) {
+        std::fprintf(stderr, "bad --shape %s (KV:BATCH:CTX:HKV)\n", argv[a]);
+        return 2;
+      }
+      o.kv = parse_dtype(kv);
+      only.push_back(o);
+    } else if (arg == "--versions" && a + 1 < argc) {
+      run_v.assign(kVersions + 1, false);
+      for (const char* c = argv[++a]; *c; ++c)
+        if (*c >= '1' && *c < '1' + kVersions) run_v[size_t(*c - '0')] = true;
+    } else {
+      std::fprintf(stderr, "unknown argument %s\n", arg.c_str());
+      return 2;
+    }
+  }
   int failures = 0;
-  std::printf("== correctness gate (relative L2 error vs the double-precision reference)\n");
+  if (gate)
+    std::printf("== correctness gate (relative L2 error vs the double-precision reference)\n");
   for (DType kv : {DType::bf16, DType::fp8_e4m3})
     for (int d : {64, 128, 256})
       for (int hkv : {8, 2}) {
+        if (!gate) continue;
         lab::Shape s = shape(3, 1000 + d, hkv, d, d == 64 ? 32 : 16, kv);
         lab::Problem p(s, uint64_t(d + hkv));
         for (int v = 1; v <= kVersions; ++v) {
@@ -143,26 +185,34 @@ int main() {
         }
       }
 
-  std::printf("== timing sweep (hq=32, page 16, cold L2, median of 20)\n");
-  std::printf("%-5s %-6s %-6s %-4s %-5s %9s %9s %9s %8s %8s %8s\n", "kv", "batch", "ctx", "hkv",
-              "d", "v1_us", "v2_us", "v3_us", "v1_GBps", "v2_GBps", "v3_GBps");
+  std::printf("== timing sweep (hq=32, page 16, cold L2 (%s flush), median of 20)\n",
+              lab::clean_flush() ? "clean" : "memset");
+  std::printf("%-5s %-6s %-6s %-4s %-5s %9s %9s %9s %9s %8s %8s %8s %8s\n", "kv", "batch", "ctx",
+              "hkv", "d", "v1_us", "v2_us", "v3_us", "v4_us", "v1_GBps", "v2_GBps", "v3_GBps",
+              "v4_GBps");
   for (DType kv : {DType::bf16, DType::fp8_e4m3})
     for (int hkv : {8, 32})
       for (int batch : {1, 8, 64})
         for (int ctx : {512, 8192}) {
+          bool wanted = only.empty();
+          for (const Only& o : only)
+            wanted |= o.kv == kv && o.batch == batch && o.ctx == ctx && o.hkv == hkv;
+          if (!wanted) continue;
           lab::Shape s = shape(batch, ctx, hkv, 128, 16, kv);
           s.kv_len.assign(size_t(batch), ctx);
           lab::Problem p(s, 1, false);
           double us[kVersions + 1] = {};
           for (int v = 1; v <= kVersions; ++v) {
+            if (!run_v[size_t(v)]) continue;
             std::unique_ptr<CudaAttentionPlan> plan;
             std::unique_ptr<DeviceMeta> dev;
             us[v] = lab::time_us(make_version(v, p, plan, dev), v == 1 ? 5 : 20);
           }
           const double gb = double(p.kv_bytes()) / 1e3;
-          std::printf("%-5s %-6d %-6d %-4d %-5d %9.1f %9.1f %9.1f %8.0f %8.0f %8.0f\n",
+          auto gbps = [&](int v) { return us[v] > 0 ? gb / us[v] : 0.0; };
+          std::printf("%-5s %-6d %-6d %-4d %-5d %9.1f %9.1f %9.1f %9.1f %8.0f %8.0f %8.0f %8.0f\n",
                       std::string(dtype_name(kv)).c_str(), batch, ctx, hkv, 128, us[1], us[2],
-                      us[3], gb / us[1], gb / us[2], gb / us[3]);
+                      us[3], us[4], gbps(1), gbps(2), gbps(3), gbps(4));
         }
   std::printf("gate: %s (%d failures)\n", failures ? "FAIL" : "ok", failures);
   return failures ? 1 : 0;

@@ -6,9 +6,10 @@
 //
 // plan() validates the batch with validate_paged_attention's rules (same messages), splits long
 // decode rows into fixed chunks of kDecodeChunkTokens positions (split-KV, chosen from the shape
-// and the SM count) and uploads the metadata into the workspace. run() only launches kernels, so
-// a decode step can be captured in a CUDA graph. Decode rows (q_len == 1) go to the split-KV
-// decode kernel; longer rows to the tensor-core prefill kernel.
+// and the SM count) and uploads the metadata into the workspace. run() only launches kernels
+// (one for the decode rows, the split-KV merge fused into it, one for the prefill rows), so a
+// decode step can be captured in a CUDA graph. Decode rows (q_len == 1) go to the split-KV decode
+// kernel (tensor cores for GQA groups); longer rows to the tensor-core prefill kernel.
 //
 // NOTE: the split-KV partition is fixed by position and the partial states are merged in
 // position order with the same arithmetic whether or not a row is split, so a row's output does
@@ -39,6 +40,10 @@ struct CudaPlanOptions {
   // Rows of sequences with q_len > 1 go to the tensor-core prefill kernel where it supports the
   // dtypes (false: the decode kernel runs every query row, a slower path kept for cross-checking).
   bool tensor_core_prefill = true;
+  // Decode rows of GQA groups of at least this many query heads per KV head run on the
+  // tensor-core decode kernel, the others on the CUDA-core one. It depends on the model's shape
+  // only, never on the batch, so a row's output does not depend on the batch it is in.
+  int32_t tensor_core_decode_min_group = 2;
 };
 
 // What a plan decided, for tests and benchmarks.
@@ -48,6 +53,7 @@ struct CudaPlanInfo {
   int32_t split_rows = 0;     // decode rows whose chunks are spread over several CTAs
   int32_t prefill_tiles = 0;  // prefill work items
   int32_t chunks_per_cta = 0;
+  int32_t decode_tc_rows = 0;  // query heads per tensor-core decode CTA (0: CUDA-core kernel)
   size_t workspace_bytes = 0;
 };
 

@@ -177,6 +177,25 @@ struct Problem {
   }
 
   // Runs the CUDA backend into an output poisoned with NaN; returns the raw output bytes.
+  // Plans once, then runs the plan `times` times (as the layers of a step do), each into a freshly
+  // poisoned output; returns every run's output.
+  std::vector<std::vector<uint8_t>> run_cuda_repeated(CudaAttentionPlan& plan, int times) {
+    const size_t bytes = size_t(out_elems()) * dtype_size(spec.q_dtype);
+    const std::vector<uint8_t> poison = nan_bytes(spec.q_dtype, out_elems());
+    Tensor d_out = to_device(poison.data(), bytes);
+    QKVTensor o{d_out.data(), spec.q_dtype, num_tokens, spec.num_q_heads, spec.head_dim};
+    QKVTensor dq = device_q();
+    plan.plan(dq, device_view(), batch(), spec.opt, o);
+    std::vector<std::vector<uint8_t>> outs;
+    for (int i = 0; i < times; ++i) {
+      copy_bytes(d_out.data(), Device::cuda, poison.data(), Device::cpu, bytes);
+      paged_attention_cuda(plan, dq, device_view(), o);
+      outs.emplace_back(bytes);
+      copy_bytes(outs.back().data(), Device::cpu, d_out.data(), Device::cuda, bytes);
+    }
+    return outs;
+  }
+
   std::vector<uint8_t> run_cuda(CudaAttentionPlan& plan) {
     Tensor d_out = to_device(nan_bytes(spec.q_dtype, out_elems()).data(),
                              size_t(out_elems()) * dtype_size(spec.q_dtype));

@@ -74,6 +74,51 @@ TEST(CudaAttention, SplitKvMatchesReference) {
   }
 }
 
+// Both decode kernels on every group size: the CUDA-core one (which the plan picks for group 1)
+// and the tensor-core one (group >= 2 by default), each forced onto all shapes.
+TEST(CudaAttention, BothDecodeKernelsMatchReferenceOnEveryGroup) {
+  PA_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(777);
+  for (int i = 0; i < 80; ++i) {
+    const Spec s = random_spec(rng, true, i % 8 == 0 ? 6000 : 1200);
+    CudaPlanOptions o;
+    o.tensor_core_decode_min_group = i % 2 ? 1 : 1 << 20;
+    if (i % 3 == 0) o.chunks_per_cta = 1 + int(rng() % 2);
+    Problem pr(s, 1300 + uint64_t(i));
+    CudaAttentionPlan plan(size_t(64) << 20, o);
+    const std::vector<uint8_t> got = pr.run_cuda(plan);
+    EXPECT_EQ(plan.info().decode_tc_rows > 0, o.tensor_core_decode_min_group == 1);
+    expect_close(got, s.q_dtype, pr.reference(),
+                 describe(s) + (i % 2 ? " tensor cores" : " CUDA cores") + " seed " +
+                     std::to_string(1300 + i));
+    if (HasFailure()) return;
+  }
+}
+
+// A split plan run several times (as every layer of a step runs it): the fused merge's counters
+// return to zero after each launch, so every run merges and gives the same bits.
+TEST(CudaAttention, SplitPlanRunsRepeatedly) {
+  PA_SKIP_WITHOUT_GPU();
+  for (int min_group : {2, 1 << 20}) {
+    for (DType kv : {DType::bf16, DType::fp8_e4m3}) {
+      Spec s;
+      s.kv_dtype = kv;
+      s.q_len = {1, 1, 1};
+      s.kv_len = {3000, 700, 1800};
+      Problem pr(s, 31);
+      CudaPlanOptions o;
+      o.chunks_per_cta = 1;
+      o.tensor_core_decode_min_group = min_group;
+      CudaAttentionPlan plan(size_t(64) << 20, o);
+      const auto outs = pr.run_cuda_repeated(plan, 3);
+      EXPECT_GT(plan.info().split_rows, 0);
+      expect_close(outs[0], s.q_dtype, pr.reference(), describe(s) + " first run");
+      EXPECT_EQ(outs[0], outs[1]);
+      EXPECT_EQ(outs[0], outs[2]);
+    }
+  }
+}
+
 TEST(CudaAttention, PrefillAndMixedBatchesMatchReference) {
   PA_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(4321);
@@ -121,39 +166,47 @@ TEST(CudaAttention, PoolsBeyond65536Pages) {
 // or in a bigger batch.
 TEST(CudaAttention, SplitAndBatchInvariance) {
   PA_SKIP_WITHOUT_GPU();
-  for (DType kv : {DType::bf16, DType::fp8_e4m3}) {
-    Spec s;
-    s.kv_dtype = kv;
-    s.q_len = {1, 1, 1, 1};
-    s.kv_len = {5000, 1200, 3, 2600};
-    Problem pr(s, 21);
-    CudaPlanOptions unsplit;
-    unsplit.target_ctas_per_sm = 0;
-    CudaPlanOptions split;
-    split.chunks_per_cta = 1;
-    CudaAttentionPlan a(size_t(64) << 20, unsplit), b(size_t(64) << 20, split), c;
-    const auto out_a = pr.run_cuda(a), out_b = pr.run_cuda(b), out_c = pr.run_cuda(c);
-    EXPECT_EQ(a.info().split_rows, 0);
-    EXPECT_GT(b.info().split_rows, 0);
-    EXPECT_EQ(out_a, out_b);
-    EXPECT_EQ(out_a, out_c);
-    // The first sequence alone.
-    Spec one = s;
-    one.q_len = {1};
-    one.kv_len = {5000};
-    Problem alone(one, 21);
-    alone.q.assign(pr.q.begin(), pr.q.begin() + int64_t(alone.q.size()));
-    alone.k_pages = pr.k_pages;
-    alone.v_pages = pr.v_pages;
-    alone.k_scale = pr.k_scale;
-    alone.v_scale = pr.v_scale;
-    alone.num_pages = pr.num_pages;
-    alone.max_pages_per_seq = pr.max_pages_per_seq;
-    alone.block_table.assign(pr.block_table.begin(), pr.block_table.begin() + pr.max_pages_per_seq);
-    alone.upload();
-    CudaAttentionPlan d;
-    const auto out_d = alone.run_cuda(d);
-    EXPECT_TRUE(std::equal(out_d.begin(), out_d.end(), out_a.begin()));
+  for (int min_group : {2, 1 << 20}) {  // the tensor-core and the CUDA-core decode kernel
+    for (DType kv : {DType::bf16, DType::fp8_e4m3}) {
+      Spec s;
+      s.kv_dtype = kv;
+      s.q_len = {1, 1, 1, 1};
+      s.kv_len = {5000, 1200, 3, 2600};
+      Problem pr(s, 21);
+      CudaPlanOptions unsplit;
+      unsplit.target_ctas_per_sm = 0;
+      unsplit.tensor_core_decode_min_group = min_group;
+      CudaPlanOptions split;
+      split.chunks_per_cta = 1;
+      split.tensor_core_decode_min_group = min_group;
+      CudaPlanOptions dflt;
+      dflt.tensor_core_decode_min_group = min_group;
+      CudaAttentionPlan a(size_t(64) << 20, unsplit), b(size_t(64) << 20, split),
+          c(size_t(64) << 20, dflt);
+      const auto out_a = pr.run_cuda(a), out_b = pr.run_cuda(b), out_c = pr.run_cuda(c);
+      EXPECT_EQ(a.info().split_rows, 0);
+      EXPECT_GT(b.info().split_rows, 0);
+      EXPECT_EQ(out_a, out_b);
+      EXPECT_EQ(out_a, out_c);
+      // The first sequence alone.
+      Spec one = s;
+      one.q_len = {1};
+      one.kv_len = {5000};
+      Problem alone(one, 21);
+      alone.q.assign(pr.q.begin(), pr.q.begin() + int64_t(alone.q.size()));
+      alone.k_pages = pr.k_pages;
+      alone.v_pages = pr.v_pages;
+      alone.k_scale = pr.k_scale;
+      alone.v_scale = pr.v_scale;
+      alone.num_pages = pr.num_pages;
+      alone.max_pages_per_seq = pr.max_pages_per_seq;
+      alone.block_table.assign(pr.block_table.begin(),
+                               pr.block_table.begin() + pr.max_pages_per_seq);
+      alone.upload();
+      CudaAttentionPlan d(size_t(64) << 20, dflt);
+      const auto out_d = alone.run_cuda(d);
+      EXPECT_TRUE(std::equal(out_d.begin(), out_d.end(), out_a.begin()));
+    }
   }
 }
 

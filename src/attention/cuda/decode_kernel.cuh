@@ -1,4 +1,5 @@
-// The split-KV paged decode kernel (one device body; decode_<q>_<kv>.cu instantiate it).
+// The split-KV paged decode kernel on CUDA cores (one device body; decode_<q>_<kv>.cu instantiate
+// it with the tensor-core one of decode_tc_kernel.cuh, which GQA groups use).
 //
 // Grid: x = decode items (query row, chunk range), y = num_kv_heads * head_tiles. Block: 128
 // threads. A CTA serves GT query heads of one KV head, so each K/V row it loads is used by all of
@@ -10,10 +11,13 @@
 // At the end of each kDecodeChunkTokens chunk the groups' states are combined in a fixed order
 // into the chunk's state, which is either written out as a split-KV partial or merged
 // (merge_state) into the CTA's running state. The split partition is therefore fixed by position
-// and the arithmetic identical with or without splitting.
+// and the arithmetic identical with or without splitting; the last CTA of a split row merges its
+// partials (merge_if_last).
 #pragma once
 
 #include "cuda_common.cuh"
+#include "decode_merge.cuh"
+#include "decode_tc_kernel.cuh"
 #include "kernels.h"
 #include "pagedattn/attention_cuda.h"
 
@@ -39,6 +43,7 @@ struct DecodeShape {
   static constexpr size_t kPipeBytes = size_t(kStages) * 2 * kUnroll * kDecodeThreads * 16;
   static constexpr size_t kSmemBytes =
       kPipeBytes + sizeof(float) * (size_t(kGroups) * GT * HEAD_DIM + 3 * kGroups * GT + 2 * GT);
+  static_assert(kSmemBytes >= sizeof(float) * GT * (HEAD_DIM + 5), "merge window of one chunk");
 };
 
 // Loads kVec<KV> elements of a q row (Q: Bf16|F16) as floats times mul.
@@ -76,12 +81,7 @@ __global__ void __launch_bounds__(kDecodeThreads,
   const int head0 = kvh * p.group + g0;
   const int tid = threadIdx.x, grp = tid / kTx, lane = tid % kTx;
 
-  const int q0 = p.q_indptr[it.seq];
-  const int qlen = p.q_indptr[it.seq + 1] - q0;
-  const int L = p.kv_len[it.seq];
-  const int pos = L - qlen + (it.q_row - q0);
-  const int hi = p.causal ? pos + 1 : L;
-  const int lo = p.window > 0 ? max(0, pos - p.window + 1) : 0;
+  const int lo = it.lo, hi = it.hi;  // the row's visible positions (planned on the host)
   const bool fp8 = KV::kBytes == 1;
   const float k_mul = fp8 ? p.k_scale[kvh] : 1.f;
   const float v_mul = fp8 ? p.v_scale[kvh] : 1.f;
@@ -282,15 +282,18 @@ __global__ void __launch_bounds__(kDecodeThreads,
   }
 
   cp_async_wait<0>();
-  if (it.partial < 0) {
-    uint16_t* out =
-        static_cast<uint16_t*>(p.out) + (int64_t(it.q_row) * p.num_q_heads + head0) * HEAD_DIM;
+  if (it.partial >= 0) {
+    merge_if_last<Q, HEAD_DIM, kDecodeThreads, GT>(
+        p, it, head0, gcount, v_mul, reinterpret_cast<uint8_t*>(smem_vec), S::kSmemBytes);
+    return;
+  }
+  uint16_t* out =
+      static_cast<uint16_t*>(p.out) + (int64_t(it.q_row) * p.num_q_heads + head0) * HEAD_DIM;
 #pragma unroll
-    for (int j = 0; j < S::kOwn; ++j) {
-      const int e = tid + j * kDecodeThreads;
-      if (e < GT * HEAD_DIM && e / HEAD_DIM < gcount)
-        out[e] = Q::from_float(finalize_state(run[j], v_mul));
-    }
+  for (int j = 0; j < S::kOwn; ++j) {
+    const int e = tid + j * kDecodeThreads;
+    if (e < GT * HEAD_DIM && e / HEAD_DIM < gcount)
+      out[e] = Q::from_float(finalize_state(run[j], v_mul));
   }
 }
 
@@ -314,6 +317,7 @@ void launch_decode_t(const AttentionParams& p, cudaStream_t s) {
 
 template <class Q, class KV, int HEAD_DIM>
 void launch_decode_dim(const AttentionParams& p, cudaStream_t s) {
+  if (p.decode_tc_rows > 0) return launch_decode_tc_dim<Q, KV, HEAD_DIM>(p, s);
   switch (decode_group_tile(p.group, KV::kBytes == 1)) {
     case 1:
       return launch_decode_t<Q, KV, HEAD_DIM, 1>(p, s);

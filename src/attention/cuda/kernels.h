@@ -10,16 +10,18 @@
 
 namespace pagedattn::cuda {
 
-// One CTA of the decode kernel: query row q_row of sequence seq, positions in chunks
-// [chunk_begin, chunk_end) of kDecodeChunkTokens each. partial < 0: the CTA covers every chunk of
-// the row and writes the output; else chunk c's state goes to partial slot partial + c -
-// chunk_begin.
+// One CTA of the decode kernel: query row q_row of sequence seq, which sees positions [lo, hi)
+// (causal limit and sliding window applied), those in chunks [chunk_begin, chunk_end) of
+// kDecodeChunkTokens each. partial < 0: the CTA covers every chunk of the row and writes the
+// output; else chunk c's state goes to partial slot partial + c - chunk_begin, and merge names
+// the row's MergeItem.
 struct DecodeItem {
-  int32_t seq, q_row, chunk_begin, chunk_end, partial;
+  int32_t seq, q_row, lo, hi, chunk_begin, chunk_end, partial, merge;
 };
-// One row of the merge pass: num_chunks partial states from slot partial on, in position order.
+// A split row: num_chunks partial states from slot partial on, in position order, written by
+// num_ctas decode CTAs (per head tile); the last of them to finish merges them (merge_if_last).
 struct MergeItem {
-  int32_t q_row, partial, num_chunks;
+  int32_t q_row, partial, num_chunks, num_ctas;
 };
 // One CTA of the prefill kernel: a tile of kPrefillRows packed (query, head-in-group) rows of
 // sequence seq starting at packed row row_begin (packed row r = query r / group, head r % group).
@@ -52,27 +54,35 @@ struct AttentionParams {
   float* partial_md = nullptr;             // [num_partials, num_q_heads, 2]: (max, sum)
   const MergeItem* merge_items = nullptr;  // [num_merge_items]
   int32_t num_merge_items = 0;
+  // [num_merge_items, num_kv_heads * head_tiles]: CTAs of a split row done so far; zero between
+  // launches (the plan clears them, the merging CTA resets its own).
+  int32_t* merge_counters = nullptr;
+  // Query heads per CTA of the tensor-core decode kernel (8 or 16); 0: the CUDA-core kernel.
+  int32_t decode_tc_rows = 0;
   // prefill
   const PrefillItem* prefill_items = nullptr;  // [num_prefill_items]
   int32_t num_prefill_items = 0;
 };
 
-// Query heads per decode CTA for a GQA group of `group` (fp8 keeps 4 at most: its 16-element
-// vectors double the registers per head).
+// Query heads per CTA of the CUDA-core decode kernel for a GQA group of `group` (fp8 keeps 4 at
+// most: its 16-element vectors double the registers per head).
 inline int decode_group_tile(int group, bool fp8_kv) {
   if (group == 1) return 1;
   if (group <= 4 || fp8_kv) return 4;
   return 8;
 }
+// Query heads per CTA of the tensor-core decode kernel: the 8 columns of an n8 mma tile, or two
+// tiles for groups above 8 at head_dim <= 128 (head_dim 256 would spill registers).
+inline int decode_tc_rows(int group, int head_dim) { return group > 8 && head_dim <= 128 ? 16 : 8; }
 
 // Rows (packed query x head-in-group) per prefill CTA.
 constexpr int32_t kPrefillRows = 128;
 
-// Decode kernel over p.decode_items (any q_len: each item is one query row). q: bf16|f16; kv:
-// q's dtype or fp8; head_dim 64|128|256. Throws Error for an unsupported combination.
+// Decode kernel over p.decode_items (any q_len: each item is one query row): the tensor-core one
+// when p.decode_tc_rows > 0, else the CUDA-core one; split rows are merged by their last CTA.
+// q: bf16|f16; kv: q's dtype or fp8; head_dim 64|128|256. Throws Error for an unsupported
+// combination.
 void launch_decode(const AttentionParams& p, DType q, DType kv, int head_dim, cudaStream_t s);
-// Merge pass over p.merge_items (split-KV rows).
-void launch_merge(const AttentionParams& p, DType q, DType kv, int head_dim, cudaStream_t s);
 // Tensor-core prefill kernel over p.prefill_items.
 void launch_prefill(const AttentionParams& p, DType q, DType kv, int head_dim, cudaStream_t s);
 // Whether launch_prefill handles this combination.

@@ -44,6 +44,9 @@ CudaAttentionPlan::CudaAttentionPlan(size_t workspace_bytes, CudaPlanOptions opt
            "CudaAttentionPlan: workspace_bytes must be >= 64 KiB, got ", workspace_bytes);
   PA_CHECK(opts.target_ctas_per_sm >= 0 && opts.chunks_per_cta >= 0,
            "CudaAttentionPlan: opts.target_ctas_per_sm and opts.chunks_per_cta must be >= 0");
+  PA_CHECK(opts.tensor_core_decode_min_group >= 1,
+           "CudaAttentionPlan: opts.tensor_core_decode_min_group must be >= 1, got ",
+           opts.tensor_core_decode_min_group);
   impl_->opts = opts;
   impl_->sm_count = cuda_sm_count();
   PA_CHECK(impl_->sm_count > 0, "CudaAttentionPlan: no CUDA device is available");
@@ -71,7 +74,7 @@ size_t stage(std::vector<uint8_t>& host, const T* src, size_t n) {
 }
 
 struct DecodeRow {
-  int32_t seq, q_row, chunk_lo, chunk_hi;
+  int32_t seq, q_row, lo, hi, chunk_lo, chunk_hi;
 };
 
 }  // namespace
@@ -112,7 +115,7 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
       const int32_t pos = L - qlen + j;
       const int32_t hi = opt.causal ? pos + 1 : L;
       const int32_t lo = opt.window > 0 ? std::max(0, pos - opt.window + 1) : 0;
-      DecodeRow row{b, q0 + j, 0, 0};
+      DecodeRow row{b, q0 + j, lo, hi, 0, 0};
       if (lo < hi) {
         row.chunk_lo = lo / kDecodeChunkTokens;
         row.chunk_hi = (hi + kDecodeChunkTokens - 1) / kDecodeChunkTokens;
@@ -134,9 +137,11 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
                      return tile_keys(a) > tile_keys(b);
                    });
 
-  // ---- split-KV: chunks per CTA from the shape and the SM count ----
-  const int64_t tiles =
-      (group + cuda::decode_group_tile(group, fp8) - 1) / cuda::decode_group_tile(group, fp8);
+  // ---- which decode kernel, and split-KV: chunks per CTA from the shape and the SM count ----
+  const int32_t tc_rows =
+      group >= im.opts.tensor_core_decode_min_group ? cuda::decode_tc_rows(group, D) : 0;
+  const int32_t heads_per_cta = tc_rows > 0 ? tc_rows : cuda::decode_group_tile(group, fp8);
+  const int64_t tiles = (group + heads_per_cta - 1) / heads_per_cta;
   const int64_t base_ctas = int64_t(rows.size()) * Hk * tiles;
   const int64_t target = int64_t(im.sm_count) * im.opts.target_ctas_per_sm;
   int64_t k = INT_MAX;
@@ -148,7 +153,7 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
     k = std::max<int64_t>(1, (total_chunks * Hk * tiles + target - 1) / target);
   }
 
-  // Metadata first (its size does not depend on k), then as many partials as the rest holds.
+  // Metadata first, then as many partials as the rest of the workspace holds.
   auto build = [&](int64_t chunks_per_cta, std::vector<cuda::DecodeItem>& items,
                    std::vector<cuda::MergeItem>& merges) {
     items.clear();
@@ -157,40 +162,47 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
     for (const DecodeRow& r : rows) {
       const int32_t nc = r.chunk_hi - r.chunk_lo;
       if (nc <= chunks_per_cta) {
-        items.push_back({r.seq, r.q_row, r.chunk_lo, r.chunk_hi, -1});
+        items.push_back({r.seq, r.q_row, r.lo, r.hi, r.chunk_lo, r.chunk_hi, -1, -1});
         continue;
       }
-      for (int32_t c = r.chunk_lo; c < r.chunk_hi; c += int32_t(chunks_per_cta)) {
+      const int32_t merge = int32_t(merges.size());
+      int32_t ctas = 0;
+      for (int32_t c = r.chunk_lo; c < r.chunk_hi; c += int32_t(chunks_per_cta), ++ctas) {
         const int32_t e = int32_t(std::min<int64_t>(r.chunk_hi, c + chunks_per_cta));
-        items.push_back({r.seq, r.q_row, c, e, partials + (c - r.chunk_lo)});
+        items.push_back({r.seq, r.q_row, r.lo, r.hi, c, e, partials + (c - r.chunk_lo), merge});
       }
-      merges.push_back({r.q_row, partials, nc});
+      merges.push_back({r.q_row, partials, nc, ctas});
       partials += nc;
     }
     return partials;
   };
   std::vector<cuda::DecodeItem> items;
   std::vector<cuda::MergeItem> merges;
+  // Partials: [partials, Hq, 2] (max, sum), then (aligned) [partials, Hq, D] outputs.
   const size_t partial_bytes = size_t(Hq) * (D + 2) * sizeof(float);
+  const auto partials_size = [&](int32_t np) { return size_t(np) * partial_bytes + kAlign; };
   std::vector<uint8_t>& host = im.host;
-  size_t o_qi, o_len, o_bt, o_items, o_merge, o_prefill;
+  size_t o_qi, o_len, o_bt, o_items, o_merge, o_counters, o_prefill;
   int32_t partials = 0;
+  std::vector<int32_t> counters;  // the fused merge's (zeroed) counts, uploaded with the rest
   for (;;) {
     partials = build(k, items, merges);
+    counters.assign(merges.size() * size_t(Hk * tiles), 0);
     host.clear();
     o_qi = stage(host, batch.q_indptr, size_t(n) + 1);
     o_len = stage(host, batch.kv_len, size_t(n));
     o_bt = stage(host, batch.block_table, size_t(n) * batch.max_pages_per_seq);
     o_items = stage(host, items.data(), items.size());
     o_merge = stage(host, merges.data(), merges.size());
+    o_counters = stage(host, counters.data(), counters.size());
     o_prefill = stage(host, prefill.data(), prefill.size());
     const size_t meta = align_up(host.size());
     PA_CHECK(meta <= im.ws_bytes, "paged_attention_cuda: the batch metadata needs ", meta,
              " bytes but the plan's workspace has ", im.ws_bytes,
              " (construct CudaAttentionPlan with more)");
-    if (meta + size_t(partials) * partial_bytes <= im.ws_bytes) break;
+    if (meta + partials_size(partials) <= im.ws_bytes) break;
     PA_CHECK(k != INT_MAX && im.opts.chunks_per_cta == 0,
-             "paged_attention_cuda: the split-KV partials need ", size_t(partials) * partial_bytes,
+             "paged_attention_cuda: the split-KV partials need ", partials_size(partials),
              " bytes beyond the ", meta, " of metadata, but the workspace has ", im.ws_bytes,
              " (construct CudaAttentionPlan with more)");
     k = k * 2 >= 1 << 20 ? INT_MAX : k * 2;  // fewer splits until the partials fit
@@ -221,10 +233,13 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   p.num_decode_items = int32_t(items.size());
   p.merge_items = reinterpret_cast<const cuda::MergeItem*>(im.ws + o_merge);
   p.num_merge_items = int32_t(merges.size());
+  p.merge_counters = reinterpret_cast<int32_t*>(im.ws + o_counters);
+  p.decode_tc_rows = tc_rows;
   p.prefill_items = reinterpret_cast<const cuda::PrefillItem*>(im.ws + o_prefill);
   p.num_prefill_items = int32_t(prefill.size());
   p.partial_md = reinterpret_cast<float*>(im.ws + o_partial);
-  p.partial_o = p.partial_md + size_t(partials) * Hq * 2;
+  p.partial_o = reinterpret_cast<float*>(
+      im.ws + align_up(o_partial + size_t(partials) * Hq * 2 * sizeof(float)));
 
   im.num_tokens = q.num_tokens;
   im.num_q_heads = Hq;
@@ -242,7 +257,8 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   info_.split_rows = int32_t(merges.size());
   info_.prefill_tiles = int32_t(prefill.size());
   info_.chunks_per_cta = k == INT_MAX ? 0 : int32_t(k);
-  info_.workspace_bytes = o_partial + size_t(partials) * partial_bytes;
+  info_.decode_tc_rows = tc_rows;
+  info_.workspace_bytes = o_partial + partials_size(partials);
 }
 
 void paged_attention_cuda(const CudaAttentionPlan& plan, const QKVTensor& q, const PagedKVView& kv,
@@ -283,7 +299,6 @@ void paged_attention_cuda(const CudaAttentionPlan& plan, const QKVTensor& q, con
   p.v_scale = kv.v_scale;
   const auto s = static_cast<cudaStream_t>(stream);
   cuda::launch_decode(p, q.dtype, kv.dtype, im.head_dim, s);
-  cuda::launch_merge(p, q.dtype, kv.dtype, im.head_dim, s);
   if (p.num_prefill_items > 0) cuda::launch_prefill(p, q.dtype, kv.dtype, im.head_dim, s);
 }
 
