@@ -13,6 +13,9 @@ struct LlamaModelCuda::Impl {
 LlamaModelCuda::LlamaModelCuda(const ModelFile&) {
   fail("LlamaModelCuda: pagedattn was built without CUDA support");
 }
+LlamaModelCuda::LlamaModelCuda(const ModelConfig&, uint64_t) {
+  fail("LlamaModelCuda: pagedattn was built without CUDA support");
+}
 LlamaModelCuda::~LlamaModelCuda() = default;
 
 const ModelConfig& LlamaModelCuda::config() const { return impl_->config; }
@@ -26,6 +29,7 @@ void LlamaModelCuda::validate(const ForwardBatch&, const KvCache&) const {
 }
 
 size_t LlamaModelCuda::weight_bytes() const { return 0; }
+size_t LlamaModelCuda::step_weight_bytes() const { return 0; }
 
 }  // namespace pagedattn
 
