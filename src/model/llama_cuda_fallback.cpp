@@ -2,6 +2,7 @@
 #ifndef PAGEDATTN_HAVE_CUDA
 
 #include "pagedattn/error.h"
+#include "pagedattn/llama.h"
 #include "pagedattn/llama_cuda.h"
 
 namespace pagedattn {
@@ -13,7 +14,9 @@ struct LlamaModelCuda::Impl {
 LlamaModelCuda::LlamaModelCuda(const ModelFile&) {
   fail("LlamaModelCuda: pagedattn was built without CUDA support");
 }
-LlamaModelCuda::LlamaModelCuda(const ModelConfig&, uint64_t) {
+LlamaModelCuda::LlamaModelCuda(const ModelConfig& config, uint64_t) {
+  ModelConfig c = config;
+  check_llama_config(c, "LlamaModelCuda");  // a bad config says so, as with CUDA
   fail("LlamaModelCuda: pagedattn was built without CUDA support");
 }
 LlamaModelCuda::~LlamaModelCuda() = default;
