@@ -1,5 +1,8 @@
 // `pagedattn bench model`: prefill and decode tokens/s of the whole model through the paged cache,
-// at several batch sizes (random prompt ids, greedy decode, every sequence in one batch).
+// at several batch sizes (random prompt ids, greedy decode, every sequence in one batch). On CUDA
+// each decode step is also compared with its memory floor: the bytes it must read (the weights
+// once, every sequence's K/V once) over the device-to-device copy bandwidth measured in the same
+// run.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -10,8 +13,10 @@
 #include <vector>
 
 #include "cli.h"
+#include "cuda_bandwidth.h"
 #include "model_session.h"
 #include "pagedattn/error.h"
+#include "pagedattn/llama_cuda.h"
 
 namespace pagedattn::tools {
 
@@ -39,6 +44,98 @@ std::vector<int32_t> greedy(const Tensor& logits) {
   return out;
 }
 
+// The memory floor of decode steps on CUDA: every step reads the weights once and every
+// sequence's K/V (its whole context, the new token included) once, at the copy bandwidth.
+struct DecodeFloor {
+  CopyBandwidth copy;
+  size_t weight_bytes = 0;    // read per step (LlamaModelCuda::step_weight_bytes)
+  size_t kv_token_bytes = 0;  // K and V of one token, all layers
+  // Seconds of `steps` decode steps of `batch` sequences whose prompts hold prompt_len tokens.
+  double seconds(int batch, int32_t prompt_len, int32_t steps, double* kv_bytes_mean) const {
+    double total = 0, kv_sum = 0;
+    for (int32_t s = 0; s < steps; ++s) {
+      const double kv = double(batch) * double(prompt_len + s + 1) * double(kv_token_bytes);
+      kv_sum += kv;
+      total += (double(weight_bytes) + kv) / (copy.gbps * 1e9);
+    }
+    *kv_bytes_mean = kv_sum / steps;
+    return total;
+  }
+};
+
+struct BatchResult {
+  int batch = 0;
+  double prefill_s = 0;
+  double decode_s = 0;  // the decode forward steps only (not the host's argmax between them)
+  double floor_s = 0, kv_bytes_mean = 0;  // CUDA
+};
+
+// Prefills `batch` random prompts of prompt_len tokens, then runs decode_steps greedy steps.
+BatchResult run_batch(ModelSession& m, int batch, int32_t prompt_len, int32_t decode_steps,
+                      std::mt19937& gen) {
+  const int32_t vocab = m.config().vocab_size;
+  std::vector<SeqId> seqs;
+  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch));
+  for (auto& p : prompts) {
+    for (int32_t i = 0; i < prompt_len; ++i) p.push_back(int32_t(gen() % uint32_t(vocab)));
+    seqs.push_back(m.cache().create_sequence());
+  }
+  BatchResult r;
+  r.batch = batch;
+  auto t0 = std::chrono::steady_clock::now();
+  Tensor logits = m.prefill(seqs, prompts);  // the forward returns host logits: synchronised
+  r.prefill_s = since(t0);
+  for (int32_t step = 0; step < decode_steps; ++step) {
+    const std::vector<int32_t> next = greedy(logits);
+    t0 = std::chrono::steady_clock::now();
+    logits = m.decode(seqs, next);
+    r.decode_s += since(t0);
+  }
+  for (SeqId s : seqs) m.cache().free_sequence(s);
+  return r;
+}
+
+void print_result(const BenchModelArgs& a, const SessionOptions& so, ModelSession& m,
+                  const BatchResult& r, const DecodeFloor* floor) {
+  const int B = r.batch;
+  const double prefill_tps = double(B) * a.prompt_len / r.prefill_s;
+  const double decode_tps = double(B) * a.decode_steps / r.decode_s;
+  const double ms_per_step = 1e3 * r.decode_s / a.decode_steps;
+  const double floor_ms = floor ? 1e3 * r.floor_s / a.decode_steps : 0;
+  const double pct = floor ? 100.0 * r.floor_s / r.decode_s : 0;
+  if (a.json) {
+    std::printf(
+        "{\"bench\":\"model\",\"model\":\"%s\",\"device\":\"%s\",\"kv_dtype\":\"%s\","
+        "\"hw_threads\":%u,\"batch\":%d,\"prompt_len\":%d,\"decode_steps\":%d,"
+        "\"prefill_s\":%.4f,\"prefill_tokens_per_s\":%.1f,\"decode_s\":%.4f,"
+        "\"decode_tokens_per_s\":%.1f,\"decode_ms_per_step\":%.3f",
+        so.model.c_str(), device_name(m.model().device()).c_str(),
+        std::string(dtype_name(m.cache().config().dtype)).c_str(),
+        std::thread::hardware_concurrency(), B, a.prompt_len, a.decode_steps, r.prefill_s,
+        prefill_tps, r.decode_s, decode_tps, ms_per_step);
+    if (floor) {
+      std::printf(
+          ",\"gpu\":\"%s\",\"copy_gbps\":%.1f,\"weight_bytes_per_step\":%zu,"
+          "\"kv_bytes_per_step\":%.0f,\"floor_ms_per_step\":%.3f,\"pct_of_floor\":%.1f",
+          floor->copy.device.c_str(), floor->copy.gbps, floor->weight_bytes, r.kv_bytes_mean,
+          floor_ms, pct);
+    }
+    std::printf("}\n");
+  } else {
+    std::printf(
+        "batch %3d: prefill %d x %d tokens in %.3f s (%.1f tok/s); decode %d steps in %.3f s "
+        "(%.1f tok/s, %.3f ms/step)",
+        B, B, a.prompt_len, r.prefill_s, prefill_tps, a.decode_steps, r.decode_s, decode_tps,
+        ms_per_step);
+    if (floor) {
+      std::printf("; floor %.3f ms/step (%.2f GB weights + %.3f GB K/V): %.1f%% of floor", floor_ms,
+                  double(floor->weight_bytes) / 1e9, r.kv_bytes_mean / 1e9, pct);
+    }
+    std::printf("\n");
+  }
+  std::fflush(stdout);
+}
+
 void run_bench_model(const BenchModelArgs& a) {
   PA_CHECK(!a.batch.empty(), "bench model: --batch is empty");
   for (int b : a.batch) PA_CHECK(b > 0, "bench model: --batch has ", b, ", not positive");
@@ -47,11 +144,37 @@ void run_bench_model(const BenchModelArgs& a) {
   const int max_batch = *std::max_element(a.batch.begin(), a.batch.end());
   SessionOptions so = a.session;
   so.quiet = a.json;
+  const Device device = resolve_device(so.device);
+  so.device = device_name(device);
   const int64_t per_seq =
       (int64_t(a.prompt_len) + a.decode_steps + so.page_size) / so.page_size * so.page_size;
   so.kv_tokens = per_seq * max_batch;
+
+  // NOTE: the copy is measured before the model loads, while 2 GiB of device memory are free.
+  std::unique_ptr<DecodeFloor> floor;
+  if (device == Device::cuda) {
+    PA_CHECK(
+        cuda_device_count() > 0,
+        "bench model: --device cuda: no usable CUDA device (none found, or pagedattn was built "
+        "without CUDA); use cpu");
+    floor = std::make_unique<DecodeFloor>();
+    floor->copy = measure_copy_bandwidth();
+    if (!a.json) {
+      std::printf(
+          "copy bandwidth: %.0f GB/s (%s; %zu MiB device-to-device, bytes read + written, "
+          "median of 10)\n",
+          floor->copy.gbps, floor->copy.device.c_str(), floor->copy.bytes >> 20);
+    }
+  }
   ModelSession m(so);
-  const int32_t vocab = m.config().vocab_size;
+  if (floor) {
+    const auto* cuda_model = dynamic_cast<const LlamaModelCuda*>(&m.model());
+    PA_CHECK(cuda_model, "bench model: the CUDA runner is not LlamaModelCuda");
+    const ModelConfig& c = m.config();
+    floor->weight_bytes = cuda_model->step_weight_bytes();
+    floor->kv_token_bytes = size_t(c.num_layers) * 2 * size_t(c.num_kv_heads) * size_t(c.head_dim) *
+                            dtype_size(m.cache().config().dtype);
+  }
   std::mt19937 gen(7);
 
   // Warm-up: one short prefill and decode step (first-touch allocations, BLAS threads).
@@ -62,41 +185,15 @@ void run_bench_model(const BenchModelArgs& a) {
     m.cache().free_sequence(s);
   }
   for (int B : a.batch) {
-    std::vector<SeqId> seqs;
-    std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B));
-    for (auto& p : prompts) {
-      for (int32_t i = 0; i < a.prompt_len; ++i) p.push_back(int32_t(gen() % uint32_t(vocab)));
-      seqs.push_back(m.cache().create_sequence());
+    if (floor) {
+      // NOTE: CUDA loads kernels lazily and cuBLAS picks an algorithm per new shape: run a full
+      // prefill chunk (split over the batch) and this batch's decode shapes once, untimed.
+      const int32_t warm_len = std::max(1, std::min(a.prompt_len, so.prefill_chunk / B));
+      run_batch(m, B, warm_len, 2, gen);
     }
-    auto t0 = std::chrono::steady_clock::now();
-    Tensor logits = m.prefill(seqs, prompts);
-    const double prefill_s = since(t0);
-    t0 = std::chrono::steady_clock::now();
-    for (int32_t step = 0; step < a.decode_steps; ++step) logits = m.decode(seqs, greedy(logits));
-    const double decode_s = since(t0);
-    for (SeqId s : seqs) m.cache().free_sequence(s);
-
-    const double prefill_tps = double(B) * a.prompt_len / prefill_s;
-    const double decode_tps = double(B) * a.decode_steps / decode_s;
-    const double ms_per_step = 1e3 * decode_s / a.decode_steps;
-    if (a.json) {
-      std::printf(
-          "{\"bench\":\"model\",\"model\":\"%s\",\"device\":\"%s\",\"kv_dtype\":\"%s\","
-          "\"hw_threads\":%u,\"batch\":%d,\"prompt_len\":%d,\"decode_steps\":%d,"
-          "\"prefill_s\":%.4f,\"prefill_tokens_per_s\":%.1f,\"decode_s\":%.4f,"
-          "\"decode_tokens_per_s\":%.1f,\"decode_ms_per_step\":%.2f}\n",
-          so.model.c_str(), device_name(m.model().device()).c_str(),
-          std::string(dtype_name(m.cache().config().dtype)).c_str(),
-          std::thread::hardware_concurrency(), B, a.prompt_len, a.decode_steps, prefill_s,
-          prefill_tps, decode_s, decode_tps, ms_per_step);
-    } else {
-      std::printf(
-          "batch %3d: prefill %d x %d tokens in %.3f s (%.1f tok/s); decode %d steps in %.3f s "
-          "(%.1f tok/s, %.2f ms/step)\n",
-          B, B, a.prompt_len, prefill_s, prefill_tps, a.decode_steps, decode_s, decode_tps,
-          ms_per_step);
-    }
-    std::fflush(stdout);
+    BatchResult r = run_batch(m, B, a.prompt_len, a.decode_steps, gen);
+    if (floor) r.floor_s = floor->seconds(B, a.prompt_len, a.decode_steps, &r.kv_bytes_mean);
+    print_result(a, so, m, r, floor.get());
   }
 }
 
@@ -104,7 +201,10 @@ void run_bench_model(const BenchModelArgs& a) {
 
 void register_bench_model(CLI::App& bench) {
   auto args = std::make_shared<BenchModelArgs>();
-  CLI::App* cmd = bench.add_subcommand("model", "Prefill and decode tokens/s of the whole model");
+  CLI::App* cmd = bench.add_subcommand(
+      "model",
+      "Prefill and decode tokens/s of the whole model (on CUDA: decode steps against the floor of "
+      "their weight and K/V bytes at the copy bandwidth)");
   cmd->add_option("--batch", args->batch, "Sequences per batch, e.g. 1,32")
       ->delimiter(',')
       ->capture_default_str();

@@ -19,6 +19,7 @@
 #include "pagedattn/error.h"
 #include "pagedattn/llama.h"
 #include "pagedattn/model_file.h"
+#include "pagedattn/synthetic_model.h"
 #include "serve_bench_run.h"
 
 namespace pagedattn::tools {
@@ -29,6 +30,7 @@ namespace {
 
 struct BenchServeArgs {
   std::string model = kDefaultModelPath;
+  std::string device = "auto";
   std::vector<std::string> modes = {"paged", "static"};
   std::vector<std::string> prefix_cache = {"on"};
   std::vector<std::string> rates = {"inf"};
@@ -42,38 +44,34 @@ struct BenchServeArgs {
   std::string csv, timeline_csv;
 };
 
-// A synthetic model with random weights: synthetic:tiny (fast, for tests) or
-// synthetic:smollm2-135m (the default model's shapes).
-ModelFile load_bench_model(const std::string& name) {
-  if (name.rfind("synthetic:", 0) != 0) {
+// What every run builds its engine around: --model on --device. A file (or a synthetic model on
+// the CPU) is loaded once and each run's model is made from it; a synthetic model on CUDA is
+// filled on the device for each run (no host copy of its weights).
+struct BenchModel {
+  ModelConfig config;
+  Device device = Device::cpu;
+  sb::ModelFactory make;
+};
+
+BenchModel load_bench_model(const std::string& name, Device device) {
+  BenchModel m;
+  m.device = device;
+  if (is_synthetic_model(name) && device == Device::cuda) {
+    m.config = synthetic_model_config(name);
+    m.make = [name] { return create_synthetic_model(name, Device::cuda); };
+    return m;
+  }
+  std::shared_ptr<const ModelFile> file;
+  if (is_synthetic_model(name)) {
+    file = std::make_shared<const ModelFile>(make_synthetic_preset_file(name));
+  } else {
     PA_CHECK(std::filesystem::exists(name), "bench serve: --model '", name,
              "' does not exist (fetch the default model with scripts/fetch-default-model.sh)");
-    return load_model_file(name);
+    file = std::make_shared<const ModelFile>(load_model_file(name));
   }
-  const std::string which = name.substr(10);
-  ModelConfig c;
-  c.architecture = "llama";
-  c.max_position_embeddings = 8192;
-  c.eos_token_ids = {0};
-  if (which == "tiny") {
-    c.vocab_size = 512;
-    c.hidden_size = 64;
-    c.intermediate_size = 128;
-    c.num_layers = 2;
-    c.num_q_heads = 4;
-    c.num_kv_heads = 2;
-  } else if (which == "smollm2-135m") {
-    c.vocab_size = 49152;
-    c.hidden_size = 576;
-    c.intermediate_size = 1536;
-    c.num_layers = 30;
-    c.num_q_heads = 9;
-    c.num_kv_heads = 3;
-    c.tie_word_embeddings = true;
-  } else {
-    fail("bench serve: --model synthetic:", which, " is unknown (tiny or smollm2-135m)");
-  }
-  return make_synthetic_model_file(c, 1234);
+  m.config = file->config;
+  m.make = [file, device] { return create_model(*file, device); };
+  return m;
 }
 
 double parse_rate(const std::string& s) {
@@ -94,11 +92,12 @@ nlohmann::json summary_json(const sb::Summary& s) {
   return {{"mean", num(s.mean)}, {"p50", num(s.p50)}, {"p90", num(s.p90)}, {"p99", num(s.p99)}};
 }
 
-nlohmann::json result_json(const sb::RunResult& r, const std::string& model) {
+nlohmann::json result_json(const sb::RunResult& r, const std::string& model, Device device) {
   const auto& c = r.config;
   const auto& w = r.workload;
   return {{"bench", "serve"},
           {"model", model},
+          {"device", device_name(device)},
           {"hw_threads", std::thread::hardware_concurrency()},
           {"mode", c.mode},
           {"prefix_cache", c.mode == "paged" && c.prefix_cache},
@@ -230,8 +229,12 @@ void run_bench_serve(const BenchServeArgs& a) {
   w.prefix_len = a.prefix_len;
   w.seed = a.seed;
 
-  const ModelFile file = load_bench_model(a.model);
-  w.vocab_hi = file.config.vocab_size;
+  const BenchModel model = load_bench_model(a.model, resolve_device(a.device));
+  if (!a.json) {
+    std::fprintf(stderr, "bench serve: %s on %s\n", a.model.c_str(),
+                 device_name(model.device).c_str());
+  }
+  w.vocab_hi = model.config.vocab_size;
   w.vocab_lo = std::min(256, w.vocab_hi - 1);  // past byte tokens and most special ids
   if (a.run.target_tokens > 0) {               // closed loop: enough requests to reach the target
     const double mean_out = std::max(1.0, double(w.output.max_value()) / 8);
@@ -248,7 +251,7 @@ void run_bench_serve(const BenchServeArgs& a) {
     rc.mode = "paged";
     rc.target_tokens = 0;
     rc.progress = false;
-    sb::run_serve_bench(file, sb::make_workload(ws), ws, rc);
+    sb::run_serve_bench(model.make, sb::make_workload(ws), ws, rc);
   }
   if (!a.json) print_header();
   for (double rate : rates) {
@@ -261,9 +264,9 @@ void run_bench_serve(const BenchServeArgs& a) {
         rc.mode = mode;
         rc.prefix_cache = pc == "on";
         rc.progress = !a.no_progress;
-        const sb::RunResult r = sb::run_serve_bench(file, work, w, rc);
+        const sb::RunResult r = sb::run_serve_bench(model.make, work, w, rc);
         if (a.json)
-          std::printf("%s\n", result_json(r, a.model).dump().c_str());
+          std::printf("%s\n", result_json(r, a.model, model.device).dump().c_str());
         else
           print_row(r);
         std::fflush(stdout);
@@ -283,7 +286,12 @@ void register_bench_serve(CLI::App& bench) {
   auto a = std::make_shared<BenchServeArgs>();
   CLI::App* cmd = bench.add_subcommand(
       "serve", "Serving benchmark: paged continuous batching vs a static contiguous-KV baseline");
-  cmd->add_option("--model", a->model, "A .gguf file, a Hugging Face folder or synthetic:NAME")
+  cmd->add_option("--model", a->model,
+                  "A .gguf file, a Hugging Face folder or synthetic:NAME (synthetic:llama3-8b, "
+                  "synthetic:smollm2-135m, synthetic:tiny)")
+      ->capture_default_str();
+  cmd->add_option("--device", a->device, "auto (cuda when a GPU is usable), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   cmd->add_option("--mode", a->modes, "paged and/or static, e.g. paged,static")
       ->delimiter(',')

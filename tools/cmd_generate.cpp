@@ -124,6 +124,7 @@ SessionOptions sized(SessionOptions s, int64_t tokens) {
 void run_generate(const GenerateArgs& a) {
   validate_sampling_params(a.sampling);
   PA_CHECK(a.max_tokens > 0, "generate: --max-tokens must be positive, got ", a.max_tokens);
+  require_tokenizer(a.session.model, "generate");
   // Tokenize with the tokenizer alone first, so the cache can be sized to the job.
   const Tokenizer tok = load_tokenizer(a.session.model);
   std::vector<int32_t> ids;
@@ -148,6 +149,7 @@ void run_generate(const GenerateArgs& a) {
 // the conversation: each turn prefills only the tokens after what it already holds.
 void run_chat(const GenerateArgs& a) {
   validate_sampling_params(a.sampling);
+  require_tokenizer(a.session.model, "chat");
   ModelSession m(a.session);
   const Tokenizer& tok = m.tokenizer();
   std::vector<ChatMessage> msgs;

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cli.h"
+#include "model_session.h"
 #include "pagedattn/chat_template.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/error.h"
@@ -40,6 +41,7 @@ Device pick_device(const std::string& d) {
 }
 
 void run_serve(ServeArgs a) {
+  require_tokenizer(a.model, "serve");
   PA_CHECK(std::filesystem::exists(a.model), "serve: --model '", a.model,
            "' does not exist (fetch the default model with scripts/fetch-default-model.sh)");
   if (!a.kv_cache_memory.empty()) {

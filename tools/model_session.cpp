@@ -7,13 +7,37 @@
 
 #include "pagedattn/error.h"
 #include "pagedattn/model_file.h"
+#include "pagedattn/synthetic_model.h"
 
 namespace pagedattn::tools {
 
+Device resolve_device(const std::string& name) {
+  if (name == "cuda") return Device::cuda;  // create_model says so when there is none
+  if (name == "cpu") return Device::cpu;
+  PA_CHECK(name == "auto", "--device: expected auto, cpu or cuda, got '", name, "'");
+  return cuda_device_count() > 0 ? Device::cuda : Device::cpu;
+}
+
+std::unique_ptr<Model> load_model(const std::string& model, Device device) {
+  if (is_synthetic_model(model)) return create_synthetic_model(model, device);
+  PA_CHECK(std::filesystem::exists(model), "--model: '", model,
+           "' does not exist (fetch the default model with scripts/fetch-default-model.sh)");
+  const ModelFile file = load_model_file(model);
+  return create_model(file, device);  // the runner keeps the weights it needs, not the file
+}
+
+void require_tokenizer(const std::string& model, const char* command) {
+  PA_CHECK(!is_synthetic_model(model), command, ": --model ", model,
+           " is a synthetic model (random weights, no tokenizer) and this command needs a "
+           "tokenizer; synthetic models work with bench model, bench serve and logits");
+}
+
 void add_session_options(CLI::App& cmd, SessionOptions& opt) {
-  cmd.add_option("--model", opt.model, "A .gguf file or a Hugging Face folder")
+  cmd.add_option("--model", opt.model,
+                 "A .gguf file, a Hugging Face folder or synthetic:NAME (random weights, no "
+                 "tokenizer: synthetic:llama3-8b, synthetic:smollm2-135m, synthetic:tiny)")
       ->capture_default_str();
-  cmd.add_option("--device", opt.device, "auto, cpu or cuda")
+  cmd.add_option("--device", opt.device, "auto (cuda when a CUDA device is usable), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   cmd.add_option("--kv-cache-dtype", opt.kv_cache_dtype,
@@ -24,17 +48,9 @@ void add_session_options(CLI::App& cmd, SessionOptions& opt) {
 
 namespace {
 
-Device resolve_device(const std::string& name) {
-  // NOTE: auto means cpu until the CUDA model runner exists; asking for cuda explicitly gets
-  // create_model's Error saying so.
-  if (name == "cuda") return Device::cuda;
-  PA_CHECK(name == "auto" || name == "cpu", "--device: expected auto, cpu or cuda, got '", name,
-           "'");
-  return Device::cpu;
-}
-
 bool expects_tokenizer(const std::string& path) {
   namespace fs = std::filesystem;
+  if (is_synthetic_model(path)) return false;
   return !fs::is_directory(path) || fs::exists(fs::path(path) / "tokenizer.json");
 }
 
@@ -47,14 +63,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 ModelSession::ModelSession(const SessionOptions& opt) : opt_(opt) {
   PA_CHECK(opt.page_size > 0 && opt.kv_tokens > 0 && opt.prefill_chunk > 0,
            "ModelSession: page_size, kv_tokens and prefill_chunk must be positive");
-  PA_CHECK(std::filesystem::exists(opt.model), "--model: '", opt.model,
-           "' does not exist (fetch the default model with scripts/fetch-default-model.sh)");
-  const Device device = resolve_device(opt.device);
   const auto t0 = std::chrono::steady_clock::now();
-  {
-    const ModelFile file = load_model_file(opt.model);
-    model_ = create_model(file, device);
-  }  // the runner shares the weights it needs; the rest of the file goes here
+  model_ = load_model(opt.model, resolve_device(opt.device));
   if (expects_tokenizer(opt.model)) tokenizer_ = load_tokenizer(opt.model);
   const ModelConfig& c = model_->config();
 
@@ -91,8 +101,10 @@ ModelSession::ModelSession(const SessionOptions& opt) : opt_(opt) {
 }
 
 const Tokenizer& ModelSession::tokenizer() const {
-  PA_CHECK(tokenizer_.has_value(), "tokenizer: '", opt_.model,
-           "' has no tokenizer (pass token ids instead)");
+  PA_CHECK(tokenizer_.has_value(), "tokenizer: '", opt_.model, "' has no tokenizer",
+           is_synthetic_model(opt_.model) ? " (synthetic models have random weights and none; "
+                                            "use bench model, bench serve or logits)"
+                                          : " (pass token ids instead)");
   return *tokenizer_;
 }
 

@@ -32,6 +32,14 @@ struct SessionOptions {
 
 // Adds --model, --device and --kv-cache-dtype to a command.
 void add_session_options(CLI::App& cmd, SessionOptions& opt);
+// --device: cpu, cuda, or auto (cuda when a CUDA device is usable, else cpu).
+Device resolve_device(const std::string& name);
+// The runner of --model on device: a .gguf file, a Hugging Face folder or synthetic:NAME
+// (synthetic_model.h). Throws Error naming what is wrong (a missing path, an unknown preset).
+std::unique_ptr<Model> load_model(const std::string& model, Device device);
+// Throws Error when --model cannot have a tokenizer (a synthetic model), naming the command that
+// needs one; called before anything is loaded.
+void require_tokenizer(const std::string& model, const char* command);
 
 class ModelSession {
  public:

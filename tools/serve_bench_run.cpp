@@ -53,6 +53,11 @@ double time_mean(const std::vector<KvSample>& s, double end, F value) {
 
 RunResult run_serve_bench(const ModelFile& file, const std::vector<WorkItem>& work,
                           const WorkloadSpec& spec, const RunConfig& cfg) {
+  return run_serve_bench([&file] { return create_model(file, Device::cpu); }, work, spec, cfg);
+}
+
+RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<WorkItem>& work,
+                          const WorkloadSpec& spec, const RunConfig& cfg) {
   PA_CHECK(cfg.mode == "paged" || cfg.mode == "static", "bench serve: --mode must be paged or ",
            "static, got '", cfg.mode, "'");
   PA_CHECK(cfg.kv_budget_tokens > 0, "bench serve: --kv-tokens must be positive, got ",
@@ -79,7 +84,7 @@ RunResult run_serve_bench(const ModelFile& file, const std::vector<WorkItem>& wo
     ec.kv_cache_tokens = cfg.kv_budget_tokens;
     ec.enable_prefix_cache = cfg.prefix_cache;
   }
-  Engine engine(create_model(file, Device::cpu), ec);
+  Engine engine(make_model(), ec);
   for (size_t i = 0; i < work.size(); ++i) {
     const int64_t len = int64_t(work[i].prompt.size()) + work[i].max_tokens;
     PA_CHECK(len <= engine.max_model_len(), "bench serve: request ", i, " needs ", len,

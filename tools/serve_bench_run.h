@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "pagedattn/engine.h"
+#include "pagedattn/model.h"
 #include "pagedattn/model_file.h"
 #include "serve_bench.h"
 
@@ -64,8 +65,12 @@ struct RunResult {
   std::vector<KvSample> timeline;
 };
 
-// Builds a fresh engine for the run from `file` (its model shares the file's weights) and
-// replays `work`. Throws Error when a request can never fit the budget.
+// Builds a fresh engine for the run around make_model() and replays `work`. Throws Error when a
+// request can never fit the budget.
+using ModelFactory = std::function<std::unique_ptr<Model>()>;
+RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<WorkItem>& work,
+                          const WorkloadSpec& spec, const RunConfig& cfg);
+// The same on the CPU, the model sharing the file's weights.
 RunResult run_serve_bench(const ModelFile& file, const std::vector<WorkItem>& work,
                           const WorkloadSpec& spec, const RunConfig& cfg);
 

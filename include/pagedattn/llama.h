@@ -76,6 +76,10 @@ class LlamaModel : public Model {
   KvAbsMax* absmax_ = nullptr;  // set during kv_absmax only
 };
 
+// Checks a Llama-family config (architecture, positive sizes, head counts that divide, eps,
+// window) and sets head_dim 0 to hidden_size / num_q_heads. Errors start with `op`.
+void check_llama_config(ModelConfig& config, const char* op);
+
 // A model file of random weights for `config` (deterministic in seed), with every tensor the
 // config calls for (biases with attention_bias, q/k norms with qk_norm, no lm_head when tied).
 // head_dim 0 becomes hidden_size / num_q_heads. Weights are scaled so activations stay O(1).

@@ -10,7 +10,8 @@
 //     write_kv_cuda into the layer's pools; paged_attention_cuda (one plan per forward);
 //     x += attn Wo^T (GEMM with beta = 1); h = rms_norm(x); gu = h Wgu^T; a = silu(g) * u;
 //     x += a Wd^T;
-//   logits = rms_norm(x[logit_rows]) lm_head^T (fp32 out), copied to a host f32 tensor.
+//   logits = rms_norm(x[logit_rows]) lm_head^T (fp32 out), copied to a host f32 tensor (in
+//   page-locked memory that is reused once the caller drops it, up to 64 MiB of logits).
 // The cache must be on CUDA with dtype bf16 (or fp8_e4m3 with its scales set).
 // In builds without CUDA the constructor throws Error.
 #pragma once
@@ -28,6 +29,11 @@ class LlamaModelCuda : public Model {
   // Validates the file like LlamaModel (same messages, "LlamaModelCuda: ..."), then uploads the
   // weights. Throws Error when there is no CUDA device or a CUDA/cuBLAS call fails.
   explicit LlamaModelCuda(const ModelFile& file);
+  // A synthetic model (synthetic_model.h): random bf16 weights of `config`'s shapes generated on
+  // the device from (seed, tensor, index), with no host copy; the same values, rounded to bf16, as
+  // LlamaModelCuda(make_hashed_synthetic_model_file(config, seed)). Validates the config like
+  // LlamaModel ("LlamaModelCuda: ...").
+  LlamaModelCuda(const ModelConfig& config, uint64_t seed);
   ~LlamaModelCuda() override;
   LlamaModelCuda(const LlamaModelCuda&) = delete;
   LlamaModelCuda& operator=(const LlamaModelCuda&) = delete;
@@ -40,8 +46,12 @@ class LlamaModelCuda : public Model {
   // rules and messages, prefixed "LlamaModelCuda::forward"; the cache must be a CUDA one).
   void validate(const ForwardBatch& batch, const KvCache& cache) const;
 
-  // Bytes of the device weights (for benchmarks: the floor of a decode step reads all of them).
+  // Bytes of the device weights (bf16 matrices, f32 norms and biases).
   size_t weight_bytes() const;
+  // Of those, the bytes every forward step reads in full: all but the embedding table when the
+  // lm_head is separate (the step gathers only its tokens' rows). The weight part of the memory
+  // floor of a decode step.
+  size_t step_weight_bytes() const;
 
   struct Impl;
 

@@ -20,6 +20,11 @@ class Tensor {
   // Uninitialised storage for the shape (throws Error if CUDA is unavailable for Device::cuda).
   static Tensor empty(std::vector<int64_t> shape, DType dtype, Device device = Device::cpu);
   static Tensor zeros(std::vector<int64_t> shape, DType dtype, Device device = Device::cpu);
+  // A tensor over storage the caller allocated on `device` (at least numel * dtype size bytes),
+  // shared with the caller: the shared_ptr's deleter frees it after the last user lets go (how
+  // page-locked host buffers are handed out and reused).
+  static Tensor wrap(std::shared_ptr<void> storage, std::vector<int64_t> shape, DType dtype,
+                     Device device);
 
   void* data() { return data_.get(); }
   const void* data() const { return data_.get(); }

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Builds the CUDA backend on a GPU machine, runs the GPU tests (a subset under compute-sanitizer),
-# the kernel lab's correctness gates and timing sweeps, the attention benchmark and the torch
-# baseline. Logs go to $OUT (default ./out/gpu). Steps: any of build tests sanitize lab bench torch
-# (default: all of them).
-#   scripts/device/gpu-test.sh                 # everything
+# Builds the CUDA backend on a GPU machine (scripts/device/build.sh), runs the GPU tests (a subset
+# under compute-sanitizer), the kernel lab's correctness gates and timing sweeps, the attention
+# benchmark and the torch baseline. Logs go to $OUT (default ./out/gpu). Steps: any of build tests
+# sanitize lab bench torch (default: all of them), and the opt-in model (bench model on synthetic
+# Llama-3-8B and SmolLM2-135M) and serve (bench serve on synthetic Llama-3-8B).
+#   scripts/device/gpu-test.sh                 # everything but model and serve
 #   scripts/device/gpu-test.sh build tests     # just build and test
-# At most 8 log files (what the GPU machine sends back).
-# Environment: BENCH_ARGS (extra flags for the benchmark, e.g. --quick), BUILD_DIR.
+#   scripts/device/gpu-test.sh build model serve
+# At most 8 log files (what the GPU machine sends back): the default steps write 8.
+# Environment: BENCH_ARGS (extra flags for the attention benchmark, e.g. --quick), MODEL_ARGS
+# (extra flags for bench model), SERVE_ARGS (bench serve's workload flags), BUILD_DIR, DEPS_DIR.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out/gpu}
@@ -27,23 +30,20 @@ cat "$OUT/device.txt"
 
 if has build; then
   note "build"
-  # The GPU machine may lack Debian dev packages that configure needs (not what these targets
-  # build): unpack any .deb carried in $DEPS_DIR into a private prefix.
-  DEPS_DIR=${DEPS_DIR:-build-cuda-deps}
-  if ! pkg-config --exists cpp-httplib 2>/dev/null && ls "$DEPS_DIR"/*.deb >/dev/null 2>&1; then
-    for f in "$DEPS_DIR"/*.deb; do dpkg -x "$f" /tmp/pagedattn-deps; done
-    export PKG_CONFIG_PATH=/tmp/pagedattn-deps/usr/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+  # Missing Debian dev packages are unpacked from the .deb files in $DEPS_DIR (build.sh).
+  # NOTE: should the CLI fail to build, the tests and the kernel lab still get built and run.
+  if ! BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh >"$OUT/build.log" 2>&1; then
+    note "full build FAILED (see build.log); building test_gpu and the kernel lab only"
+    grep -E "error" "$OUT/build.log" | head -20
+    BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh test_gpu attention_decode_lab \
+      attention_prefill_lab bench_attention_cuda_main >>"$OUT/build.log" 2>&1 ||
+      { note "build FAILED"; tail -30 "$OUT/build.log"; exit 1; }
+    status=1
   fi
-  cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-    >"$OUT/build.log" 2>&1 || { note "configure FAILED"; tail -30 "$OUT/build.log"; exit 1; }
-  targets="test_gpu"
-  for t in attention_decode_lab attention_prefill_lab bench_attention_cuda_main; do
-    grep -q "^$t:" "$BUILD_DIR/Makefile" 2>/dev/null && targets="$targets $t"
-    grep -q "build $t:" "$BUILD_DIR/build.ninja" 2>/dev/null && targets="$targets $t"
-  done
-  cmake --build "$BUILD_DIR" --target $targets -j"$(nproc)" >>"$OUT/build.log" 2>&1 ||
-    { note "build FAILED"; grep -E "error" "$OUT/build.log" | head -30; exit 1; }
+  grep "build.sh:" "$OUT/build.log" || true
 fi
+# The unpacked dependencies' library path, for running what was built.
+if [[ -f "$BUILD_DIR/deps-env.sh" ]]; then source "$BUILD_DIR/deps-env.sh"; fi
 
 if has tests; then
   note "tests"
@@ -75,6 +75,27 @@ if has bench; then
     "$BUILD_DIR/kernels_dev/bench_attention_cuda_main" ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1 || status=1
     cat "$OUT/bench.log" | tail -80
   fi
+fi
+
+# Opt-in steps (not in the default list): the whole model on a synthetic Llama-3-8B and
+# SmolLM2-135M, and the serving benchmark on the GPU.
+if has model; then
+  note "bench model (synthetic, cuda)"
+  {
+    "$BUILD_DIR/pagedattn" bench model --model synthetic:llama3-8b --device cuda --batch 1,32 \
+      --prompt-len 512 --decode-steps 32 ${MODEL_ARGS:-} || status=1
+    "$BUILD_DIR/pagedattn" bench model --model synthetic:smollm2-135m --device cuda --batch 1,8,32 \
+      --prompt-len 512 --decode-steps 32 ${MODEL_ARGS:-} || status=1
+  } >"$OUT/bench_model.log" 2>&1
+  cat "$OUT/bench_model.log"
+fi
+
+if has serve; then
+  note "bench serve (synthetic:llama3-8b, cuda) ${SERVE_ARGS:-}"
+  "$BUILD_DIR/pagedattn" bench serve --model synthetic:llama3-8b --device cuda \
+    ${SERVE_ARGS:---mode paged,static --request-rate inf --num-requests 64 --prompt-len uniform:64:512 --output-len lognormal:128:0.8:512 --kv-tokens 16384 --max-num-seqs 64 --max-num-batched-tokens 2048 --seed 1} \
+    >"$OUT/bench_serve.log" 2>&1 || status=1
+  tail -20 "$OUT/bench_serve.log"
 fi
 
 if has torch; then

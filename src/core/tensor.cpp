@@ -39,6 +39,18 @@ Tensor Tensor::empty(std::vector<int64_t> shape, DType dtype, Device device) {
   return t;
 }
 
+Tensor Tensor::wrap(std::shared_ptr<void> storage, std::vector<int64_t> shape, DType dtype,
+                    Device device) {
+  Tensor t;
+  for (int64_t s : shape) PA_CHECK(s >= 0, "Tensor::wrap: negative dimension in shape");
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  t.device_ = device;
+  PA_CHECK(storage || t.numel() == 0, "Tensor::wrap: no storage for shape ", t.shape_str());
+  t.data_ = std::move(storage);
+  return t;
+}
+
 Tensor Tensor::zeros(std::vector<int64_t> shape, DType dtype, Device device) {
   Tensor t = empty(std::move(shape), dtype, device);
   if (device == Device::cpu) {

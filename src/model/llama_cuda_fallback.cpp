@@ -2,6 +2,7 @@
 #ifndef PAGEDATTN_HAVE_CUDA
 
 #include "pagedattn/error.h"
+#include "pagedattn/llama.h"
 #include "pagedattn/llama_cuda.h"
 
 namespace pagedattn {
@@ -11,6 +12,11 @@ struct LlamaModelCuda::Impl {
 };
 
 LlamaModelCuda::LlamaModelCuda(const ModelFile&) {
+  fail("LlamaModelCuda: pagedattn was built without CUDA support");
+}
+LlamaModelCuda::LlamaModelCuda(const ModelConfig& config, uint64_t) {
+  ModelConfig c = config;
+  check_llama_config(c, "LlamaModelCuda");  // a bad config says so, as with CUDA
   fail("LlamaModelCuda: pagedattn was built without CUDA support");
 }
 LlamaModelCuda::~LlamaModelCuda() = default;
@@ -26,6 +32,7 @@ void LlamaModelCuda::validate(const ForwardBatch&, const KvCache&) const {
 }
 
 size_t LlamaModelCuda::weight_bytes() const { return 0; }
+size_t LlamaModelCuda::step_weight_bytes() const { return 0; }
 
 }  // namespace pagedattn
 

@@ -43,24 +43,27 @@ const float* weight(const std::map<std::string, Tensor>& tensors, const std::str
 
 }  // namespace
 
-LlamaModel::LlamaModel(const ModelFile& file) : config_(file.config), tensors_(file.tensors) {
-  ModelConfig& c = config_;
-  PA_CHECK(supported_architecture(c.architecture), kOp, ": architecture '", c.architecture,
+void check_llama_config(ModelConfig& c, const char* op) {
+  PA_CHECK(supported_architecture(c.architecture), op, ": architecture '", c.architecture,
            "' is not supported (llama, mistral, qwen2, qwen3)");
-  PA_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0 && c.num_layers > 0,
-           kOp,
+  PA_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0 && c.num_layers > 0, op,
            ": config needs positive vocab_size, hidden_size, intermediate_size and num_layers");
-  PA_CHECK(c.num_q_heads > 0 && c.num_kv_heads > 0, kOp,
+  PA_CHECK(c.num_q_heads > 0 && c.num_kv_heads > 0, op,
            ": config needs positive num_q_heads and num_kv_heads");
-  PA_CHECK(c.num_q_heads % c.num_kv_heads == 0, kOp, ": num_q_heads (", c.num_q_heads,
+  PA_CHECK(c.num_q_heads % c.num_kv_heads == 0, op, ": num_q_heads (", c.num_q_heads,
            ") is not a multiple of num_kv_heads (", c.num_kv_heads, ")");
   if (c.head_dim == 0) {
-    PA_CHECK(c.hidden_size % c.num_q_heads == 0, kOp, ": hidden_size (", c.hidden_size,
+    PA_CHECK(c.hidden_size % c.num_q_heads == 0, op, ": hidden_size (", c.hidden_size,
              ") is not a multiple of num_q_heads (", c.num_q_heads, ") and head_dim is not set");
     c.head_dim = c.hidden_size / c.num_q_heads;
   }
-  PA_CHECK(c.rms_norm_eps > 0.f, kOp, ": rms_norm_eps must be positive");
-  PA_CHECK(c.sliding_window >= 0, kOp, ": sliding_window must be >= 0");
+  PA_CHECK(c.rms_norm_eps > 0.f, op, ": rms_norm_eps must be positive");
+  PA_CHECK(c.sliding_window >= 0, op, ": sliding_window must be >= 0");
+}
+
+LlamaModel::LlamaModel(const ModelFile& file) : config_(file.config), tensors_(file.tensors) {
+  ModelConfig& c = config_;
+  check_llama_config(c, kOp);
   inv_freq_ = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling);
 
   const int64_t hidden = c.hidden_size, inter = c.intermediate_size, d = c.head_dim;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <string>
 #include <unordered_set>
 
@@ -14,7 +15,9 @@
 #include "pagedattn/attention_cuda.h"
 #include "pagedattn/error.h"
 #include "pagedattn/llama.h"
+#include "pagedattn/synthetic_model.h"
 #include "rope.h"
+#include "synthetic_fill.h"
 
 namespace pagedattn {
 
@@ -66,10 +69,10 @@ struct LlamaModelCuda::Impl {
   Tensor embed;       // [vocab, hidden] bf16
   Tensor lm_head;     // [vocab, hidden] bf16, empty when tied (embed is used)
   Tensor final_norm;  // [hidden] f32
-  size_t weight_bytes = 0;
+  size_t weight_bytes = 0, step_weight_bytes = 0;
   cublasHandle_t cublas = nullptr;
   std::unique_ptr<CudaAttentionPlan> plan;
-  Tensor staging;  // f32 weights on their way to bf16 (load only)
+  Tensor staging;  // f32 weights on their way to bf16 (load from a file only)
 
   // Per-step device scratch, grown on demand.
   Tensor meta;  // tokens [T], slots [T], logit rows [R], rope cos [T, D/2], sin [T, D/2] (4 bytes
@@ -85,35 +88,82 @@ struct LlamaModelCuda::Impl {
   std::vector<int32_t> host_meta, kv_len, block_table;
   std::vector<float> rope_cos, rope_sin;
 
+  // Where the weights come from while loading: the file's host f32 tensors, or (file null) the
+  // synthetic hash of (seed, tensor id, index), filled on the device.
+  const ModelFile* file = nullptr;
+  uint64_t seed = 0;
+  std::map<std::string, SyntheticTensor> synthetic;  // by name
+
+  // Page-locked host buffers the logits are downloaded into (a pageable destination makes the
+  // driver stage the copy at a fraction of the bus speed). A buffer is handed out again once no
+  // returned Tensor shares it.
+  struct Pinned {
+    std::shared_ptr<void> storage;
+    size_t bytes = 0;
+  };
+  std::vector<Pinned> pinned;
+
   ~Impl() {
     if (cublas) cublasDestroy(cublas);
   }
 
-  Tensor upload_f32(const float* src, int64_t n) {
-    Tensor t = Tensor::empty({n}, DType::f32, Device::cuda);
-    check_cuda(cudaMemcpy(t.data(), src, size_t(n) * 4, cudaMemcpyHostToDevice), "weight upload");
+  // The n f32 values of tensor `name` into dst (device).
+  void put_f32(const std::string& name, int64_t n, float* dst) {
+    if (file) {
+      check_cuda(cudaMemcpy(dst, host_f32(*file, name), size_t(n) * 4, cudaMemcpyHostToDevice),
+                 "weight upload");
+    } else {
+      const SyntheticTensor& t = synthetic.at(name);
+      cuda::fill_synthetic_f32(dst, n, synthetic::tensor_key(seed, t.id), t.center, t.half_width,
+                               nullptr);
+    }
+  }
+  // The n values of tensor `name` as bf16 into dst (device).
+  void put_bf16(const std::string& name, int64_t n, uint16_t* dst) {
+    if (file) {
+      float* s = static_cast<float*>(ensure(staging, n, DType::f32));
+      check_cuda(cudaMemcpy(s, host_f32(*file, name), size_t(n) * 4, cudaMemcpyHostToDevice),
+                 "weight upload");
+      cuda::f32_to_bf16_device(s, n, dst, nullptr);
+    } else {
+      const SyntheticTensor& t = synthetic.at(name);
+      cuda::fill_synthetic_bf16(dst, n, synthetic::tensor_key(seed, t.id), t.center, t.half_width,
+                                nullptr);
+    }
+  }
+  // Several f32 vectors stacked into one f32 device tensor.
+  Tensor stack_f32(const std::vector<std::string>& names, const std::vector<int64_t>& sizes) {
+    int64_t total = 0;
+    for (int64_t n : sizes) total += n;
+    Tensor t = Tensor::empty({total}, DType::f32, Device::cuda);
+    int64_t at = 0;
+    for (size_t i = 0; i < names.size(); ++i) {
+      put_f32(names[i], sizes[i], t.data_as<float>() + at);
+      at += sizes[i];
+    }
+    weight_bytes += t.nbytes();
     return t;
   }
-  // Converts n host f32 values to bf16 at dst (device).
-  void upload_bf16(const float* src, int64_t n, uint16_t* dst) {
-    float* s = static_cast<float*>(ensure(staging, n, DType::f32));
-    check_cuda(cudaMemcpy(s, src, size_t(n) * 4, cudaMemcpyHostToDevice), "weight upload");
-    cuda::f32_to_bf16_device(s, n, dst, nullptr);
-  }
-  // Several [rows_i, cols] f32 matrices stacked into one bf16 [sum rows_i, cols] device tensor.
-  Tensor stack_bf16(const std::vector<const float*>& parts, const std::vector<int64_t>& rows,
+  // Several [rows_i, cols] matrices stacked into one bf16 [sum rows_i, cols] device tensor.
+  Tensor stack_bf16(const std::vector<std::string>& names, const std::vector<int64_t>& rows,
                     int64_t cols) {
     int64_t total = 0;
     for (int64_t r : rows) total += r;
     Tensor t = Tensor::empty({total, cols}, DType::bf16, Device::cuda);
     int64_t at = 0;
-    for (size_t i = 0; i < parts.size(); ++i) {
-      upload_bf16(parts[i], rows[i] * cols, t.data_as<uint16_t>() + at * cols);
+    for (size_t i = 0; i < names.size(); ++i) {
+      put_bf16(names[i], rows[i] * cols, t.data_as<uint16_t>() + at * cols);
       at += rows[i];
     }
     weight_bytes += t.nbytes();
     return t;
   }
+
+  // Builds every weight from `file` (or, null, from the synthetic fill of `seed`); config is set.
+  void load(const ModelFile* file, uint64_t seed);
+
+  // A host f32 tensor [rows, cols] for the logits: page-locked and reused where it can be.
+  Tensor host_logits(int64_t rows, int64_t cols);
 
   // y [T, out] (ytype) = beta * y + x [T, in] (bf16) W^T, W [out, in] bf16, fp32 accumulation.
   void gemm(const void* x_, int32_t T, int32_t in, const Tensor& w, int32_t out, void* y,
@@ -127,57 +177,102 @@ struct LlamaModelCuda::Impl {
   }
 };
 
+void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
+  const ModelConfig& c = config;
+  PA_CHECK(c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256, kOp, ": head_dim ",
+           c.head_dim, " has no CUDA attention kernel (64, 128 or 256)");
+  PA_CHECK(cuda_device_count() > 0, kOp, ": no CUDA device is available");
+  file = from;
+  seed = from_seed;
+  if (!file) {
+    for (const SyntheticTensor& t : synthetic_tensors(c)) synthetic.emplace(t.name, t);
+  }
+  inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling);
+  check_cublas(cublasCreate(&cublas), "cublasCreate");
+  plan = std::make_unique<CudaAttentionPlan>();
+
+  const int64_t hidden = c.hidden_size, inter = c.intermediate_size, D = c.head_dim;
+  const int64_t q_dim = int64_t(c.num_q_heads) * D, kv_dim = int64_t(c.num_kv_heads) * D;
+  embed = stack_bf16({"model.embed_tokens.weight"}, {c.vocab_size}, hidden);
+  // NOTE: a separate lm_head exists exactly when the embeddings are not tied: LlamaModel's check
+  // (file) and synthetic_tensors (no file) agree on that.
+  const bool has_lm_head =
+      file ? file->tensors.count("lm_head.weight") > 0 : synthetic.count("lm_head.weight") > 0;
+  if (has_lm_head) lm_head = stack_bf16({"lm_head.weight"}, {c.vocab_size}, hidden);
+  final_norm = stack_f32({"model.norm.weight"}, {hidden});
+  for (int32_t i = 0; i < c.num_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    Layer L;
+    L.attn_norm = stack_f32({p + "input_layernorm.weight"}, {hidden});
+    L.mlp_norm = stack_f32({p + "post_attention_layernorm.weight"}, {hidden});
+    L.wqkv = stack_bf16({p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
+                         p + "self_attn.v_proj.weight"},
+                        {q_dim, kv_dim, kv_dim}, hidden);
+    if (c.attention_bias) {
+      L.bqkv = stack_f32(
+          {p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias", p + "self_attn.v_proj.bias"},
+          {q_dim, kv_dim, kv_dim});
+    }
+    if (c.qk_norm) {
+      L.q_norm = stack_f32({p + "self_attn.q_norm.weight"}, {D});
+      L.k_norm = stack_f32({p + "self_attn.k_norm.weight"}, {D});
+    }
+    L.wo = stack_bf16({p + "self_attn.o_proj.weight"}, {hidden}, q_dim);
+    L.wgu =
+        stack_bf16({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, {inter, inter}, hidden);
+    L.wd = stack_bf16({p + "mlp.down_proj.weight"}, {hidden}, inter);
+    layers.push_back(std::move(L));
+  }
+  check_cuda(cudaDeviceSynchronize(), "weight conversion");
+  staging = Tensor();
+  file = nullptr;
+  synthetic.clear();
+  // The embedding table is only gathered (a few rows per step) unless it is also the lm_head.
+  step_weight_bytes = weight_bytes - (has_lm_head ? embed.nbytes() : 0);
+}
+
+Tensor LlamaModelCuda::Impl::host_logits(int64_t rows, int64_t cols) {
+  // NOTE: pinned memory is a scarce system resource and slow to allocate: at most kMaxBuffers
+  // buffers of at most kMaxBytes each (decode logits: [batch, vocab]); larger results (every row
+  // of a long prefill) go to pageable memory.
+  constexpr size_t kMaxBuffers = 4, kMaxBytes = size_t(64) << 20;
+  const size_t bytes = size_t(rows) * size_t(cols) * 4;
+  if (bytes == 0 || bytes > kMaxBytes) return Tensor::empty({rows, cols}, DType::f32);
+  Pinned* slot = nullptr;
+  for (Pinned& b : pinned) {
+    if (b.storage.use_count() != 1) continue;  // a returned Tensor still holds it
+    if (b.bytes >= bytes) return Tensor::wrap(b.storage, {rows, cols}, DType::f32, Device::cpu);
+    slot = &b;  // free but too small: replace it
+  }
+  if (!slot && pinned.size() < kMaxBuffers) slot = &pinned.emplace_back();
+  if (!slot) return Tensor::empty({rows, cols}, DType::f32);
+  slot->storage.reset();
+  slot->bytes = 0;
+  void* p = nullptr;
+  if (cudaMallocHost(&p, bytes) != cudaSuccess) {
+    (void)cudaGetLastError();  // out of pinned memory: not an error, just slower
+    return Tensor::empty({rows, cols}, DType::f32);
+  }
+  slot->storage = std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); });
+  slot->bytes = bytes;
+  return Tensor::wrap(slot->storage, {rows, cols}, DType::f32, Device::cpu);
+}
+
 LlamaModelCuda::LlamaModelCuda(const ModelFile& file) : impl_(std::make_unique<Impl>()) {
-  Impl& m = *impl_;
   {
     // NOTE: the CPU model's constructor validates the config and every tensor (shape, dtype,
     // device) without copying anything; its messages are the ones users already see.
     const LlamaModel cpu_check(file);
-    m.config = cpu_check.config();
+    impl_->config = cpu_check.config();
   }
-  const ModelConfig& c = m.config;
-  PA_CHECK(c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256, kOp, ": head_dim ",
-           c.head_dim, " has no CUDA attention kernel (64, 128 or 256)");
-  PA_CHECK(cuda_device_count() > 0, kOp, ": no CUDA device is available");
-  m.inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling);
-  check_cublas(cublasCreate(&m.cublas), "cublasCreate");
-  m.plan = std::make_unique<CudaAttentionPlan>();
+  impl_->load(&file, 0);
+}
 
-  const int64_t hidden = c.hidden_size, inter = c.intermediate_size, D = c.head_dim;
-  const int64_t q_dim = int64_t(c.num_q_heads) * D, kv_dim = int64_t(c.num_kv_heads) * D;
-  m.embed = m.stack_bf16({host_f32(file, "model.embed_tokens.weight")}, {c.vocab_size}, hidden);
-  if (file.tensors.count("lm_head.weight")) {
-    m.lm_head = m.stack_bf16({host_f32(file, "lm_head.weight")}, {c.vocab_size}, hidden);
-  }
-  m.final_norm = m.upload_f32(host_f32(file, "model.norm.weight"), hidden);
-  for (int32_t i = 0; i < c.num_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    auto w = [&](const std::string& name) { return host_f32(file, p + name); };
-    Impl::Layer L;
-    L.attn_norm = m.upload_f32(w("input_layernorm.weight"), hidden);
-    L.mlp_norm = m.upload_f32(w("post_attention_layernorm.weight"), hidden);
-    L.wqkv = m.stack_bf16(
-        {w("self_attn.q_proj.weight"), w("self_attn.k_proj.weight"), w("self_attn.v_proj.weight")},
-        {q_dim, kv_dim, kv_dim}, hidden);
-    if (c.attention_bias) {
-      std::vector<float> b(size_t(q_dim + 2 * kv_dim));
-      std::memcpy(b.data(), w("self_attn.q_proj.bias"), size_t(q_dim) * 4);
-      std::memcpy(b.data() + q_dim, w("self_attn.k_proj.bias"), size_t(kv_dim) * 4);
-      std::memcpy(b.data() + q_dim + kv_dim, w("self_attn.v_proj.bias"), size_t(kv_dim) * 4);
-      L.bqkv = m.upload_f32(b.data(), int64_t(b.size()));
-    }
-    if (c.qk_norm) {
-      L.q_norm = m.upload_f32(w("self_attn.q_norm.weight"), D);
-      L.k_norm = m.upload_f32(w("self_attn.k_norm.weight"), D);
-    }
-    L.wo = m.stack_bf16({w("self_attn.o_proj.weight")}, {hidden}, q_dim);
-    L.wgu =
-        m.stack_bf16({w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")}, {inter, inter}, hidden);
-    L.wd = m.stack_bf16({w("mlp.down_proj.weight")}, {hidden}, inter);
-    m.layers.push_back(std::move(L));
-  }
-  check_cuda(cudaDeviceSynchronize(), "weight conversion");
-  m.staging = Tensor();
+LlamaModelCuda::LlamaModelCuda(const ModelConfig& config, uint64_t seed)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->config = config;
+  check_llama_config(impl_->config, kOp);
+  impl_->load(nullptr, seed);
 }
 
 LlamaModelCuda::~LlamaModelCuda() = default;
@@ -185,6 +280,8 @@ LlamaModelCuda::~LlamaModelCuda() = default;
 const ModelConfig& LlamaModelCuda::config() const { return impl_->config; }
 
 size_t LlamaModelCuda::weight_bytes() const { return impl_->weight_bytes; }
+
+size_t LlamaModelCuda::step_weight_bytes() const { return impl_->step_weight_bytes; }
 
 void LlamaModelCuda::validate(const ForwardBatch& b, const KvCache& cache) const {
   constexpr const char* op = "LlamaModelCuda::forward";
@@ -254,8 +351,7 @@ Tensor LlamaModelCuda::forward(const ForwardBatch& batch, KvCache& cache) {
   const int32_t hidden = c.hidden_size, inter = c.intermediate_size, D = c.head_dim;
   const int32_t Hq = c.num_q_heads, Hkv = c.num_kv_heads, half = D / 2;
   const int32_t q_dim = Hq * D, qkv_dim = (Hq + 2 * Hkv) * D;
-  Tensor logits = Tensor::empty({int64_t(R), c.vocab_size}, DType::f32);
-  if (T == 0) return logits;
+  if (T == 0) return Tensor::empty({int64_t(R), c.vocab_size}, DType::f32);
 
   // Host plan: kv_len, block tables padded to the longest, RoPE tables of the positions.
   size_t max_pages = 1;
@@ -347,12 +443,13 @@ Tensor LlamaModelCuda::forward(const ForwardBatch& batch, KvCache& cache) {
     float* dl = static_cast<float*>(ensure(m.logits, int64_t(R) * c.vocab_size, DType::f32));
     m.gemm(h, R, hidden, m.lm_head.data() ? m.lm_head : m.embed, c.vocab_size, dl, CUDA_R_32F, 0.f,
            "lm_head");
+    Tensor logits = m.host_logits(R, c.vocab_size);
     check_cuda(cudaMemcpy(logits.data(), dl, logits.nbytes(), cudaMemcpyDeviceToHost),
                "logits download");
-  } else {
-    check_cuda(cudaDeviceSynchronize(), "forward");
+    return logits;
   }
-  return logits;
+  check_cuda(cudaDeviceSynchronize(), "forward");
+  return Tensor::empty({0, c.vocab_size}, DType::f32);
 }
 
 }  // namespace pagedattn

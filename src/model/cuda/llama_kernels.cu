@@ -1,7 +1,10 @@
 // The fused element-wise kernels of LlamaModelCuda (see llama_kernels.h for the contracts).
+#include <algorithm>
+
 #include "llama_kernels.h"
 #include "pagedattn/dtype.h"
 #include "pagedattn/error.h"
+#include "synthetic_fill.h"
 
 namespace pagedattn::cuda {
 
@@ -112,6 +115,21 @@ __global__ void f32_to_bf16_kernel(const float* __restrict__ src, int64_t n,
   if (idx < n) dst[idx] = f32_to_bf16(src[idx]);
 }
 
+// grid (min(ceil(n / 256), 65536)), block 256, grid-stride
+template <class T>
+__global__ void fill_synthetic_kernel(T* __restrict__ dst, int64_t n, uint64_t key, float center,
+                                      float half_width) {  // dst [n]
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = synthetic::value(key, uint64_t(i), center, half_width);
+    if constexpr (sizeof(T) == 2) {
+      dst[i] = f32_to_bf16(v);
+    } else {
+      dst[i] = v;
+    }
+  }
+}
+
 unsigned blocks_for(int64_t n) { return unsigned((n + 255) / 256); }
 
 }  // namespace
@@ -153,6 +171,22 @@ void f32_to_bf16_device(const float* src, int64_t n, uint16_t* dst, cudaStream_t
   if (n == 0) return;
   f32_to_bf16_kernel<<<blocks_for(n), 256, 0, stream>>>(src, n, dst);
   check_launch("LlamaModelCuda: weight conversion");
+}
+
+void fill_synthetic_bf16(uint16_t* dst, int64_t n, uint64_t key, float center, float half_width,
+                         cudaStream_t stream) {
+  if (n == 0) return;
+  const unsigned grid = unsigned(std::min<int64_t>(blocks_for(n), 65536));
+  fill_synthetic_kernel<<<grid, 256, 0, stream>>>(dst, n, key, center, half_width);
+  check_launch("LlamaModelCuda: synthetic weight fill");
+}
+
+void fill_synthetic_f32(float* dst, int64_t n, uint64_t key, float center, float half_width,
+                        cudaStream_t stream) {
+  if (n == 0) return;
+  const unsigned grid = unsigned(std::min<int64_t>(blocks_for(n), 65536));
+  fill_synthetic_kernel<<<grid, 256, 0, stream>>>(dst, n, key, center, half_width);
+  check_launch("LlamaModelCuda: synthetic weight fill");
 }
 
 }  // namespace pagedattn::cuda

@@ -39,4 +39,12 @@ void swiglu(const float* gu, int32_t num_tokens, int32_t inter, uint16_t* a, cud
 // dst[i] = bf16(src[i]) for n values (weights at load).
 void f32_to_bf16_device(const float* src, int64_t n, uint16_t* dst, cudaStream_t stream);
 
+// Synthetic weights (synthetic_fill.h): dst[i] = synthetic::value(key, i, center, half_width)
+// for n values, as bf16 (round to nearest even) or f32.
+//   dst [n]
+void fill_synthetic_bf16(uint16_t* dst, int64_t n, uint64_t key, float center, float half_width,
+                         cudaStream_t stream);
+void fill_synthetic_f32(float* dst, int64_t n, uint64_t key, float center, float half_width,
+                        cudaStream_t stream);
+
 }  // namespace pagedattn::cuda
