@@ -215,7 +215,10 @@ cmake -S . -B "$BUILD_DIR" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
 
 targets=("$@")
 if [[ ${#targets[@]} -eq 0 ]]; then
-  available=$(cmake --build "$BUILD_DIR" --target help 2>/dev/null || true)
+  # NOTE: Ninja's help leaves out executables whose output sits in the build root (pagedattn):
+  # its target list has them.
+  available=$(cmake --build "$BUILD_DIR" --target help 2>/dev/null || true
+              ninja -C "$BUILD_DIR" -t targets all 2>/dev/null || true)
   for t in pagedattn test_gpu attention_decode_lab attention_prefill_lab bench_attention_cuda_main; do
     if grep -qE "(^|[ .:])$t(:|$| )" <<<"$available"; then targets+=("$t"); fi
   done

@@ -3,7 +3,9 @@
 shapes of `pagedattn bench attention --device cuda`, and prints comparable lines.
 
 Decode: q [B, Hq, 1, D], K/V [B, Hkv, ctx, D] bf16 (GQA through enable_gqa). Prefill: causal,
-q = K/V length. Cold L2 (a memset of twice its size before each timed run, untimed), CUDA events,
+q = K/V length. Cold L2 before each timed run, untimed: a memset of twice its size, then a read of
+another buffer of that size so that the L2 holds clean lines (as pagedattn's benchmark does; after a
+memset alone the write-back of its dirty lines competes with the timed kernel), CUDA events,
 warm-up, median of --iters.
     python3 scripts/device/torch_baseline.py [--quick] [--iters 30]
 """
@@ -22,7 +24,8 @@ def time_us(fn, iters, flush):
     end = torch.cuda.Event(enable_timing=True)
     times = []
     for i in range(iters):
-        flush.fill_(i & 0xFF)
+        flush[0].fill_(i & 0xFF)
+        flush[1].sum()
         start.record()
         fn()
         end.record()
@@ -38,7 +41,8 @@ def main():
     args = ap.parse_args()
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
-    flush = torch.empty(2 * props.L2_cache_size, dtype=torch.uint8, device=dev)
+    flush = (torch.empty(2 * props.L2_cache_size, dtype=torch.uint8, device=dev),
+             torch.ones(props.L2_cache_size // 2, dtype=torch.int32, device=dev))
     print(f"device={props.name} torch={torch.__version__} cudnn={torch.backends.cudnn.version()}")
 
     n = 1 << 30
