@@ -45,7 +45,7 @@ awk -F, -v m="$(col mode)" -v b="$(col batch)" -v c="$(col context)" -v p="$(col
   "$csv" > "$work/rows"
 device=$(awk -F, -v c="$(col device)" 'NR == 2 { print $c }' "$csv")
 hardware=$(awk -F, -v c="$(col hardware)" 'NR == 2 { print $c }' "$csv")
-roofline=$(awk -F, -v c="$(col roofline_gbps)" 'NR == 2 { print $c }' "$csv")
+roofline=$(awk -F, -v c="$(col roofline_gbps)" 'NR == 2 { printf "%.1f", $c }' "$csv")
 [[ -n $device ]] || { echo "$0: $csv has no rows" >&2; exit 2; }
 awk '$1 == "decode"' "$work/rows" > "$work/decode"
 awk '$1 == "prefill"' "$work/rows" > "$work/prefill"
