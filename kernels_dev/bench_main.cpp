@@ -1,33 +1,16 @@
 // bench_attention_cuda_main: the CUDA attention benchmark with `pagedattn bench attention`'s flags
-// (--quick --json --csv F --batch 1,8 --context 512,2048 --num-kv-heads 8 --head-dim 128
-//  --page-size 16 --kv-dtype bf16,fp8 --num-q-heads 32 --iters N --mode decode|prefill|all).
+// (--quick --report --json --csv F --batch 1,8 --context 512,2048 --num-kv-heads 8 --head-dim 128
+//  --page-size 16 --kv-dtype bf16,fp8 --num-q-heads 32 --prefill-chunk N --iters N
+//  --mode decode|prefill|all).
 #include <cstdio>
-#include <sstream>
 #include <string>
-#include <vector>
 
 #include "bench_attention.h"
+#include "bench_attention_grid.h"
 #include "pagedattn/error.h"
 
+namespace bg = pagedattn::tools::bench_grid;
 using pagedattn::tools::BenchAttentionArgs;
-
-namespace {
-
-template <class T>
-std::vector<T> list(const std::string& s) {
-  std::vector<T> v;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');) {
-    if constexpr (std::is_same_v<T, int>) {
-      v.push_back(std::stoi(item));
-    } else {
-      v.push_back(item);
-    }
-  }
-  return v;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   BenchAttentionArgs a;
@@ -41,26 +24,30 @@ int main(int argc, char** argv) {
       };
       if (f == "--quick")
         a.quick = true;
+      else if (f == "--report")
+        a.report = true;
       else if (f == "--json")
         a.json = true;
       else if (f == "--csv")
         a.csv = value();
       else if (f == "--batch")
-        a.batch = list<int>(value());
+        a.batch = bg::parse_int_list(value(), f);
       else if (f == "--context")
-        a.context = list<int>(value());
+        a.context = bg::parse_int_list(value(), f);
       else if (f == "--num-kv-heads")
-        a.num_kv_heads = list<int>(value());
+        a.num_kv_heads = bg::parse_int_list(value(), f);
       else if (f == "--head-dim")
-        a.head_dim = list<int>(value());
+        a.head_dim = bg::parse_int_list(value(), f);
       else if (f == "--page-size")
-        a.page_size = list<int>(value());
+        a.page_size = bg::parse_int_list(value(), f);
       else if (f == "--kv-dtype")
-        a.kv_dtype = list<std::string>(value());
+        a.kv_dtype = bg::parse_string_list(value(), f);
       else if (f == "--num-q-heads")
-        a.num_q_heads = std::stoi(value());
+        a.num_q_heads = bg::parse_int(value(), f);
+      else if (f == "--prefill-chunk")
+        a.prefill_chunk = bg::parse_int(value(), f);
       else if (f == "--iters")
-        a.iters = std::stoi(value());
+        a.iters = bg::parse_int(value(), f);
       else if (f == "--mode")
         a.mode = value();
       else

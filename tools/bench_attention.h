@@ -10,7 +10,8 @@ struct BenchAttentionArgs {
   std::string device = "cpu";         // cpu | cuda
   bool json = false;                  // one JSON object per result line
   bool quick = false;                 // a small grid (make demo, CI smoke runs)
-  std::string csv;                    // also write results as CSV here ("" = no)
+  bool report = false;                // the kernel-report grid (bench_attention_grid.h)
+  std::string csv;                    // also write one CSV row per result here ("" = no)
   std::vector<int> batch;             // empty: the backend's default grid
   std::vector<int> context;
   std::vector<int> num_kv_heads;

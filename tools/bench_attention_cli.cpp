@@ -16,7 +16,11 @@ void register_bench_attention(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "One JSON object per result line");
   cmd->add_flag("--quick", args->quick, "A tiny grid that runs in seconds");
-  cmd->add_option("--csv", args->csv, "Also write the results as CSV to this file");
+  cmd->add_flag("--report", args->report,
+                "The kernel-report grid: page sizes 8..128, contexts, batches, GQA 1/4/8, KV "
+                "dtypes (other flags narrow it)");
+  cmd->add_option("--csv", args->csv,
+                  "Also write one CSV row per result to this file (scripts/plot-kernels.sh)");
   cmd->add_option("--batch", args->batch, "Sequences per batch, e.g. 1,8")->delimiter(',');
   cmd->add_option("--context", args->context, "Tokens in the cache per sequence, e.g. 2048,8192")
       ->delimiter(',');

@@ -5,7 +5,8 @@
 // Every shape: one pool with the batch's pages in shuffled order (a fragmented cache), the same
 // K/V in a dense [seq][kv_head][token][head_dim] buffer, f32 queries and outputs. Times are the
 // median of `iters` runs after warm-up, paged and dense runs interleaved; GB/s counts the K/V bytes
-// of the batch read once.
+// of the batch read once. The roofline, measured at the start of the run with the same threads: the
+// best plain read of a 512 MiB buffer. The grid: bench_attention_grid.h (default, --report, flags).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -31,6 +32,7 @@
 
 #include "attention/cpu/cpu_attention.h"
 #include "bench_attention.h"
+#include "bench_attention_grid.h"
 #include "pagedattn/attention.h"
 #include "pagedattn/error.h"
 #include "pagedattn/thread_pool.h"
@@ -38,12 +40,7 @@
 namespace pagedattn::tools {
 namespace {
 
-struct Shape {
-  std::string mode;  // decode | prefill
-  int batch = 0, context = 0, q_per_seq = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0,
-      page_size = 0;
-  DType kv_dtype = DType::bf16;
-};
+using Shape = bench_grid::GridPoint;
 
 struct Result {
   Shape shape;
@@ -228,43 +225,34 @@ std::string isa_name() {
   return "generic";
 }
 
-template <class T>
-std::vector<T> or_default(const std::vector<T>& given, std::vector<T> fallback) {
-  return given.empty() ? fallback : given;
-}
-
-std::vector<Shape> make_grid(const BenchAttentionArgs& a) {
-  const bool q = a.quick;
-  const auto batches = or_default(a.batch, q ? std::vector<int>{2} : std::vector<int>{1, 8});
-  const auto contexts =
-      or_default(a.context, q ? std::vector<int>{256, 1024} : std::vector<int>{2048, 8192});
-  const auto kv_heads = or_default(a.num_kv_heads, {8});
-  const auto head_dims = or_default(a.head_dim, {128});
-  const auto pages = or_default(a.page_size, {16});
-  const auto dtypes = or_default(a.kv_dtype, {std::string("bf16")});
-  const int chunk = a.prefill_chunk > 0 ? a.prefill_chunk : (q ? 32 : 128);
-  PA_CHECK(a.num_q_heads > 0, "bench attention: --num-q-heads must be > 0, got ", a.num_q_heads);
-  std::vector<Shape> grid;
-  for (const std::string& mode : {std::string("decode"), std::string("prefill")}) {
-    if (a.mode != "all" && a.mode != mode) continue;
-    for (const std::string& dt : dtypes)
-      for (int hk : kv_heads)
-        for (int d : head_dims)
-          for (int p : pages)
-            for (int ctx : contexts)
-              for (int b : batches) {
-                PA_CHECK(b > 0 && ctx > 0 && hk > 0 && d > 0 && p > 0,
-                         "bench attention: --batch, --context, --num-kv-heads, --head-dim and ",
-                         "--page-size must be > 0");
-                PA_CHECK(a.num_q_heads % hk == 0, "bench attention: --num-q-heads (", a.num_q_heads,
-                         ") is not a multiple of --num-kv-heads (", hk, ")");
-                Shape s{mode,           b,  ctx, mode == "decode" ? 1 : std::min(chunk, ctx),
-                        a.num_q_heads,  hk, d,   p,
-                        parse_dtype(dt)};
-                grid.push_back(s);
-              }
-  }
-  return grid;
+// A plain read of a 512 MiB buffer by every thread of the pool (each sums whole 2 MiB chunks),
+// the best of 5 passes after a warm-up (as STREAM reports): the bandwidth a memory-bound kernel
+// can reach here, in GB/s.
+double read_roofline_gbps() {
+  constexpr size_t kBytes = size_t(512) << 20, kChunk = size_t(2) << 20, kChunks = kBytes / kChunk;
+  Buffer buf(kBytes);
+  for (size_t i = 0; i < kBytes; i += 4096) buf[i] = uint8_t(i >> 12);
+  std::vector<uint64_t> sums(kChunks);
+  const auto pass = [&] {
+    ThreadPool::global().parallel_for(int64_t(kChunks), [&](int64_t c) {
+      const auto* p = reinterpret_cast<const uint64_t*>(buf.data() + size_t(c) * kChunk);
+      uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+      for (size_t i = 0; i < kChunk / 8; i += 4) {
+        a0 += p[i];
+        a1 += p[i + 1];
+        a2 += p[i + 2];
+        a3 += p[i + 3];
+      }
+      sums[size_t(c)] = a0 + a1 + a2 + a3;
+    });
+  };
+  pass();
+  std::vector<double> ms;
+  for (int i = 0; i < 5; ++i) ms.push_back(elapsed_ms(pass));
+  // NOTE: the sums are used, so the compiler cannot drop the reads.
+  PA_CHECK(std::accumulate(sums.begin(), sums.end(), uint64_t(0)) != 0,
+           "bench attention: roofline buffer read back as zeros");
+  return double(kBytes) / (*std::min_element(ms.begin(), ms.end()) * 1e6);
 }
 
 Result run_shape(const Shape& s, const BenchAttentionArgs& a) {
@@ -278,17 +266,19 @@ Result run_shape(const Shape& s, const BenchAttentionArgs& a) {
   std::tie(r.paged_ms, r.dense_ms) =
       time_pair_ms([&] { w.run_paged(); }, [&] { w.run_dense(); }, warmup, iters);
   r.dense_vs_paged_err = rel_error(w.out_paged, w.out_dense);
-  if (work <= 1e9) {
+  // NOTE: the reference (one thread, about 4 ns per multiply-add) would dominate the report's run
+  // time; there it checks the shapes of up to 1e8 multiply-adds, every page size, dtype and GQA
+  // ratio of the grid among them.
+  if (work <= (a.report ? 1e8 : 1e9)) {
     r.reference_ms = elapsed_ms([&] { w.run_reference(); });
     r.reference_err = rel_error(w.out_paged, w.out_ref);
   }
-  r.kv_gbytes =
-      double(s.batch) * s.context * s.num_kv_heads * s.head_dim * 2 * dtype_size(s.kv_dtype) / 1e9;
+  r.kv_gbytes = s.kv_bytes() / 1e9;
   return r;
 }
 
-std::string json_line(const Result& r, const std::string& cpu, int threads,
-                      const std::string& isa) {
+std::string json_line(const Result& r, const std::string& cpu, int threads, const std::string& isa,
+                      double roofline_gbps) {
   const Shape& s = r.shape;
   std::ostringstream o;
   o.precision(6);
@@ -311,30 +301,33 @@ std::string json_line(const Result& r, const std::string& cpu, int threads,
     o << "null";
   else
     o << r.reference_err;
-  o << "}";
+  o << ",\"roofline_gbps\":" << roofline_gbps
+    << ",\"pct_roofline\":" << 100.0 * r.kv_gbytes / (r.paged_ms / 1e3) / roofline_gbps << "}";
   return o.str();
 }
 
 }  // namespace
 
 int bench_attention_cpu(const BenchAttentionArgs& args) {
-  const std::vector<Shape> grid = make_grid(args);
+  const std::vector<Shape> grid = bench_grid::make_points(args, "cpu", bench_grid::kCpuOrder);
   const std::string cpu = cpu_model(), isa = isa_name();
   const int threads = ThreadPool::global().num_threads();
   std::ofstream csv;
   if (!args.csv.empty()) {
     csv.open(args.csv);
     PA_CHECK(csv.good(), "bench attention: cannot write --csv file '", args.csv, "'");
-    csv << "mode,batch,context,q_per_seq,num_q_heads,num_kv_heads,head_dim,page_size,kv_dtype,"
-           "paged_ms,dense_ms,reference_ms,paged_gbps,dense_over_paged,paged_vs_reference_rel_"
-           "err\n";
+    csv << bench_grid::csv_header() << '\n';
   }
+  const double roofline = read_roofline_gbps();
   if (!args.json) {
-    std::printf("pagedattn bench attention --device cpu: %s, %d threads, kernel %s\n", cpu.c_str(),
-                threads, isa.c_str());
-    std::printf("%-8s %5s %7s %5s %7s %4s %5s %4s | %10s %10s %10s | %8s %8s | %11s %8s\n", "mode",
-                "batch", "context", "q/seq", "heads", "dim", "page", "kv", "paged ms", "dense ms",
-                "ref ms", "paged GB/s", "dense GB/s", "dense/paged", "ref err");
+    std::printf("pagedattn bench attention --device cpu: %s, %d threads, kernel %s, %zu shapes\n",
+                cpu.c_str(), threads, isa.c_str(), grid.size());
+    std::printf("roofline: a plain read of 512 MiB with %d threads moves %.2f GB/s\n", threads,
+                roofline);
+    std::printf("%-8s %5s %7s %5s %7s %4s %5s %4s | %10s %10s %10s | %8s %6s %8s | %11s %8s\n",
+                "mode", "batch", "context", "q/seq", "heads", "dim", "page", "kv", "paged ms",
+                "dense ms", "ref ms", "paged GB/s", "% roof", "dense GB/s", "dense/paged",
+                "ref err");
   }
   int status = 0;
   for (const Shape& s : grid) {
@@ -344,28 +337,35 @@ int bench_attention_cpu(const BenchAttentionArgs& args) {
         r.dense_vs_paged_err <= 1e-5 && (r.reference_err < 0 || r.reference_err <= 1e-4);
     if (!ok) status = 1;
     if (args.json) {
-      std::cout << json_line(r, cpu, threads, isa) << std::endl;
+      std::cout << json_line(r, cpu, threads, isa, roofline) << std::endl;
     } else {
       char ref_ms[32] = "-", ref_err[32] = "-";
       if (r.reference_ms >= 0) std::snprintf(ref_ms, sizeof ref_ms, "%.2f", r.reference_ms);
       if (r.reference_err >= 0) std::snprintf(ref_err, sizeof ref_err, "%.1e", r.reference_err);
       const std::string heads =
           std::to_string(s.num_q_heads) + "/" + std::to_string(s.num_kv_heads);
+      const double gbps = r.kv_gbytes / (r.paged_ms / 1e3);
       std::printf(
-          "%-8s %5d %7d %5d %7s %4d %5d %4s | %10.3f %10.3f %10s | %10.2f %10.2f | %11.3f %8s%s\n",
+          "%-8s %5d %7d %5d %7s %4d %5d %4s | %10.3f %10.3f %10s | %10.2f %6.1f %10.2f | %11.3f "
+          "%8s%s\n",
           s.mode.c_str(), s.batch, s.context, s.q_per_seq, heads.c_str(), s.head_dim, s.page_size,
-          std::string(dtype_name(s.kv_dtype)).c_str(), r.paged_ms, r.dense_ms, ref_ms,
-          r.kv_gbytes / (r.paged_ms / 1e3), r.kv_gbytes / (r.dense_ms / 1e3),
-          r.dense_ms / r.paged_ms, ref_err, ok ? "" : "  MISMATCH");
+          std::string(dtype_name(s.kv_dtype)).c_str(), r.paged_ms, r.dense_ms, ref_ms, gbps,
+          100.0 * gbps / roofline, r.kv_gbytes / (r.dense_ms / 1e3), r.dense_ms / r.paged_ms,
+          ref_err, ok ? "" : "  MISMATCH");
       std::fflush(stdout);
     }
     if (csv.is_open()) {
-      csv << s.mode << ',' << s.batch << ',' << s.context << ',' << s.q_per_seq << ','
-          << s.num_q_heads << ',' << s.num_kv_heads << ',' << s.head_dim << ',' << s.page_size
-          << ',' << dtype_name(s.kv_dtype) << ',' << r.paged_ms << ',' << r.dense_ms << ','
-          << (r.reference_ms < 0 ? std::string() : std::to_string(r.reference_ms)) << ','
-          << r.kv_gbytes / (r.paged_ms / 1e3) << ',' << r.dense_ms / r.paged_ms << ','
-          << (r.reference_err < 0 ? std::string() : std::to_string(r.reference_err)) << '\n';
+      bench_grid::Row row;
+      row.device = "cpu";
+      row.hardware = cpu + " (" + isa + ")";
+      row.workers = threads;
+      row.p = s;
+      row.q_dtype = DType::f32;
+      row.us = r.paged_ms * 1e3;
+      row.roofline_gbps = roofline;
+      row.dense_us = r.dense_ms * 1e3;
+      row.ref_rel_err = r.reference_err;
+      csv << bench_grid::csv_row(row) << std::endl;
     }
   }
   if (status != 0) std::cerr << "bench attention: paged output disagrees with dense or reference\n";

@@ -4,7 +4,8 @@
 // for every shape the paged decode kernel and the same kernel on contiguous K/V (one page per
 // sequence: the no-paging baseline), and prefill TFLOP/s. Every timed launch starts with a cold L2
 // (a memset of twice its size outside the timed region), is timed with CUDA events after warm-up,
-// and the median is reported. Inputs are random (never zeros); block tables are shuffled.
+// and the median is reported. Inputs are random (never zeros); block tables are shuffled. The
+// grid: bench_attention_grid.h (the default, --report, explicit flags); --csv writes its rows.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -14,9 +15,11 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_attention.h"
+#include "bench_attention_grid.h"
 #include "pagedattn/attention_cuda.h"
 #include "pagedattn/error.h"
 
@@ -119,9 +122,9 @@ struct Pools {
   }
 };
 
+// Prints one result as a JSON object (--json) or as key=value pairs.
 struct Emitter {
   const BenchAttentionArgs& args;
-  FILE* csv = nullptr;
   void line(const std::vector<std::pair<std::string, std::string>>& kv) {
     std::string s;
     if (args.json) {
@@ -138,11 +141,6 @@ struct Emitter {
     }
     std::printf("%s\n", s.c_str());
     std::fflush(stdout);
-    if (csv) {
-      for (size_t i = 0; i < kv.size(); ++i)
-        std::fprintf(csv, "%s%s", i ? "," : "", kv[i].second.c_str());
-      std::fprintf(csv, "\n");
-    }
   }
 };
 
@@ -152,30 +150,34 @@ std::string fmt(double x, int prec = 2) {
   return b;
 }
 
+// What one point needs on the device: queries and outputs for `batch` sequences of q_per_seq
+// tokens each at the end of their context.
+struct Queries {
+  DType dtype;
+  std::vector<int32_t> indptr;
+  std::unique_ptr<DeviceBuf> q, o;
+  QKVTensor qv, ov;
+  explicit Queries(const bench_grid::GridPoint& p)
+      : dtype(p.kv_dtype == DType::f16 ? DType::f16 : DType::bf16) {
+    const int64_t tokens = int64_t(p.batch) * p.q_per_seq;
+    const int64_t elems = tokens * p.num_q_heads * p.head_dim;
+    indptr.resize(size_t(p.batch) + 1);
+    for (int i = 0; i <= p.batch; ++i) indptr[size_t(i)] = i * p.q_per_seq;
+    q = std::make_unique<DeviceBuf>(size_t(elems) * 2);
+    o = std::make_unique<DeviceBuf>(size_t(elems) * 2);
+    fill(q->p, dtype, elems, p.mode == "decode" ? 3 : 5, 1.f);
+    qv = QKVTensor{q->p, dtype, int32_t(tokens), p.num_q_heads, p.head_dim};
+    ov = QKVTensor{o->p, dtype, int32_t(tokens), p.num_q_heads, p.head_dim};
+  }
+};
+
 }  // namespace
 
 int bench_attention_cuda(const BenchAttentionArgs& args) {
+  namespace bg = bench_grid;
+  const std::vector<bg::GridPoint> points = bg::make_points(args, "cuda", bg::kCudaOrder);
   PA_CHECK(cuda_device_count() > 0, "bench attention: --device cuda needs a CUDA device");
-  const bool quick = args.quick;
-  std::vector<int> batches = !args.batch.empty() ? args.batch
-                             : quick             ? std::vector<int>{1, 8}
-                                                 : std::vector<int>{1, 8, 64};
-  std::vector<int> contexts = !args.context.empty() ? args.context
-                              : quick               ? std::vector<int>{512, 8192}
-                                                    : std::vector<int>{512, 2048, 8192, 32768};
-  std::vector<int> kv_heads = !args.num_kv_heads.empty() ? args.num_kv_heads
-                              : quick                    ? std::vector<int>{8}
-                                                         : std::vector<int>{8, 32};
-  std::vector<int> dims = !args.head_dim.empty() ? args.head_dim
-                          : quick                ? std::vector<int>{128}
-                                                 : std::vector<int>{128, 256};
-  std::vector<int> pages = !args.page_size.empty() ? args.page_size
-                           : quick                 ? std::vector<int>{16}
-                                                   : std::vector<int>{16, 32, 64};
-  std::vector<std::string> dts =
-      !args.kv_dtype.empty() ? args.kv_dtype : std::vector<std::string>{"bf16", "fp8"};
-  const int iters = args.iters > 0 ? args.iters : (quick ? 10 : 30);
-  const int hq = args.num_q_heads;
+  const int iters = args.iters > 0 ? args.iters : (args.quick ? 10 : 30);
 
   cudaDeviceProp prop{};
   int dev = 0;
@@ -184,10 +186,12 @@ int bench_attention_cuda(const BenchAttentionArgs& args) {
   const size_t flush_bytes = size_t(prop.l2CacheSize) * 2;
   DeviceBuf flush(flush_bytes);
 
-  Emitter out{args, nullptr};
+  Emitter out{args};
+  std::unique_ptr<FILE, int (*)(FILE*)> csv(nullptr, &std::fclose);
   if (!args.csv.empty()) {
-    out.csv = std::fopen(args.csv.c_str(), "w");
-    PA_CHECK(out.csv, "bench attention: cannot open --csv file '", args.csv, "'");
+    csv.reset(std::fopen(args.csv.c_str(), "w"));
+    PA_CHECK(csv != nullptr, "bench attention: cannot open --csv file '", args.csv, "'");
+    std::fprintf(csv.get(), "%s\n", bg::csv_header());
   }
 
   // ---- the roofline: a 1 GiB device-to-device copy (2 GiB moved) ----
@@ -208,92 +212,84 @@ int bench_attention_cuda(const BenchAttentionArgs& args) {
               {"GBps", fmt(copy_gbps, 0)}});
   }
 
-  const bool do_decode = args.mode == "all" || args.mode == "decode";
-  const bool do_prefill = args.mode == "all" || args.mode == "prefill";
-  if (do_decode) {
-    for (const std::string& dname : dts) {
-      const DType kvt = parse_dtype(dname);
-      const DType qt = DType::bf16;
-      for (int d : dims)
-        for (int hkv : kv_heads)
-          for (int b : batches)
-            for (int ctx : contexts) {
-              if (ctx >= 32768 && b > 8) continue;
-              const int64_t kv_bytes = 2LL * b * ctx * hkv * d * int64_t(dtype_size(kvt));
-              std::vector<int32_t> indptr(size_t(b) + 1);
-              std::iota(indptr.begin(), indptr.end(), 0);
-              DeviceBuf q(size_t(b) * hq * d * 2), o(size_t(b) * hq * d * 2);
-              fill(q.p, qt, int64_t(b) * hq * d, 3, 1.f);
-              QKVTensor qv{q.p, qt, b, hq, d}, ov{o.p, qt, b, hq, d};
-              AttentionOptions opt;
-              double dense_us = 0;
-              {
-                Pools dense(b, ctx, hkv, d, 0, kvt, true, 11);
-                CudaAttentionPlan plan;
-                plan.plan(qv, dense.view, dense.batch(indptr), opt, ov);
-                dense_us = time_us([&] { paged_attention_cuda(plan, qv, dense.view, ov); }, iters,
-                                   flush.p, flush_bytes);
-              }
-              for (int ps : pages) {
-                Pools pools(b, ctx, hkv, d, ps, kvt, false, 13);
-                CudaAttentionPlan plan;
-                plan.plan(qv, pools.view, pools.batch(indptr), opt, ov);
-                const double us = time_us([&] { paged_attention_cuda(plan, qv, pools.view, ov); },
-                                          iters, flush.p, flush_bytes);
-                const double gbps = double(kv_bytes) / us / 1e3;
-                out.line(
-                    {{"kind", "decode"},
-                     {"batch", std::to_string(b)},
-                     {"ctx", std::to_string(ctx)},
-                     {"hq", std::to_string(hq)},
-                     {"hkv", std::to_string(hkv)},
-                     {"d", std::to_string(d)},
-                     {"page", std::to_string(ps)},
-                     {"kv", dname},
-                     {"kv_MiB", fmt(kv_bytes / 1048576.0, 1)},
-                     {"splits",
-                      std::to_string(plan.info().split_rows > 0 ? plan.info().decode_ctas / b : 1)},
-                     {"us", fmt(us)},
-                     {"GBps", fmt(gbps, 0)},
-                     {"pct_copy", fmt(100.0 * gbps / copy_gbps, 1)},
-                     {"dense_us", fmt(dense_us)},
-                     {"paged_over_dense", fmt(us / dense_us, 3)}});
-              }
-            }
+  // The no-paging baseline (one page per sequence) of each shape, timed once for all page sizes.
+  std::vector<std::pair<bg::GridPoint, double>> dense_times;
+  for (const bg::GridPoint& p : points) {
+    const bool decode = p.mode == "decode";
+    const int b = p.batch, ctx = p.context, hq = p.num_q_heads, hkv = p.num_kv_heads,
+              d = p.head_dim;
+    // Prefill runs are long and steady: fewer of them.
+    const int runs = decode ? iters : std::max(3, iters / 4);
+    Queries qs(p);
+    const AttentionOptions opt{};
+    bg::GridPoint key = p;
+    key.page_size = 0;
+    auto cached = std::find_if(dense_times.begin(), dense_times.end(),
+                               [&](const auto& e) { return e.first == key; });
+    if (cached == dense_times.end()) {
+      Pools dense(b, ctx, hkv, d, 0, p.kv_dtype, true, 11);
+      CudaAttentionPlan plan;
+      plan.plan(qs.qv, dense.view, dense.batch(qs.indptr), opt, qs.ov);
+      const double us = time_us([&] { paged_attention_cuda(plan, qs.qv, dense.view, qs.ov); }, runs,
+                                flush.p, flush_bytes);
+      cached = dense_times.insert(dense_times.end(), {key, us});
+    }
+    const double dense_us = cached->second;
+
+    Pools pools(b, ctx, hkv, d, p.page_size, p.kv_dtype, false, decode ? 13 : 17);
+    CudaAttentionPlan plan;
+    plan.plan(qs.qv, pools.view, pools.batch(qs.indptr), opt, qs.ov);
+    const double us = time_us([&] { paged_attention_cuda(plan, qs.qv, pools.view, qs.ov); }, runs,
+                              flush.p, flush_bytes);
+    const std::string kv = bg::short_dtype_name(p.kv_dtype);
+    if (decode) {
+      const double gbps = p.kv_bytes() / us / 1e3;
+      out.line(
+          {{"kind", "decode"},
+           {"batch", std::to_string(b)},
+           {"ctx", std::to_string(ctx)},
+           {"hq", std::to_string(hq)},
+           {"hkv", std::to_string(hkv)},
+           {"d", std::to_string(d)},
+           {"page", std::to_string(p.page_size)},
+           {"kv", kv},
+           {"kv_MiB", fmt(p.kv_bytes() / 1048576.0, 1)},
+           {"splits", std::to_string(plan.info().split_rows > 0 ? plan.info().decode_ctas / b : 1)},
+           {"us", fmt(us)},
+           {"GBps", fmt(gbps, 0)},
+           {"pct_copy", fmt(100.0 * gbps / copy_gbps, 1)},
+           {"dense_us", fmt(dense_us)},
+           {"paged_over_dense", fmt(us / dense_us, 3)}});
+    } else {
+      out.line({{"kind", "prefill"},
+                {"batch", std::to_string(b)},
+                {"len", std::to_string(ctx)},
+                {"hq", std::to_string(hq)},
+                {"hkv", std::to_string(hkv)},
+                {"d", std::to_string(d)},
+                {"page", std::to_string(p.page_size)},
+                {"kv", kv},
+                {"tensor_core", plan.info().prefill_tiles > 0 ? "yes" : "no"},
+                {"us", fmt(us)},
+                {"TFLOPs", fmt(p.flops() / us / 1e6, 1)},
+                {"q_per_seq", std::to_string(p.q_per_seq)},
+                {"dense_us", fmt(dense_us)},
+                {"paged_over_dense", fmt(us / dense_us, 3)}});
+    }
+    if (csv) {
+      bg::Row row;
+      row.device = "cuda";
+      row.hardware = prop.name;
+      row.workers = prop.multiProcessorCount;
+      row.p = p;
+      row.q_dtype = qs.dtype;
+      row.us = us;
+      row.roofline_gbps = copy_gbps;
+      row.dense_us = dense_us;
+      std::fprintf(csv.get(), "%s\n", bg::csv_row(row).c_str());
+      std::fflush(csv.get());
     }
   }
-  if (do_prefill) {
-    for (int b : {1, 4})
-      for (int len : {2048, 8192}) {
-        const int hkv = 8, d = 128;
-        const DType qt = DType::bf16;
-        const int64_t tokens = int64_t(b) * len;
-        std::vector<int32_t> indptr(size_t(b) + 1);
-        for (int i = 0; i <= b; ++i) indptr[size_t(i)] = i * len;
-        DeviceBuf q(size_t(tokens) * hq * d * 2), o(size_t(tokens) * hq * d * 2);
-        fill(q.p, qt, tokens * hq * d, 5, 1.f);
-        QKVTensor qv{q.p, qt, int32_t(tokens), hq, d}, ov{o.p, qt, int32_t(tokens), hq, d};
-        Pools pools(b, len, hkv, d, 16, DType::bf16, false, 17);
-        CudaAttentionPlan plan;
-        plan.plan(qv, pools.view, pools.batch(indptr), AttentionOptions{}, ov);
-        const double us = time_us([&] { paged_attention_cuda(plan, qv, pools.view, ov); },
-                                  std::max(3, iters / 4), flush.p, flush_bytes);
-        // Causal: query j sees j + 1 keys; 2 matrix products of 2 flops per multiply-add.
-        const double flops = 4.0 * b * hq * d * (double(len) * (len + 1) / 2);
-        out.line({{"kind", "prefill"},
-                  {"batch", std::to_string(b)},
-                  {"len", std::to_string(len)},
-                  {"hq", std::to_string(hq)},
-                  {"hkv", std::to_string(hkv)},
-                  {"d", std::to_string(d)},
-                  {"page", "16"},
-                  {"kv", "bf16"},
-                  {"tensor_core", plan.info().prefill_tiles > 0 ? "yes" : "no"},
-                  {"us", fmt(us)},
-                  {"TFLOPs", fmt(flops / us / 1e6, 1)}});
-      }
-  }
-  if (out.csv) std::fclose(out.csv);
   return 0;
 }
 
