@@ -4,7 +4,10 @@
 //
 // For each sequence, rows are the logits at every prompt position, then one row after each
 // generated token: with P prompt ids and N decode steps, P + N rows for the P + N tokens of
-// prompt_ids + generated_ids, row i predicting token i + 1.
+// prompt_ids + generated_ids, row i predicting token i + 1. With --decode-ids the decode steps
+// feed those ids instead of the greedy choice (teacher forcing: logits compared with another
+// implementation's along the same tokens, even where a near tie flips a greedy choice);
+// generated_ids still reports this model's greedy choices.
 #include <climits>
 #include <cstdio>
 #include <memory>
@@ -23,11 +26,12 @@ namespace {
 struct LogitsArgs {
   SessionOptions session;
   std::string prompt_ids;  // "1,2,3;4,5": sequences separated by ';'
+  std::string decode_ids;  // same form; empty: greedy
   int32_t decode_steps = 8;
   bool json = false;
 };
 
-std::vector<std::vector<int32_t>> parse_prompt_ids(const std::string& text) {
+std::vector<std::vector<int32_t>> parse_ids(const std::string& text, const char* flag) {
   std::vector<std::vector<int32_t>> out;
   std::stringstream seqs(text);
   std::string seq;
@@ -45,15 +49,15 @@ std::vector<std::vector<int32_t>> parse_prompt_ids(const std::string& text) {
         used = 0;
       }
       PA_CHECK(used > 0 && item.find_first_not_of(" \t", used) == std::string::npos,
-               "logits: --prompt-ids has '", item, "', not an integer");
-      PA_CHECK(v >= 0 && v <= INT32_MAX, "logits: --prompt-ids has ", v, ", not a token id");
+               "logits: ", flag, " has '", item, "', not an integer");
+      PA_CHECK(v >= 0 && v <= INT32_MAX, "logits: ", flag, " has ", v, ", not a token id");
       ids.push_back(int32_t(v));
     }
-    PA_CHECK(!ids.empty(), "logits: --prompt-ids has an empty sequence (sequence ", out.size(),
+    PA_CHECK(!ids.empty(), "logits: ", flag, " has an empty sequence (sequence ", out.size(),
              ")");
     out.push_back(std::move(ids));
   }
-  PA_CHECK(!out.empty(), "logits: --prompt-ids is empty");
+  PA_CHECK(!out.empty(), "logits: ", flag, " is empty");
   return out;
 }
 
@@ -73,7 +77,17 @@ void write_ids(std::FILE* f, const std::vector<int32_t>& ids) {
 
 void run_logits(const LogitsArgs& a) {
   PA_CHECK(a.decode_steps >= 0, "logits: --decode-steps must be >= 0, got ", a.decode_steps);
-  const std::vector<std::vector<int32_t>> prompts = parse_prompt_ids(a.prompt_ids);
+  const std::vector<std::vector<int32_t>> prompts = parse_ids(a.prompt_ids, "--prompt-ids");
+  std::vector<std::vector<int32_t>> forced;
+  if (!a.decode_ids.empty()) {
+    forced = parse_ids(a.decode_ids, "--decode-ids");
+    PA_CHECK(forced.size() == prompts.size(), "logits: --decode-ids has ", forced.size(),
+             " sequences, --prompt-ids ", prompts.size());
+    for (size_t s = 0; s < forced.size(); ++s) {
+      PA_CHECK(int64_t(forced[s].size()) >= a.decode_steps, "logits: --decode-ids sequence ", s,
+               " has ", forced[s].size(), " ids, fewer than --decode-steps ", a.decode_steps);
+    }
+  }
   SessionOptions so = a.session;
   so.quiet = a.json;
   so.kv_tokens = 0;  // every sequence's tokens, each rounded up to whole pages
@@ -82,12 +96,16 @@ void run_logits(const LogitsArgs& a) {
         (int64_t(p.size()) + a.decode_steps + so.page_size) / so.page_size * so.page_size;
   }
   auto m = std::make_unique<ModelSession>(so);
-  for (size_t s = 0; s < prompts.size(); ++s) {
-    for (int32_t id : prompts[s]) {
-      PA_CHECK(id < m->config().vocab_size, "logits: --prompt-ids has ", id,
-               ", outside the vocabulary of ", m->config().vocab_size);
+  auto check_vocab = [&](const std::vector<std::vector<int32_t>>& set, const char* flag) {
+    for (const auto& seq : set) {
+      for (int32_t id : seq) {
+        PA_CHECK(id < m->config().vocab_size, "logits: ", flag, " has ", id,
+                 ", outside the vocabulary of ", m->config().vocab_size);
+      }
     }
-  }
+  };
+  check_vocab(prompts, "--prompt-ids");
+  check_vocab(forced, "--decode-ids");
   const int64_t V = m->config().vocab_size;
   std::vector<SeqId> seqs;
   for (size_t s = 0; s < prompts.size(); ++s) seqs.push_back(m->cache().create_sequence());
@@ -104,8 +122,8 @@ void run_logits(const LogitsArgs& a) {
   for (int32_t step = 0; step < a.decode_steps; ++step) {
     std::vector<int32_t> next;
     for (size_t s = 0; s < prompts.size(); ++s) {
-      next.push_back(argmax(rows[s].back().data(), V));
-      generated[s].push_back(next.back());
+      generated[s].push_back(argmax(rows[s].back().data(), V));
+      next.push_back(forced.empty() ? generated[s].back() : forced[s][size_t(step)]);
     }
     const Tensor dec = m->decode(seqs, next);
     for (size_t s = 0; s < prompts.size(); ++s) {
@@ -153,6 +171,9 @@ void register_logits(CLI::App& app) {
       ->required();
   cmd->add_option("--decode-steps", args->decode_steps, "Greedy decode steps after the prefill")
       ->capture_default_str();
+  cmd->add_option("--decode-ids", args->decode_ids,
+                  "Feed these ids at the decode steps instead of the greedy choice (same form as "
+                  "--prompt-ids, at least --decode-steps per sequence)");
   cmd->add_flag("--json", args->json, "Print every logit row as JSON");
   add_session_options(*cmd, args->session);
   cmd->callback([args] {

@@ -11,8 +11,11 @@ several prompts and its fp32 logits at every position, then runs
 (all prompts prefilled as one ragged batch, then decoded greedily as one batch through the paged
 cache) and checks: greedy tokens identical, logits within a relative error of 1e-4 (max |diff| over
 max |reference| per model), CPU fp32. With --device cuda (bf16 weights, activations and KV cache)
-the tolerance is 2e-2, and the models get head dims the CUDA attention kernels support (64, and 128
-for Qwen3) in their own workdir subfolder: pass --device cuda to both split steps.
+the tolerance is 2e-2, the decode steps feed transformers' greedy tokens (--decode-ids: in bf16 a
+near tie can flip a greedy choice, after which the two continuations are different texts and
+their logits not comparable; how many greedy choices agree is reported), and the models get head
+dims the CUDA attention kernels support (64, and 128 for Qwen3) in their own workdir subfolder:
+pass --device cuda to both split steps.
 
 Steps can be split across machines (transformers lives on the GPU machine):
     hf_parity.py --workdir W --reference-only        # models + reference (needs torch, transformers)
@@ -117,6 +120,9 @@ def compare(workdir, binary, decode_steps, device):
         ids = ";".join(",".join(map(str, s["prompt_ids"])) for s in ref["sequences"])
         cmd = [binary, "logits", "--model", mdir, "--prompt-ids", ids, "--decode-steps",
                str(steps), "--device", device, "--json"]
+        if device == "cuda":
+            cmd += ["--decode-ids",
+                    ";".join(",".join(map(str, s["generated_ids"][:steps])) for s in ref["sequences"])]
         t0 = time.time()
         run = subprocess.run(cmd, capture_output=True, text=True)
         if run.returncode != 0:
@@ -124,7 +130,7 @@ def compare(workdir, binary, decode_steps, device):
             failures += 1
             continue
         got = json.loads(run.stdout)
-        worst, tokens_ok = 0.0, True
+        worst, tokens_ok, agree, total = 0.0, True, 0, 0
         for r, g in zip(ref["sequences"], got["sequences"]):
             n = len(r["prompt_ids"]) + steps
             want = np.array(r["logits"])[:n]
@@ -135,14 +141,17 @@ def compare(workdir, binary, decode_steps, device):
                 continue
             worst = max(worst, float(np.abs(have - want).max() / max(1.0, np.abs(want).max())))
             tokens_ok &= g["generated_ids"] == r["generated_ids"][:steps]
+            agree += sum(a == b for a, b in zip(g["generated_ids"], r["generated_ids"][:steps]))
+            total += steps
         tol = TOLERANCE[device]
-        ok = tokens_ok and worst < tol
+        ok = worst < tol and (tokens_ok or device == "cuda")
         failures += 0 if ok else 1
         results.append({"model": name, "device": device, "max_rel_err": worst,
-                        "greedy_tokens_identical": tokens_ok, "ok": ok,
+                        "greedy_tokens_identical": tokens_ok, "greedy_agree": agree,
+                        "greedy_total": total, "ok": ok,
                         "seconds": round(time.time() - t0, 3)})
         print(f"{name:12s} {device}: max relative logit error {worst:.2e} (< {tol:g}: "
-              f"{worst < tol}), greedy tokens identical: {tokens_ok}")
+              f"{worst < tol}), greedy tokens identical: {tokens_ok} ({agree} of {total})")
     with open(os.path.join(workdir, "parity_results.json"), "w") as f:
         json.dump(results, f, indent=1)
     return failures

@@ -20,8 +20,8 @@ for s in $shapes; do
   ncu --kernel-name regex:decode --launch-skip 3 --launch-count 1 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
     --section Occupancy --section LaunchStats --section SchedulerStats --section SourceCounters \
+    --section ComputeWorkloadAnalysis --section InstructionStats --print-details all \
     "$lab" --sweep-only --versions 4 --shape "$s" >"$OUT/ncu_${s//:/_}.txt" 2>&1
-  grep -E "Duration|DRAM Throughput|SM Active Cycles|Elapsed Cycles|Achieved Occupancy|Warp Cycles Per Issued|Registers Per|One or More" \
-    "$OUT/ncu_${s//:/_}.txt" | head -20
-  sed -n '/Warp Stall Sampling/,/^ *$/p' "$OUT/ncu_${s//:/_}.txt" | head -30
+  grep -E "Duration|DRAM Throughput|SM Active Cycles|Elapsed Cycles|Achieved Occupancy|Warp Cycles Per Issued|Registers Per|One or More|Executed Ipc|Issue Slots Busy|Stall|Pipe" \
+    "$OUT/ncu_${s//:/_}.txt" | grep -v "^ *$" | head -60
 done
