@@ -28,6 +28,11 @@ __device__ float block_sum(float v) {
   return s;
 }
 
+// Two floats -> two bf16 (round to nearest even), the first in the low half.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  return uint32_t(f32_to_bf16(lo)) | (uint32_t(f32_to_bf16(hi)) << 16);
+}
+
 // grid (num_tokens), block 256
 __global__ void embed_gather_kernel(const uint16_t* __restrict__ embed,       // [vocab, hidden]
                                     const int32_t* __restrict__ tokens,       // [num_tokens]
@@ -37,18 +42,57 @@ __global__ void embed_gather_kernel(const uint16_t* __restrict__ embed,       //
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[i] = bf16_to_f32(row[i]);
 }
 
-// grid (num_rows), block 256
-__global__ void rms_norm_kernel(const float* __restrict__ x,       // [*, hidden]
-                                const float* __restrict__ weight,  // [hidden]
-                                const int32_t* __restrict__ rows,  // [num_rows] or null
-                                int32_t hidden, float eps,
-                                uint16_t* __restrict__ out) {  // [num_rows, hidden]
+// grid (num_rows), block kNormThreads. The row is read once, in 16-byte vectors held in registers
+// (up to kNormVecs per thread; wider rows are read again for the output), so the loads of a row
+// are all in flight together: a loop of dependent scalar loads made this kernel latency-bound
+// (15 us a row at hidden 4096 on an H100, 12% of a Llama-3-8B decode step at batch 32).
+constexpr int kNormThreads = 256, kNormVecs = 8;
+__global__ void __launch_bounds__(kNormThreads)
+    rms_norm_kernel(const float* __restrict__ x,       // [*, hidden]
+                    const float* __restrict__ weight,  // [hidden]
+                    const int32_t* __restrict__ rows,  // [num_rows] or null
+                    int32_t hidden, float eps,
+                    uint16_t* __restrict__ out) {  // [num_rows, hidden]
   const int64_t src = rows ? rows[blockIdx.x] : blockIdx.x;
   const float* xr = x + src * hidden;
+  uint16_t* o = out + int64_t(blockIdx.x) * hidden;
   float ss = 0.f;
+  if (hidden % 4 == 0) {
+    const int nv = hidden / 4;
+    const float4* xv = reinterpret_cast<const float4*>(xr);
+    float4 held[kNormVecs];
+#pragma unroll
+    for (int k = 0; k < kNormVecs; ++k) {
+      const int i = threadIdx.x + k * kNormThreads;
+      held[k] = i < nv ? xv[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+      ss += held[k].x * held[k].x + held[k].y * held[k].y + held[k].z * held[k].z +
+            held[k].w * held[k].w;
+    }
+    for (int i = threadIdx.x + kNormVecs * kNormThreads; i < nv; i += kNormThreads) {
+      const float4 v = xv[i];
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    const float inv = rsqrtf(block_sum(ss) / float(hidden) + eps);
+    const float4* wv = reinterpret_cast<const float4*>(weight);
+    uint2* ov = reinterpret_cast<uint2*>(o);
+#pragma unroll
+    for (int k = 0; k < kNormVecs; ++k) {
+      const int i = threadIdx.x + k * kNormThreads;
+      if (i < nv) {
+        const float4 w = wv[i], v = held[k];
+        ov[i] = make_uint2(pack_bf16x2(v.x * inv * w.x, v.y * inv * w.y),
+                           pack_bf16x2(v.z * inv * w.z, v.w * inv * w.w));
+      }
+    }
+    for (int i = threadIdx.x + kNormVecs * kNormThreads; i < nv; i += kNormThreads) {
+      const float4 w = wv[i], v = xv[i];
+      ov[i] = make_uint2(pack_bf16x2(v.x * inv * w.x, v.y * inv * w.y),
+                         pack_bf16x2(v.z * inv * w.z, v.w * inv * w.w));
+    }
+    return;
+  }
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) ss += xr[i] * xr[i];
   const float inv = rsqrtf(block_sum(ss) / float(hidden) + eps);
-  uint16_t* o = out + int64_t(blockIdx.x) * hidden;
   for (int i = threadIdx.x; i < hidden; i += blockDim.x)
     o[i] = f32_to_bf16(xr[i] * inv * weight[i]);
 }
@@ -97,15 +141,15 @@ __global__ void qkv_post_kernel(const float* __restrict__ qkv,       // [T, (Hq 
   dst[i + half] = f32_to_bf16(b);
 }
 
-// grid (ceil(T * inter / 256)), block 256
+// grid (ceil(inter / 256), T), block 256
 __global__ void swiglu_kernel(const float* __restrict__ gu,  // [T, 2 * inter]
-                              int64_t total, int32_t inter,
+                              int32_t inter,
                               uint16_t* __restrict__ a) {  // [T, inter]
-  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= total) return;
-  const int64_t t = idx / inter, j = idx % inter;
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= inter) return;
+  const int64_t t = blockIdx.y;
   const float g = gu[t * 2 * inter + j], u = gu[t * 2 * inter + inter + j];
-  a[idx] = f32_to_bf16(g / (1.f + __expf(-g)) * u);
+  a[t * inter + j] = f32_to_bf16(g / (1.f + __expf(-g)) * u);
 }
 
 // grid (ceil(n / 256)), block 256
@@ -144,7 +188,7 @@ void embed_gather(const uint16_t* embed, const int32_t* tokens, int32_t num_toke
 void rms_norm_bf16(const float* x, const float* weight, const int32_t* rows, int32_t num_rows,
                    int32_t hidden, float eps, uint16_t* out, cudaStream_t stream) {
   if (num_rows == 0) return;
-  rms_norm_kernel<<<num_rows, 256, 0, stream>>>(x, weight, rows, hidden, eps, out);
+  rms_norm_kernel<<<num_rows, kNormThreads, 0, stream>>>(x, weight, rows, hidden, eps, out);
   check_launch("LlamaModelCuda: rms_norm");
 }
 
@@ -161,9 +205,9 @@ void qkv_post(const float* qkv, const float* bias, const float* q_norm, const fl
 }
 
 void swiglu(const float* gu, int32_t num_tokens, int32_t inter, uint16_t* a, cudaStream_t stream) {
-  const int64_t total = int64_t(num_tokens) * inter;
-  if (total == 0) return;
-  swiglu_kernel<<<blocks_for(total), 256, 0, stream>>>(gu, total, inter, a);
+  if (num_tokens == 0 || inter == 0) return;
+  const dim3 grid(blocks_for(inter), unsigned(num_tokens));
+  swiglu_kernel<<<grid, 256, 0, stream>>>(gu, inter, a);
   check_launch("LlamaModelCuda: swiglu");
 }
 
