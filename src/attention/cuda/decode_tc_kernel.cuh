@@ -48,10 +48,11 @@ struct DecodeTcShape {
   static constexpr int kLaneChunks = kTileChunks / 32;
   static constexpr size_t kWarpStageBytes = size_t(2) * kTileChunks * 16;  // K, then V
   static constexpr size_t kStageBytes = kWarps * kWarpStageBytes;
-  // About 96 KiB of copies in flight per CTA (two CTAs per SM at head_dim <= 128).
-  static constexpr int kStages =
-      int(98304 / kStageBytes) < 2 ? 2
-                                   : (int(98304 / kStageBytes) > 4 ? 4 : int(98304 / kStageBytes));
+  // Copies in flight per CTA: about 96 KiB for 16-bit pools (two CTAs per SM at head_dim <= 128),
+  // 48 KiB for fp8 (four CTAs per SM: its in-register conversions want more warps to hide their
+  // latency; with 64 KiB, three CTAs, it reached 67% of the copy bandwidth on an H100).
+  static constexpr int kTargetStages = int((kFp8 ? 49152 : 98304) / kStageBytes);
+  static constexpr int kStages = kTargetStages < 2 ? 2 : (kTargetStages > 4 ? 4 : kTargetStages);
   static constexpr size_t kPipeBytes = size_t(kStages) * kStageBytes;
   // The chunk combine's [kWarps][ROWS][HEAD_DIM] floats reuse the stage consumed last (idle while
   // it runs) where they fit, else have their own room.
