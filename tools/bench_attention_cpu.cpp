@@ -368,6 +368,8 @@ int bench_attention_cpu(const BenchAttentionArgs& args) {
       csv << bench_grid::csv_row(row) << std::endl;
     }
   }
+  // The roofline once more: a shared machine whose load changed during the run shows it here.
+  if (!args.json) std::printf("roofline at the end of the run: %.2f GB/s\n", read_roofline_gbps());
   if (status != 0) std::cerr << "bench attention: paged output disagrees with dense or reference\n";
   return status;
 }
