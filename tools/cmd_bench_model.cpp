@@ -16,6 +16,7 @@
 #include "cuda_bandwidth.h"
 #include "model_session.h"
 #include "pagedattn/error.h"
+#include "pagedattn/sampling.h"
 #include "pagedattn/llama_cuda.h"
 
 namespace pagedattn::tools {
@@ -39,7 +40,7 @@ std::vector<int32_t> greedy(const Tensor& logits) {
   const int64_t V = logits.dim(1);
   for (int64_t r = 0; r < logits.dim(0); ++r) {
     const float* row = logits.data_as<float>() + r * V;
-    out.push_back(int32_t(std::max_element(row, row + V) - row));
+    out.push_back(argmax(std::span<const float>(row, size_t(V))));
   }
   return out;
 }

@@ -18,6 +18,7 @@
 #include "cli.h"
 #include "model_session.h"
 #include "pagedattn/error.h"
+#include "pagedattn/sampling.h"
 
 namespace pagedattn::tools {
 
@@ -61,13 +62,6 @@ std::vector<std::vector<int32_t>> parse_ids(const std::string& text, const char*
   return out;
 }
 
-int32_t argmax(const float* row, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i) {
-    if (row[i] > row[best]) best = i;
-  }
-  return int32_t(best);
-}
 
 void write_ids(std::FILE* f, const std::vector<int32_t>& ids) {
   std::fputc('[', f);
@@ -122,7 +116,7 @@ void run_logits(const LogitsArgs& a) {
   for (int32_t step = 0; step < a.decode_steps; ++step) {
     std::vector<int32_t> next;
     for (size_t s = 0; s < prompts.size(); ++s) {
-      generated[s].push_back(argmax(rows[s].back().data(), V));
+      generated[s].push_back(argmax(rows[s].back()));
       next.push_back(forced.empty() ? generated[s].back() : forced[s][size_t(step)]);
     }
     const Tensor dec = m->decode(seqs, next);

@@ -44,6 +44,11 @@ class Rng {
 void apply_repetition_penalty(std::span<float> logits, std::span<const int32_t> history,
                               float penalty);
 
+// The index of the largest value, the lowest one on ties; NaNs never win (0 when x[0] is NaN or x
+// is empty). Vectorised: a greedy step over a 128K vocabulary takes tens of microseconds, not
+// the half millisecond of a loop that reloads the best value at every element.
+int32_t argmax(std::span<const float> x);
+
 struct TokenProb {
   int32_t token;
   double prob;

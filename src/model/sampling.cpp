@@ -48,15 +48,36 @@ void apply_repetition_penalty(std::span<float> logits, std::span<const int32_t> 
   }
 }
 
-namespace {
-
 int32_t argmax(std::span<const float> x) {
-  int32_t best = 0;
-  for (size_t i = 1; i < x.size(); ++i) {
-    if (x[i] > x[size_t(best)]) best = int32_t(i);
+  const size_t n = x.size();
+  if (n == 0) return 0;
+  // The maximum, in kLanes independent lanes (x > m ? x : m, as the scalar rule: a NaN never
+  // replaces a number, and a NaN x[0] stays).
+  constexpr size_t kLanes = 16;
+  const float* p = x.data();
+  float lane[kLanes];
+  for (size_t k = 0; k < kLanes; ++k) lane[k] = p[0];
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t k = 0; k < kLanes; ++k) lane[k] = p[i + k] > lane[k] ? p[i + k] : lane[k];
   }
-  return best;
+  float m = lane[0];
+  for (size_t k = 1; k < kLanes; ++k) m = lane[k] > m ? lane[k] : m;
+  for (; i < n; ++i) m = p[i] > m ? p[i] : m;
+  // The first index holding it: blocks with a branch-free any-equal test, then a scan.
+  size_t b = 0;
+  for (; b + kLanes <= n; b += kLanes) {
+    bool hit = false;
+    for (size_t k = 0; k < kLanes; ++k) hit |= p[b + k] == m;
+    if (hit) break;
+  }
+  for (size_t j = b; j < n; ++j) {
+    if (p[j] == m) return int32_t(j);
+  }
+  return 0;  // m is NaN: x[0] was
 }
+
+namespace {
 
 bool more_likely(const TokenProb& a, const TokenProb& b) {
   return a.prob > b.prob || (a.prob == b.prob && a.token < b.token);

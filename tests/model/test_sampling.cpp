@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <map>
+#include <random>
 #include <set>
 
 #include "pagedattn/error.h"
@@ -46,6 +47,34 @@ void expect_frequencies(const std::map<int32_t, int>& counts, const std::map<int
 }
 
 const std::vector<double> kProbs = {0.05, 0.4, 0.1, 0.25, 0.2};  // order: 1, 3, 4, 2, 0
+
+// argmax against the plain loop it replaced, on random rows with ties, NaNs (also at x[0]),
+// signed zeros and infinities, of every length around the vector width.
+TEST(Sampling, ArgmaxMatchesThePlainLoop) {
+  auto plain = [](std::span<const float> x) {
+    int32_t best = 0;
+    for (size_t i = 1; i < x.size(); ++i) {
+      if (x[i] > x[size_t(best)]) best = int32_t(i);
+    }
+    return best;
+  };
+  std::mt19937 rng(5);
+  for (int t = 0; t < 4000; ++t) {
+    std::vector<float> x(1 + rng() % 200);
+    for (float& v : x) v = float(int(rng() % 9)) - 4.f;
+    if (rng() % 4 == 0) x[rng() % x.size()] = std::nanf("");
+    if (rng() % 6 == 0) x[0] = std::nanf("");
+    if (rng() % 5 == 0) x[rng() % x.size()] = -0.f;
+    if (rng() % 7 == 0) x[rng() % x.size()] = INFINITY;
+    if (rng() % 7 == 0) x[rng() % x.size()] = -INFINITY;
+    ASSERT_EQ(argmax(x), plain(x)) << "trial " << t << ", length " << x.size();
+  }
+  EXPECT_EQ(argmax(std::span<const float>()), 0);
+  std::vector<float> big(128256, -1.f);
+  big[128255] = 3.f;
+  big[70000] = 3.f;
+  EXPECT_EQ(argmax(big), 70000);
+}
 
 TEST(Sampling, GreedyIsArgmaxLowestIdOnTies) {
   SamplingParams p;
