@@ -33,8 +33,9 @@ constexpr int32_t kDecodeChunkTokens = 256;
 
 struct CudaPlanOptions {
   // When the decode rows give fewer CTAs than the GPU has SMs, their chunks are spread so that
-  // about this many CTAs per SM run (0: no split-KV at all).
-  int32_t target_ctas_per_sm = 4;
+  // about this many CTAs per SM run: -1, as many as fit at once (the decode kernel's occupancy:
+  // one full wave); 0, no split-KV at all.
+  int32_t target_ctas_per_sm = -1;
   // Force this many chunks per decode CTA (0: chosen by the heuristic). Tests use it.
   int32_t chunks_per_cta = 0;
   // Rows of sequences with q_len > 1 go to the tensor-core prefill kernel where it supports the

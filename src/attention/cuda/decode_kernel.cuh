@@ -328,6 +328,64 @@ void launch_decode_dim(const AttentionParams& p, cudaStream_t s) {
   }
 }
 
+// CTAs of one kernel instance resident at once on an SM (its dynamic shared memory limit raised
+// first, as the launchers do), cached per instance.
+template <auto Kernel, int THREADS, size_t SMEM>
+int resident_ctas() {
+  static const int n = [] {
+    check_cuda(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(SMEM)),
+               "paged_attention_cuda: decode shared memory attribute");
+    int blocks = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Kernel, THREADS, SMEM),
+               "paged_attention_cuda: decode occupancy");
+    return std::max(blocks, 1);
+  }();
+  return n;
+}
+
+template <class Q, class KV, int HEAD_DIM>
+int decode_ctas_per_sm_dim(int tc_rows, int group_tile) {
+  if (tc_rows > 0) {
+    if constexpr (HEAD_DIM <= 128) {
+      if (tc_rows == 16) {
+        return resident_ctas<decode_tc_kernel<Q, KV, HEAD_DIM, 16>, kDecodeTcThreads,
+                             DecodeTcShape<KV, HEAD_DIM, 16>::kSmemBytes>();
+      }
+    }
+    return resident_ctas<decode_tc_kernel<Q, KV, HEAD_DIM, 8>, kDecodeTcThreads,
+                         DecodeTcShape<KV, HEAD_DIM, 8>::kSmemBytes>();
+  }
+  switch (group_tile) {
+    case 1:
+      return resident_ctas<decode_kernel<Q, KV, HEAD_DIM, 1>, kDecodeThreads,
+                           DecodeShape<KV, HEAD_DIM, 1>::kSmemBytes>();
+    case 4:
+      return resident_ctas<decode_kernel<Q, KV, HEAD_DIM, 4>, kDecodeThreads,
+                           DecodeShape<KV, HEAD_DIM, 4>::kSmemBytes>();
+    default:
+      if constexpr (KV::kBytes == 2) {
+        return resident_ctas<decode_kernel<Q, KV, HEAD_DIM, 8>, kDecodeThreads,
+                             DecodeShape<KV, HEAD_DIM, 8>::kSmemBytes>();
+      }
+  }
+  return 1;
+}
+
+// What decode_ctas_per_sm (kernels.h) answers for one (q, kv) dtype pair.
+template <class Q, class KV>
+int decode_ctas_per_sm_pair(int head_dim, int tc_rows, int group_tile) {
+  switch (head_dim) {
+    case 64:
+      return decode_ctas_per_sm_dim<Q, KV, 64>(tc_rows, group_tile);
+    case 128:
+      return decode_ctas_per_sm_dim<Q, KV, 128>(tc_rows, group_tile);
+    case 256:
+      return decode_ctas_per_sm_dim<Q, KV, 256>(tc_rows, group_tile);
+    default:
+      fail("paged_attention_cuda: head_dim ", head_dim, " is not supported (64, 128 or 256)");
+  }
+}
+
 // Entry point of one (q, kv) dtype pair; the decode_<q>_<kv>.cu files instantiate it.
 template <class Q, class KV>
 void launch_decode_pair(const AttentionParams& p, int head_dim, cudaStream_t s) {

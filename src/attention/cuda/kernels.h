@@ -83,6 +83,10 @@ constexpr int32_t kPrefillRows = 128;
 // q: bf16|f16; kv: q's dtype or fp8; head_dim 64|128|256. Throws Error for an unsupported
 // combination.
 void launch_decode(const AttentionParams& p, DType q, DType kv, int head_dim, cudaStream_t s);
+// CTAs of the decode kernel that launch_decode would pick (tc_rows > 0: the tensor-core one with
+// that many rows; else the CUDA-core one with group_tile heads) resident at once on one SM
+// (cudaOccupancyMaxActiveBlocksPerMultiprocessor with its shared memory; at least 1).
+int decode_ctas_per_sm(DType q, DType kv, int head_dim, int tc_rows, int group_tile);
 // Tensor-core prefill kernel over p.prefill_items.
 void launch_prefill(const AttentionParams& p, DType q, DType kv, int head_dim, cudaStream_t s);
 // Whether launch_prefill handles this combination.
