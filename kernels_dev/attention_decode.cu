@@ -15,7 +15,8 @@
 //       M side and the group's heads as the N side of m16n8k16 mma.sync, so a K/V row costs a
 //       share of an mma instead of a shuffle reduction and GT dot products per head; each warp
 //       pipelines its own 16 keys of every 64-key step (cp.async, about 96 KiB in flight per
-//       CTA); fp8 converted to f16 in registers; merge fused into the kernel as in v3.
+//       CTA, 48 KiB for fp8); fp8 converted to f16 in registers; merge fused as in v3. The lab
+//       runs v4 on every group (the library on groups >= 2).
 //
 // Measured: H100 80GB HBM3, 2026-11-22, 32 query heads, head dim 128, page 16, cold L2, median
 // of 20; GB/s of K+V read (copy roofline 3008 GB/s). v2/v3 at commit df42833 were the same design
@@ -28,6 +29,24 @@
 //   bf16 hkv=32 batch 64 ctx 8192   642       2821     2834      2877     2876
 //   fp8  hkv=8  batch 64 ctx 8192    69       1262     1262      1392     1392
 //   fp8  hkv=32 batch 64 ctx 8192   270       2688     2688      2696     2696
+// v3 against v4, 2026-11-22 (commits dfd1a41 to f66b523), cold L2 with a clean flush (memset
+// then a read: lab_common.h), median of 20, GB/s (copy 3008):
+//                                  v3 (CUDA cores)   v4 (tensor cores)
+//   bf16 hkv=8  batch 1  ctx 512        86               161
+//   bf16 hkv=8  batch 1  ctx 8192      918              1098
+//   bf16 hkv=8  batch 8  ctx 8192     2136              2341
+//   bf16 hkv=8  batch 64 ctx 8192     2612              2979
+//   bf16 hkv=32 batch 64 ctx 8192     2963              3019   (group 1: v3 stays in the library)
+//   fp8  hkv=8  batch 64 ctx 8192     1400              2764
+//   fp8  hkv=32 batch 64 ctx 8192     2836              2914
+// v4's path there: 1) a first version with the heads as the mma's M side (rows 8-15 idle) used
+// 230-255 registers and spilled at head_dim 256; keys as M and heads as N halved the mma and the
+// accumulators. 2) fp8 through an f16 conversion pass in shared memory reached 1392-1999 GB/s,
+// bound by shared-memory traffic (six times the HBM bytes); converting ldmatrix's byte pairs in
+// registers and 4 CTAs per SM instead of 3 (the warps waited on conversion latency) gave 2764.
+// 3) The merge: the last CTA merged split rows straight from global memory, one L2 round trip
+// per chunk (SM active 45% of the time at batch 1, ctx 8192); staging the partials in shared
+// memory took batch 1, ctx 8192 from 35.6 to 30.7 us (clean flush both times).
 // Split-KV: v3 over v2 is 4-13x at batch 1, ctx 8192 (too few CTAs otherwise) but 5-17% slower
 // where the grid already covers every SM, so the plan (c954ed1) splits only grids smaller than the
 // SM count. Tried and dropped: 4 keys per step for single-head CTAs (+3-5% bf16 at batch 64,
