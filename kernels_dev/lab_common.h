@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "l2_flush.cuh"
 #include "pagedattn/attention.h"
 #include "pagedattn/attention_cuda.h"
 
@@ -146,22 +147,8 @@ struct Problem {
   }
 };
 
-// Reads n 16-byte vectors and writes nothing (unless their xor is a magic value): fills the L2
-// with clean lines.
-__global__ void read_sweep(const uint4* p, size_t n, unsigned* sink) {
-  unsigned acc = 0;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    const uint4 v = p[i];
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x9e3779b9u) *sink = acc;
-}
-
-// The L2 flush before each timed run: a memset of twice the L2 ("memset"), and by default
-// ("clean") then a read of another buffer of that size, so that the L2 holds clean lines: after a
-// memset alone it is full of dirty lines whose write-back competes with the timed kernel's reads
-// (a model layer runs after GEMMs that mostly read). LAB_FLUSH=memset|clean picks.
+// The L2 flush before each timed run (tools/l2_flush.cuh): by default ("clean") the memset and the
+// read; LAB_FLUSH=memset, the memset alone.
 inline bool clean_flush() {
   const char* e = std::getenv("LAB_FLUSH");
   return !(e && std::string(e) == "memset");
@@ -169,19 +156,13 @@ inline bool clean_flush() {
 
 // Median microseconds of run() over iters launches, each after an L2 flush (untimed).
 inline double time_us(const std::function<void()>& run, int iters = 20) {
-  static void* flush = nullptr;
-  static void* sweep = nullptr;
-  static unsigned* sink = nullptr;
-  static size_t flush_bytes = 0;
+  static bench::L2Flush* flush = nullptr;
   if (!flush) {
     int dev = 0, l2 = 0;
     ck(cudaGetDevice(&dev), "get device");
     ck(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev), "l2 size");
-    flush_bytes = size_t(l2) * 2;
-    ck(cudaMalloc(&flush, flush_bytes), "malloc flush");
-    ck(cudaMalloc(&sweep, flush_bytes), "malloc sweep");
-    ck(cudaMemset(sweep, 0x5a, flush_bytes), "fill sweep");
-    ck(cudaMalloc(&sink, sizeof(unsigned)), "malloc sink");
+    flush = new bench::L2Flush(size_t(l2));  // NOTE: kept for the process's lifetime
+    ck(flush->status(), "L2 flush buffers");
   }
   cudaEvent_t a, b;
   ck(cudaEventCreate(&a), "event");
@@ -189,11 +170,7 @@ inline double time_us(const std::function<void()>& run, int iters = 20) {
   for (int i = 0; i < 3; ++i) run();
   std::vector<double> t;
   for (int i = 0; i < iters; ++i) {
-    ck(cudaMemsetAsync(flush, i, flush_bytes), "flush");
-    if (clean_flush()) {
-      read_sweep<<<1024, 256>>>(static_cast<const uint4*>(sweep), flush_bytes / 16, sink);
-      ck(cudaGetLastError(), "read_sweep");
-    }
+    ck(flush->run(i, clean_flush()), "L2 flush");
     ck(cudaEventRecord(a), "record");
     run();
     ck(cudaEventRecord(b), "record");

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bench_attention.h"
+#include "l2_flush.cuh"
 #include "bench_attention_grid.h"
 #include "pagedattn/attention_cuda.h"
 #include "pagedattn/error.h"
@@ -58,38 +59,16 @@ void fill(void* p, DType t, int64_t n, uint32_t seed, float amp) {
   ck(cudaGetLastError(), "fill_random launch");
 }
 
-// Reads n 16-byte vectors and writes nothing (unless their xor is a magic value).
-__global__ void read_sweep(const uint4* p, size_t n, unsigned* sink) {
-  unsigned acc = 0;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    const uint4 v = p[i];
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x9e3779b9u) *sink = acc;
-}
-unsigned* flush_sink() {
-  static DeviceBuf sink(sizeof(unsigned));
-  return static_cast<unsigned*>(sink.p);
-}
-
 // Median time in microseconds of fn(), each run after an L2 flush, after warm-up.
 template <class Fn>
-double time_us(Fn&& fn, int iters, void* flush, size_t flush_bytes) {
-  // The L2 flush: the memset, then a read of a second buffer of the same size (the back half of
-  // `flush`), so that the L2 holds clean lines; after a memset alone its dirty lines are written
-  // back while the timed kernel reads (a model layer runs after GEMMs, which mostly read).
-  const size_t half = flush_bytes / 2;
-  void* sweep = static_cast<uint8_t*>(flush) + half;
+double time_us(Fn&& fn, int iters, bench::L2Flush& flush) {
   cudaEvent_t a, b;
   ck(cudaEventCreate(&a), "cudaEventCreate");
   ck(cudaEventCreate(&b), "cudaEventCreate");
   for (int i = 0; i < 3; ++i) fn();
   std::vector<double> t;
   for (int i = 0; i < iters; ++i) {
-    ck(cudaMemsetAsync(flush, i & 0xff, half), "cudaMemsetAsync (L2 flush)");
-    read_sweep<<<1024, 256>>>(static_cast<const uint4*>(sweep), half / 16, flush_sink());
-    ck(cudaGetLastError(), "read_sweep launch (L2 flush)");
+    ck(flush.run(i), "L2 flush (tools/l2_flush.cuh)");
     ck(cudaEventRecord(a), "cudaEventRecord");
     fn();
     ck(cudaEventRecord(b), "cudaEventRecord");
@@ -205,8 +184,8 @@ int bench_attention_cuda(const BenchAttentionArgs& args) {
   int dev = 0;
   ck(cudaGetDevice(&dev), "cudaGetDevice");
   ck(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties");
-  const size_t flush_bytes = size_t(prop.l2CacheSize) * 4;  // memset 2x L2, then read 2x L2
-  DeviceBuf flush(flush_bytes);
+  bench::L2Flush flush(size_t(prop.l2CacheSize));
+  ck(flush.status(), "L2 flush buffers");
 
   Emitter out{args};
   std::unique_ptr<FILE, int (*)(FILE*)> csv(nullptr, &std::fclose);
@@ -224,7 +203,7 @@ int bench_attention_cuda(const BenchAttentionArgs& args) {
     fill(a.p, DType::fp8_e4m3, int64_t(copy_bytes_n), 7, 100.f);
     const double us = time_us(
         [&] { ck(cudaMemcpyAsync(b.p, a.p, copy_bytes_n, cudaMemcpyDeviceToDevice), "copy"); },
-        iters, flush.p, flush_bytes);
+        iters, flush);
     copy_gbps = 2.0 * double(copy_bytes_n) / us / 1e3;
     out.line({{"kind", "copy"},
               {"device", prop.name},
@@ -253,7 +232,7 @@ int bench_attention_cuda(const BenchAttentionArgs& args) {
       CudaAttentionPlan plan;
       plan.plan(qs.qv, dense.view, dense.batch(qs.indptr), opt, qs.ov);
       const double us = time_us([&] { paged_attention_cuda(plan, qs.qv, dense.view, qs.ov); }, runs,
-                                flush.p, flush_bytes);
+                                flush);
       cached = dense_times.insert(dense_times.end(), {key, us});
     }
     const double dense_us = cached->second;
@@ -262,7 +241,7 @@ int bench_attention_cuda(const BenchAttentionArgs& args) {
     CudaAttentionPlan plan;
     plan.plan(qs.qv, pools.view, pools.batch(qs.indptr), opt, qs.ov);
     const double us = time_us([&] { paged_attention_cuda(plan, qs.qv, pools.view, qs.ov); }, runs,
-                              flush.p, flush_bytes);
+                              flush);
     const std::string kv = bg::short_dtype_name(p.kv_dtype);
     if (decode) {
       const double gbps = p.kv_bytes() / us / 1e3;

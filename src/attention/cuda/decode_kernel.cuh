@@ -16,6 +16,7 @@
 #pragma once
 
 #include "cuda_common.cuh"
+#include "decode_launch.cuh"
 #include "decode_merge.cuh"
 #include "decode_tc_kernel.cuh"
 #include "kernels.h"
@@ -299,20 +300,8 @@ __global__ void __launch_bounds__(kDecodeThreads,
 
 template <class Q, class KV, int HEAD_DIM, int GT>
 void launch_decode_t(const AttentionParams& p, cudaStream_t s) {
-  using S = DecodeShape<KV, HEAD_DIM, GT>;
-  AttentionParams pp = p;
-  pp.head_tiles = (p.group + GT - 1) / GT;
-  static bool configured = false;  // NOTE: per kernel instance; setting it twice is harmless
-  if (!configured) {
-    check_cuda(
-        cudaFuncSetAttribute(decode_kernel<Q, KV, HEAD_DIM, GT>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(S::kSmemBytes)),
-        "paged_attention_cuda: decode shared memory attribute");
-    configured = true;
-  }
-  const dim3 grid(unsigned(p.num_decode_items), unsigned(p.num_kv_heads * pp.head_tiles));
-  decode_kernel<Q, KV, HEAD_DIM, GT><<<grid, kDecodeThreads, S::kSmemBytes, s>>>(pp);
-  check_launch("paged_attention_cuda: decode kernel launch");
+  launch_decode_kernel<decode_kernel<Q, KV, HEAD_DIM, GT>, kDecodeThreads,
+                       DecodeShape<KV, HEAD_DIM, GT>::kSmemBytes>(p, GT, s);
 }
 
 template <class Q, class KV, int HEAD_DIM>
@@ -326,21 +315,6 @@ void launch_decode_dim(const AttentionParams& p, cudaStream_t s) {
     default:
       if constexpr (KV::kBytes == 2) return launch_decode_t<Q, KV, HEAD_DIM, 8>(p, s);
   }
-}
-
-// CTAs of one kernel instance resident at once on an SM (its dynamic shared memory limit raised
-// first, as the launchers do), cached per instance.
-template <auto Kernel, int THREADS, size_t SMEM>
-int resident_ctas() {
-  static const int n = [] {
-    check_cuda(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(SMEM)),
-               "paged_attention_cuda: decode shared memory attribute");
-    int blocks = 0;
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Kernel, THREADS, SMEM),
-               "paged_attention_cuda: decode occupancy");
-    return std::max(blocks, 1);
-  }();
-  return n;
 }
 
 template <class Q, class KV, int HEAD_DIM>

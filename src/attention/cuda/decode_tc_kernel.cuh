@@ -28,6 +28,7 @@
 #include <type_traits>
 
 #include "cuda_common.cuh"
+#include "decode_launch.cuh"
 #include "decode_merge.cuh"
 #include "kernels.h"
 #include "mma.cuh"
@@ -464,20 +465,8 @@ __global__ void __launch_bounds__(kDecodeTcThreads) decode_tc_kernel(const Atten
 
 template <class Q, class KV, int HEAD_DIM, int ROWS>
 void launch_decode_tc_t(const AttentionParams& p, cudaStream_t s) {
-  using S = DecodeTcShape<KV, HEAD_DIM, ROWS>;
-  AttentionParams pp = p;
-  pp.head_tiles = (p.group + ROWS - 1) / ROWS;
-  static bool configured = false;  // NOTE: per kernel instance; setting it twice is harmless
-  if (!configured) {
-    check_cuda(
-        cudaFuncSetAttribute(decode_tc_kernel<Q, KV, HEAD_DIM, ROWS>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(S::kSmemBytes)),
-        "paged_attention_cuda: tensor-core decode shared memory attribute");
-    configured = true;
-  }
-  const dim3 grid(unsigned(p.num_decode_items), unsigned(p.num_kv_heads * pp.head_tiles));
-  decode_tc_kernel<Q, KV, HEAD_DIM, ROWS><<<grid, kDecodeTcThreads, S::kSmemBytes, s>>>(pp);
-  check_launch("paged_attention_cuda: tensor-core decode kernel launch");
+  launch_decode_kernel<decode_tc_kernel<Q, KV, HEAD_DIM, ROWS>, kDecodeTcThreads,
+                       DecodeTcShape<KV, HEAD_DIM, ROWS>::kSmemBytes>(p, ROWS, s);
 }
 
 template <class Q, class KV, int HEAD_DIM>
