@@ -3,7 +3,7 @@
 set -euo pipefail
 
 pkgs=(cmake g++ make pkg-config libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
-      nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libfmt-dev libssl-dev python3 curl)
+      nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libfmt-dev libssl-dev python3 python3-pip curl)
 
 missing=()
 for p in "${pkgs[@]}"; do

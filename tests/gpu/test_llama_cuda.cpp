@@ -11,6 +11,7 @@
 
 #include "pagedattn/error.h"
 #include "pagedattn/llama.h"
+#include "pagedattn/sampling.h"
 #include "pagedattn/llama_cuda.h"
 
 using namespace pagedattn;
@@ -153,6 +154,69 @@ TEST_P(LlamaCudaParity, RaggedPrefillThenGreedyDecode) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, LlamaCudaParity,
                          ::testing::Values("llama", "qwen2", "qwen3", "llama3", "mistral"));
+
+// Batch invariance on CUDA: eight sequences decoded greedily together, and each of them alone
+// (fed the batch's tokens). The attention kernels are bit-invariant (split fixed by position);
+// the GEMMs are cuBLAS's, whose algorithm may change with the number of rows, so the logits must
+// agree within bf16 rounding and the greedy choices wherever the margin is clear of it.
+TEST(LlamaCuda, GreedyDecodeAloneEqualsInABatchOfEight) {
+  PA_SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = gpu_config("llama");
+  const ModelFile file = make_synthetic_model_file(cfg, 17);
+  std::unique_ptr<Model> gpu = create_model(file, Device::cuda);
+  const int32_t V = cfg.vocab_size;
+  constexpr int kSeqs = 8, kSteps = 10;
+  std::mt19937 rng(8);
+  std::vector<std::vector<int32_t>> prompts(kSeqs);
+  for (auto& p : prompts) {
+    p.resize(3 + rng() % 40);
+    for (auto& x : p) x = int32_t(rng() % uint32_t(V));
+  }
+  // The batch: prefill all, then kSteps greedy steps; every row's logits kept.
+  KvCacheConfig cc = cache_config(gpu->config(), Device::cuda);
+  cc.num_pages = 128;
+  KvCache batch_cache(cc);
+  std::vector<SeqId> seqs;
+  for (int s = 0; s < kSeqs; ++s) seqs.push_back(batch_cache.create_sequence());
+  std::vector<std::vector<std::vector<float>>> batch_rows(kSeqs);  // [seq][step][V]
+  std::vector<std::vector<int32_t>> fed(kSeqs);                      // [seq][step]
+  std::vector<std::vector<int32_t>> work = prompts;
+  for (int step = 0; step <= kSteps; ++step) {
+    const Tensor l = gpu->forward(make_forward_batch(batch_cache, seqs, work), batch_cache);
+    for (int s = 0; s < kSeqs; ++s) {
+      batch_cache.commit(seqs[size_t(s)]);
+      const float* row = l.data_as<float>() + int64_t(s) * V;
+      batch_rows[size_t(s)].emplace_back(row, row + V);
+      const int32_t next = argmax(std::span<const float>(row, size_t(V)));
+      fed[size_t(s)].push_back(next);
+      work[size_t(s)] = {next};
+    }
+  }
+  int clear = 0, compared = 0;
+  double worst = 0;
+  for (int s = 0; s < kSeqs; ++s) {
+    KvCache alone_cache(cc);
+    const SeqId a = alone_cache.create_sequence();
+    std::vector<std::vector<int32_t>> w = {prompts[size_t(s)]};
+    for (int step = 0; step <= kSteps; ++step) {
+      const Tensor l = gpu->forward(make_forward_batch(alone_cache, {a}, w), alone_cache);
+      alone_cache.commit(a);
+      const RowCheck rc =
+          check_row(batch_rows[size_t(s)][size_t(step)].data(), l.data_as<float>(), V);
+      worst = std::max(worst, rc.rel_err);
+      EXPECT_LT(rc.rel_err, 1e-2) << "sequence " << s << " step " << step;
+      ++compared;
+      if (rc.argmax_clear) {
+        ++clear;
+        EXPECT_EQ(rc.gpu_argmax, rc.cpu_argmax) << "sequence " << s << " step " << step;
+      }
+      w = {{fed[size_t(s)][size_t(step)]}};
+    }
+  }
+  std::printf("batch of 8 vs alone: worst row relative error %.2e, %d of %d greedy choices clear\n",
+              worst, clear, compared);
+  EXPECT_GE(clear, compared / 4) << "too few rows with a clear greedy choice to compare";
+}
 
 // Every logit row of a prefill (all_logits), not only the last ones.
 TEST(LlamaCuda, AllLogitRowsMatchCpu) {
