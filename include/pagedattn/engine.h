@@ -69,7 +69,8 @@ using DecodeFn = std::function<std::string(const std::vector<int32_t> &)>;
 
 struct EngineConfig {
   // KV budget, first that is set: tokens, MiB, a fraction of free memory (the device's after the
-  // weights are loaded; on the CPU, MemAvailable), else kDefaultKvMiB.
+  // weights are loaded; on the CPU, MemAvailable); else what the longest context takes for every
+  // sequence at once (max_model_len x max_num_seqs tokens), at most kDefaultKvMiB.
   int64_t kv_cache_tokens = 0;
   double kv_cache_memory_mib = 0;
   double kv_cache_memory_fraction = 0;  // (0, 1]; 0: off

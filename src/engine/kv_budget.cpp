@@ -1,5 +1,6 @@
 // The KV budget: how many pages a config's tokens or MiB buy, and the cache
 // dtype.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -31,8 +32,9 @@ int32_t kv_num_pages(const EngineConfig &config, const ModelConfig &model, DType
   PA_CHECK(model.num_layers > 0 && model.num_kv_heads > 0 && model.head_dim > 0,
            "Engine: model config has no layers, KV heads or head_dim");
   int64_t pages = 0;
+  const int64_t bs = config.block_size;
   if (config.kv_cache_tokens > 0) {
-    pages = (config.kv_cache_tokens + config.block_size - 1) / config.block_size;
+    pages = (config.kv_cache_tokens + bs - 1) / bs;
   } else {
     const double mib =
         config.kv_cache_memory_mib > 0 ? config.kv_cache_memory_mib : EngineConfig::kDefaultKvMiB;
@@ -41,6 +43,13 @@ int32_t kv_num_pages(const EngineConfig &config, const ModelConfig &model, DType
     pages = int64_t(std::floor(mib * 1024.0 * 1024.0 / page_bytes));
     PA_CHECK(pages >= 1, "Engine: kv_cache_memory of ", mib, " MiB holds no page of ", page_bytes,
              " bytes");
+    if (config.kv_cache_memory_mib == 0) {
+      // The default: no more than every sequence at its longest context needs.
+      const int64_t len =
+          config.max_model_len > 0 ? config.max_model_len : model.max_position_embeddings;
+      const int64_t seqs = std::max<int32_t>(config.max_num_seqs, 1);
+      if (len > 0) pages = std::min(pages, seqs * ((len + bs - 1) / bs));
+    }
   }
   PA_CHECK(pages <= std::numeric_limits<int32_t>::max(), "Engine: the KV budget asks for ", pages,
            " pages, more than page ids can address");

@@ -82,3 +82,29 @@ TEST(KvMemory, EngineSizedFromAFractionOfFreeMemory) {
   c.kv_cache_memory_fraction = -0.1;
   EXPECT_THROW(Engine(std::make_unique<FakeModel>(), c), Error);
 }
+
+// With no budget set, the cache holds what max_num_seqs sequences at the longest context need, at
+// most kDefaultKvMiB.
+TEST(KvMemory, DefaultBudgetFromContextAndMaxNumSeqs) {
+  ModelConfig mc = FakeModel().config();  // 128 bytes per token at f32
+  EngineConfig c;
+  c.block_size = 16;
+  c.max_model_len = 100;  // 7 pages a sequence
+  c.max_num_seqs = 3;
+  EXPECT_EQ(kv_num_pages(c, mc, DType::f32), 21);
+  c.max_model_len = 0;  // the model's max_position_embeddings
+  mc.max_position_embeddings = 64;
+  EXPECT_EQ(kv_num_pages(c, mc, DType::f32), 12);
+  // Capped at kDefaultKvMiB.
+  c.max_model_len = 1 << 20;
+  c.max_num_seqs = 1 << 10;
+  EXPECT_EQ(kv_num_pages(c, mc, DType::f32),
+            int32_t(EngineConfig::kDefaultKvMiB * 1024 * 1024 / (128 * 16)));
+  // An explicit budget is taken as it is.
+  c.max_model_len = 100;
+  c.kv_cache_memory_mib = 1;
+  EXPECT_EQ(kv_num_pages(c, mc, DType::f32), 1024 * 1024 / (128 * 16));
+  c.kv_cache_memory_mib = 0;
+  c.kv_cache_tokens = 1000;
+  EXPECT_EQ(kv_num_pages(c, mc, DType::f32), 63);
+}
