@@ -108,8 +108,9 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--host", a->server.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", a->server.port, "Port (0: any free port)")->capture_default_str();
   cmd->add_option("--kv-cache-memory", a->kv_cache_memory,
-                  "KV cache budget: MiB (default 512), or a fraction (0.5) or percentage (50%) of "
-                  "free memory (the GPU's after the weights load; on the CPU, MemAvailable)");
+                  "KV cache budget: MiB, or a fraction (0.5) or percentage (50%) of free memory "
+                  "(the GPU's after the weights load; on the CPU, MemAvailable). Default: what "
+                  "--max-num-seqs sequences at the longest context need, at most 512 MiB");
   cmd->add_option("--kv-cache-tokens", a->engine.kv_cache_tokens,
                   "KV cache budget in tokens (overrides --kv-cache-memory)");
   cmd->add_option("--block-size", a->engine.block_size, "Tokens per KV page")
