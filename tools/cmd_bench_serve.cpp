@@ -1,15 +1,18 @@
 // `pagedattn bench serve`: the serving benchmark. Replays an open-loop workload (Poisson arrivals
 // at each --request-rate, or a closed loop to --target-tokens) against the in-process engine, for
-// every combination of --mode (paged, static) and --prefix-cache (on, off), at one KV budget, and
-// reports throughput, latency percentiles, KV use and waste, preemptions and prefix hits: a table
-// on stdout (or --json, one object per run), --csv (a row per run) and --timeline-csv (KV use per
-// step) for scripts/plot.sh.
+// every combination of --mode (paged, static) and --prefix-cache (on, off), at one KV budget, or
+// against a running `pagedattn serve` over HTTP (--url: mode http), and reports throughput,
+// latency percentiles, KV use and waste, preemptions and prefix hits: a table on stdout (or
+// --json, one object per run), --csv (a row per run) and --timeline-csv (KV use per step, or per
+// poll of the server's /metrics) for scripts/plot.sh. Values a mode cannot know are absent ("-",
+// an empty cell, null).
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,6 +23,7 @@
 #include "pagedattn/llama.h"
 #include "pagedattn/model_file.h"
 #include "pagedattn/synthetic_model.h"
+#include "serve_bench_http.h"
 #include "serve_bench_run.h"
 
 namespace pagedattn::tools {
@@ -42,6 +46,9 @@ struct BenchServeArgs {
   sb::RunConfig run;
   bool json = false, no_progress = false, no_warmup = false;
   std::string csv, timeline_csv;
+  std::string url;  // a running server: the workload goes over HTTP
+  double http_timeout_s = 600;
+  std::vector<std::string> in_process_options;  // given on the command line (refused with --url)
 };
 
 // What every run builds its engine around: --model on --device. A file (or a synthetic model on
@@ -87,52 +94,67 @@ double parse_rate(const std::string& s) {
   }
 }
 
+// Absent values (serve_bench_run.h): NaN doubles, negative counts.
+nlohmann::json num_json(double x) {
+  return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json();
+}
+nlohmann::json count_json(int64_t x) { return x >= 0 ? nlohmann::json(x) : nlohmann::json(); }
+
 nlohmann::json summary_json(const sb::Summary& s) {
-  auto num = [](double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(); };
-  return {{"mean", num(s.mean)}, {"p50", num(s.p50)}, {"p90", num(s.p90)}, {"p99", num(s.p99)}};
+  return {{"mean", num_json(s.mean)},
+          {"p50", num_json(s.p50)},
+          {"p90", num_json(s.p90)},
+          {"p99", num_json(s.p99)}};
 }
 
-nlohmann::json result_json(const sb::RunResult& r, const std::string& model, Device device) {
+// device: "" for a server (not known here); url: "" in process.
+nlohmann::json result_json(const sb::RunResult& r, const std::string& model,
+                           const std::string& device, const std::string& url) {
   const auto& c = r.config;
   const auto& w = r.workload;
-  return {{"bench", "serve"},
-          {"model", model},
-          {"device", device_name(device)},
-          {"hw_threads", std::thread::hardware_concurrency()},
-          {"mode", c.mode},
-          {"prefix_cache", c.mode == "paged" && c.prefix_cache},
-          {"request_rate", std::isinf(w.rate) ? nlohmann::json("inf") : nlohmann::json(w.rate)},
-          {"target_tokens", c.target_tokens},
-          {"concurrency", c.target_tokens > 0 ? nlohmann::json(c.concurrency) : nlohmann::json()},
-          {"num_requests", r.completed},
-          {"prefix_len", w.prefix_len},
-          {"kv_budget_tokens", c.kv_budget_tokens},
-          {"kv_pool_tokens", r.kv_pool_tokens},
-          {"max_num_seqs", c.max_num_seqs},
-          {"duration_s", r.duration_s},
-          {"prompt_tokens", r.prompt_tokens},
-          {"output_tokens", r.output_tokens},
-          {"requests_per_s", r.req_per_s},
-          {"output_tokens_per_s", r.output_tok_per_s},
-          {"total_tokens_per_s", r.total_tok_per_s},
-          {"ttft_s", summary_json(r.ttft_s)},
-          {"tpot_s", summary_json(r.tpot_s)},
-          {"itl_s", summary_json(r.itl_s)},
-          {"e2e_s", summary_json(r.e2e_s)},
-          {"ramp_s", r.ramp_s},
-          {"steady_s", r.steady_s},
-          {"tail_s", r.tail_s},
-          {"steady_output_tokens_per_s", r.steady_output_tok_per_s},
-          {"kv_allocated_mean_tokens", r.kv_allocated_mean},
-          {"kv_allocated_max_tokens", r.kv_allocated_max},
-          {"kv_live_mean_tokens", r.kv_live_mean},
-          {"kv_waste_frac", r.kv_waste_frac},
-          {"running_mean", r.running_mean},
-          {"running_max", r.running_max},
-          {"preemptions", r.preemptions},
-          {"steps", r.steps},
-          {"output_tokens_per_step", r.output_tokens_per_step},
-          {"prefix_hit_rate", r.prefix_hit_rate}};
+  const bool http = c.mode == "http";
+  nlohmann::json j = {
+      {"bench", "serve"},
+      {"model", model},
+      {"device", device.empty() ? nlohmann::json() : nlohmann::json(device)},
+      {"hw_threads", std::thread::hardware_concurrency()},
+      {"mode", c.mode},
+      {"prefix_cache",
+       http ? nlohmann::json() : nlohmann::json(c.mode == "paged" && c.prefix_cache)},
+      {"request_rate", std::isinf(w.rate) ? nlohmann::json("inf") : nlohmann::json(w.rate)},
+      {"target_tokens", c.target_tokens},
+      {"concurrency", c.target_tokens > 0 ? nlohmann::json(c.concurrency) : nlohmann::json()},
+      {"num_requests", r.completed},
+      {"prefix_len", w.prefix_len},
+      {"kv_budget_tokens", count_json(c.kv_budget_tokens)},
+      {"kv_pool_tokens", count_json(r.kv_pool_tokens)},
+      {"max_num_seqs", count_json(c.max_num_seqs)},
+      {"duration_s", r.duration_s},
+      {"prompt_tokens", r.prompt_tokens},
+      {"output_tokens", r.output_tokens},
+      {"requests_per_s", r.req_per_s},
+      {"output_tokens_per_s", r.output_tok_per_s},
+      {"total_tokens_per_s", r.total_tok_per_s},
+      {"ttft_s", summary_json(r.ttft_s)},
+      {"tpot_s", summary_json(r.tpot_s)},
+      {"itl_s", summary_json(r.itl_s)},
+      {"e2e_s", summary_json(r.e2e_s)},
+      {"ramp_s", r.ramp_s},
+      {"steady_s", r.steady_s},
+      {"tail_s", r.tail_s},
+      {"steady_output_tokens_per_s", r.steady_output_tok_per_s},
+      {"kv_allocated_mean_tokens", num_json(r.kv_allocated_mean)},
+      {"kv_allocated_max_tokens", count_json(r.kv_allocated_max)},
+      {"kv_live_mean_tokens", num_json(r.kv_live_mean)},
+      {"kv_waste_frac", num_json(r.kv_waste_frac)},
+      {"running_mean", num_json(r.running_mean)},
+      {"running_max", count_json(r.running_max)},
+      {"preemptions", count_json(r.preemptions)},
+      {"steps", count_json(r.steps)},
+      {"output_tokens_per_step", num_json(r.output_tokens_per_step)},
+      {"prefix_hit_rate", num_json(r.prefix_hit_rate)}};
+  if (!url.empty()) j["url"] = url;
+  return j;
 }
 
 const char* kCsvHeader =
@@ -149,8 +171,21 @@ std::string rate_text(double rate) {
   return b;
 }
 
+// The prefix-cache column: on/off in process; over HTTP it is the server's setting.
 std::string prefix_text(const sb::RunConfig& c) {
+  if (c.mode == "http") return "server";
   return c.mode == "paged" && c.prefix_cache ? "on" : "off";
+}
+
+// A number in printf format, or `absent` for NaN.
+std::string fmt(double v, const char* format, const char* absent = "") {
+  if (!std::isfinite(v)) return absent;
+  char b[64];
+  std::snprintf(b, sizeof b, format, v);
+  return b;
+}
+std::string fmt_count(int64_t v, const char* absent = "") {
+  return v >= 0 ? std::to_string(v) : std::string(absent);
 }
 
 void append_csv(const std::string& path, const sb::RunResult& r) {
@@ -158,18 +193,20 @@ void append_csv(const std::string& path, const sb::RunResult& r) {
   FILE* f = std::fopen(path.c_str(), "a");
   PA_CHECK(f, "bench serve: cannot open --csv '", path, "'");
   if (fresh) std::fputs(kCsvHeader, f);
-  std::fprintf(
-      f,
-      "%s,%s,%s,%d,%lld,%.4f,%.4f,%.3f,%.3f,%.5f,%.5f,%.5f,%.5f,%.5f,%.5f,%.5f,%.5f,"
-      "%.5f,%.4f,%.4f,%.4f,%.1f,%.1f,%.4f,%.2f,%d,%lld,%.4f,%.3f,%.3f,%.3f,%.3f,%d,%lld,%.3f\n",
-      r.config.mode.c_str(), prefix_text(r.config).c_str(), rate_text(r.workload.rate).c_str(),
-      r.completed, (long long)r.config.kv_budget_tokens, r.duration_s, r.req_per_s,
-      r.output_tok_per_s, r.total_tok_per_s, r.ttft_s.p50, r.ttft_s.p90, r.ttft_s.p99, r.tpot_s.p50,
-      r.tpot_s.p90, r.tpot_s.p99, r.itl_s.p50, r.itl_s.p90, r.itl_s.p99, r.e2e_s.p50, r.e2e_s.p90,
-      r.e2e_s.p99, r.kv_allocated_mean, r.kv_live_mean, r.kv_waste_frac, r.running_mean,
-      r.running_max, (long long)r.preemptions, r.prefix_hit_rate, r.ramp_s, r.steady_s, r.tail_s,
-      r.steady_output_tok_per_s, r.workload.prefix_len, (long long)r.steps,
-      r.output_tokens_per_step);
+  std::fprintf(f,
+               "%s,%s,%s,%d,%s,%.4f,%.4f,%.3f,%.3f,%.5f,%.5f,%.5f,%.5f,%.5f,%.5f,%.5f,%.5f,"
+               "%.5f,%.4f,%.4f,%.4f,%s,%s,%s,%s,%s,%s,%s,%.3f,%.3f,%.3f,%.3f,%d,%s,%s\n",
+               r.config.mode.c_str(), prefix_text(r.config).c_str(),
+               rate_text(r.workload.rate).c_str(), r.completed,
+               fmt_count(r.config.kv_budget_tokens).c_str(), r.duration_s, r.req_per_s,
+               r.output_tok_per_s, r.total_tok_per_s, r.ttft_s.p50, r.ttft_s.p90, r.ttft_s.p99,
+               r.tpot_s.p50, r.tpot_s.p90, r.tpot_s.p99, r.itl_s.p50, r.itl_s.p90, r.itl_s.p99,
+               r.e2e_s.p50, r.e2e_s.p90, r.e2e_s.p99, fmt(r.kv_allocated_mean, "%.1f").c_str(),
+               fmt(r.kv_live_mean, "%.1f").c_str(), fmt(r.kv_waste_frac, "%.4f").c_str(),
+               fmt(r.running_mean, "%.2f").c_str(), fmt_count(r.running_max).c_str(),
+               fmt_count(r.preemptions).c_str(), fmt(r.prefix_hit_rate, "%.4f").c_str(), r.ramp_s,
+               r.steady_s, r.tail_s, r.steady_output_tok_per_s, r.workload.prefix_len,
+               fmt_count(r.steps).c_str(), fmt(r.output_tokens_per_step, "%.3f").c_str());
   std::fclose(f);
 }
 
@@ -183,9 +220,9 @@ void append_timeline(const std::string& path, const sb::RunResult& r) {
         "output_tokens\n",
         f);
   for (const sb::KvSample& s : r.timeline)
-    std::fprintf(f, "%s,%s,%s,%.4f,%lld,%lld,%d,%d,%lld\n", r.config.mode.c_str(),
+    std::fprintf(f, "%s,%s,%s,%.4f,%lld,%s,%d,%d,%lld\n", r.config.mode.c_str(),
                  prefix_text(r.config).c_str(), rate_text(r.workload.rate).c_str(), s.t,
-                 (long long)s.kv_allocated, (long long)s.kv_live, s.running, s.waiting,
+                 (long long)s.kv_allocated, fmt_count(s.kv_live).c_str(), s.running, s.waiting,
                  (long long)s.output_tokens);
   std::fclose(f);
 }
@@ -202,14 +239,103 @@ void print_header() {
 void print_row(const sb::RunResult& r) {
   std::printf(
       "%-6s %-6s %5s %4d %7.3f %8.1f %8.1f | %6.2f/%7.2f/%7.2f | %6.1f/%7.1f | %6.1f/%7.1f |"
-      " %6.2f/%7.2f | %6.0f/%6.0f %4.0f%% %4lld %4.0f%% | %.1f/%.1f/%.1f | %.2f\n",
+      " %6.2f/%7.2f | %6s/%6s %5s %4s %5s | %.1f/%.1f/%.1f | %s\n",
       r.config.mode.c_str(), prefix_text(r.config).c_str(), rate_text(r.workload.rate).c_str(),
       r.completed, r.req_per_s, r.output_tok_per_s, r.total_tok_per_s, r.ttft_s.p50, r.ttft_s.p90,
       r.ttft_s.p99, 1e3 * r.tpot_s.p50, 1e3 * r.tpot_s.p99, 1e3 * r.itl_s.p50, 1e3 * r.itl_s.p99,
-      r.e2e_s.p50, r.e2e_s.p99, r.kv_allocated_mean, r.kv_live_mean, 100 * r.kv_waste_frac,
-      (long long)r.preemptions, 100 * r.prefix_hit_rate, r.ramp_s, r.steady_s, r.tail_s,
-      r.output_tokens_per_step);
+      r.e2e_s.p50, r.e2e_s.p99, fmt(r.kv_allocated_mean, "%.0f", "-").c_str(),
+      fmt(r.kv_live_mean, "%.0f", "-").c_str(), fmt(100 * r.kv_waste_frac, "%.0f%%", "-").c_str(),
+      fmt_count(r.preemptions, "-").c_str(), fmt(100 * r.prefix_hit_rate, "%.0f%%", "-").c_str(),
+      r.ramp_s, r.steady_s, r.tail_s, fmt(r.output_tokens_per_step, "%.2f", "-").c_str());
   std::fflush(stdout);
+}
+
+// Prints one run's result the way the flags ask.
+void report(const BenchServeArgs& a, const sb::RunResult& r, const std::string& model,
+            const std::string& device) {
+  if (a.json)
+    std::printf("%s\n", result_json(r, model, device, a.url).dump().c_str());
+  else
+    print_row(r);
+  std::fflush(stdout);
+  if (!a.csv.empty()) append_csv(a.csv, r);
+  if (!a.timeline_csv.empty()) append_timeline(a.timeline_csv, r);
+}
+
+// The workload's lengths and seed from the flags (the token range is set by the caller).
+sb::WorkloadSpec workload_from(const BenchServeArgs& a) {
+  sb::WorkloadSpec w;
+  w.num_requests = a.num_requests;
+  w.prompt = sb::parse_length_spec(a.prompt_len, "--prompt-len");
+  w.output = sb::parse_length_spec(a.output_len, "--output-len");
+  w.prefix_len = a.prefix_len;
+  w.seed = a.seed;
+  return w;
+}
+
+// Closed loop: enough requests to reach the target.
+void size_closed_loop(const BenchServeArgs& a, sb::WorkloadSpec& w) {
+  if (a.run.target_tokens <= 0) return;
+  const double mean_out = std::max(1.0, double(w.output.max_value()) / 8);
+  w.num_requests =
+      std::max(a.num_requests, int32_t(double(a.run.target_tokens) / mean_out) + a.run.concurrency);
+}
+
+// The four-request warm-up workload (not measured).
+sb::WorkloadSpec warmup_workload(sb::WorkloadSpec w) {
+  w.num_requests = 4;
+  w.prefix_len = 0;
+  w.prompt = {sb::LengthKind::fixed, 16};
+  w.output = {sb::LengthKind::fixed, 4};
+  w.rate = std::numeric_limits<double>::infinity();
+  return w;
+}
+
+// `--url`: the same workloads sent to a running server.
+void run_bench_serve_http(const BenchServeArgs& a, const std::vector<double>& rates) {
+  for (const auto& m : a.modes)
+    PA_CHECK(m != "static", "bench serve: --mode static is not available with --url: the static ",
+             "contiguous-KV baseline runs in process (drop --url to compare paged with static)");
+  for (const auto& m : a.modes)
+    PA_CHECK(m == "http", "bench serve: --mode '", m, "' is not available with --url (the mode ",
+             "is http: the server's engine)");
+  for (const auto& o : a.in_process_options)
+    fail("bench serve: ", o, " sets up the in-process engine and cannot be used with --url (the ",
+         "server's own settings apply: pass them to pagedattn serve)");
+  const sb::Endpoint ep = sb::parse_url(a.url);
+  const sb::ServerInfo info = sb::probe_server(ep);
+  if (!a.json)
+    std::fprintf(stderr, "bench serve: '%s' at %s (max_model_len %lld, KV cache %s tokens)\n",
+                 info.model_name.c_str(), a.url.c_str(), (long long)info.max_model_len,
+                 fmt_count(info.kv_capacity_tokens, "unknown").c_str());
+  sb::WorkloadSpec w = workload_from(a);
+  w.vocab_hi = info.vocab_size;
+  w.vocab_lo = std::min(256, w.vocab_hi - 1);  // past byte tokens and most special ids
+  size_closed_loop(a, w);
+  // NOTE: the server keeps its prefix cache between runs; a salt of its own per run keeps a run
+  // from reusing the pages of the previous ones (in process, every run gets a fresh engine).
+  std::random_device rd;
+  char salt[40];
+  std::snprintf(salt, sizeof salt, "bench-serve-%08x%08x", rd(), rd());
+  sb::HttpRunOptions opt;
+  opt.timeout_s = a.http_timeout_s;
+  if (!a.no_warmup) {
+    const sb::WorkloadSpec ws = warmup_workload(w);
+    sb::RunConfig rc = a.run;
+    rc.target_tokens = 0;
+    rc.progress = false;
+    opt.cache_salt = std::string(salt) + "-warmup";
+    sb::run_serve_bench_http(ep, info, sb::make_workload(ws), ws, rc, opt);
+  }
+  if (!a.json) print_header();
+  for (size_t k = 0; k < rates.size(); ++k) {
+    w.rate = rates[k];
+    sb::RunConfig rc = a.run;
+    rc.progress = !a.no_progress;
+    opt.cache_salt = std::string(salt) + "-" + std::to_string(k);
+    const sb::RunResult r = sb::run_serve_bench_http(ep, info, sb::make_workload(w), w, rc, opt);
+    report(a, r, info.model_name, "");
+  }
 }
 
 void run_bench_serve(const BenchServeArgs& a) {
@@ -217,17 +343,16 @@ void run_bench_serve(const BenchServeArgs& a) {
   PA_CHECK(!a.modes.empty() && !a.prefix_cache.empty() && !a.rates.empty(),
            "bench serve: --mode, --prefix-cache and --request-rate need at least one value");
   for (const auto& m : a.modes)
-    PA_CHECK(m == "paged" || m == "static", "bench serve: --mode '", m, "' is not paged or static");
+    PA_CHECK(m == "paged" || m == "static" || m == "http", "bench serve: --mode '", m,
+             "' is not paged, static or http");
   for (const auto& p : a.prefix_cache)
     PA_CHECK(p == "on" || p == "off", "bench serve: --prefix-cache '", p, "' is not on or off");
   std::vector<double> rates;
   for (const auto& s : a.rates) rates.push_back(parse_rate(s));
-  sb::WorkloadSpec w;
-  w.num_requests = a.num_requests;
-  w.prompt = sb::parse_length_spec(a.prompt_len, "--prompt-len");
-  w.output = sb::parse_length_spec(a.output_len, "--output-len");
-  w.prefix_len = a.prefix_len;
-  w.seed = a.seed;
+  if (!a.url.empty()) return run_bench_serve_http(a, rates);
+  for (const auto& m : a.modes)
+    PA_CHECK(m != "http", "bench serve: --mode http needs --url (a running pagedattn serve)");
+  sb::WorkloadSpec w = workload_from(a);
 
   const BenchModel model = load_bench_model(a.model, resolve_device(a.device));
   if (!a.json) {
@@ -236,17 +361,9 @@ void run_bench_serve(const BenchServeArgs& a) {
   }
   w.vocab_hi = model.config.vocab_size;
   w.vocab_lo = std::min(256, w.vocab_hi - 1);  // past byte tokens and most special ids
-  if (a.run.target_tokens > 0) {               // closed loop: enough requests to reach the target
-    const double mean_out = std::max(1.0, double(w.output.max_value()) / 8);
-    w.num_requests = std::max(a.num_requests,
-                              int32_t(double(a.run.target_tokens) / mean_out) + a.run.concurrency);
-  }
+  size_closed_loop(a, w);
   if (!a.no_warmup) {  // first-touch allocations and BLAS threads, not measured
-    sb::WorkloadSpec ws = w;
-    ws.num_requests = 4;
-    ws.prefix_len = 0;
-    ws.prompt = {sb::LengthKind::fixed, 16};
-    ws.output = {sb::LengthKind::fixed, 4};
+    const sb::WorkloadSpec ws = warmup_workload(w);
     sb::RunConfig rc = a.run;
     rc.mode = "paged";
     rc.target_tokens = 0;
@@ -265,13 +382,7 @@ void run_bench_serve(const BenchServeArgs& a) {
         rc.prefix_cache = pc == "on";
         rc.progress = !a.no_progress;
         const sb::RunResult r = sb::run_serve_bench(model.make, work, w, rc);
-        if (a.json)
-          std::printf("%s\n", result_json(r, a.model, model.device).dump().c_str());
-        else
-          print_row(r);
-        std::fflush(stdout);
-        if (!a.csv.empty()) append_csv(a.csv, r);
-        if (!a.timeline_csv.empty()) append_timeline(a.timeline_csv, r);
+        report(a, r, a.model, device_name(model.device));
         if (mode == "static" && r.preemptions > 0)
           std::fprintf(stderr, "bench serve: warning: the static baseline preempted %lld times\n",
                        (long long)r.preemptions);
@@ -293,7 +404,8 @@ void register_bench_serve(CLI::App& bench) {
   cmd->add_option("--device", a->device, "auto (cuda when a GPU is usable), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
-  cmd->add_option("--mode", a->modes, "paged and/or static, e.g. paged,static")
+  cmd->add_option("--mode", a->modes,
+                  "paged and/or static, e.g. paged,static (in process); http with --url")
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--prefix-cache", a->prefix_cache, "on and/or off (paged mode)")
@@ -333,7 +445,20 @@ void register_bench_serve(CLI::App& bench) {
   cmd->add_option("--timeline-csv", a->timeline_csv, "Append KV use per step to this CSV file");
   cmd->add_flag("--no-progress", a->no_progress, "No progress bar on stderr");
   cmd->add_flag("--no-warmup", a->no_warmup, "Skip the unmeasured warm-up run");
-  cmd->callback([a] {
+  cmd->add_option("--url", a->url,
+                  "A running pagedattn serve, http://HOST:PORT: the workload goes to its "
+                  "/v1/completions (streamed), KV use comes from its /metrics");
+  cmd->add_option("--http-timeout", a->http_timeout_s,
+                  "With --url: seconds to wait for the next bytes of a response")
+      ->capture_default_str();
+  cmd->callback([a, cmd] {
+    // The engine's own settings: with --url the server has its own.
+    for (const char* name : {"--model", "--device", "--prefix-cache", "--kv-tokens", "--block-size",
+                             "--max-num-seqs", "--max-num-batched-tokens", "--batch-timeout"})
+      if (cmd->get_option(name)->count() > 0) a->in_process_options.push_back(name);
+    if (!a->url.empty() && cmd->get_option("--mode")->count() == 0) a->modes = {"http"};
+    PA_CHECK(a->url.empty() || a->http_timeout_s > 0,
+             "bench serve: --http-timeout must be positive, got ", a->http_timeout_s);
     run_bench_serve(*a);
     set_exit_code(0);
   });

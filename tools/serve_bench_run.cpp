@@ -26,17 +26,6 @@ struct Track {
   bool submitted = false;
 };
 
-void print_progress(const std::string& label, int32_t done, int32_t total, int64_t tokens, double t,
-                    bool final) {
-  constexpr int kWidth = 30;
-  const int fill = total > 0 ? int(double(kWidth) * done / total) : 0;
-  std::string bar(size_t(fill), '#');
-  bar.resize(kWidth, '.');
-  std::fprintf(stderr, "\r%s [%s] %d/%d requests, %lld tokens, %.1f s%s", label.c_str(),
-               bar.c_str(), done, total, (long long)tokens, t, final ? "\n" : "");
-  std::fflush(stderr);
-}
-
 // Time-weighted mean of a piecewise-constant series (value i holds from t[i] to t[i+1]).
 template <class F>
 double time_mean(const std::vector<KvSample>& s, double end, F value) {
@@ -50,6 +39,65 @@ double time_mean(const std::vector<KvSample>& s, double end, F value) {
 }
 
 }  // namespace
+
+void print_progress(const std::string& label, int32_t done, int32_t total, int64_t tokens, double t,
+                    bool final) {
+  constexpr int kWidth = 30;
+  const int fill = total > 0 ? int(double(kWidth) * done / total) : 0;
+  std::string bar(size_t(fill), '#');
+  bar.resize(kWidth, '.');
+  std::fprintf(stderr, "\r%s [%s] %d/%d requests, %lld tokens, %.1f s%s", label.c_str(),
+               bar.c_str(), done, total, (long long)tokens, t, final ? "\n" : "");
+  std::fflush(stderr);
+}
+
+void summarize_run(RunResult& r, const std::vector<double>& ttft, const std::vector<double>& tpot,
+                   const std::vector<double>& itl, const std::vector<double>& e2e,
+                   double first_done, double last_backlog) {
+  r.req_per_s = r.completed / r.duration_s;
+  r.output_tok_per_s = double(r.output_tokens) / r.duration_s;
+  r.total_tok_per_s = double(r.output_tokens + r.prompt_tokens) / r.duration_s;
+  r.ttft_s = summarize(ttft);
+  r.tpot_s = summarize(tpot);
+  r.itl_s = summarize(itl);
+  r.e2e_s = summarize(e2e);
+  r.ramp_s = std::max(first_done, 0.0);
+  const double tail_start = std::max(last_backlog, r.ramp_s);
+  r.tail_s = r.duration_s - tail_start;
+  r.steady_s = tail_start - r.ramp_s;
+  if (r.steady_s > 0) {
+    auto tokens_at = [&](double t) {  // cumulative output tokens at time t
+      int64_t n = 0;
+      for (const KvSample& s : r.timeline) {
+        if (s.t > t) break;
+        n = s.output_tokens;
+      }
+      return n;
+    };
+    r.steady_output_tok_per_s = double(tokens_at(tail_start) - tokens_at(r.ramp_s)) / r.steady_s;
+  }
+  if (r.timeline.empty()) {  // nothing known about the KV cache
+    r.kv_allocated_mean = r.kv_live_mean = r.kv_waste_frac = r.running_mean = kAbsent;
+    r.kv_allocated_max = r.running_max = -1;
+    return;
+  }
+  r.kv_allocated_mean =
+      time_mean(r.timeline, r.duration_s, [](const KvSample& s) { return s.kv_allocated; });
+  const bool live_known = std::all_of(r.timeline.begin(), r.timeline.end(),
+                                      [](const KvSample& s) { return s.kv_live >= 0; });
+  if (live_known) {
+    r.kv_live_mean =
+        time_mean(r.timeline, r.duration_s, [](const KvSample& s) { return s.kv_live; });
+    r.kv_waste_frac = r.kv_allocated_mean > 0 ? 1.0 - r.kv_live_mean / r.kv_allocated_mean : 0.0;
+  } else {
+    r.kv_live_mean = r.kv_waste_frac = kAbsent;
+  }
+  r.running_mean = time_mean(r.timeline, r.duration_s, [](const KvSample& s) { return s.running; });
+  for (const KvSample& s : r.timeline) {
+    r.kv_allocated_max = std::max(r.kv_allocated_max, s.kv_allocated);
+    r.running_max = std::max(r.running_max, s.running);
+  }
+}
 
 RunResult run_serve_bench(const ModelFile& file, const std::vector<WorkItem>& work,
                           const WorkloadSpec& spec, const RunConfig& cfg) {
@@ -234,36 +282,16 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
     print_progress(label, completed, completed, r.output_tokens, r.duration_s, true);
 
   r.completed = completed;
-  r.req_per_s = completed / r.duration_s;
-  r.output_tok_per_s = double(r.output_tokens) / r.duration_s;
-  r.total_tok_per_s = double(r.output_tokens + r.prompt_tokens) / r.duration_s;
-  r.ttft_s = summarize(ttft);
-  r.tpot_s = summarize(tpot);
-  r.itl_s = summarize(itl);
-  r.e2e_s = summarize(e2e);
-  r.ramp_s = std::max(first_done, 0.0);
-  const double tail_start = std::max(last_backlog, r.ramp_s);
-  r.tail_s = r.duration_s - tail_start;
-  r.steady_s = tail_start - r.ramp_s;
-  if (r.steady_s > 0) {
-    auto tokens_at = [&](double t) {  // cumulative output tokens at time t
-      int64_t n = 0;
-      for (const KvSample& s : r.timeline) {
-        if (s.t > t) break;
-        n = s.output_tokens;
-      }
-      return n;
-    };
-    r.steady_output_tok_per_s = double(tokens_at(tail_start) - tokens_at(r.ramp_s)) / r.steady_s;
-  }
-  r.kv_allocated_mean =
-      time_mean(r.timeline, r.duration_s, [](const KvSample& s) { return s.kv_allocated; });
-  r.kv_live_mean = time_mean(r.timeline, r.duration_s, [](const KvSample& s) { return s.kv_live; });
-  r.kv_waste_frac = r.kv_allocated_mean > 0 ? 1.0 - r.kv_live_mean / r.kv_allocated_mean : 0.0;
-  r.running_mean = time_mean(r.timeline, r.duration_s, [](const KvSample& s) { return s.running; });
-  for (const KvSample& s : r.timeline) {
-    r.kv_allocated_max = std::max(r.kv_allocated_max, s.kv_allocated);
-    r.running_max = std::max(r.running_max, s.running);
+  summarize_run(r, ttft, tpot, itl, e2e, first_done, last_backlog);
+  for (size_t i = 0; i < next; ++i) {
+    RequestRecord q;
+    q.arrival_s = tr[i].arrival;
+    q.prompt_tokens = int32_t(work[i].prompt.size());
+    q.max_tokens = work[i].max_tokens;
+    q.output_tokens = tr[i].generated;
+    if (tr[i].first >= 0) q.ttft_s = tr[i].first - tr[i].arrival;
+    if (tr[i].done >= 0) q.e2e_s = tr[i].done - tr[i].arrival;
+    r.requests.push_back(q);
   }
   r.preemptions = engine.scheduler().num_preemptions();
   r.steps = engine.metrics().steps;

@@ -1,10 +1,15 @@
 // One run of the serving benchmark: a workload (serve_bench.h) replayed open-loop against an
 // in-process Engine, either as it is (paged: continuous batching over the paged KV cache) or
-// behind the static contiguous-KV baseline's admission rule (static_baseline.cpp).
+// behind the static contiguous-KV baseline's admission rule (static_baseline.h). The same
+// workload sent to a running server over HTTP fills the same RunResult (serve_bench_http.h).
+//
+// Absent values: what a run cannot know (over HTTP: the live KV tokens, hence the waste) is NaN
+// for a double and -1 for an integer; the reports print "-", an empty CSV cell or JSON null.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,12 +21,14 @@
 
 namespace pagedattn::tools::serve_bench {
 
+inline constexpr double kAbsent = std::numeric_limits<double>::quiet_NaN();
+
 struct RunConfig {
-  std::string mode = "paged";  // paged | static
+  std::string mode = "paged";  // paged | static (in process) | http (a server, serve_bench_http.h)
   bool prefix_cache = true;    // paged only (the static baseline has none)
-  int64_t kv_budget_tokens = 4096;
+  int64_t kv_budget_tokens = 4096;  // http: the server's KV capacity (-1 when it does not say)
   int32_t block_size = 16;
-  int32_t max_num_seqs = 64;
+  int32_t max_num_seqs = 64;  // http: -1 (the server's setting, not reported)
   int32_t max_num_batched_tokens = 512;
   double batch_timeout_s = 0.5;  // static: longest a partial batch waits to fill
   // Tokens-target mode (> 0): closed loop, `concurrency` requests kept active until this many
@@ -31,13 +38,23 @@ struct RunConfig {
   bool progress = true;  // a progress bar on stderr
 };
 
-// KV memory over time (one sample per engine step).
+// KV memory over time (one sample per engine step; over HTTP, one per poll of GET /metrics).
 struct KvSample {
   double t = 0;
   int64_t kv_allocated = 0;  // tokens held: pages in use x page size (paged), reservations (static)
-  int64_t kv_live = 0;       // tokens actually stored for live sequences
+  int64_t kv_live = 0;       // tokens actually stored for live sequences (-1: unknown, http)
   int32_t running = 0, waiting = 0;
   int64_t output_tokens = 0;  // produced so far
+};
+
+// One request as the client saw it (seconds from the start of the run).
+struct RequestRecord {
+  double arrival_s = 0;  // released: its arrival time (open loop) or when it was issued (closed)
+  double sent_s = -1;    // http: when the request was sent (>= arrival_s); in process: -1
+  double ttft_s = kAbsent, e2e_s = kAbsent;  // from arrival (in process) or send (http)
+  int32_t prompt_tokens = 0, max_tokens = 0;
+  int32_t output_tokens = 0;  // produced (http: the final usage's completion_tokens)
+  int32_t chunks = -1;        // http: streamed chunks of the completion; in process: -1
 };
 
 struct RunResult {
@@ -63,6 +80,7 @@ struct RunResult {
   double prefix_hit_rate = 0;
   int64_t kv_pool_tokens = 0;  // pages the engine was given (static: budget + rounding slack)
   std::vector<KvSample> timeline;
+  std::vector<RequestRecord> requests;  // the requests issued, in order of release
 };
 
 // Builds a fresh engine for the run around make_model() and replays `work`. Throws Error when a
@@ -73,5 +91,18 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
 // The same on the CPU, the model sharing the file's weights.
 RunResult run_serve_bench(const ModelFile& file, const std::vector<WorkItem>& work,
                           const WorkloadSpec& spec, const RunConfig& cfg);
+
+// Shared by both drivers.
+// A progress bar on stderr: "label [####....] done/total requests, tokens, t s".
+void print_progress(const std::string& label, int32_t done, int32_t total, int64_t tokens, double t,
+                    bool final);
+// Fills r's rates, latency summaries, ramp/steady/tail split and the time-weighted KV and running
+// means from the latencies, r.timeline, r.duration_s, r.output_tokens, r.prompt_tokens and
+// r.completed. first_done: the first completion; last_backlog: the last moment requests were still
+// to be released or waiting. A timeline sample with kv_live < 0 makes kv_live_mean and
+// kv_waste_frac absent; an empty timeline makes every KV and running figure absent.
+void summarize_run(RunResult& r, const std::vector<double>& ttft, const std::vector<double>& tpot,
+                   const std::vector<double>& itl, const std::vector<double>& e2e,
+                   double first_done, double last_backlog);
 
 }  // namespace pagedattn::tools::serve_bench

@@ -1,12 +1,14 @@
 // The OpenAI-compatible HTTP server over an AsyncEngine.
 //
 //   POST /v1/completions, /v1/chat/completions (stream: server-sent events ending in [DONE])
-//   GET  /v1/models, /health, /metrics (Prometheus text)
+//   GET  /v1/models (with max_model_len and vocab_size), /health, /metrics (Prometheus text)
 // Bad input gets an OpenAI-style error {"error": {"message", "type", "param", "code"}} with a 4xx
 // status and a message naming the field. A client that disconnects mid-stream cancels its request
 // (pages freed at once). /v1/completions also takes best_of (the n best of best_of samples by
 // cumulative logprob) and use_beam_search with beam_width (else best_of, else n) and
-// length_penalty; neither streams.
+// length_penalty; neither streams. Both take vLLM's extensions ignore_eos (generate max_tokens
+// tokens past any end-of-sequence token) and cache_salt (prefix-cache pages shared only by requests
+// with the same salt).
 #pragma once
 
 #include <cstdint>

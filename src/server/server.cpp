@@ -89,7 +89,8 @@ void Server::Impl::routes() {
               {"object", "model"},
               {"created", int64_t(started)},
               {"owned_by", "pagedattn"},
-              {"max_model_len", engine.engine().max_model_len()}};
+              {"max_model_len", engine.engine().max_model_len()},
+              {"vocab_size", engine.engine().model().config().vocab_size}};
     res.set_content(api::dump(json{{"object", "list"}, {"data", json::array({m})}}),
                     "application/json");
   });

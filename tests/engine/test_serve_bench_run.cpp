@@ -122,3 +122,46 @@ TEST(ServeBenchRun, RejectsRequestsThatCanNeverFit) {
   bad.mode = "dense";
   EXPECT_THROW(sb::run_serve_bench(file, sb::make_workload(spec(1)), spec(1), bad), Error);
 }
+
+TEST(ServeBenchRun, ClosedLoopReachesTheTargetWithinTheConcurrency) {
+  // --target-tokens 150 --concurrency 3: requests are released only while fewer than 3 are active
+  // and fewer than 150 output tokens were asked for; each completes with its length.
+  const ModelFile file = tiny_model();
+  sb::WorkloadSpec w = spec(std::numeric_limits<double>::infinity());
+  w.num_requests = 40;  // more than the target needs
+  const auto work = sb::make_workload(w);
+  sb::RunConfig rc = config("paged");
+  rc.target_tokens = 150;
+  rc.concurrency = 3;
+  const sb::RunResult r = sb::run_serve_bench(file, work, w, rc);
+  ASSERT_FALSE(r.requests.empty());
+  EXPECT_LT(r.requests.size(), work.size());  // it stopped releasing at the target
+  EXPECT_EQ(r.completed, int32_t(r.requests.size()));
+  int64_t asked = 0;
+  for (size_t i = 0; i < r.requests.size(); ++i) {
+    EXPECT_EQ(r.requests[i].max_tokens, work[i].max_tokens);
+    EXPECT_EQ(r.requests[i].output_tokens, work[i].max_tokens) << "request " << i;
+    EXPECT_LE(r.requests[i].ttft_s, r.requests[i].e2e_s);
+    asked += work[i].max_tokens;
+  }
+  EXPECT_EQ(r.output_tokens, asked);
+  EXPECT_GE(r.output_tokens, rc.target_tokens);
+  // The last request released was the one that reached the target: without it, fewer.
+  EXPECT_LT(asked - r.requests.back().max_tokens, rc.target_tokens);
+  // Never more than `concurrency` requests in the engine, and the bound was reached.
+  int32_t most = 0;
+  for (const sb::KvSample& s : r.timeline) {
+    EXPECT_LE(s.running + s.waiting, rc.concurrency) << "t=" << s.t;
+    most = std::max(most, s.running + s.waiting);
+  }
+  EXPECT_EQ(most, rc.concurrency);
+  // A request is released when an earlier one finishes: at any release time, fewer than
+  // `concurrency` earlier requests are still unfinished.
+  for (size_t i = 0; i < r.requests.size(); ++i) {
+    const double at = r.requests[i].arrival_s;
+    int32_t unfinished = 0;
+    for (size_t k = 0; k < i; ++k)
+      if (r.requests[k].arrival_s + r.requests[k].e2e_s > at + 1e-9) ++unfinished;
+    EXPECT_LT(unfinished, rc.concurrency) << "request " << i;
+  }
+}

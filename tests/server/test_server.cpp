@@ -57,7 +57,8 @@ class ServerTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     std::signal(SIGPIPE, SIG_IGN);
-    auto model = std::make_unique<FakeModel>(128, std::vector<int32_t>{}, kMaxLen);
+    // Token 0 is the end of sequence: never chosen unless a test sets fake_->eos_every.
+    auto model = std::make_unique<FakeModel>(128, std::vector<int32_t>{0}, kMaxLen);
     model->step_delay = std::chrono::microseconds(500);
     fake_ = model.get();
     EngineConfig ec;
@@ -158,6 +159,7 @@ TEST_P(ServerTest, HealthModelsMetrics) {
   EXPECT_EQ(j["object"], "list");
   EXPECT_EQ(j["data"][0]["id"], "fake");
   EXPECT_EQ(j["data"][0]["max_model_len"], kMaxLen);
+  EXPECT_EQ(j["data"][0]["vocab_size"], 128);
   EXPECT_EQ(metric("pagedattn_kv_pages_total"), 2048 / 16);
   EXPECT_EQ(metric("pagedattn_kv_pages_used"), 0);
   auto text = c->Get("/metrics")->body;
@@ -250,6 +252,46 @@ TEST_P(ServerTest, StreamingEqualsNonStreaming) {
       text += e["choices"][0]["delta"]["content"].get<std::string>();
   EXPECT_EQ(text, oracle_text(chat_ids({{"user", "yo"}}), 7));
   EXPECT_EQ(s.events.back()["choices"][0]["finish_reason"], "length");
+  expect_pages_released();
+}
+
+TEST_P(ServerTest, IgnoreEosRunsToMaxTokens) {
+  // The end of sequence wins wherever the history's length is a multiple of 5: after the 2-token
+  // prompt, the 4th generated token.
+  fake_->eos_every = 5;
+  const std::string base = R"({"model": "fake", "prompt": [72, 105], "max_tokens": 12,
+                               "temperature": 0)";
+  auto r = post("/v1/completions", base + "}");
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 4);
+  EXPECT_EQ(j["choices"][0]["text"], oracle_text({72, 105}, 3));
+  r = post("/v1/completions", base + R"(, "ignore_eos": false})");
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["usage"]["completion_tokens"], 4);
+  // ignore_eos: all 12, past two end-of-sequence tokens, whole and streamed.
+  r = post("/v1/completions", base + R"(, "ignore_eos": true})");
+  ASSERT_EQ(r->status, 200) << r->body;
+  j = json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 12);
+  r = post(
+      "/v1/completions",
+      base + R"(, "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}})");
+  ASSERT_EQ(r->status, 200) << r->body;
+  const Sse s = parse_sse(r->body);
+  EXPECT_TRUE(s.done);
+  ASSERT_FALSE(s.events.empty());
+  ASSERT_TRUE(s.events.back().contains("usage"));
+  EXPECT_EQ(s.events.back()["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(s.events[s.events.size() - 2]["choices"][0]["finish_reason"], "length");
+  // Chat takes it too.
+  r = post("/v1/chat/completions", R"({"model": "fake", "messages": [{"role": "user",
+           "content": "x"}], "max_tokens": 9, "temperature": 0, "ignore_eos": true})");
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["usage"]["completion_tokens"], 9);
+  fake_->eos_every = 0;
   expect_pages_released();
 }
 
@@ -405,6 +447,11 @@ TEST_P(ServerTest, BadInputGetsOpenAiErrors) {
                "stream", "boolean");
   expect_error(post("/v1/completions", R"({"model": "fake", "prompt": "x", "seed": 1.5})"), 400,
                "seed", "integer");
+  expect_error(post("/v1/completions", R"({"model": "fake", "prompt": "x", "ignore_eos": "yes"})"),
+               400, "ignore_eos", "ignore_eos must be a boolean");
+  expect_error(post("/v1/chat/completions", R"({"model": "fake", "ignore_eos": 1,
+                                                "messages": [{"role": "user", "content": "x"}]})"),
+               400, "ignore_eos", "ignore_eos must be a boolean");
   expect_error(post("/v1/completions", R"({"model": "fake", "prompt": "x", "n": 3, "best_of": 2})"),
                400, "best_of", "best_of must be >= n");
   expect_error(post("/v1/completions", R"({"model": "fake", "prompt": "x", "best_of": 17})"), 400,
