@@ -49,8 +49,10 @@ class Server {
   // Binds the socket (throws Error naming host and port when it cannot) and serves on a background
   // thread. Returns the bound port.
   int start();
-  // Stops accepting and joins the serving thread (in-flight streams end first).
+  // Waits up to kStopWaitSeconds for the open streams to send their last events and [DONE] (stop
+  // the engine first, which ends every request), then stops accepting and joins the serving thread.
   void stop();
+  static constexpr int kStopWaitSeconds = 5;
   int port() const { return port_; }
 
  private:

@@ -68,6 +68,10 @@ struct Server::Impl {
   httplib::Server http;
   std::thread thread;
   std::time_t started = std::time(nullptr);
+  // Streamed responses not yet ended (their last event and [DONE] unsent): stop() waits for them.
+  std::mutex streams_mu;
+  std::condition_variable streams_cv;
+  int open_streams = 0;
 
   Impl(AsyncEngine& e, TextCodec c, ServerConfig cfg)
       : engine(e), codec(std::move(c)), config(std::move(cfg)) {}
@@ -279,8 +283,12 @@ void Server::Impl::respond_stream(httplib::Response& res, const api::ParsedReque
     return true;
   };
   AsyncEngine* engine_ptr = &engine;
-  res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider("text/event-stream", provider, [st, ss, id, engine_ptr](bool) {
+  Impl* self = this;
+  {
+    std::lock_guard<std::mutex> lk(streams_mu);
+    ++open_streams;
+  }
+  auto release = [st, ss, id, engine_ptr, self](bool) {
     // The client went away (or the stream ended early): stop generating and free the pages now.
     bool done;
     {
@@ -288,7 +296,11 @@ void Server::Impl::respond_stream(httplib::Response& res, const api::ParsedReque
       done = st->done;
     }
     if (!done) engine_ptr->cancel(id);
-  });
+    std::lock_guard<std::mutex> lk(self->streams_mu);
+    if (--self->open_streams == 0) self->streams_cv.notify_all();
+  };
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider("text/event-stream", provider, release);
 }
 
 Server::Server(AsyncEngine& engine, TextCodec codec, ServerConfig config)
@@ -324,6 +336,13 @@ int Server::start() {
 
 void Server::stop() {
   if (impl_->thread.joinable()) {
+    // NOTE: once stopped, httplib ends a chunked response where it is, without its last event or
+    // [DONE] (and often without the terminating chunk): let open streams end first.
+    {
+      std::unique_lock<std::mutex> lk(impl_->streams_mu);
+      impl_->streams_cv.wait_for(lk, std::chrono::seconds(kStopWaitSeconds),
+                                 [this] { return impl_->open_streams == 0; });
+    }
     impl_->http.stop();
     impl_->thread.join();
   }

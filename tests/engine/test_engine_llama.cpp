@@ -1,11 +1,13 @@
-// Engine tests with the default model (SmolLM2-135M-Instruct, Q4_1 GGUF) on the CPU: batching,
-// prefix caching and preemption must not change greedy outputs. Skipped when the model file has
-// not been fetched (scripts/fetch-default-model.sh).
+// Engine tests with the default model (SmolLM2-135M-Instruct, Q4_1 GGUF) on the CPU: batching (16
+// concurrent requests against the same requests one by one), prefix caching and preemption must
+// not change greedy outputs; n = 4 shares the prompt's pages. Skipped when the model file has not
+// been fetched (scripts/fetch-default-model.sh).
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "pagedattn/engine.h"
@@ -52,14 +54,28 @@ std::unique_ptr<Engine> make_engine(int64_t kv_tokens, int32_t budget, bool pref
   return std::make_unique<Engine>(create_model(*loaded().file, Device::cpu), c);
 }
 
-std::map<RequestId, std::vector<int32_t>> run(Engine& e) {
+// Steps the engine until it is idle; the tokens of every request (sequences concatenated) and,
+// when asked, the most sequences running at once.
+std::map<RequestId, std::vector<int32_t>> run(Engine& e, int32_t* max_running = nullptr) {
   std::map<RequestId, std::vector<int32_t>> out;
-  for (int i = 0; i < 10000 && e.has_work(); ++i)
+  for (int i = 0; i < 10000 && e.has_work(); ++i) {
     for (const RequestOutput& o : e.step())
       for (const SequenceOutput& s : o.seqs)
         out[o.id].insert(out[o.id].end(), s.new_tokens.begin(), s.new_tokens.end());
+    if (max_running) *max_running = std::max(*max_running, e.metrics().num_running);
+  }
   EXPECT_FALSE(e.has_work());
   return out;
+}
+
+// Per sequence index: the tokens of one step's outputs added to tokens.
+void gather(std::vector<std::vector<int32_t>>& tokens, const std::vector<RequestOutput>& outs) {
+  for (const RequestOutput& o : outs)
+    for (const SequenceOutput& s : o.seqs) {
+      if (tokens.size() <= size_t(s.index)) tokens.resize(size_t(s.index) + 1);
+      tokens[size_t(s.index)].insert(tokens[size_t(s.index)].end(), s.new_tokens.begin(),
+                                     s.new_tokens.end());
+    }
 }
 
 Request greedy(std::vector<int32_t> prompt, int32_t max_tokens) {
@@ -150,4 +166,116 @@ TEST_F(EngineLlama, PrefixCacheAndPreemptionDoNotChangeOutput) {
   auto preempted = go(2 * pages * 16, false, false, &m);
   EXPECT_GT(m.preemptions, 0);
   EXPECT_EQ(preempted, base);
+}
+
+TEST_F(EngineLlama, SixteenConcurrentRequestsEqualOneByOne) {
+  // Prompts of 1 to 32 tokens, 6 to 8 new tokens each: many cross a 16-token page boundary.
+  const std::vector<std::string> texts = {
+      "Hi",
+      "The capital of France is",
+      "Water boils at a temperature of",
+      "def add(a, b):\n    return",
+      "List three primary colours:",
+      "The quick brown fox jumps over the lazy dog. The quick brown fox",
+      "In 1969, the first humans to walk on the Moon were",
+      "Translate to French: good morning, my friend. Answer:",
+      "1, 2, 3, 4, 5, 6,",
+      "A haiku about autumn leaves falling gently on a quiet pond at dusk:",
+      "SELECT name FROM users WHERE",
+      "The mitochondria is the powerhouse of the",
+      "Once upon a time, in a kingdom far away, there lived a young princess who loved to read "
+      "books about dragons, knights and distant lands. One day,",
+      "Q: What is the largest planet in the solar system?\nA:",
+      "<|im_start|>user\nWhat is two plus two?<|im_end|>\n<|im_start|>assistant\n",
+      "Paged attention keeps the key-value cache of every sequence in fixed-size pages, so that",
+  };
+  ASSERT_EQ(texts.size(), 16u);
+  std::vector<std::vector<int32_t>> ps;
+  for (const auto& t : texts) ps.push_back(loaded().tok->encode(t, true, true));
+  auto max_tokens = [](size_t i) { return int32_t(6 + i % 3); };
+
+  // One by one: each request alone in the engine, the next added when the last has finished.
+  std::vector<std::vector<int32_t>> alone;
+  {
+    auto e = make_engine(4096, 64, false);
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const RequestId id = e->add_request(greedy(ps[i], max_tokens(i)));
+      alone.push_back(run(*e)[id]);
+      ASSERT_EQ(alone.back().size(), size_t(max_tokens(i))) << texts[i];
+    }
+  }
+  // All 16 at once, with a budget small enough that prefill chunks share steps with decodes.
+  auto e = make_engine(4096, 48, false);
+  std::vector<RequestId> ids;
+  for (size_t i = 0; i < ps.size(); ++i)
+    ids.push_back(e->add_request(greedy(ps[i], max_tokens(i))));
+  int32_t max_running = 0;
+  auto out = run(*e, &max_running);
+  EXPECT_GE(max_running, 8);  // really batched
+  for (size_t i = 0; i < ps.size(); ++i)
+    EXPECT_EQ(out[ids[i]], alone[i]) << "request " << i << ": " << texts[i];
+  EXPECT_EQ(e->cache().stats().pages_used, 0);
+}
+
+TEST_F(EngineLlama, ParallelSamplingSharesPromptPages) {
+  const std::vector<int32_t> text = loaded().tok->encode(
+      "Paged attention keeps the key-value cache of every sequence in fixed-size pages, so that "
+      "sequences can share the pages of a common prompt and grow one page at a time, copying a "
+      "shared page only when one of them writes into it.",
+      true, false);
+  ASSERT_GE(text.size(), 40u);
+  auto request = [&](size_t prompt_len, int32_t n, float temperature) {
+    Request r = greedy(std::vector<int32_t>(text.begin(), text.begin() + long(prompt_len)), 8);
+    r.n = n;
+    r.seed = 1234;
+    r.sampling.temperature = temperature;
+    return r;
+  };
+  // n = 4: the tokens of every sequence, and the pages in use after the first and second steps.
+  auto parallel = [&](size_t prompt_len, float temperature, std::vector<int32_t>& pages) {
+    auto e = make_engine(2048, 256, false);
+    e->add_request(request(prompt_len, 4, temperature));
+    std::vector<std::vector<int32_t>> seqs;
+    gather(seqs, e->step());  // prefill, fork, the first token of every sequence
+    EXPECT_EQ(e->cache().stats().num_sequences, 4);
+    pages.push_back(e->cache().stats().pages_used);
+    gather(seqs, e->step());  // every sequence writes the position after the prompt
+    pages.push_back(e->cache().stats().pages_used);
+    for (int i = 0; i < 100 && e->has_work(); ++i) gather(seqs, e->step());
+    EXPECT_FALSE(e->has_work());
+    EXPECT_EQ(e->cache().stats().pages_used, 0);
+    return seqs;
+  };
+  auto single = [&](size_t prompt_len, float temperature) {
+    auto e = make_engine(2048, 256, false);
+    const RequestId id = e->add_request(request(prompt_len, 1, temperature));
+    return run(*e)[id];
+  };
+
+  // Sampled, a prompt of exactly two pages: one copy of them for the four sequences, then a page
+  // of their own for each.
+  std::vector<int32_t> pages;
+  const auto sampled = parallel(32, 1.0f, pages);
+  EXPECT_EQ(pages, (std::vector<int32_t>{2, 2 + 4}));
+  ASSERT_EQ(sampled.size(), 4u);
+  for (const auto& t : sampled) EXPECT_EQ(t.size(), 8u);
+  EXPECT_GE(std::set<std::vector<int32_t>>(sampled.begin(), sampled.end()).size(), 2u);
+  // Sequence i draws from stream (seed, i): sequence 0 is the n = 1 request with the same seed,
+  // which it can only be if the shared pages hold what its own prefill would have written.
+  EXPECT_EQ(sampled[0], single(32, 1.0f));
+  std::vector<int32_t> pages_again;
+  EXPECT_EQ(parallel(32, 1.0f, pages_again), sampled);  // same seed, same samples
+
+  // Greedy, a prompt of two full pages and a tail of 8: the full pages stay shared, the tail is
+  // copied for at most the three other sequences, and every sequence equals the lone request.
+  pages.clear();
+  const auto greedy4 = parallel(40, 0.f, pages);
+  ASSERT_EQ(pages.size(), 2u);
+  EXPECT_EQ(pages[0], 3);
+  EXPECT_GE(pages[1], 3 + 2);
+  EXPECT_LE(pages[1], 3 + 3);
+  const auto alone = single(40, 0.f);
+  ASSERT_EQ(alone.size(), 8u);
+  ASSERT_EQ(greedy4.size(), 4u);
+  for (const auto& t : greedy4) EXPECT_EQ(t, alone);
 }

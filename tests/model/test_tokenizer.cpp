@@ -14,6 +14,7 @@
 #include "pagedattn/error.h"
 #include "pagedattn/gguf.h"
 #include "pagedattn/tokenizer.h"
+#include "python_oracle.h"
 
 namespace pagedattn {
 namespace {
@@ -56,7 +57,8 @@ const std::vector<std::string>& texts() {
 
 struct Oracle {
   json out;
-  std::string skip;
+  std::string skip;     // why the tests skip, or "FAIL"
+  std::string failure;  // the script's output when it failed
 };
 
 // Runs the Python oracle for the whole text set. ctest runs each test in its own process, so the
@@ -79,20 +81,16 @@ const Oracle& oracle() {
       } catch (const json::exception&) {
       }
     }
-    if (std::system("python3 --version > /dev/null 2>&1") != 0) {
-      r.skip = "python3 is not available for the tokenizers oracle";
-      return r;
-    }
     const fs::path dir = fs::temp_directory_path() / ("pa_tok_oracle_" + std::to_string(::getpid()));
     fs::create_directories(dir);
     std::ofstream(dir / "texts.json") << texts_json;
-    const std::string cmd = "python3 '" + script.string() + "' '" + model_path() + "' '" +
-                            (dir / "texts.json").string() + "' '" + (dir / "out.json").string() + "'";
-    const int rc = std::system(cmd.c_str());
-    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77) {
-      r.skip = "the tokenizers/gguf Python packages cannot be installed (pip unavailable)";
-    } else if (rc != 0) {
+    const test::PythonRun run = test::run_python_oracle(
+        script, {model_path(), (dir / "texts.json").string(), (dir / "out.json").string()});
+    if (run.status == test::PythonRun::skip) {
+      r.skip = run.reason;
+    } else if (run.status == test::PythonRun::fail) {
       r.skip = "FAIL";
+      r.failure = run.output;
     } else {
       std::ifstream in(dir / "out.json");
       r.out = json::parse(in);
@@ -109,7 +107,7 @@ class TokenizerOracle : public ::testing::Test {
   void SetUp() override {
     if (!fs::exists(model_path())) GTEST_SKIP() << "default model missing: run scripts/fetch-default-model.sh";
     const Oracle& o = oracle();
-    ASSERT_NE(o.skip, "FAIL") << "tests/model/tokenizer_oracle.py failed";
+    ASSERT_NE(o.skip, "FAIL") << "tests/model/tokenizer_oracle.py failed:\n" << o.failure;
     if (!o.skip.empty()) GTEST_SKIP() << o.skip;
   }
   static const GGUFFile& file() {

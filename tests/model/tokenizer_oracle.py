@@ -1,36 +1,28 @@
 #!/usr/bin/env python3
 """Reference encodings from the `tokenizers` library (Hugging Face) for the tokenizer tests.
 
-Usage: tokenizer_oracle.py MODEL.gguf TEXTS.json OUT.json
+Usage: tokenizer_oracle.py --deps DIR MODEL.gguf TEXTS.json OUT.json
 
 Builds tokenizers.Tokenizer objects from the vocabulary and merges of a GGUF file (read with the
 `gguf` package, independently of pagedattn's reader) and writes, for every text:
   encodings[family]: ids with the family's pre-tokenizer (smollm: the file's own; llama3, qwen2:
                      the same vocabulary behind those families' split regexes)
   pretokens[family]: the pre-token strings of gpt2, llama3 and qwen2 split regexes
-Installs `tokenizers` and `gguf` with pip (quietly) when they are missing; exits with status 77
+`tokenizers` and `gguf`, when missing, are pip-installed into DIR (pydeps.py); exits with status 77
 when that is impossible (no pip, no network), which the tests report as a skip.
 """
+import argparse
 import json
-import subprocess
-import sys
 
+import pydeps  # beside this script
 
-def ensure(module, package):
-    try:
-        __import__(module)
-    except ImportError:
-        try:
-            subprocess.check_call([sys.executable, "-m", "pip", "install", "--quiet",
-                                   "--disable-pip-version-check", package],
-                                  stdout=subprocess.DEVNULL)
-        except (OSError, subprocess.CalledProcessError):
-            print(f"tokenizer_oracle: cannot pip-install {package}", file=sys.stderr)
-            sys.exit(77)
-
-
-ensure("tokenizers", "tokenizers")
-ensure("gguf", "gguf")
+parser = argparse.ArgumentParser()
+parser.add_argument("--deps", required=True, help="folder for pip-installed packages")
+parser.add_argument("model")
+parser.add_argument("texts")
+parser.add_argument("out")
+ARGS = parser.parse_args()
+pydeps.ensure(ARGS.deps, {"tokenizers": "tokenizers", "gguf": "gguf"})
 
 from gguf import GGUFReader  # noqa: E402
 from tokenizers import AddedToken, Regex, Tokenizer, models, pre_tokenizers  # noqa: E402
@@ -62,7 +54,7 @@ def split(regex):
 
 
 def main():
-    model, texts_path, out_path = sys.argv[1:4]
+    model, texts_path, out_path = ARGS.model, ARGS.texts, ARGS.out
     reader = GGUFReader(model)
     tokens = field(reader, "tokenizer.ggml.tokens")
     merges = field(reader, "tokenizer.ggml.merges")

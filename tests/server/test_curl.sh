@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # `pagedattn serve` with the default model, driven by curl: completions and chat (plain and
 # streamed as server-sent events ending in `data: [DONE]`), models, health, OpenAI-style errors
-# with their 4xx status, a body over the size limit, a client that hangs up mid-stream, and the KV
-# pages all free again at the end (/metrics). Exit 0: passed; 77: skipped (no model file or no
-# curl); anything else: failed.
+# with their 4xx status, a body over the size limit, a client that hangs up mid-stream, the KV pages
+# all free again after it (/metrics), and SIGTERM with a stream in flight (the stream ends, the
+# server exits 0). Exit 0: passed; 77: skipped (no model file or no curl); anything else: failed.
 #   tests/server/test_curl.sh BINARY [MODEL]
 set -uo pipefail
 binary=$1
@@ -102,10 +102,50 @@ done
 [[ $(metric pagedattn_kv_pages_used) == "$used0" ]] ||
   fail "pages in use $(metric pagedattn_kv_pages_used) after the hang-up, $used0 at the start"
 
-# SIGTERM: a graceful exit with status 0.
+# SIGTERM with a streamed request in flight: the request is cancelled (its stream gets an error
+# event, a last chunk with finish_reason "abort", then data: [DONE], and ends), and the server
+# exits 0 within a bound.
+# The request asks for far more tokens than it can make before the signal, and ignores eos.
+curl -sN --max-time 60 -H 'Content-Type: application/json' \
+  -d '{"model":"smollm2","prompt":"Once upon a time","max_tokens":1000,"ignore_eos":true,"temperature":0,"stream":true}' \
+  "$base/v1/completions" >"$work/inflight" 2>"$work/inflight.err" &
+client=$!
+trap 'kill "$client" 2>/dev/null; cleanup' EXIT
+for _ in $(seq 300); do
+  [[ $(grep -c '^data: ' "$work/inflight") -ge 2 ]] && break
+  sleep 0.1
+done
+[[ $(grep -c '^data: ' "$work/inflight") -ge 2 ]] || fail "the stream to interrupt sent no tokens"
 kill -TERM "$pid"
+signalled=$(date +%s%N)
+for _ in $(seq 200); do
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 0.1
+done
+if kill -0 "$pid" 2>/dev/null; then
+  kill -KILL "$pid"
+  fail "the server still runs 20 s after SIGTERM with a request in flight"
+fi
 wait "$pid"
 status=$?
-trap 'rm -rf "$work"' EXIT
-[[ $status == 0 ]] || fail "server exit status $status after SIGTERM"
+trap 'kill "$client" 2>/dev/null; rm -rf "$work"' EXIT
+[[ $status == 0 ]] || fail "server exit status $status after SIGTERM with a request in flight"
+wait "$client"
+client_status=$?
+[[ $client_status == 0 ]] ||
+  fail "the interrupted stream did not end cleanly (curl status $client_status: $(cat "$work/inflight.err"))"
+[[ $(grep '^data: ' "$work/inflight" | tail -1) == "data: [DONE]" ]] ||
+  fail "the interrupted stream does not end with data: [DONE]: $(tail -3 "$work/inflight")"
+python3 - "$work/inflight" <<'PY' || fail "the interrupted stream's last chunk"
+import json, sys
+events = [json.loads(l[6:]) for l in open(sys.argv[1]) if l.startswith("data: {")]
+# Completion chunks, and maybe an OpenAI error event saying why the request ends.
+chunks = [e for e in events if "error" not in e]
+for e in events:
+    assert "choices" in e or "message" in e.get("error", {}), e
+finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+assert finish and finish[-1] == "abort", "last finish_reason %r, expected abort" % finish[-1:]
+assert all(f is None for f in finish[:-1]), finish
+PY
+echo "SIGTERM with a stream in flight: exit 0 after $((($(date +%s%N) - signalled) / 1000000)) ms"
 echo "curl checks passed"
