@@ -70,7 +70,7 @@ struct DecodeTcShape {
   static_assert(kOwn % 4 == 0 && HEAD_DIM % kOwn == 0, "owned elements must tile the rows");
   static_assert(kRowChunks % 8 == 0 || kFp8, "16-bit rows must span 8 chunks (the swizzle)");
   static_assert(kSmemBytes >= sizeof(float) * ROWS * (HEAD_DIM + 5), "merge window of one chunk");
-  static_assert(ROWS == 8 || ROWS == 16, "the mma has 16 rows");
+  static_assert(ROWS == 8 || ROWS == 16, "heads come in one or two n8 tiles of the mma");
 };
 
 // Two q elements (Q) at src as one register of two MT elements. Q -> f16 (fp8 pools only) is exact
