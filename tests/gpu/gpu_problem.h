@@ -18,11 +18,9 @@
 #include "pagedattn/attention.h"
 #include "pagedattn/attention_cuda.h"
 #include "pagedattn/tensor.h"
+#include "gpu_skip.h"
 
 namespace pagedattn::gputest {
-
-#define PA_SKIP_WITHOUT_GPU() \
-  if (::pagedattn::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"
 
 struct Spec {
   int32_t num_q_heads = 8, num_kv_heads = 2, head_dim = 128, page_size = 16;

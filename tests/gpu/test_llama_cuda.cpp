@@ -13,13 +13,11 @@
 #include "pagedattn/llama.h"
 #include "pagedattn/sampling.h"
 #include "pagedattn/llama_cuda.h"
+#include "gpu_skip.h"
 
 using namespace pagedattn;
 
 namespace {
-
-#define PA_SKIP_WITHOUT_GPU() \
-  if (::pagedattn::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"
 
 // Head dims the CUDA attention kernels support (64, 128); hidden 256 so the GEMMs are not trivial.
 ModelConfig gpu_config(const std::string& variant) {

@@ -13,13 +13,11 @@
 #include "pagedattn/llama.h"
 #include "pagedattn/llama_cuda.h"
 #include "pagedattn/synthetic_model.h"
+#include "gpu_skip.h"
 
 using namespace pagedattn;
 
 namespace {
-
-#define PA_SKIP_WITHOUT_GPU() \
-  if (::pagedattn::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"
 
 ModelConfig tiny_config(const std::string& variant) {
   ModelConfig c;
