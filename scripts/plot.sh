@@ -18,12 +18,7 @@ timeline=${2:-}
 outdir=${3:-$(dirname "$summary")}
 mkdir -p "$outdir"
 
-if ! command -v gnuplot >/dev/null 2>&1; then
-  sudo_cmd=""
-  [[ $(id -u) -ne 0 ]] && sudo_cmd="sudo"
-  $sudo_cmd apt-get install -y gnuplot-nox >/dev/null ||
-    { $sudo_cmd apt-get update >/dev/null && $sudo_cmd apt-get install -y gnuplot-nox >/dev/null; }
-fi
+bash "$(dirname "$0")/ensure-gnuplot.sh"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
