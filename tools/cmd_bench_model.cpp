@@ -16,8 +16,8 @@
 #include "cuda_bandwidth.h"
 #include "model_session.h"
 #include "pagedattn/error.h"
-#include "pagedattn/sampling.h"
 #include "pagedattn/llama_cuda.h"
+#include "pagedattn/sampling.h"
 
 namespace pagedattn::tools {
 
@@ -29,6 +29,8 @@ struct BenchModelArgs {
   int32_t prompt_len = 128;
   int32_t decode_steps = 32;
   bool json = false;
+  int32_t prefill_chunk = 0;       // most prompt tokens per forward step; 0: the session's
+  int32_t skinny_max_tokens = -1;  // CUDA: LlamaModelCuda::set_skinny_gemm_max_tokens; -1: default
 };
 
 double since(std::chrono::steady_clock::time_point t0) {
@@ -109,17 +111,18 @@ void print_result(const BenchModelArgs& a, const SessionOptions& so, ModelSessio
         "{\"bench\":\"model\",\"model\":\"%s\",\"device\":\"%s\",\"kv_dtype\":\"%s\","
         "\"hw_threads\":%u,\"batch\":%d,\"prompt_len\":%d,\"decode_steps\":%d,"
         "\"prefill_s\":%.4f,\"prefill_tokens_per_s\":%.1f,\"decode_s\":%.4f,"
-        "\"decode_tokens_per_s\":%.1f,\"decode_ms_per_step\":%.3f",
+        "\"decode_tokens_per_s\":%.1f,\"decode_ms_per_step\":%.3f,\"prefill_chunk\":%d",
         so.model.c_str(), device_name(m.model().device()).c_str(),
         std::string(dtype_name(m.cache().config().dtype)).c_str(),
         std::thread::hardware_concurrency(), B, a.prompt_len, a.decode_steps, r.prefill_s,
-        prefill_tps, r.decode_s, decode_tps, ms_per_step);
+        prefill_tps, r.decode_s, decode_tps, ms_per_step, so.prefill_chunk);
     if (floor) {
       std::printf(
           ",\"gpu\":\"%s\",\"copy_gbps\":%.1f,\"weight_bytes_per_step\":%zu,"
-          "\"kv_bytes_per_step\":%.0f,\"floor_ms_per_step\":%.3f,\"pct_of_floor\":%.1f",
+          "\"kv_bytes_per_step\":%.0f,\"floor_ms_per_step\":%.3f,\"pct_of_floor\":%.1f,"
+          "\"skinny_max_tokens\":%d",
           floor->copy.device.c_str(), floor->copy.gbps, floor->weight_bytes, r.kv_bytes_mean,
-          floor_ms, pct);
+          floor_ms, pct, a.skinny_max_tokens < 0 ? 64 : a.skinny_max_tokens);
     }
     std::printf("}\n");
   } else {
@@ -145,6 +148,8 @@ void run_bench_model(const BenchModelArgs& a) {
   const int max_batch = *std::max_element(a.batch.begin(), a.batch.end());
   SessionOptions so = a.session;
   so.quiet = a.json;
+  PA_CHECK(a.prefill_chunk >= 0, "bench model: --prefill-chunk must be positive");
+  if (a.prefill_chunk > 0) so.prefill_chunk = a.prefill_chunk;
   const Device device = resolve_device(so.device);
   so.device = device_name(device);
   const int64_t per_seq =
@@ -169,10 +174,13 @@ void run_bench_model(const BenchModelArgs& a) {
   }
   ModelSession m(so);
   if (floor) {
-    const auto* cuda_model = dynamic_cast<const LlamaModelCuda*>(&m.model());
+    auto* cuda_model = dynamic_cast<LlamaModelCuda*>(&m.model());
     PA_CHECK(cuda_model, "bench model: the CUDA runner is not LlamaModelCuda");
     const ModelConfig& c = m.config();
     floor->weight_bytes = cuda_model->step_weight_bytes();
+    if (a.skinny_max_tokens >= 0) {
+      cuda_model->set_skinny_gemm_max_tokens(a.skinny_max_tokens);
+    }
     floor->kv_token_bytes = size_t(c.num_layers) * 2 * size_t(c.num_kv_heads) * size_t(c.head_dim) *
                             dtype_size(m.cache().config().dtype);
   }
@@ -214,6 +222,11 @@ void register_bench_model(CLI::App& bench) {
   cmd->add_option("--decode-steps", args->decode_steps, "Decode steps timed")
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "One JSON object per batch size");
+  cmd->add_option("--prefill-chunk", args->prefill_chunk,
+                  "Most prompt tokens per prefill forward step (default: the session's 512)");
+  cmd->add_option("--skinny-max-tokens", args->skinny_max_tokens,
+                  "CUDA: matrix products of at most this many token rows use the skinny GEMM "
+                  "(0: cuBLAS for all; default 64)");
   add_session_options(*cmd, args->session);
   cmd->callback([args] {
     run_bench_model(*args);

@@ -5,10 +5,12 @@
 // one matrix each); norm weights, biases and the residual stream stay fp32. Per forward:
 //   one upload of tokens, slots, logit rows and the RoPE cos/sin of the positions;
 //   x = embed[tokens]                                              (gather kernel, fp32 x)
-//   per layer: h = rms_norm(x) (bf16); qkv = h Wqkv^T (cuBLAS, fp32 out);
+//   per layer: h = rms_norm(x) (bf16); qkv = h Wqkv^T (fp32 out; every product: the skinny GEMM
+//     for up to 64 token rows, cuBLAS for more);
 //     one kernel: + bias (Qwen2), per-head q/k RMSNorm (Qwen3), RoPE, split to bf16 q, k, v;
 //     write_kv_cuda into the layer's pools; paged_attention_cuda (one plan per forward);
-//     x += attn Wo^T (GEMM with beta = 1); h = rms_norm(x); gu = h Wgu^T; a = silu(g) * u;
+//     x += attn Wo^T (GEMM with beta = 1); h = rms_norm(x); gu = h Wgu^T (bf16 out);
+//     a = silu(g) * u;
 //     x += a Wd^T;
 //   logits = rms_norm(x[logit_rows]) lm_head^T (fp32 out), copied to a host f32 tensor (in
 //   page-locked memory that is reused once the caller drops it, up to 64 MiB of logits).
@@ -52,6 +54,10 @@ class LlamaModelCuda : public Model {
   // lm_head is separate (the step gathers only its tokens' rows). The weight part of the memory
   // floor of a decode step.
   size_t step_weight_bytes() const;
+
+  // Matrix products of at most this many token rows (decode steps) use the skinny GEMM, longer ones
+  // cuBLAS; 0 sends everything to cuBLAS (for comparisons). Default and maximum 64.
+  void set_skinny_gemm_max_tokens(int32_t max_tokens);
 
   struct Impl;
 

@@ -2,8 +2,9 @@
 # Builds the CUDA backend on a GPU machine (scripts/device/build.sh), runs the GPU tests (a subset
 # under compute-sanitizer), the kernel lab's correctness gates and timing sweeps, the attention
 # benchmark and the torch baseline. Logs go to $OUT (default ./out/gpu). Steps: any of build tests
-# sanitize lab bench torch (default: all of them), and the opt-in model (bench model on synthetic
-# Llama-3-8B and SmolLM2-135M) and serve (bench serve on synthetic Llama-3-8B).
+# sanitize lab bench torch (default: all of them), and the opt-in gemm (the skinny GEMM lab alone),
+# model (bench model on synthetic Llama-3-8B and SmolLM2-135M) and serve (bench serve on synthetic
+# Llama-3-8B).
 #   scripts/device/gpu-test.sh                 # everything but model and serve
 #   scripts/device/gpu-test.sh build tests     # just build and test
 #   scripts/device/gpu-test.sh build model serve
@@ -36,7 +37,7 @@ if has build; then
     note "full build FAILED (see build.log); building test_gpu and the kernel lab only"
     grep -E "error" "$OUT/build.log" | head -20
     BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh test_gpu attention_decode_lab \
-      attention_prefill_lab bench_attention_cuda_main >>"$OUT/build.log" 2>&1 ||
+      attention_prefill_lab skinny_gemm_lab bench_attention_cuda_main >>"$OUT/build.log" 2>&1 ||
       { note "build FAILED"; tail -30 "$OUT/build.log"; exit 1; }
     status=1
   fi
@@ -67,6 +68,12 @@ if has lab; then
       tail -40 "$OUT/$lab.log"
     fi
   done
+fi
+
+if has gemm && [[ -x "$BUILD_DIR/kernels_dev/skinny_gemm_lab" ]]; then
+  note "skinny_gemm_lab"
+  "$BUILD_DIR/kernels_dev/skinny_gemm_lab" >"$OUT/skinny_gemm_lab.log" 2>&1 || status=1
+  tail -40 "$OUT/skinny_gemm_lab.log"
 fi
 
 if has bench; then

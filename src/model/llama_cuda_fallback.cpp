@@ -33,6 +33,7 @@ void LlamaModelCuda::validate(const ForwardBatch&, const KvCache&) const {
 
 size_t LlamaModelCuda::weight_bytes() const { return 0; }
 size_t LlamaModelCuda::step_weight_bytes() const { return 0; }
+void LlamaModelCuda::set_skinny_gemm_max_tokens(int32_t) {}
 
 }  // namespace pagedattn
 

@@ -80,6 +80,15 @@ __device__ __forceinline__ uint4 ldg16(const void* p) {
   return __ldg(static_cast<const uint4*>(p));
 }
 
+// ---- programmatic dependent launch ----
+// Lets the kernel queued after this one, when it is launched with programmatic stream serialization
+// (the model's skinny GEMM), start its CTAs now: they prefetch what does not depend on this kernel
+// and wait (griddepcontrol.wait) for its completion before reading anything it writes. Without
+// such a follower it does nothing.
+__device__ __forceinline__ void allow_dependent_launch() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
 // ---- cp.async: 16-byte global -> shared copies completing in commit groups ----
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
   const unsigned s = unsigned(__cvta_generic_to_shared(smem));

@@ -62,6 +62,7 @@ template <class Q, class KV, int HEAD_DIM, int GT>
 __global__ void __launch_bounds__(kDecodeThreads,
                                   (GT == 4 && KV::kBytes == 2 && HEAD_DIM <= 128) ? 4 : 1)
     decode_kernel(const AttentionParams p) {
+  allow_dependent_launch();
   using S = DecodeShape<KV, HEAD_DIM, GT>;
   constexpr int kVec = S::kVec, kTx = S::kTx, kGroups = S::kGroups, kUnroll = S::kUnroll;
   constexpr int kStages = S::kStages, kStep = S::kStep;

@@ -103,6 +103,7 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
 
 template <class Q, class KV, int HEAD_DIM, int ROWS>
 __global__ void __launch_bounds__(kDecodeTcThreads) decode_tc_kernel(const AttentionParams p) {
+  allow_dependent_launch();
   using S = DecodeTcShape<KV, HEAD_DIM, ROWS>;
   using MT = std::conditional_t<S::kFp8, F16, Q>;  // the mma's operand type
   constexpr int kWarps = S::kWarps, kWK = S::kWarpKeys, kStep = S::kStep, kStages = S::kStages;

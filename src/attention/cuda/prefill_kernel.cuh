@@ -28,6 +28,7 @@ struct PrefillShape {
 
 template <class Q, int HEAD_DIM>
 __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(const AttentionParams p) {
+  allow_dependent_launch();
   using S = PrefillShape<HEAD_DIM>;
   constexpr int BM = S::kBM, BN = S::kBN, kChunks = S::kChunks;
   extern __shared__ __align__(128) uint16_t sm[];

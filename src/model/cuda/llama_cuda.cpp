@@ -17,6 +17,7 @@
 #include "pagedattn/llama.h"
 #include "pagedattn/synthetic_model.h"
 #include "rope.h"
+#include "skinny_gemm.h"
 #include "synthetic_fill.h"
 
 namespace pagedattn {
@@ -71,6 +72,9 @@ struct LlamaModelCuda::Impl {
   Tensor final_norm;  // [hidden] f32
   size_t weight_bytes = 0, step_weight_bytes = 0;
   cublasHandle_t cublas = nullptr;
+  int num_sms = 0;
+  int skinny_max_tokens = cuda::kSkinnyMaxTokens;  // 0: cuBLAS only
+  Tensor skinny_partial, skinny_counters;          // the skinny GEMM's split-K workspace
   std::unique_ptr<CudaAttentionPlan> plan;
   Tensor staging;  // f32 weights on their way to bf16 (load from a file only)
 
@@ -82,7 +86,7 @@ struct LlamaModelCuda::Impl {
   Tensor qkv;   // [T, (Hq + 2 Hkv) * D] f32
   Tensor q, k, v;  // [T, Hq, D], [T, Hkv, D] bf16
   Tensor attn;     // [T, Hq, D] bf16
-  Tensor gu;       // [T, 2 * intermediate] f32
+  Tensor gu;       // [T, 2 * intermediate] bf16
   Tensor act;      // [T, intermediate] bf16
   Tensor logits;   // [R, vocab] f32
   std::vector<int32_t> host_meta, kv_len, block_table;
@@ -165,9 +169,35 @@ struct LlamaModelCuda::Impl {
   // A host f32 tensor [rows, cols] for the logits: page-locked and reused where it can be.
   Tensor host_logits(int64_t rows, int64_t cols);
 
-  // y [T, out] (ytype) = beta * y + x [T, in] (bf16) W^T, W [out, in] bf16, fp32 accumulation.
+  // y [T, out] (ytype: f32 or bf16) = beta * y + x [T, in] (bf16) W^T, W [out, in] bf16, fp32
+  // accumulation; beta is 0 or 1 (1: f32 y only). Up to skinny_max_tokens rows go to the skinny
+  // GEMM (decode steps: bound by reading W once), longer ones to cuBLAS.
   void gemm(const void* x_, int32_t T, int32_t in, const Tensor& w, int32_t out, void* y,
             cudaDataType_t ytype, float beta, const char* what) {
+    if (T <= skinny_max_tokens && cuda::skinny_gemm_supports(T, in)) {
+      const cuda::SkinnyPlan plan = cuda::skinny_gemm_plan(out, in, num_sms);
+      cuda::SkinnyArgs a;
+      a.x = static_cast<const uint16_t*>(x_);
+      a.w = w.data_as<uint16_t>();
+      a.y = y;
+      a.T = T;
+      a.N = out;
+      a.K = in;
+      a.y_bf16 = ytype == CUDA_R_16BF;
+      a.accumulate = beta != 0.f;
+      a.partial = static_cast<float*>(
+          ensure(skinny_partial, int64_t(plan.partial_floats(T, out)), DType::f32));
+      if (skinny_counters.numel() < plan.counters()) {
+        // NOTE: the kernel leaves every counter at zero when it finishes; new ones start there.
+        ensure(skinny_counters, plan.counters(), DType::f32);  // 4-byte words
+        check_cuda(cudaMemset(skinny_counters.data(), 0, skinny_counters.nbytes()),
+                   "skinny GEMM counters");
+      }
+      a.counters = static_cast<unsigned*>(skinny_counters.data());
+      a.overlap_previous = true;
+      cuda::skinny_gemm(a, plan, nullptr);
+      return;
+    }
     const float alpha = 1.f;
     // Column-major view: y^T [out, T] = W [out, in] (row-major = col-major W^T, hence OP_T) x^T.
     check_cublas(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &alpha, w.data(),
@@ -189,6 +219,9 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
   }
   inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling);
   check_cublas(cublasCreate(&cublas), "cublasCreate");
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
   plan = std::make_unique<CudaAttentionPlan>();
 
   const int64_t hidden = c.hidden_size, inter = c.intermediate_size, D = c.head_dim;
@@ -282,6 +315,13 @@ const ModelConfig& LlamaModelCuda::config() const { return impl_->config; }
 size_t LlamaModelCuda::weight_bytes() const { return impl_->weight_bytes; }
 
 size_t LlamaModelCuda::step_weight_bytes() const { return impl_->step_weight_bytes; }
+
+void LlamaModelCuda::set_skinny_gemm_max_tokens(int32_t max_tokens) {
+  PA_CHECK(max_tokens >= 0 && max_tokens <= cuda::kSkinnyMaxTokens, kOp,
+           ": skinny GEMM token limit ", max_tokens, " is outside [0, ", cuda::kSkinnyMaxTokens,
+           "]");
+  impl_->skinny_max_tokens = max_tokens;
+}
 
 void LlamaModelCuda::validate(const ForwardBatch& b, const KvCache& cache) const {
   constexpr const char* op = "LlamaModelCuda::forward";
@@ -397,7 +437,7 @@ Tensor LlamaModelCuda::forward(const ForwardBatch& batch, KvCache& cache) {
   void* k = ensure(m.k, int64_t(T) * Hkv * D, DType::bf16);
   void* v = ensure(m.v, int64_t(T) * Hkv * D, DType::bf16);
   void* attn = ensure(m.attn, int64_t(T) * q_dim, DType::bf16);
-  float* gu = static_cast<float*>(ensure(m.gu, int64_t(T) * 2 * inter, DType::f32));
+  auto* gu = static_cast<uint16_t*>(ensure(m.gu, int64_t(T) * 2 * inter, DType::bf16));
   void* act = ensure(m.act, int64_t(T) * inter, DType::bf16);
 
   // Plan once for every layer (layer 0's view: all layers share shapes and dtype).
@@ -432,7 +472,7 @@ Tensor LlamaModelCuda::forward(const ForwardBatch& batch, KvCache& cache) {
     // MLP block.
     cuda::rms_norm_bf16(x, L.mlp_norm.data_as<float>(), nullptr, T, hidden, c.rms_norm_eps, hb,
                         nullptr);
-    m.gemm(h, T, hidden, L.wgu, 2 * inter, gu, CUDA_R_32F, 0.f, "gate/up projection");
+    m.gemm(h, T, hidden, L.wgu, 2 * inter, gu, CUDA_R_16BF, 0.f, "gate/up projection");
     cuda::swiglu(gu, T, inter, static_cast<uint16_t*>(act), nullptr);
     m.gemm(act, T, inter, L.wd, hidden, x, CUDA_R_32F, 1.f, "down projection");
   }

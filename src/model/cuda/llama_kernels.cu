@@ -1,6 +1,7 @@
 // The fused element-wise kernels of LlamaModelCuda (see llama_kernels.h for the contracts).
 #include <algorithm>
 
+#include "cuda_common.cuh"  // allow_dependent_launch
 #include "llama_kernels.h"
 #include "pagedattn/dtype.h"
 #include "pagedattn/error.h"
@@ -9,11 +10,6 @@
 namespace pagedattn::cuda {
 
 namespace {
-
-void check_launch(const char* what) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) fail(what, ": ", cudaGetErrorString(e));
-}
 
 // Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
 __device__ float block_sum(float v) {
@@ -53,6 +49,7 @@ __global__ void __launch_bounds__(kNormThreads)
                     const int32_t* __restrict__ rows,  // [num_rows] or null
                     int32_t hidden, float eps,
                     uint16_t* __restrict__ out) {  // [num_rows, hidden]
+  allow_dependent_launch();  // the skinny GEMM after this may start fetching weights
   const int64_t src = rows ? rows[blockIdx.x] : blockIdx.x;
   const float* xr = x + src * hidden;
   uint16_t* o = out + int64_t(blockIdx.x) * hidden;
@@ -141,15 +138,35 @@ __global__ void qkv_post_kernel(const float* __restrict__ qkv,       // [T, (Hq 
   dst[i + half] = f32_to_bf16(b);
 }
 
-// grid (ceil(inter / 256), T), block 256
-__global__ void swiglu_kernel(const float* __restrict__ gu,  // [T, 2 * inter]
+// grid (ceil(inter / (256 * V)), T), block 256; V = 8 (16-byte vectors, inter % 8 == 0) or 1.
+template <int V>
+__global__ void swiglu_kernel(const uint16_t* __restrict__ gu,  // [T, 2 * inter] bf16
                               int32_t inter,
                               uint16_t* __restrict__ a) {  // [T, inter]
-  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  allow_dependent_launch();
+  const int j = (blockIdx.x * blockDim.x + threadIdx.x) * V;
   if (j >= inter) return;
   const int64_t t = blockIdx.y;
-  const float g = gu[t * 2 * inter + j], u = gu[t * 2 * inter + inter + j];
-  a[t * inter + j] = f32_to_bf16(g / (1.f + __expf(-g)) * u);
+  const uint16_t* g = gu + t * 2 * inter + j;
+  const uint16_t* u = g + inter;
+  uint16_t* out = a + t * inter + j;
+  auto one = [](uint16_t gb, uint16_t ub) {
+    const float x = bf16_to_f32(gb);
+    return x / (1.f + __expf(-x)) * bf16_to_f32(ub);
+  };
+  if constexpr (V == 8) {
+    const uint4 gv = *reinterpret_cast<const uint4*>(g), uv = *reinterpret_cast<const uint4*>(u);
+    const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w};
+    uint32_t ow[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      ow[i] = pack_bf16x2(one(uint16_t(gw[i]), uint16_t(uw[i])),
+                          one(uint16_t(gw[i] >> 16), uint16_t(uw[i] >> 16)));
+    }
+    *reinterpret_cast<uint4*>(out) = make_uint4(ow[0], ow[1], ow[2], ow[3]);
+  } else {
+    *out = f32_to_bf16(one(*g, *u));
+  }
 }
 
 // grid (ceil(n / 256)), block 256
@@ -204,10 +221,16 @@ void qkv_post(const float* qkv, const float* bias, const float* q_norm, const fl
   check_launch("LlamaModelCuda: qkv bias / norm / rope");
 }
 
-void swiglu(const float* gu, int32_t num_tokens, int32_t inter, uint16_t* a, cudaStream_t stream) {
+void swiglu(const uint16_t* gu, int32_t num_tokens, int32_t inter, uint16_t* a,
+            cudaStream_t stream) {
   if (num_tokens == 0 || inter == 0) return;
-  const dim3 grid(blocks_for(inter), unsigned(num_tokens));
-  swiglu_kernel<<<grid, 256, 0, stream>>>(gu, inter, a);
+  if (inter % 8 == 0) {
+    swiglu_kernel<8>
+        <<<dim3(blocks_for(inter / 8), unsigned(num_tokens)), 256, 0, stream>>>(gu, inter, a);
+  } else {
+    swiglu_kernel<1>
+        <<<dim3(blocks_for(inter), unsigned(num_tokens)), 256, 0, stream>>>(gu, inter, a);
+  }
   check_launch("LlamaModelCuda: swiglu");
 }
 

@@ -32,9 +32,11 @@ void qkv_post(const float* qkv, const float* bias, const float* q_norm, const fl
               const float* rope_cos, const float* rope_sin, const QkvParams& p, uint16_t* q,
               uint16_t* k, uint16_t* v, cudaStream_t stream);
 
-// a[t, j] = silu(gu[t, j]) * gu[t, inter + j] as bf16.
-//   gu [num_tokens, 2 * inter] f32;  a [num_tokens, inter] bf16
-void swiglu(const float* gu, int32_t num_tokens, int32_t inter, uint16_t* a, cudaStream_t stream);
+// a[t, j] = silu(gu[t, j]) * gu[t, inter + j], fp32 math, bf16 out (the projections' outputs are
+// bf16, as in the Hugging Face bf16 models: half the bytes of f32 for this memory-bound pass).
+//   gu [num_tokens, 2 * inter] bf16;  a [num_tokens, inter] bf16
+void swiglu(const uint16_t* gu, int32_t num_tokens, int32_t inter, uint16_t* a,
+            cudaStream_t stream);
 
 // dst[i] = bf16(src[i]) for n values (weights at load).
 void f32_to_bf16_device(const float* src, int64_t n, uint16_t* dst, cudaStream_t stream);

@@ -1,0 +1,206 @@
+// The skinny GEMM of decode steps: Y[T, N] = X[T, K] . W[N, K]^T (+ Y) for a few tokens T and a
+// large weight W, which is read once from memory and so sets the time. Built like the tensor-core
+// decode kernel: the weight rows are the M side of m16n8k16 mma.sync and the tokens the N side, so
+// a batch of 1 to 64 tokens wastes no weight bytes; each CTA streams a [BN, K-range] slab of W
+// through a kStages-deep cp.async ring while the tensor cores work on the stage before.
+//
+//   grid (ceil(N / BN), splits), block kThreads; dynamic smem 2 * kStageElems * kStages bytes.
+//   BN = 16 * MI * kWarps weight rows per CTA; TT = 16 * NP tokens (T <= TT, padded with zeros).
+//   splits > 1: CTA (tile, s) owns k-blocks [s * nkb / splits, (s + 1) * nkb / splits); it stores
+//   its f32 partial [T, BN] in `partial`, and the last CTA of the tile to finish (a counter per
+//   tile) adds the partials in split order, so the sum is the same whichever CTA finishes last.
+#pragma once
+
+#include "mma.cuh"
+
+namespace pagedattn::cuda::skinny {
+
+constexpr int kWarps = 8, kThreads = 32 * kWarps;
+constexpr int kBK = 64;  // k per stage: one 128-byte row segment of W per weight row
+constexpr int kMaxSplits = 16;
+
+struct Params {
+  const uint16_t* x;   // [T, K] bf16
+  const uint16_t* w;   // [N, K] bf16
+  void* y;             // [T, N] f32 or bf16
+  float* partial;      // [splits, T, N] f32 (splits > 1)
+  unsigned* counters;  // [tiles], zero between launches (the last CTA of a tile resets its own)
+  int T, N, K;
+  int splits;
+  bool y_bf16;      // else f32
+  bool accumulate;  // y += X . W^T (f32 y only)
+};
+
+template <int MI, int NP>
+constexpr int kBN = 16 * MI* kWarps;
+template <int MI, int NP>
+constexpr int kTT = 16 * NP;
+template <int MI, int NP>
+constexpr int kStageElems = (kBN<MI, NP> + kTT<MI, NP>)*kBK;
+
+// One stage of k-block kb: W rows [n0, n0 + BN) (load_w) and X rows [0, TT) (load_x), 16-byte
+// chunks swizzled (swz<kBK>) so that each ldmatrix's 8 rows fall in 8 bank groups. Chunks outside
+// N, T or K are zero-filled (nothing is read for them).
+template <int MI, int NP>
+__device__ __forceinline__ void load_w(const Params& p, uint16_t* ws, int n0, int kb) {
+  constexpr int BN = kBN<MI, NP>;
+  const int k0 = kb * kBK;
+#pragma unroll
+  for (int c = threadIdx.x; c < BN * 8; c += kThreads) {
+    const int r = c >> 3, ch = c & 7, n = n0 + r, k = k0 + ch * 8;
+    const bool ok = n < p.N && k < p.K;
+    cp_async16(ws + swz<kBK>(r, ch), ok ? p.w + int64_t(n) * p.K + k : p.w, ok);
+  }
+}
+template <int MI, int NP>
+__device__ __forceinline__ void load_x(const Params& p, uint16_t* ws, int kb) {
+  constexpr int BN = kBN<MI, NP>, TT = kTT<MI, NP>;
+  uint16_t* xs = ws + BN * kBK;
+  const int k0 = kb * kBK;
+#pragma unroll
+  for (int c = threadIdx.x; c < TT * 8; c += kThreads) {
+    const int r = c >> 3, ch = c & 7, k = k0 + ch * 8;
+    const bool ok = r < p.T && k < p.K;
+    cp_async16(xs + swz<kBK>(r, ch), ok ? p.x + int64_t(r) * p.K + k : p.x, ok);
+  }
+}
+
+// acc[m][j]: weight rows m * 16 + [0, 16) of this warp, tokens j * 8 + [0, 8), in the mma's
+// accumulator layout (c0, c1: row lane / 4, tokens 2 (lane % 4) + {0, 1}; c2, c3: row + 8).
+template <int MI, int NP>
+__device__ __forceinline__ void compute_stage(const uint16_t* ws, int warp, int lane,
+                                              float (&acc)[MI][2 * NP][4]) {
+  constexpr int BN = kBN<MI, NP>;
+  const uint16_t* xs = ws + BN * kBK;
+#pragma unroll
+  for (int kk = 0; kk < kBK / 16; ++kk) {
+    uint32_t b[NP][4];
+#pragma unroll
+    for (int q = 0; q < NP; ++q) {
+      // x4: tokens q*16 + [0, 8) at k [0, 8) and [8, 16), then tokens + 8: b0/b1 of two n8 tiles.
+      const int row = q * 16 + (lane & 7) + ((lane >> 4) << 3);
+      ldmatrix_x4(b[q], xs + swz<kBK>(row, 2 * kk + ((lane >> 3) & 1)));
+    }
+#pragma unroll
+    for (int m = 0; m < MI; ++m) {
+      uint32_t a[4];
+      const int row = (warp * MI + m) * 16 + (lane & 15);
+      ldmatrix_x4(a, ws + swz<kBK>(row, 2 * kk + (lane >> 4)));
+#pragma unroll
+      for (int q = 0; q < NP; ++q) {
+        mma16816<Bf16>(acc[m][2 * q], a, b[q][0], b[q][1]);
+        mma16816<Bf16>(acc[m][2 * q + 1], a, b[q][2], b[q][3]);
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ void store_out(const Params& p, int t, int n, float v) {
+  const int64_t i = int64_t(t) * p.N + n;
+  if (p.y_bf16) {
+    static_cast<uint16_t*>(p.y)[i] = f32_to_bf16(v);
+  } else {
+    float* y = static_cast<float*>(p.y);
+    y[i] = p.accumulate ? y[i] + v : v;
+  }
+}
+
+template <int MI, int NP, int kStages>
+__global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const Params p) {
+  constexpr int BN = kBN<MI, NP>, SE = kStageElems<MI, NP>;
+  extern __shared__ __align__(128) uint16_t smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int n0 = blockIdx.x * BN, split = blockIdx.y;
+  const int nkb = (p.K + kBK - 1) / kBK;
+  const int kb0 = int(int64_t(split) * nkb / p.splits);
+  const int kb1 = int(int64_t(split + 1) * nkb / p.splits);
+
+  // Programmatic dependent launch: the kernel before this one (which writes X) may still be
+  // running. The weights do not depend on it, so the first stages' W copies start now; X is read
+  // only after griddepcontrol.wait (a no-op when launched without the attribute). The W copies
+  // join the first commit group, which the first iteration waits for anyway.
+  allow_dependent_launch();
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (kb0 + s < kb1) load_w<MI, NP>(p, smem + s * SE, n0, kb0 + s);
+  }
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (kb0 + s < kb1) load_x<MI, NP>(p, smem + s * SE, kb0 + s);
+    cp_async_commit();
+  }
+  float acc[MI][2 * NP][4] = {};
+  for (int kb = kb0; kb < kb1; ++kb) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // stage kb landed for every thread; stage kb - 1 is free for everyone
+    const int next = kb + kStages - 1;
+    if (next < kb1) {
+      uint16_t* ws = smem + ((next - kb0) % kStages) * SE;
+      load_w<MI, NP>(p, ws, n0, next);
+      load_x<MI, NP>(p, ws, next);
+    }
+    cp_async_commit();
+    compute_stage<MI, NP>(smem + ((kb - kb0) % kStages) * SE, warp, lane, acc);
+  }
+  cp_async_wait<0>();
+
+  if (p.splits == 1) {
+#pragma unroll
+    for (int m = 0; m < MI; ++m)
+#pragma unroll
+      for (int j = 0; j < 2 * NP; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int n = n0 + (warp * MI + m) * 16 + lane / 4 + (i >= 2 ? 8 : 0);
+          const int t = j * 8 + (lane % 4) * 2 + (i & 1);
+          if (n < p.N && t < p.T) store_out(p, t, n, acc[m][j][i]);
+        }
+    return;
+  }
+
+  float* part = p.partial + int64_t(split) * p.T * p.N;
+#pragma unroll
+  for (int m = 0; m < MI; ++m)
+#pragma unroll
+    for (int j = 0; j < 2 * NP; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int n = n0 + (warp * MI + m) * 16 + lane / 4 + (i >= 2 ? 8 : 0);
+        const int t = j * 8 + (lane % 4) * 2 + (i & 1);
+        if (n < p.N && t < p.T) part[int64_t(t) * p.N + n] = acc[m][j][i];
+      }
+  __threadfence();  // the partial is visible device-wide before the counter says so
+  __syncthreads();
+  __shared__ bool last;
+  if (threadIdx.x == 0) last = atomicAdd(&p.counters[blockIdx.x], 1u) == unsigned(p.splits - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // NOTE: every partial of an element is loaded before any is added (kMaxSplits registers), and
+  // two elements per thread at a time: one L2 round trip per pair instead of one per partial.
+  for (int e0 = threadIdx.x; e0 < p.T * BN; e0 += 2 * kThreads) {
+    float v[2][kMaxSplits];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int e = e0 + u * kThreads, t = e / BN, n = n0 + e % BN;
+      const bool ok = e < p.T * BN && n < p.N;
+#pragma unroll
+      for (int q = 0; q < kMaxSplits; ++q)
+        v[u][q] = ok && q < p.splits ? __ldcg(p.partial + (int64_t(q) * p.T + t) * p.N + n) : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int e = e0 + u * kThreads, t = e / BN, n = n0 + e % BN;
+      if (e >= p.T * BN || n >= p.N) continue;
+      float sum = 0.f;
+#pragma unroll
+      for (int q = 0; q < kMaxSplits; ++q)
+        if (q < p.splits) sum += v[u][q];
+      store_out(p, t, n, sum);
+    }
+  }
+  if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;  // ready for the next launch
+}
+
+}  // namespace pagedattn::cuda::skinny
