@@ -83,16 +83,25 @@ std::string run_turn(ModelSession& m, SeqId seq, const std::vector<int32_t>& new
   st.prefill_s += since(t0);
   st.prefill_tokens += int64_t(new_tokens.size());
   t0 = std::chrono::steady_clock::now();
+  // Plain greedy (Sampler::sample's argmax): the decode steps pick the token on the model's device
+  // and download only its id.
+  const bool greedy = sp.temperature == 0.f && sp.repetition_penalty == 1.f;
+  int32_t next = sampler.sample(
+      std::span<const float>(logits.data_as<float>(), size_t(logits.dim(1))), history);
   int64_t generated = 0;
   for (int32_t i = 0; i < a.max_tokens; ++i) {
-    const int32_t next = sampler.sample(
-        std::span<const float>(logits.data_as<float>(), size_t(logits.dim(1))), history);
     if (sampler.is_stop_token(next)) break;
     history.push_back(next);
     ++generated;
     emit(matcher.feed(decoder.push(next)));
     if (matcher.stopped() || i + 1 == a.max_tokens || m.cache().kv_len(seq) + 1 >= limit) break;
-    logits = m.decode({seq}, {next});
+    if (greedy) {
+      next = m.decode_greedy({seq}, {next}).at(0);
+    } else {
+      logits = m.decode({seq}, {next});
+      next = sampler.sample(std::span<const float>(logits.data_as<float>(), size_t(logits.dim(1))),
+                            history);
+    }
   }
   if (!matcher.stopped()) {
     emit(matcher.feed(decoder.flush()));

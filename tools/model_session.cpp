@@ -170,14 +170,32 @@ Tensor ModelSession::prefill(const std::vector<SeqId>& seqs,
   return out;
 }
 
-Tensor ModelSession::decode(const std::vector<SeqId>& seqs, const std::vector<int32_t>& tokens) {
-  PA_CHECK(seqs.size() == tokens.size(), "decode: ", seqs.size(), " seqs but ", tokens.size(),
+namespace {
+
+// One new token per sequence.
+ForwardBatch decode_batch(KvCache& cache, const std::vector<SeqId>& seqs,
+                          const std::vector<int32_t>& tokens, const char* what) {
+  PA_CHECK(seqs.size() == tokens.size(), what, ": ", seqs.size(), " seqs but ", tokens.size(),
            " tokens");
   std::vector<std::vector<int32_t>> work;
   for (int32_t t : tokens) work.push_back({t});
-  Tensor logits = model_->forward(make_forward_batch(*cache_, seqs, work), *cache_);
+  return make_forward_batch(cache, seqs, work);
+}
+
+}  // namespace
+
+Tensor ModelSession::decode(const std::vector<SeqId>& seqs, const std::vector<int32_t>& tokens) {
+  Tensor logits = model_->forward(decode_batch(*cache_, seqs, tokens, "decode"), *cache_);
   for (SeqId s : seqs) cache_->commit(s);
   return logits;
+}
+
+std::vector<int32_t> ModelSession::decode_greedy(const std::vector<SeqId>& seqs,
+                                                 const std::vector<int32_t>& tokens) {
+  std::vector<int32_t> ids =
+      model_->forward_greedy(decode_batch(*cache_, seqs, tokens, "decode_greedy"), *cache_);
+  for (SeqId s : seqs) cache_->commit(s);
+  return ids;
 }
 
 }  // namespace pagedattn::tools

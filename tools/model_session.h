@@ -63,6 +63,10 @@ class ModelSession {
                  bool all_rows = false);
   // One decode step: token[b] appended to seqs[b]. Returns logits [seqs.size(), vocab].
   Tensor decode(const std::vector<SeqId>& seqs, const std::vector<int32_t>& tokens);
+  // The same step, greedy: returns the argmax of each sequence's logits [seqs.size()]
+  // (Model::forward_greedy: picked on the device on CUDA, only the ids downloaded).
+  std::vector<int32_t> decode_greedy(const std::vector<SeqId>& seqs,
+                                     const std::vector<int32_t>& tokens);
 
  private:
   SessionOptions opt_;

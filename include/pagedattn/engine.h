@@ -2,7 +2,9 @@
 // loop.
 //
 //   step(): schedule -> model.forward -> commit -> sample -> stop checks ->
-//   outputs.
+//   outputs. A step whose every sampled sequence is plain greedy (temperature 0, no repetition
+//   penalty, one sequence, no logprobs) runs model.forward_greedy instead and takes its ids: on a
+//   device runner the logits never leave the device.
 // A finished or cancelled request frees its pages at once. Engine itself is
 // single-threaded; AsyncEngine runs it on a background thread for the server
 // (submit/cancel from any thread, outputs through per-request callbacks on the
@@ -65,7 +67,7 @@ struct EngineMetrics {
 // Token ids -> bytes, concatenative (byte-level BPE: decode(a + b) == decode(a)
 // + decode(b)), special tokens skipped. Without one, outputs carry token ids
 // only and stop strings are refused.
-using DecodeFn = std::function<std::string(const std::vector<int32_t> &)>;
+using DecodeFn = std::function<std::string(const std::vector<int32_t>&)>;
 
 struct EngineConfig {
   // KV budget, first that is set: tokens, MiB, a fraction of free memory (the device's after the
@@ -92,33 +94,33 @@ struct EngineConfig {
 
 // Pages for a config (validates the budget fields; throws Error naming the one
 // at fault).
-int32_t kv_num_pages(const EngineConfig &config, const ModelConfig &model, DType kv_dtype);
+int32_t kv_num_pages(const EngineConfig& config, const ModelConfig& model, DType kv_dtype);
 // --kv-cache-memory: MiB ("512", any value >= 1), a fraction ("0.5", in (0, 1)) or a percentage
 // ("50%") of free memory. Exactly one of the fields is set. Throws Error ("kv_cache_memory: ...").
 struct KvMemorySpec {
   double mib = 0;
   double fraction = 0;
 };
-KvMemorySpec parse_kv_cache_memory(const std::string &text);
+KvMemorySpec parse_kv_cache_memory(const std::string& text);
 // Bytes of MemAvailable in /proc/meminfo's text.
-int64_t parse_mem_available(const std::string &meminfo);
+int64_t parse_mem_available(const std::string& meminfo);
 // Free memory: cudaMemGetInfo's free bytes on CUDA, MemAvailable on the CPU.
 int64_t free_memory_bytes(Device device);
 // MiB that a fraction of free_bytes buys (validates the fraction).
 double kv_fraction_mib(double fraction, int64_t free_bytes);
 // "auto" -> f32 (the CPU runner's compute dtype), else parse_dtype.
-DType resolve_kv_dtype(const std::string &name);
+DType resolve_kv_dtype(const std::string& name);
 
 class Engine {
  public:
-  Engine(std::unique_ptr<Model> model, const EngineConfig &config, DecodeFn decode = {});
+  Engine(std::unique_ptr<Model> model, const EngineConfig& config, DecodeFn decode = {});
   ~Engine();
-  Engine(const Engine &) = delete;
-  Engine &operator=(const Engine &) = delete;
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
 
   // Checks a request without queuing it (thread-safe: reads only fixed
   // configuration).
-  void validate(const Request &req) const;
+  void validate(const Request& req) const;
   // Queues a request (validated first). id < 0: a new id is assigned. Returns
   // the id.
   RequestId add_request(Request req, RequestId id = -1);
@@ -127,36 +129,41 @@ class Engine {
   // Finishes a request as cancelled and frees its pages now; its final output
   // comes with the next step(). Unknown or finished ids are ignored (it may
   // have just finished).
-  void cancel(RequestId id, const std::string &error = "");
+  void cancel(RequestId id, const std::string& error = "");
   // One scheduling step. Returns the outputs of every request that produced
   // tokens or finished.
   std::vector<RequestOutput> step();
   bool has_work() const;
   int32_t num_active_requests() const { return int32_t(requests_.size()); }
 
-  const EngineConfig &config() const { return config_; }
-  const Model &model() const { return *model_; }
-  KvCache &cache() { return *cache_; }
-  const KvCache &cache() const { return *cache_; }
-  const Scheduler &scheduler() const { return *scheduler_; }
+  const EngineConfig& config() const { return config_; }
+  const Model& model() const { return *model_; }
+  KvCache& cache() { return *cache_; }
+  const KvCache& cache() const { return *cache_; }
+  const Scheduler& scheduler() const { return *scheduler_; }
   int32_t max_model_len() const { return max_model_len_; }
   int64_t kv_capacity_tokens() const;
   EngineMetrics metrics() const;
 
  private:
   struct RequestState;
-  void sample_scheduled(const SchedulerOutput &out, const Tensor &logits,
-                        std::vector<RequestId> &touched);
-  void fork_children(RequestState &rs, Sequence &parent);
-  void append_token(RequestState &rs, Sequence &seq, int32_t token);
-  void finish_seq(Sequence &seq, FinishReason reason);
-  RequestOutput collect(RequestState &rs);
+  void sample_scheduled(const SchedulerOutput& out, const Tensor& logits,
+                        std::vector<RequestId>& touched);
+  // Whether every scheduled sequence with a logit row is plain greedy (RequestState::plain_greedy).
+  bool greedy_step(const SchedulerOutput& out) const;
+  // sample_scheduled for a greedy step: ids [logit_rows] from Model::forward_greedy.
+  void append_greedy(const SchedulerOutput& out, const std::vector<int32_t>& ids,
+                     std::vector<RequestId>& touched);
+  void fork_children(RequestState& rs, Sequence& parent);
+  void append_token(RequestState& rs, Sequence& seq, int32_t token);
+  void finish_seq(Sequence& seq, FinishReason reason);
+  RequestOutput collect(RequestState& rs);
   // Beam search and best_of (engine_beam.cpp).
-  void beam_step(RequestState &rs);
-  void run_beam_steps(const SchedulerOutput &out, std::vector<RequestId> &touched);
-  Sequence *fork_beam(RequestState &rs, Sequence &parent);
-  void drop_seq(RequestState &rs, Sequence *seq);
-  RequestOutput collect_held(RequestState &rs);
+  void beam_step(RequestState& rs);
+  void run_beam_steps(const SchedulerOutput& out, std::vector<RequestId>& touched);
+  Sequence* fork_beam(RequestState& rs, Sequence& parent);
+  void drop_seq(RequestState& rs, Sequence* seq);
+  RequestOutput collect_held(RequestState& rs);
 
   EngineConfig config_;
   std::unique_ptr<Model> model_;
@@ -188,7 +195,7 @@ class AsyncEngine {
   void stop();
   EngineMetrics metrics() const;
   // Fixed configuration (safe from any thread).
-  const Engine &engine() const { return *engine_; }
+  const Engine& engine() const { return *engine_; }
 
  private:
   void loop();

@@ -13,7 +13,8 @@
 //     a = silu(g) * u;
 //     x += a Wd^T;
 //   logits = rms_norm(x[logit_rows]) lm_head^T (fp32 out), copied to a host f32 tensor (in
-//   page-locked memory that is reused once the caller drops it, up to 64 MiB of logits).
+//   page-locked memory that is reused once the caller drops it, up to 64 MiB of logits);
+//   forward_greedy instead takes each row's argmax on the device and copies only the ids.
 // The cache must be on CUDA with dtype bf16 (or fp8_e4m3 with its scales set).
 // In builds without CUDA the constructor throws Error.
 #pragma once
@@ -43,6 +44,8 @@ class LlamaModelCuda : public Model {
   const ModelConfig& config() const override;
   Device device() const override { return Device::cuda; }
   Tensor forward(const ForwardBatch& batch, KvCache& cache) override;
+  // The same pass; the argmax of each logit row on the device, and only the ids downloaded.
+  std::vector<int32_t> forward_greedy(const ForwardBatch& batch, KvCache& cache) override;
 
   // Checks a batch against the cache and this model without touching either (the CPU model's
   // rules and messages, prefixed "LlamaModelCuda::forward"; the cache must be a CUDA one).
@@ -62,6 +65,10 @@ class LlamaModelCuda : public Model {
   struct Impl;
 
  private:
+  // forward's work up to the logits, which stay on the device: returns them [R, vocab] f32 there,
+  // or null when there are no logit rows (then the step has been synchronised).
+  const float* forward_device(const ForwardBatch& batch, KvCache& cache);
+
   std::unique_ptr<Impl> impl_;
 };
 

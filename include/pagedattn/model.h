@@ -32,6 +32,11 @@ class Model {
   // Runs every layer over the batch, writing the new tokens' K/V into the cache.
   // Returns logits [logit_rows.size(), vocab_size] as f32 on the CPU.
   virtual Tensor forward(const ForwardBatch& batch, KvCache& cache) = 0;
+  // The same pass for a greedy step: per logit row, the argmax of its logits (sampling.h's argmax:
+  // lowest id on ties, NaN never wins) [logit_rows.size()]. The default runs forward() and takes
+  // the argmax on the host; a device runner overrides it to pick the ids where the logits are and
+  // download only those.
+  virtual std::vector<int32_t> forward_greedy(const ForwardBatch& batch, KvCache& cache);
   // The absolute maximum of K (as stored: after norm and RoPE) and V per layer and KV head over
   // `tokens` run as one fresh sequence (on a private cache): k, v [num_layers * num_kv_heads].
   // The calibration pass behind fp8 KV scales. Runners that cannot do it throw Error.

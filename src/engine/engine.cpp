@@ -18,7 +18,7 @@ namespace pagedattn {
 
 using Clock = std::chrono::steady_clock;
 
-const char *finish_reason_name(FinishReason r) {
+const char* finish_reason_name(FinishReason r) {
   switch (r) {
     case FinishReason::none:
       return "";
@@ -41,7 +41,7 @@ uint64_t splitmix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-std::unique_ptr<Sequence> make_sequence(const Request &req, uint64_t base_seed, RequestId id,
+std::unique_ptr<Sequence> make_sequence(const Request& req, uint64_t base_seed, RequestId id,
                                         int32_t index) {
   SamplingParams p = req.sampling;
   p.seed = splitmix(base_seed ^ splitmix(uint64_t(index)));
@@ -54,13 +54,13 @@ std::unique_ptr<Sequence> make_sequence(const Request &req, uint64_t base_seed, 
 
 }  // namespace
 
-Engine::Engine(std::unique_ptr<Model> model, const EngineConfig &config, DecodeFn decode)
+Engine::Engine(std::unique_ptr<Model> model, const EngineConfig& config, DecodeFn decode)
     : config_(config),
       model_(std::move(model)),
       decode_(std::move(decode)),
       counters_(std::make_unique<Counters>()) {
   PA_CHECK(model_ != nullptr, "Engine: model is null");
-  const ModelConfig &mc = model_->config();
+  const ModelConfig& mc = model_->config();
   DType dtype = resolve_kv_dtype(config.kv_cache_dtype);
   if (config.kv_cache_dtype == "auto" && model_->device() == Device::cuda) dtype = DType::bf16;
   // NOTE: an fp8 cache needs per-head scales from a calibration pass before its first write; a
@@ -128,7 +128,7 @@ int64_t Engine::kv_capacity_tokens() const {
   return int64_t(cache_->config().num_pages) * cache_->config().page_size;
 }
 
-void Engine::validate(const Request &req) const {
+void Engine::validate(const Request& req) const {
   const int32_t vocab = model_->config().vocab_size;
   PA_CHECK(!req.prompt.empty(), "add_request: prompt is empty");
   for (size_t i = 0; i < req.prompt.size(); ++i)
@@ -155,7 +155,7 @@ void Engine::validate(const Request &req) const {
   }
   validate_sampling_params(req.sampling);
   PA_CHECK(req.sampling.stop.empty() || decode_, "add_request: stop strings need a tokenizer");
-  for (const std::string &s : req.sampling.stop)
+  for (const std::string& s : req.sampling.stop)
     PA_CHECK(!s.empty(), "add_request: stop strings must not be empty");
   for (int32_t t : req.sampling.stop_token_ids)
     PA_CHECK(t >= 0 && t < vocab, "add_request: stop_token_ids entry ", t,
@@ -190,21 +190,21 @@ RequestId Engine::add_request(Request req, RequestId id) {
   return id;
 }
 
-void Engine::cancel(RequestId id, const std::string &error) {
+void Engine::cancel(RequestId id, const std::string& error) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
-  RequestState &rs = *it->second;
+  RequestState& rs = *it->second;
   if (rs.cancelled) return;
   rs.cancelled = true;
   rs.error = error;
-  for (auto &s : rs.seqs)
+  for (auto& s : rs.seqs)
     if (!s->finished()) finish_seq(*s, FinishReason::cancelled);
   pending_final_.push_back(id);
 }
 
 bool Engine::has_work() const { return scheduler_->has_work() || !pending_final_.empty(); }
 
-void Engine::finish_seq(Sequence &seq, FinishReason reason) {
+void Engine::finish_seq(Sequence& seq, FinishReason reason) {
   seq.finish = reason;
   scheduler_->remove(&seq);  // frees its pages now
   // Whatever text was held back (an incomplete character, a possible
@@ -216,7 +216,7 @@ void Engine::finish_seq(Sequence &seq, FinishReason reason) {
   seq.new_text += seq.stop_matcher.flush();
 }
 
-void Engine::fork_children(RequestState &rs, Sequence &parent) {
+void Engine::fork_children(RequestState& rs, Sequence& parent) {
   for (int32_t i = 1; i < rs.req.num_sequences(); ++i) {
     auto child = make_sequence(rs.req, rs.base_seed, rs.id, i);
     child->tokens = parent.tokens;
@@ -230,7 +230,7 @@ void Engine::fork_children(RequestState &rs, Sequence &parent) {
   parent.forked = true;
 }
 
-void Engine::append_token(RequestState &rs, Sequence &seq, int32_t token) {
+void Engine::append_token(RequestState& rs, Sequence& seq, int32_t token) {
   const auto now = Clock::now();
   seq.tokens.push_back(token);
   ++counters_->generation_tokens;
@@ -239,7 +239,7 @@ void Engine::append_token(RequestState &rs, Sequence &seq, int32_t token) {
     counters_->ttft.observe(std::chrono::duration<double>(now - rs.arrival).count());
   }
   if (rs.last_token.size() <= size_t(seq.index)) rs.last_token.resize(size_t(seq.index) + 1);
-  auto &last = rs.last_token[size_t(seq.index)];
+  auto& last = rs.last_token[size_t(seq.index)];
   if (seq.num_generated() > 1)
     counters_->itl.observe(std::chrono::duration<double>(now - last).count());
   last = now;
@@ -262,13 +262,13 @@ void Engine::append_token(RequestState &rs, Sequence &seq, int32_t token) {
     finish_seq(seq, FinishReason::length);
 }
 
-void Engine::sample_scheduled(const SchedulerOutput &out, const Tensor &logits,
-                              std::vector<RequestId> &touched) {
+void Engine::sample_scheduled(const SchedulerOutput& out, const Tensor& logits,
+                              std::vector<RequestId>& touched) {
   const int64_t vocab = logits.dim(1);
-  for (const ScheduledSeq &s : out.scheduled) {
+  for (const ScheduledSeq& s : out.scheduled) {
     if (s.logit_row < 0) continue;
-    Sequence &seq = *s.seq;
-    RequestState &rs = *requests_.at(seq.request_id);
+    Sequence& seq = *s.seq;
+    RequestState& rs = *requests_.at(seq.request_id);
     std::span<const float> row(logits.data_as<float>() + int64_t(s.logit_row) * vocab,
                                size_t(vocab));
     touched.push_back(seq.request_id);
@@ -279,7 +279,7 @@ void Engine::sample_scheduled(const SchedulerOutput &out, const Tensor &logits,
     }
     const size_t first_new = rs.seqs.size();
     if (rs.req.num_sequences() > 1 && seq.index == 0 && !seq.forked) fork_children(rs, seq);
-    auto sample = [&](Sequence &q) {
+    auto sample = [&](Sequence& q) {
       const int32_t token = q.sampler.sample(row, q.tokens);
       if (rs.track_logprobs) q.cumulative_logprob += beam::token_logprob(row, token);
       append_token(rs, q, token);
@@ -289,15 +289,31 @@ void Engine::sample_scheduled(const SchedulerOutput &out, const Tensor &logits,
   }
 }
 
-RequestOutput Engine::collect(RequestState &rs) {
+bool Engine::greedy_step(const SchedulerOutput& out) const {
+  for (const ScheduledSeq& s : out.scheduled)
+    if (s.logit_row >= 0 && !requests_.at(s.seq->request_id)->plain_greedy()) return false;
+  return true;
+}
+
+void Engine::append_greedy(const SchedulerOutput& out, const std::vector<int32_t>& ids,
+                           std::vector<RequestId>& touched) {
+  for (const ScheduledSeq& s : out.scheduled) {
+    if (s.logit_row < 0) continue;
+    Sequence& seq = *s.seq;
+    touched.push_back(seq.request_id);
+    append_token(*requests_.at(seq.request_id), seq, ids[size_t(s.logit_row)]);
+  }
+}
+
+RequestOutput Engine::collect(RequestState& rs) {
   if (rs.req.holds_output()) return collect_held(rs);
   RequestOutput o;
   o.id = rs.id;
   o.prompt_tokens = int32_t(rs.req.prompt.size());
   o.cached_tokens = std::max(rs.cached_tokens, 0);
   bool all_finished = true;
-  for (auto &sp : rs.seqs) {
-    Sequence &s = *sp;
+  for (auto& sp : rs.seqs) {
+    Sequence& s = *sp;
     o.completion_tokens += s.num_generated();
     all_finished = all_finished && s.finished();
     const bool report_finish = s.finished() && !rs.finish_sent[size_t(s.index)];
@@ -316,8 +332,8 @@ RequestOutput Engine::collect(RequestState &rs) {
   }
   // NOTE: a prompt that the cache cannot hold finishes before it forks; no sibling will come.
   const bool unforked_end = rs.seqs.size() == 1 && !rs.seqs[0]->forked;
-  o.finished = all_finished && (rs.cancelled || unforked_end ||
-                                int32_t(rs.seqs.size()) == rs.req.num_sequences());
+  o.finished = all_finished &&
+               (rs.cancelled || unforked_end || int32_t(rs.seqs.size()) == rs.req.num_sequences());
   o.error = rs.error;
   return o;
 }
@@ -325,34 +341,49 @@ RequestOutput Engine::collect(RequestState &rs) {
 std::vector<RequestOutput> Engine::step() {
   std::vector<RequestId> touched;
   SchedulerOutput out = scheduler_->schedule();
-  for (Sequence *s : out.preempted) {  // a preempted beam recomputes its continuations
+  for (Sequence* s : out.preempted) {  // a preempted beam recomputes its continuations
     auto it = requests_.find(s->request_id);
     if (it != requests_.end()) it->second->beam_pending.erase(s);
   }
-  for (Sequence *s : out.out_of_memory) {
+  for (Sequence* s : out.out_of_memory) {
     requests_.at(s->request_id)->beam_pending.erase(s);
     finish_seq(*s, FinishReason::length);
     touched.push_back(s->request_id);
   }
   if (!out.empty()) {
+    // NOTE: a greedy step downloads R token ids instead of R x vocab logits (16 MB at batch 32
+    // with a 128K vocabulary on CUDA) and skips the host argmax.
+    const bool greedy = greedy_step(out);
     Tensor logits;
+    std::vector<int32_t> ids;
     bool ok = true;
     try {
-      logits = model_->forward(out.batch, *cache_);
-    } catch (const std::exception &e) {
+      if (greedy)
+        ids = model_->forward_greedy(out.batch, *cache_);
+      else
+        logits = model_->forward(out.batch, *cache_);
+    } catch (const std::exception& e) {
       ok = false;
-      for (const ScheduledSeq &s : out.scheduled)
+      for (const ScheduledSeq& s : out.scheduled)
         cancel(s.seq->request_id, std::string("step: the forward pass failed: ") + e.what());
     }
     if (ok) {
-      PA_ASSERT(logits.ndim() == 2 && logits.dim(0) == int64_t(out.batch.logit_rows.size()) &&
-                logits.dim(1) == model_->config().vocab_size);
-      for (const ScheduledSeq &s : out.scheduled) {
-        RequestState &rs = *requests_.at(s.seq->request_id);
+      if (greedy) {
+        PA_ASSERT(ids.size() == out.batch.logit_rows.size());
+        for (int32_t t : ids) PA_ASSERT(t >= 0 && t < model_->config().vocab_size);
+      } else {
+        PA_ASSERT(logits.ndim() == 2 && logits.dim(0) == int64_t(out.batch.logit_rows.size()) &&
+                  logits.dim(1) == model_->config().vocab_size);
+      }
+      for (const ScheduledSeq& s : out.scheduled) {
+        RequestState& rs = *requests_.at(s.seq->request_id);
         if (rs.cached_tokens < 0) rs.cached_tokens = s.seq->num_computed;
       }
       scheduler_->commit(out);
-      sample_scheduled(out, logits, touched);
+      if (greedy)
+        append_greedy(out, ids, touched);
+      else
+        sample_scheduled(out, logits, touched);
     }
   }
   run_beam_steps(out, touched);

@@ -30,7 +30,15 @@ struct Engine::RequestState {
   std::vector<bool> finish_sent;              // by sequence index
   // Beam search: the top continuations of each live beam whose last token is computed; the
   // step runs once every live beam has them.
-  std::map<const Sequence *, std::vector<beam::TokenLogprob>> beam_pending;
+  std::map<const Sequence*, std::vector<beam::TokenLogprob>> beam_pending;
+
+  // Each token is the argmax of its logits and nothing else reads them (no repetition penalty,
+  // logprobs, forks or beams; Sampler::sample's greedy path keeps no state): a step may take the
+  // ids from Model::forward_greedy instead of the logits.
+  bool plain_greedy() const {
+    return req.sampling.temperature == 0.f && req.sampling.repetition_penalty == 1.f &&
+           !req.use_beam_search && req.num_sequences() == 1 && !track_logprobs;
+  }
 };
 
 }  // namespace pagedattn

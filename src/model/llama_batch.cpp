@@ -1,9 +1,11 @@
-// Step batches for simple drivers (CLI, tests, benchmarks) and the fp8 KV calibration pass.
+// Step batches for simple drivers (CLI, tests, benchmarks), Model's default greedy step and the fp8
+// KV calibration pass.
 #include <algorithm>
 #include <cmath>
 
 #include "pagedattn/error.h"
 #include "pagedattn/llama.h"
+#include "pagedattn/sampling.h"
 
 namespace pagedattn {
 
@@ -39,6 +41,17 @@ ForwardBatch make_forward_batch(KvCache& cache, const std::vector<SeqId>& seqs,
     b.q_indptr.push_back(int32_t(b.tokens.size()));
   }
   return b;
+}
+
+std::vector<int32_t> Model::forward_greedy(const ForwardBatch& batch, KvCache& cache) {
+  const Tensor logits = forward(batch, cache);  // [R, vocab]
+  const int64_t rows = logits.dim(0), vocab = logits.dim(1);
+  std::vector<int32_t> ids(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    ids[size_t(r)] =
+        argmax(std::span<const float>(logits.data_as<float>() + r * vocab, size_t(vocab)));
+  }
+  return ids;
 }
 
 Model::KvAbsMax Model::kv_absmax(const std::vector<int32_t>&) {

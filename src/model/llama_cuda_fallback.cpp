@@ -27,6 +27,10 @@ Tensor LlamaModelCuda::forward(const ForwardBatch&, KvCache&) {
   fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
 }
 
+std::vector<int32_t> LlamaModelCuda::forward_greedy(const ForwardBatch&, KvCache&) {
+  fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
+}
+
 void LlamaModelCuda::validate(const ForwardBatch&, const KvCache&) const {
   fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
 }

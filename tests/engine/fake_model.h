@@ -40,10 +40,10 @@ class FakeModel : public Model {
     cfg_.eos_token_ids = std::move(eos);
   }
 
-  const ModelConfig &config() const override { return cfg_; }
+  const ModelConfig& config() const override { return cfg_; }
   Device device() const override { return Device::cpu; }
 
-  Tensor forward(const ForwardBatch &b, KvCache &cache) override {
+  Tensor forward(const ForwardBatch& b, KvCache& cache) override {
     const size_t num_seqs = b.seqs.size();
     PA_CHECK(b.q_indptr.size() == num_seqs + 1, "FakeModel: q_indptr size");
     PA_CHECK(b.tokens.size() == size_t(b.q_indptr.back()), "FakeModel: tokens size");
@@ -68,8 +68,8 @@ class FakeModel : public Model {
           const PagedKVView v = cache.layer_view(l);
           for (int32_t h = 0; h < cfg_.num_kv_heads; ++h) {
             const int64_t off = v.offset(b.slots[i] / ps, h, b.slots[i] % ps);
-            float *k = static_cast<float *>(v.k_pages) + off;
-            float *vv = static_cast<float *>(v.v_pages) + off;
+            float* k = static_cast<float*>(v.k_pages) + off;
+            float* vv = static_cast<float*>(v.v_pages) + off;
             k[0] = float(b.tokens[i]);
             k[1] = float(b.positions[i]);
             k[2] = float(l);
@@ -95,14 +95,14 @@ class FakeModel : public Model {
           const PagedKVView v = cache.layer_view(l);
           for (int32_t kh = 0; kh < cfg_.num_kv_heads; ++kh) {
             const int64_t off = v.offset(bt[size_t(p / ps)], kh, p % ps);
-            const float *k = static_cast<const float *>(v.k_pages) + off;
-            const float *vv = static_cast<const float *>(v.v_pages) + off;
+            const float* k = static_cast<const float*>(v.k_pages) + off;
+            const float* vv = static_cast<const float*>(v.v_pages) + off;
             PA_CHECK(k[1] == float(p) && vv[0] == float(p) && k[0] == vv[1] && k[2] == float(l) &&
                          k[3] == float(kh),
                      "FakeModel: K/V of position ", p, " read back wrong (paging bug)");
           }
         }
-        const float *k0 = static_cast<const float *>(cache.layer_view(0).k_pages) +
+        const float* k0 = static_cast<const float*>(cache.layer_view(0).k_pages) +
                           cache.layer_view(0).offset(bt[size_t(p / ps)], 0, p % ps);
         h = (h ^ uint64_t(int64_t(k0[0]))) * 1099511628211ull;
       }
@@ -111,9 +111,15 @@ class FakeModel : public Model {
     return logits;
   }
 
+  // The default greedy step (forward, then the host argmax), counted.
+  std::vector<int32_t> forward_greedy(const ForwardBatch& b, KvCache& cache) override {
+    ++num_greedy_calls;
+    return Model::forward_greedy(b, cache);
+  }
+
   // The logits after a history hashing to h of length len (for oracle
   // computations in tests).
-  void fill_logits(uint64_t h, int32_t len, float *out) const {
+  void fill_logits(uint64_t h, int32_t len, float* out) const {
     for (int32_t v = 0; v < cfg_.vocab_size; ++v) {
       uint64_t x = h ^ (uint64_t(v) * 0x9e3779b97f4a7c15ull);
       x ^= x >> 31;
@@ -127,7 +133,7 @@ class FakeModel : public Model {
   }
 
   // The logits after a whole history, computed without any cache. out: [vocab].
-  void logits_after(const std::vector<int32_t> &tokens, float *out) const {
+  void logits_after(const std::vector<int32_t>& tokens, float* out) const {
     uint64_t h = 1469598103934665603ull;
     for (int32_t tok : tokens) h = (h ^ uint64_t(int64_t(tok))) * 1099511628211ull;
     fill_logits(h, int32_t(tokens.size()), out);
@@ -152,23 +158,24 @@ class FakeModel : public Model {
   }
 
   int32_t eos_every = 0;
-  float eos_logit = -10.f;  // the eos logits where eos_every does not favour them
+  float eos_logit = -10.f;                  // the eos logits where eos_every does not favour them
   std::chrono::microseconds step_delay{0};  // makes each forward call slow (streaming tests)
-  int64_t num_forward_calls = 0;
-  std::vector<int32_t> batch_tokens;  // tokens per forward call
-  std::vector<int32_t> batch_seqs;    // sequences per forward call
+  int64_t num_forward_calls = 0;            // every step (forward_greedy runs forward)
+  int64_t num_greedy_calls = 0;             // the steps that took forward_greedy
+  std::vector<int32_t> batch_tokens;        // tokens per forward call
+  std::vector<int32_t> batch_seqs;          // sequences per forward call
 
  private:
   ModelConfig cfg_;
 };
 
 // Byte-level "tokenizer" for tests: token id = byte value (vocab 256).
-inline std::string fake_decode(const std::vector<int32_t> &ids) {
+inline std::string fake_decode(const std::vector<int32_t>& ids) {
   std::string s;
   for (int32_t id : ids) s.push_back(char(uint8_t(id)));
   return s;
 }
-inline std::vector<int32_t> fake_encode(const std::string &text) {
+inline std::vector<int32_t> fake_encode(const std::string& text) {
   std::vector<int32_t> ids;
   for (unsigned char c : text) ids.push_back(int32_t(c));
   return ids;

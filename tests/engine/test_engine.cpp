@@ -51,16 +51,16 @@ Request greedy(std::vector<int32_t> prompt, int32_t max_tokens) {
   return r;
 }
 
-void gather(std::map<RequestId, Result> &res, const std::vector<RequestOutput> &outs) {
-  for (const RequestOutput &o : outs) {
-    Result &r = res[o.id];
-    for (const SequenceOutput &s : o.seqs) {
+void gather(std::map<RequestId, Result>& res, const std::vector<RequestOutput>& outs) {
+  for (const RequestOutput& o : outs) {
+    Result& r = res[o.id];
+    for (const SequenceOutput& s : o.seqs) {
       if (r.tokens.size() <= size_t(s.index)) {
         r.tokens.resize(size_t(s.index) + 1);
         r.text.resize(size_t(s.index) + 1);
         r.finish.resize(size_t(s.index) + 1, FinishReason::none);
       }
-      auto &t = r.tokens[size_t(s.index)];
+      auto& t = r.tokens[size_t(s.index)];
       t.insert(t.end(), s.new_tokens.begin(), s.new_tokens.end());
       r.text[size_t(s.index)] += s.new_text;
       if (s.finish != FinishReason::none) r.finish[size_t(s.index)] = s.finish;
@@ -71,7 +71,7 @@ void gather(std::map<RequestId, Result> &res, const std::vector<RequestOutput> &
 
 // Runs the engine until every request finished (bounded), gathering outputs by
 // request.
-std::map<RequestId, Result> run_all(Engine &e, std::map<RequestId, Result> res = {},
+std::map<RequestId, Result> run_all(Engine& e, std::map<RequestId, Result> res = {},
                                     int32_t max_steps = 100000) {
   for (int32_t step = 0; e.has_work(); ++step) {
     if (step >= max_steps) ADD_FAILURE() << "engine did not finish in " << max_steps << " steps";
@@ -85,7 +85,7 @@ std::map<RequestId, Result> run_all(Engine &e, std::map<RequestId, Result> res =
 
 TEST(Engine, GreedyMatchesOracle) {
   auto model = std::make_unique<FakeModel>();
-  const FakeModel &fake = *model;
+  const FakeModel& fake = *model;
   Engine e(std::move(model), small_config(1024));
   auto prompt = make_prompt(11, 3);
   RequestId id = e.add_request(greedy(prompt, 20));
@@ -109,7 +109,7 @@ TEST(Engine, SixteenConcurrentRequestsEqualOneByOne) {
     alone.push_back(run_all(e)[id].tokens.at(0));
   }
   auto model = std::make_unique<FakeModel>();
-  FakeModel &fake = *model;
+  FakeModel& fake = *model;
   Engine e(std::move(model), small_config(4096, 4, 24));  // small budget: chunked, mixed batches
   std::vector<RequestId> ids;
   for (int32_t i = 0; i < 16; ++i) ids.push_back(e.add_request(greedy(prompts[size_t(i)], 12 + i)));
@@ -130,10 +130,10 @@ TEST(Engine, PreemptionAndRecomputeGiveIdenticalOutput) {
   EngineConfig cfg = small_config(64, 4, 64);  // 16 pages for 6 requests growing to ~50 tokens
   cfg.watermark_pages = 0;
   auto model = std::make_unique<FakeModel>();
-  const FakeModel &fake = *model;
+  const FakeModel& fake = *model;
   Engine e(std::move(model), cfg);
   std::vector<RequestId> ids;
-  for (auto &p : prompts) ids.push_back(e.add_request(greedy(p, 40)));
+  for (auto& p : prompts) ids.push_back(e.add_request(greedy(p, 40)));
   auto res = run_all(e);
   EXPECT_GT(e.metrics().preemptions, 0);
   for (size_t i = 0; i < prompts.size(); ++i)
@@ -208,7 +208,7 @@ TEST(Engine, ParallelSamplingSharesPromptPages) {
   res = run_all(e, res);
   ASSERT_EQ(res[id].tokens.size(), 4u);
   std::set<std::vector<int32_t>> distinct;
-  for (auto &t : res[id].tokens) {
+  for (auto& t : res[id].tokens) {
     EXPECT_EQ(t.size(), 8u);
     distinct.insert(t);
   }
@@ -243,10 +243,10 @@ TEST(Engine, ParallelSamplingWithPartialTailPageCopiesOnlyTheTail) {
 TEST(Engine, StopsOnEosStopTokenAndStopString) {
   auto model = std::make_unique<FakeModel>(128, std::vector<int32_t>{0});
   model->eos_every = 9;  // the 9th position of every history prefers EOS
-  const FakeModel &fake = *model;
+  const FakeModel& fake = *model;
   Engine e(std::move(model), small_config(2048), fakes::fake_decode);
   auto prompt = make_prompt(5, 2, 128);
-  for (auto &t : prompt) t = 1 + t % 127;
+  for (auto& t : prompt) t = 1 + t % 127;
   RequestId a = e.add_request(greedy(prompt, 50));
   auto res = run_all(e);
   auto expect = fake.greedy_oracle(prompt, 50);
@@ -285,6 +285,65 @@ TEST(Engine, StopsOnEosStopTokenAndStopString) {
   EXPECT_EQ(res[id].text[0], full.substr(0, cut));
   EXPECT_EQ(res[id].finish[0], FinishReason::stop);
   EXPECT_EQ(e.cache().stats().pages_used, 0);
+  // Every step was a greedy one (Model::forward_greedy): eos, stop ids and strings work there.
+  EXPECT_EQ(fake.num_greedy_calls, fake.num_forward_calls);
+}
+
+// A step takes Model::forward_greedy only when every sequence it samples is plain greedy. Greedy
+// requests batched with others (temperature, repetition penalty, n > 1, best_of, beam search) get
+// the tokens they get alone, as do the others; the batch takes both paths as its mix changes.
+TEST(Engine, GreedyAndSampledRequestsBatchedEqualAlone) {
+  std::vector<Request> reqs;
+  for (int32_t i = 0; i < 3; ++i) reqs.push_back(greedy(make_prompt(3 + 8 * i, i + 1), 20));
+  const size_t num_greedy = reqs.size();
+  Request t = greedy(make_prompt(9, 4), 6);
+  t.sampling.temperature = 0.9f;
+  t.seed = 11;
+  reqs.push_back(t);
+  Request rp = greedy(make_prompt(12, 5), 6);
+  rp.sampling.repetition_penalty = 1.3f;
+  reqs.push_back(rp);
+  Request n2 = greedy(make_prompt(6, 6), 5);
+  n2.n = 2;
+  reqs.push_back(n2);
+  Request bo = greedy(make_prompt(8, 7), 5);
+  bo.sampling.temperature = 1.f;
+  bo.best_of = 3;
+  bo.seed = 3;
+  reqs.push_back(bo);
+  Request bs = greedy(make_prompt(10, 8), 5);
+  bs.use_beam_search = true;
+  bs.beam_width = 2;
+  reqs.push_back(bs);
+
+  std::vector<std::vector<std::vector<int32_t>>> alone;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto model = std::make_unique<FakeModel>();
+    const FakeModel& fake = *model;
+    Engine e(std::move(model), small_config(2048));
+    const RequestId id = e.add_request(reqs[i]);
+    alone.push_back(run_all(e)[id].tokens);
+    if (i < num_greedy) {
+      EXPECT_EQ(alone[i], std::vector<std::vector<int32_t>>{fake.greedy_oracle(reqs[i].prompt, 20)})
+          << "request " << i;
+      EXPECT_EQ(fake.num_greedy_calls, fake.num_forward_calls) << "request " << i;
+    } else {  // every step samples this request, so none may skip its logits
+      EXPECT_EQ(fake.num_greedy_calls, 0) << "request " << i;
+    }
+  }
+
+  auto model = std::make_unique<FakeModel>();
+  const FakeModel& fake = *model;
+  Engine e(std::move(model), small_config(2048));
+  std::vector<RequestId> ids;
+  for (const Request& r : reqs) ids.push_back(e.add_request(r));
+  auto res = run_all(e);
+  for (size_t i = 0; i < reqs.size(); ++i)
+    EXPECT_EQ(res[ids[i]].tokens, alone[i]) << "request " << i;
+  // Some steps sample only greedy sequences (the greedy requests outlive the others), some not.
+  EXPECT_GT(fake.num_greedy_calls, 0);
+  EXPECT_LT(fake.num_greedy_calls, fake.num_forward_calls);
+  EXPECT_EQ(e.cache().stats().pages_used, 0);
 }
 
 TEST(Engine, CancelFreesPagesAtOnce) {
@@ -299,7 +358,7 @@ TEST(Engine, CancelFreesPagesAtOnce) {
   EXPECT_EQ(e.cache().stats().pages_used, 0);
   auto outs = e.step();
   ASSERT_EQ(outs.size(), 2u);
-  for (auto &o : outs) {
+  for (auto& o : outs) {
     EXPECT_TRUE(o.finished);
     ASSERT_FALSE(o.seqs.empty());
     EXPECT_EQ(o.seqs.back().finish, FinishReason::cancelled);
@@ -312,11 +371,11 @@ TEST(Engine, CancelFreesPagesAtOnce) {
 
 TEST(Engine, BadRequestsThrowAndQueueNothing) {
   Engine e(std::make_unique<FakeModel>(64, std::vector<int32_t>{}, 64), small_config(2048));
-  auto expect_error = [&](Request r, const std::string &what) {
+  auto expect_error = [&](Request r, const std::string& what) {
     try {
       e.add_request(std::move(r));
       ADD_FAILURE() << "expected Error containing " << what;
-    } catch (const Error &err) {
+    } catch (const Error& err) {
       const std::string msg = err.what();
       EXPECT_NE(msg.find(what), std::string::npos) << msg;
     }
@@ -382,7 +441,7 @@ TEST(Engine, MetricsCountTokensAndLatencies) {
 
 TEST(AsyncEngine, ConcurrentSubmittersGetOracleOutputs) {
   auto model = std::make_unique<FakeModel>();
-  const FakeModel *fake = model.get();
+  const FakeModel* fake = model.get();
   AsyncEngine ae(std::make_unique<Engine>(std::move(model), small_config(4096, 4, 32)));
   std::mutex mu;
   std::condition_variable cv;
@@ -394,9 +453,9 @@ TEST(AsyncEngine, ConcurrentSubmittersGetOracleOutputs) {
     threads.emplace_back([&, t] {
       for (int32_t i = 0; i < 4; ++i) {
         auto p = make_prompt(6 + t + i, t * 10 + i);
-        RequestId id = ae.submit(greedy(p, 10), [&](const RequestOutput &o) {
+        RequestId id = ae.submit(greedy(p, 10), [&](const RequestOutput& o) {
           std::lock_guard<std::mutex> lk(mu);
-          for (auto &s : o.seqs)
+          for (auto& s : o.seqs)
             got[o.id].insert(got[o.id].end(), s.new_tokens.begin(), s.new_tokens.end());
           if (o.finished) {
             ++done;
@@ -408,17 +467,17 @@ TEST(AsyncEngine, ConcurrentSubmittersGetOracleOutputs) {
       }
     });
   }
-  for (auto &th : threads) th.join();
+  for (auto& th : threads) th.join();
   {
     std::unique_lock<std::mutex> lk(mu);
     ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(30), [&] { return done == 16; }));
   }
-  for (auto &[id, p] : prompts) EXPECT_EQ(got[id], fake->greedy_oracle(p, 10));
+  for (auto& [id, p] : prompts) EXPECT_EQ(got[id], fake->greedy_oracle(p, 10));
   EXPECT_THROW(ae.submit(greedy({}, 3), nullptr), Error);
   // A long request is cancelled by stop(): its callback still gets a final
   // output.
   std::atomic<bool> final_seen{false};
-  ae.submit(greedy(make_prompt(5, 1), 100000 / 100), [&](const RequestOutput &o) {
+  ae.submit(greedy(make_prompt(5, 1), 100000 / 100), [&](const RequestOutput& o) {
     if (o.finished) final_seen = true;
   });
   ae.stop();
@@ -429,7 +488,7 @@ TEST(AsyncEngine, ConcurrentSubmittersGetOracleOutputs) {
 
 TEST(Engine, LongRequestIsNotStarvedByAStreamOfShortOnes) {
   auto model = std::make_unique<FakeModel>();
-  const FakeModel &fake = *model;
+  const FakeModel& fake = *model;
   EngineConfig cfg = small_config(256, 4, 16);  // 64 pages, 16 tokens per step
   Engine e(std::move(model), cfg);
   auto long_prompt = make_prompt(120, 77);

@@ -2,18 +2,27 @@
 // the same logits from two builds with the same seed, the same weights as the host file of hashed
 // values (bit-identical logits) and the CPU model on that file within bf16 tolerance; logits
 // returned from reused page-locked buffers are never overwritten while the caller holds them.
+// forward_greedy: the host argmax of forward's logits, and its device argmax kernel on crafted
+// rows.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "gpu_skip.h"
 #include "pagedattn/error.h"
 #include "pagedattn/llama.h"
 #include "pagedattn/llama_cuda.h"
+#include "pagedattn/sampling.h"
 #include "pagedattn/synthetic_model.h"
-#include "gpu_skip.h"
+#ifdef PAGEDATTN_HAVE_CUDA
+#include "model/cuda/llama_kernels.h"
+#endif
 
 using namespace pagedattn;
 
@@ -154,6 +163,186 @@ TEST(LlamaCudaSynthetic, HeldLogitsAreNotOverwritten) {
   held.clear();  // every buffer free again: the next result reuses one
   EXPECT_EQ(m.forward(make_forward_batch(cache, {s}, toks), cache).dim(0), 1);
 }
+
+// Per row of logits [rows, V], sampling.h's argmax.
+std::vector<int32_t> host_argmax(const Tensor& logits) {
+  const int64_t V = logits.dim(1);
+  std::vector<int32_t> ids;
+  for (int64_t r = 0; r < logits.dim(0); ++r) {
+    ids.push_back(argmax(std::span<const float>(logits.data_as<float>() + r * V, size_t(V))));
+  }
+  return ids;
+}
+
+// forward_greedy's ids are the host argmax of forward's logits for the same batch: a ragged
+// prefill with every row's logits, then decode steps fed the greedy tokens. Each batch runs
+// twice on one cache (forward_greedy, then forward): the second run rewrites the same K/V.
+// The lm_head's second half repeats its first (rows 150 + i = rows i), so each row's maximum
+// should be tied with its twin (when the GEMM rounds both alike) and the lower id must win.
+TEST(LlamaCudaSynthetic, ForwardGreedyIsTheHostArgmaxOfForward) {
+  PA_SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = tiny_config("llama");  // untied: the lm_head is its own tensor
+  ModelFile file = make_hashed_synthetic_model_file(cfg, 9);
+  Tensor& head = file.tensors.at("lm_head.weight");  // [300, 256] f32
+  const int64_t half = cfg.vocab_size / 2, H = cfg.hidden_size;
+  std::memcpy(head.data_as<float>() + half * H, head.data_as<float>(), size_t(half * H) * 4);
+  LlamaModelCuda m(file);
+  KvCache cache(cache_config(cfg, Device::cuda));
+  std::vector<SeqId> seqs;
+  std::vector<std::vector<int32_t>> toks;
+  for (int s = 0; s < 3; ++s) {
+    seqs.push_back(cache.create_sequence());
+    std::vector<int32_t> t;
+    for (int i = 0; i < 5 + 9 * s; ++i) t.push_back(int32_t((i * 37 + s * 11 + 5) % 300));
+    toks.push_back(t);
+  }
+  int64_t rows = 0, ties = 0;
+  for (int step = 0; step < 5; ++step) {
+    const ForwardBatch b = make_forward_batch(cache, seqs, toks, /*all_logits=*/step == 0);
+    const std::vector<int32_t> ids = m.forward_greedy(b, cache);
+    const Tensor logits = m.forward(b, cache);
+    ASSERT_EQ(ids.size(), b.logit_rows.size());
+    EXPECT_EQ(ids, host_argmax(logits)) << "step " << step;
+    for (size_t r = 0; r < ids.size(); ++r, ++rows) {
+      const float* row = logits.data_as<float>() + int64_t(r) * cfg.vocab_size;
+      const int32_t lo = ids[r] % int32_t(half);
+      if (row[lo] == row[lo + half]) {
+        ++ties;
+        EXPECT_EQ(ids[r], lo) << "step " << step << " row " << r << ": the lower id of a tie";
+      }
+    }
+    for (SeqId s : seqs) cache.commit(s);
+    for (size_t s = 0; s < seqs.size(); ++s) {  // each sequence continues with its last row's id
+      const auto it = std::find(b.logit_rows.begin(), b.logit_rows.end(), b.q_indptr[s + 1] - 1);
+      ASSERT_NE(it, b.logit_rows.end());
+      toks[s] = {ids[size_t(it - b.logit_rows.begin())]};
+    }
+  }
+  std::printf("forward_greedy: %lld of %lld rows had their maximum tied\n", (long long)ties,
+              (long long)rows);
+  // No logit rows: no ids (and nothing to download).
+  ForwardBatch b = make_forward_batch(cache, seqs, toks);
+  b.logit_rows.clear();
+  EXPECT_TRUE(m.forward_greedy(b, cache).empty());
+}
+
+// Crafted rows for the device argmax: rows of length V with the id sampling.h's argmax must give
+// (checked against it on the host, GPU or not).
+struct ArgmaxRow {
+  std::vector<float> x;
+  int32_t want;
+};
+
+std::vector<ArgmaxRow> argmax_rows_for(int32_t V) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::mt19937 rng(static_cast<uint32_t>(V));
+  auto uniform = [&] {  // values in [-5, 5), below the 9s placed as maxima
+    std::vector<float> x(static_cast<size_t>(V));
+    for (float& v : x) v = float(rng() % 1000) / 100.f - 5.f;
+    return x;
+  };
+  const size_t last = size_t(V) - 1, mid = size_t(V) / 2;
+  std::vector<ArgmaxRow> rows;
+  rows.push_back({std::vector<float>(size_t(V), 0.f), 0});   // all tied: the first
+  rows.push_back({std::vector<float>(size_t(V), -inf), 0});  // all -inf: the first
+  rows.push_back({std::vector<float>(size_t(V), 7.f), 0});   // all tied again
+  {
+    auto x = uniform();  // the maximum in the last element (the scalar tail when V % 4 != 0)
+    x[last] = 9.f;
+    rows.push_back({x, int32_t(last)});
+  }
+  {
+    auto x = uniform();  // a NaN x[0] gives 0 whatever follows (the host's running maximum)
+    x[0] = nan;
+    x[mid] = 9.f;
+    rows.push_back({x, 0});
+  }
+  {
+    std::vector<float> x(size_t(V), nan);  // NaN everywhere but x[0] = -inf: 0
+    x[0] = -inf;
+    rows.push_back({x, 0});
+  }
+  if (V >= 2) {
+    std::vector<float> x(size_t(V), nan);  // NaNs never win: the one number after x[0] above it
+    x[0] = -2.f;
+    x[last] = -1.f;
+    rows.push_back({x, int32_t(last)});
+    auto y = uniform();  // the maximum at 1 (a head element when the row starts unaligned)
+    y[1] = 9.f;
+    rows.push_back({y, 1});
+    std::vector<float> z(size_t(V), -inf);  // one finite value among -infs
+    z[last] = -1e30f;
+    rows.push_back({z, int32_t(last)});
+  }
+  if (V >= 3) {
+    auto x = uniform();  // ties at the maximum: the lowest of them
+    x[last] = 9.f;
+    x[mid] = 9.f;
+    x[1] = 9.f;
+    rows.push_back({x, 1});
+    auto y = uniform();  // +inf twice
+    y[last] = inf;
+    y[mid] = inf;
+    rows.push_back({y, int32_t(mid)});
+    std::vector<float> z(size_t(V), -1.f);  // signed zeros compare equal: the lower id
+    z[1] = -0.f;
+    z[2] = 0.f;
+    rows.push_back({z, 1});
+    z[1] = 0.f;
+    z[2] = -0.f;
+    rows.push_back({z, 1});
+  }
+  // Random rows of few distinct values (ties everywhere), NaNs, infinities and signed zeros.
+  for (int t = 0; t < 8; ++t) {
+    std::vector<float> x(static_cast<size_t>(V));
+    for (float& v : x) v = float(int(rng() % 9)) - 4.f;
+    for (int k = 0; k < 3; ++k) {
+      if (rng() % 2) x[rng() % x.size()] = nan;
+      if (rng() % 3 == 0) x[rng() % x.size()] = -0.f;
+      if (rng() % 4 == 0) x[rng() % x.size()] = inf;
+      if (rng() % 4 == 0) x[rng() % x.size()] = -inf;
+    }
+    if (t == 0) x[0] = nan;
+    rows.push_back({x, argmax(x)});
+  }
+  return rows;
+}
+
+// Lengths around the vector width (4 floats) and the block's unrolled span (512 threads x 4
+// vectors x 4 floats = 8192), and Llama-3's vocabulary (+1: rows after the first start unaligned).
+const std::vector<int32_t> kArgmaxLengths = {1, 2, 3, 4, 5, 7, 8, 300, 1027, 8192, 20003, 128257};
+
+TEST(LlamaCudaSynthetic, ArgmaxRowsExpectationsAreTheHostArgmax) {
+  for (int32_t V : kArgmaxLengths) {
+    const std::vector<ArgmaxRow> rows = argmax_rows_for(V);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      EXPECT_EQ(argmax(rows[r].x), rows[r].want) << "V " << V << " row " << r;
+    }
+  }
+}
+
+#ifdef PAGEDATTN_HAVE_CUDA
+TEST(LlamaCudaSynthetic, DeviceArgmaxOfCraftedRows) {
+  PA_SKIP_WITHOUT_GPU();
+  for (int32_t V : kArgmaxLengths) {
+    const std::vector<ArgmaxRow> rows = argmax_rows_for(V);
+    const int32_t R = int32_t(rows.size());
+    // [R, V] packed: with V % 4 != 0 the rows after the first start off a 16-byte boundary.
+    std::vector<float> x;
+    for (const ArgmaxRow& row : rows) x.insert(x.end(), row.x.begin(), row.x.end());
+    Tensor dx = Tensor::empty({int64_t(x.size())}, DType::f32, Device::cuda);
+    Tensor dids = Tensor::empty({int64_t(R)}, DType::f32, Device::cuda);  // 4-byte ids
+    copy_bytes(dx.data(), Device::cuda, x.data(), Device::cpu, x.size() * 4);
+    cuda::argmax_rows(dx.data_as<float>(), R, V, static_cast<int32_t*>(dids.data()), nullptr);
+    std::vector<int32_t> ids(size_t(R), -1);
+    copy_bytes(ids.data(), Device::cpu, dids.data(), Device::cuda, size_t(R) * 4);
+    for (int32_t r = 0; r < R; ++r) {
+      EXPECT_EQ(ids[size_t(r)], rows[size_t(r)].want) << "V " << V << " row " << r;
+    }
+  }
+}
+#endif
 
 TEST(LlamaCudaSynthetic, SmolLM2PresetRunsOnTheDevice) {
   PA_SKIP_WITHOUT_GPU();

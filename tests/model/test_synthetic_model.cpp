@@ -1,6 +1,7 @@
 // Synthetic models: the named presets and their parsing, the hashed weights (deterministic, in
 // range, independent per tensor and seed, the same as the device fill's formula), and the CPU
-// runner (small presets run; Llama-3-8B is refused before anything is allocated).
+// runner (small presets run, forward_greedy is the argmax of forward; Llama-3-8B is refused before
+// anything is allocated).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include "model/synthetic_fill.h"
 #include "pagedattn/error.h"
 #include "pagedattn/llama.h"
+#include "pagedattn/sampling.h"
 #include "pagedattn/synthetic_model.h"
 
 using namespace pagedattn;
@@ -126,6 +128,49 @@ TEST(SyntheticCpu, TinyPresetRunsAndRepeats) {
   EXPECT_EQ(logits[0], logits[1]);
   EXPECT_GT(*std::max_element(logits[0].begin(), logits[0].end()),
             *std::min_element(logits[0].begin(), logits[0].end()));
+}
+
+// Model::forward_greedy (the default: forward, then the host argmax) gives, per logit row, the
+// argmax of forward's logits for the same batch: a ragged prefill with every row's logits, then
+// greedy decode steps. Each batch runs twice on one cache; the second run rewrites the same K/V.
+TEST(SyntheticCpu, ForwardGreedyIsTheArgmaxOfForward) {
+  const std::unique_ptr<Model> m = create_synthetic_model("synthetic:tiny", Device::cpu);
+  const int64_t V = m->config().vocab_size;
+  KvCacheConfig kc;
+  kc.num_layers = m->config().num_layers;
+  kc.num_kv_heads = m->config().num_kv_heads;
+  kc.head_dim = m->config().head_dim;
+  kc.num_pages = 16;
+  kc.page_size = 16;
+  KvCache cache(kc);
+  std::vector<SeqId> seqs;
+  std::vector<std::vector<int32_t>> toks;
+  for (int s = 0; s < 3; ++s) {
+    seqs.push_back(cache.create_sequence());
+    std::vector<int32_t> t;
+    for (int i = 0; i < 3 + 7 * s; ++i) t.push_back(int32_t((i * 53 + s * 19 + 2) % V));
+    toks.push_back(t);
+  }
+  for (int step = 0; step < 4; ++step) {
+    const ForwardBatch b = make_forward_batch(cache, seqs, toks, /*all_logits=*/step == 0);
+    const std::vector<int32_t> ids = m->forward_greedy(b, cache);
+    const Tensor logits = m->forward(b, cache);
+    ASSERT_EQ(ids.size(), b.logit_rows.size());
+    ASSERT_EQ(logits.dim(0), int64_t(ids.size()));
+    for (size_t r = 0; r < ids.size(); ++r) {
+      const std::span<const float> row(logits.data_as<float>() + int64_t(r) * V, size_t(V));
+      EXPECT_EQ(ids[r], argmax(row)) << "step " << step << " row " << r;
+    }
+    for (SeqId s : seqs) cache.commit(s);
+    for (size_t s = 0; s < seqs.size(); ++s) {  // each sequence continues with its last row's id
+      const auto it = std::find(b.logit_rows.begin(), b.logit_rows.end(), b.q_indptr[s + 1] - 1);
+      ASSERT_NE(it, b.logit_rows.end());
+      toks[s] = {ids[size_t(it - b.logit_rows.begin())]};
+    }
+  }
+  ForwardBatch b = make_forward_batch(cache, seqs, toks);
+  b.logit_rows.clear();
+  EXPECT_TRUE(m->forward_greedy(b, cache).empty());
 }
 
 TEST(SyntheticCpu, SmolLM2PresetFileHasEveryTensorOfItsShape) {

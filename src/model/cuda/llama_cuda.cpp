@@ -89,6 +89,7 @@ struct LlamaModelCuda::Impl {
   Tensor gu;       // [T, 2 * intermediate] bf16
   Tensor act;      // [T, intermediate] bf16
   Tensor logits;   // [R, vocab] f32
+  Tensor ids;      // [R] int32 (4-byte f32 storage), the greedy step's argmax of each logit row
   std::vector<int32_t> host_meta, kv_len, block_table;
   std::vector<float> rope_cos, rope_sin;
 
@@ -382,7 +383,7 @@ void LlamaModelCuda::validate(const ForwardBatch& b, const KvCache& cache) const
   }
 }
 
-Tensor LlamaModelCuda::forward(const ForwardBatch& batch, KvCache& cache) {
+const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& cache) {
   validate(batch, cache);
   Impl& m = *impl_;
   const ModelConfig& c = m.config;
@@ -391,7 +392,7 @@ Tensor LlamaModelCuda::forward(const ForwardBatch& batch, KvCache& cache) {
   const int32_t hidden = c.hidden_size, inter = c.intermediate_size, D = c.head_dim;
   const int32_t Hq = c.num_q_heads, Hkv = c.num_kv_heads, half = D / 2;
   const int32_t q_dim = Hq * D, qkv_dim = (Hq + 2 * Hkv) * D;
-  if (T == 0) return Tensor::empty({int64_t(R), c.vocab_size}, DType::f32);
+  if (T == 0) return nullptr;  // no logit rows either (validate: rows index tokens)
 
   // Host plan: kv_len, block tables padded to the longest, RoPE tables of the positions.
   size_t max_pages = 1;
@@ -483,13 +484,34 @@ Tensor LlamaModelCuda::forward(const ForwardBatch& batch, KvCache& cache) {
     float* dl = static_cast<float*>(ensure(m.logits, int64_t(R) * c.vocab_size, DType::f32));
     m.gemm(h, R, hidden, m.lm_head.data() ? m.lm_head : m.embed, c.vocab_size, dl, CUDA_R_32F, 0.f,
            "lm_head");
-    Tensor logits = m.host_logits(R, c.vocab_size);
-    check_cuda(cudaMemcpy(logits.data(), dl, logits.nbytes(), cudaMemcpyDeviceToHost),
-               "logits download");
-    return logits;
+    return dl;  // the caller's download (or argmax) follows on the same stream
   }
   check_cuda(cudaDeviceSynchronize(), "forward");
-  return Tensor::empty({0, c.vocab_size}, DType::f32);
+  return nullptr;
+}
+
+Tensor LlamaModelCuda::forward(const ForwardBatch& batch, KvCache& cache) {
+  const float* dl = forward_device(batch, cache);
+  const int64_t R = int64_t(batch.logit_rows.size()), V = impl_->config.vocab_size;
+  if (!dl) return Tensor::empty({R, V}, DType::f32);
+  Tensor logits = impl_->host_logits(R, V);
+  check_cuda(cudaMemcpy(logits.data(), dl, logits.nbytes(), cudaMemcpyDeviceToHost),
+             "logits download");
+  return logits;
+}
+
+std::vector<int32_t> LlamaModelCuda::forward_greedy(const ForwardBatch& batch, KvCache& cache) {
+  const float* dl = forward_device(batch, cache);
+  const int32_t R = int32_t(batch.logit_rows.size());
+  std::vector<int32_t> ids(static_cast<size_t>(R));
+  if (!dl) return ids;
+  // NOTE: R ids instead of R x vocab logits: at batch 32 with a 128K vocabulary the logits are
+  // 16 MB a step, and the host argmax over them is further time on the critical path.
+  auto* d_ids = static_cast<int32_t*>(ensure(impl_->ids, R, DType::f32));
+  cuda::argmax_rows(dl, R, impl_->config.vocab_size, d_ids, nullptr);
+  check_cuda(cudaMemcpy(ids.data(), d_ids, size_t(R) * 4, cudaMemcpyDeviceToHost),
+             "token ids download");
+  return ids;
 }
 
 }  // namespace pagedattn

@@ -1,5 +1,6 @@
 // The fused element-wise kernels of LlamaModelCuda (see llama_kernels.h for the contracts).
 #include <algorithm>
+#include <cstdint>
 
 #include "cuda_common.cuh"  // allow_dependent_launch
 #include "llama_kernels.h"
@@ -169,6 +170,89 @@ __global__ void swiglu_kernel(const uint16_t* __restrict__ gu,  // [T, 2 * inter
   }
 }
 
+// The argmax fold: (v, i) replaces (best, idx) when v is larger, or equal at a lower index. A NaN v
+// compares false both ways and never replaces anything; the order of the folds cannot change the
+// result (the lowest index of the largest value), so the reduction below is deterministic.
+__device__ __forceinline__ void argmax_take(float v, int32_t i, float& best, int32_t& idx) {
+  if (v > best || (v == best && i < idx)) {
+    best = v;
+    idx = i;
+  }
+}
+
+// grid (rows), block kArgmaxThreads. The row is read in 16-byte vectors, kArgmaxUnroll of them in
+// flight per thread; the scalar head up to the first 16-byte boundary (rows start unaligned when
+// vocab % 4 != 0) and the scalar tail go to the first threads.
+constexpr int kArgmaxThreads = 512, kArgmaxUnroll = 4;
+__global__ void __launch_bounds__(kArgmaxThreads)
+    argmax_rows_kernel(const float* __restrict__ x,  // [rows, vocab]
+                       int32_t vocab,
+                       int32_t* __restrict__ ids) {  // [rows]
+  const float* row = x + int64_t(blockIdx.x) * vocab;
+  // The host rule: its running maximum starts at x[0], which a NaN never leaves, so the answer
+  // is 0. Every thread reads the same value: the whole block returns or none of it does.
+  if (vocab == 0 || isnan(row[0])) {
+    if (threadIdx.x == 0) ids[blockIdx.x] = 0;
+    return;
+  }
+  // idx == vocab: nothing taken yet (any real element, -inf included, replaces it).
+  float best = -INFINITY;
+  int32_t idx = vocab;
+  const int32_t misalign = int32_t((reinterpret_cast<uintptr_t>(row) % 16) / 4);  // floats past
+  const int32_t head = min(vocab, (4 - misalign) % 4);
+  const int32_t nv = (vocab - head) / 4;  // float4s after the head
+  const int32_t tail = head + 4 * nv;     // first index after them
+  if (int32_t(threadIdx.x) < head) argmax_take(row[threadIdx.x], int32_t(threadIdx.x), best, idx);
+  const float4* xv = reinterpret_cast<const float4*>(row + head);
+  auto take4 = [&](const float4& v, int32_t i) {  // i: the index of v.x
+    argmax_take(v.x, i, best, idx);
+    argmax_take(v.y, i + 1, best, idx);
+    argmax_take(v.z, i + 2, best, idx);
+    argmax_take(v.w, i + 3, best, idx);
+  };
+  int32_t i = int32_t(threadIdx.x);
+  for (; i + (kArgmaxUnroll - 1) * kArgmaxThreads < nv; i += kArgmaxUnroll * kArgmaxThreads) {
+    float4 v[kArgmaxUnroll];
+#pragma unroll
+    for (int k = 0; k < kArgmaxUnroll; ++k) v[k] = xv[i + k * kArgmaxThreads];
+#pragma unroll
+    for (int k = 0; k < kArgmaxUnroll; ++k) take4(v[k], head + 4 * (i + k * kArgmaxThreads));
+  }
+  for (; i < nv; i += kArgmaxThreads) take4(xv[i], head + 4 * i);
+  if (tail + int32_t(threadIdx.x) < vocab) {
+    argmax_take(row[tail + threadIdx.x], tail + int32_t(threadIdx.x), best, idx);
+  }
+
+  // Within each warp, then across the warps (kArgmaxThreads / 32 <= 32 partials).
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+    const int32_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
+    argmax_take(ob, oi, best, idx);
+  }
+  __shared__ float part_best[32];
+  __shared__ int32_t part_idx[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) {
+    part_best[warp] = best;
+    part_idx[warp] = idx;
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  best = -INFINITY;
+  idx = vocab;
+  if (lane < kArgmaxThreads / 32) {
+    best = part_best[lane];
+    idx = part_idx[lane];
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+    const int32_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
+    argmax_take(ob, oi, best, idx);
+  }
+  // x[0] is a number, so some element was taken and idx < vocab.
+  if (lane == 0) ids[blockIdx.x] = idx;
+}
+
 // grid (ceil(n / 256)), block 256
 __global__ void f32_to_bf16_kernel(const float* __restrict__ src, int64_t n,
                                    uint16_t* __restrict__ dst) {
@@ -232,6 +316,12 @@ void swiglu(const uint16_t* gu, int32_t num_tokens, int32_t inter, uint16_t* a,
         <<<dim3(blocks_for(inter), unsigned(num_tokens)), 256, 0, stream>>>(gu, inter, a);
   }
   check_launch("LlamaModelCuda: swiglu");
+}
+
+void argmax_rows(const float* x, int32_t rows, int32_t vocab, int32_t* ids, cudaStream_t stream) {
+  if (rows == 0) return;
+  argmax_rows_kernel<<<rows, kArgmaxThreads, 0, stream>>>(x, vocab, ids);
+  check_launch("LlamaModelCuda: argmax");
 }
 
 void f32_to_bf16_device(const float* src, int64_t n, uint16_t* dst, cudaStream_t stream) {

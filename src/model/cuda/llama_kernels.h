@@ -38,6 +38,12 @@ void qkv_post(const float* qkv, const float* bias, const float* q_norm, const fl
 void swiglu(const uint16_t* gu, int32_t num_tokens, int32_t inter, uint16_t* a,
             cudaStream_t stream);
 
+// ids[r] = the argmax of row r, with the host rule of sampling.h's argmax: the lowest index holding
+// the largest value; NaNs never win, except that a NaN x[r, 0] gives 0 (as does vocab 0). One block
+// per row; the result does not depend on the launch (deterministic).
+//   x [rows, vocab] f32;  ids [rows] int32
+void argmax_rows(const float* x, int32_t rows, int32_t vocab, int32_t* ids, cudaStream_t stream);
+
 // dst[i] = bf16(src[i]) for n values (weights at load).
 void f32_to_bf16_device(const float* src, int64_t n, uint16_t* dst, cudaStream_t stream);
 
