@@ -4,11 +4,32 @@
 //   skinny_gemm_lab              correctness gate on every version, then the timing sweep
 //   skinny_gemm_lab --sweep-only the sweep alone
 //
-// Versions (src/model/cuda/skinny_gemm.cu; v1 is the library's):
+// Versions (src/model/cuda/skinny_gemm.cu; v1 is the library's skinny GEMM, which the model uses
+// only when asked: LlamaModelCuda::set_skinny_gemm_max_tokens, bench model --skinny-max-tokens):
 //   v1  8 warps, 16 weight rows each (128 rows per CTA), 4-stage cp.async ring of 64-wide k-blocks
 //       (16 KiB of W per stage), tokens as the mma's N side; K split over CTAs to fill one wave of
-//       2 CTAs per SM, partials added in split order by the tile's last CTA.
-//   v2  32 rows per warp (256 per CTA, 1 CTA per SM): X is read from L2 half as often.
+//       2 CTAs per SM, partials stored to global memory and added in split order by the tile's
+//       last CTA (a counter per tile).
+//   v2  v1 with the splits of a tile launched as one thread-block cluster: the partials stay in
+//       each CTA's shared memory and the cluster adds them through distributed shared memory.
+//
+// Measured: H100 80GB HBM3, 2026-11-23, cold L2, median of 20, % of the copy bandwidth (2985
+// GB/s), cublasGemmEx (CUBLAS_GEMM_DEFAULT, f32 output) beside v1 and v2:
+//                               T=1                   T=16                  T=32
+//                        cublas   v1     v2    cublas   v1     v2    cublas   v1     v2
+//   qkv     6144 x 4096   73.9%  68.4%  68.6%   73.7%  60.8%  67.8%   73.6%  52.8%  47.1%
+//   o       4096 x 4096   63.6%  61.8%  59.2%   64.4%  51.4%  58.2%   69.1%  43.3%  43.6%
+//   gate/up 28672 x 4096  90.8%  84.7%  84.7%   90.0%  84.7%  85.5%   89.5%  81.5%  82.5%
+//   down    4096 x 14336  86.8%  80.4%  72.7%   86.0%  75.5%  72.4%   86.1%  69.1%  52.7%
+//   lm_head 128256 x 4096 92.5%  90.7%  91.3%   93.1%  90.3%  90.9%   92.9%  91.5%  91.9%
+// cuBLAS wins at every shape, so the model keeps it. The kernel's time grows with T even where
+// the main loop does the same work (T = 1 to 16 share one 16-token tile) in the split shapes
+// only: the split's reduction is the cost (v1: 1 L2 round trip per partial in a first version,
+// all partials in flight now; v2 avoids global memory and is flatter up to T = 16, but slower on
+// down's 8-way clusters). Tried and dropped: 256 weight rows per CTA (X read half as often from
+// L2; slower everywhere, 1 CTA per SM), each tile starting its k range at a different block (no
+// change: X reads from L2 are not the limit). Not tried yet: a profile (Nsight Compute) of the
+// T = 32 main loop, whose cost doubles from T = 16 (NP 1 to 2).
 //
 // The gate compares with a double-precision product on the host (every element of small shapes,
 // 2048 sampled ones of large shapes), for f32 output, f32 accumulation into Y, and bf16 output.
@@ -196,8 +217,8 @@ int main(int argc, char** argv) {
                     {"gate/up", 28672, 4096, 32},
                     {"down", 4096, 14336, 32},
                     {"lm_head", 128256, 4096, 1}};
-  std::printf("%-8s %3s %7s %7s | %9s %9s %9s | %7s %7s %7s (%% of copy)\n", "op", "T", "N", "K",
-              "cublas us", "v1 us", "v2 us", "cublas", "v1", "v2");
+  std::printf("%-8s %3s %7s %7s | %9s %9s %9s %9s | %7s %7s %7s %7s (%% of copy)\n", "op", "T", "N",
+              "K", "cublas us", "v1 us", "v2 us", "v3 us", "cublas", "v1", "v2", "v3");
   for (int T : {1, 8, 16, 32, 64}) {
     double step[kVersions + 1] = {};
     for (const Op& op : ops) {
@@ -206,8 +227,9 @@ int main(int argc, char** argv) {
       us[0] = time_cublas(h, m);
       for (int v = 1; v <= kVersions; ++v) us[v] = time_version(m, v);
       auto pct = [&](double u) { return 100.0 * m.bytes() / (u * 1e-6) / (copy.gbps * 1e9); };
-      std::printf("%-8s %3d %7d %7d | %9.1f %9.1f %9.1f | %6.1f%% %6.1f%% %6.1f%%\n", op.name, T,
-                  op.N, op.K, us[0], us[1], us[2], pct(us[0]), pct(us[1]), pct(us[2]));
+      std::printf("%-8s %3d %7d %7d | %9.1f %9.1f %9.1f %9.1f | %6.1f%% %6.1f%% %6.1f%% %6.1f%%\n",
+                  op.name, T, op.N, op.K, us[0], us[1], us[2], us[3], pct(us[0]), pct(us[1]),
+                  pct(us[2]), pct(us[3]));
       for (int v = 0; v <= kVersions; ++v) step[v] += us[v] * op.per_step;
     }
     std::printf(

@@ -123,7 +123,7 @@ void print_result(const BenchModelArgs& a, const SessionOptions& so, ModelSessio
           "\"kv_bytes_per_step\":%.0f,\"floor_ms_per_step\":%.3f,\"pct_of_floor\":%.1f,"
           "\"skinny_max_tokens\":%d",
           floor->copy.device.c_str(), floor->copy.gbps, floor->weight_bytes, r.kv_bytes_mean,
-          floor_ms, pct, a.skinny_max_tokens < 0 ? 64 : a.skinny_max_tokens);
+          floor_ms, pct, a.skinny_max_tokens < 0 ? 0 : a.skinny_max_tokens);
     }
     std::printf("}\n");
   } else {
@@ -224,10 +224,11 @@ void register_bench_model(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "One JSON object per batch size");
   cmd->add_option("--prefill-chunk", args->prefill_chunk,
-                  "Most prompt tokens per prefill forward step (default: the session's 512)");
+                  "Most prompt tokens per prefill forward step (default 2048, the engine's "
+                  "max_num_batched_tokens)");
   cmd->add_option("--skinny-max-tokens", args->skinny_max_tokens,
                   "CUDA: matrix products of at most this many token rows use the skinny GEMM "
-                  "(0: cuBLAS for all; default 64)");
+                  "(default 0: cuBLAS for all)");
   add_session_options(*cmd, args->session);
   cmd->callback([args] {
     run_bench_model(*args);

@@ -26,8 +26,8 @@ struct SessionOptions {
   std::string kv_cache_dtype = "auto";  // auto (the model's compute dtype) | fp8
   int64_t kv_tokens = 4096;             // cache capacity, in tokens (rounded up to pages)
   int32_t page_size = 16;
-  int32_t prefill_chunk = 512;  // most prompt tokens per forward step
-  bool quiet = false;           // no load summary on stderr
+  int32_t prefill_chunk = 2048;  // most prompt tokens per forward step (the engine's default)
+  bool quiet = false;            // no load summary on stderr
 };
 
 // Adds --model, --device and --kv-cache-dtype to a command.

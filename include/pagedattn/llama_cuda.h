@@ -5,8 +5,7 @@
 // one matrix each); norm weights, biases and the residual stream stay fp32. Per forward:
 //   one upload of tokens, slots, logit rows and the RoPE cos/sin of the positions;
 //   x = embed[tokens]                                              (gather kernel, fp32 x)
-//   per layer: h = rms_norm(x) (bf16); qkv = h Wqkv^T (fp32 out; every product: the skinny GEMM
-//     for up to 64 token rows, cuBLAS for more);
+//   per layer: h = rms_norm(x) (bf16); qkv = h Wqkv^T (cuBLAS, fp32 out);
 //     one kernel: + bias (Qwen2), per-head q/k RMSNorm (Qwen3), RoPE, split to bf16 q, k, v;
 //     write_kv_cuda into the layer's pools; paged_attention_cuda (one plan per forward);
 //     x += attn Wo^T (GEMM with beta = 1); h = rms_norm(x); gu = h Wgu^T (bf16 out);
@@ -58,8 +57,10 @@ class LlamaModelCuda : public Model {
   // floor of a decode step.
   size_t step_weight_bytes() const;
 
-  // Matrix products of at most this many token rows (decode steps) use the skinny GEMM, longer ones
-  // cuBLAS; 0 sends everything to cuBLAS (for comparisons). Default and maximum 64.
+  // Matrix products of at most this many token rows (decode steps) use the skinny GEMM
+  // (src/model/cuda/skinny_gemm.h), longer ones cuBLAS. Default 0, cuBLAS for everything: on an
+  // H100 the skinny GEMM is slower than cuBLAS at every decode shape measured
+  // (kernels_dev/skinny_gemm.cu). At most 64.
   void set_skinny_gemm_max_tokens(int32_t max_tokens);
 
   struct Impl;

@@ -73,8 +73,8 @@ struct LlamaModelCuda::Impl {
   size_t weight_bytes = 0, step_weight_bytes = 0;
   cublasHandle_t cublas = nullptr;
   int num_sms = 0;
-  int skinny_max_tokens = cuda::kSkinnyMaxTokens;  // 0: cuBLAS only
-  Tensor skinny_partial, skinny_counters;          // the skinny GEMM's split-K workspace
+  int skinny_max_tokens = 0;               // 0: cuBLAS only (set_skinny_gemm_max_tokens)
+  Tensor skinny_partial, skinny_counters;  // the skinny GEMM's split-K workspace
   std::unique_ptr<CudaAttentionPlan> plan;
   Tensor staging;  // f32 weights on their way to bf16 (load from a file only)
 

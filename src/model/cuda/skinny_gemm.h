@@ -17,8 +17,11 @@ constexpr int kSkinnyMaxTokens = 64;
 // the GPU only, not on T, so a token's row is computed the same way at every batch size.
 struct SkinnyPlan {
   int tiles = 0, splits = 1;
-  size_t partial_floats(int T, int N) const { return splits > 1 ? size_t(splits) * T * N : 0; }
-  int counters() const { return splits > 1 ? tiles : 0; }
+  bool global_partials = false;  // the split's partials go through global memory (lab v1 only)
+  size_t partial_floats(int T, int N) const {
+    return splits > 1 && global_partials ? size_t(splits) * T * N : 0;
+  }
+  int counters() const { return splits > 1 && global_partials ? tiles : 0; }
 };
 SkinnyPlan skinny_gemm_plan(int N, int K, int num_sms, int version = 0);
 

@@ -11,13 +11,17 @@
 //   tile) adds the partials in split order, so the sum is the same whichever CTA finishes last.
 #pragma once
 
+#include <cooperative_groups.h>
+
 #include "mma.cuh"
 
 namespace pagedattn::cuda::skinny {
 
+namespace cg = cooperative_groups;
+
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
-constexpr int kBK = 64;  // k per stage: one 128-byte row segment of W per weight row
-constexpr int kMaxSplits = 16;
+constexpr int kBK = 64;        // k per stage: one 128-byte row segment of W per weight row
+constexpr int kMaxSplits = 8;  // the portable cluster size
 
 struct Params {
   const uint16_t* x;   // [T, K] bf16
@@ -105,7 +109,7 @@ __device__ __forceinline__ void store_out(const Params& p, int t, int n, float v
   }
 }
 
-template <int MI, int NP, int kStages>
+template <int MI, int NP, int kStages, bool kCluster>
 __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const Params p) {
   constexpr int BN = kBN<MI, NP>, SE = kStageElems<MI, NP>;
   extern __shared__ __align__(128) uint16_t smem[];
@@ -120,28 +124,30 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const Params p) {
   // only after griddepcontrol.wait (a no-op when launched without the attribute). The W copies
   // join the first commit group, which the first iteration waits for anyway.
   allow_dependent_launch();
+  const int n_kb = kb1 - kb0;
+  auto kb_at = [&](int i) { return kb0 + i; };  // the i-th k-block this CTA reads
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (kb0 + s < kb1) load_w<MI, NP>(p, smem + s * SE, n0, kb0 + s);
+    if (s < n_kb) load_w<MI, NP>(p, smem + s * SE, n0, kb_at(s));
   }
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (kb0 + s < kb1) load_x<MI, NP>(p, smem + s * SE, kb0 + s);
+    if (s < n_kb) load_x<MI, NP>(p, smem + s * SE, kb_at(s));
     cp_async_commit();
   }
   float acc[MI][2 * NP][4] = {};
-  for (int kb = kb0; kb < kb1; ++kb) {
+  for (int i = 0; i < n_kb; ++i) {
     cp_async_wait<kStages - 2>();
-    __syncthreads();  // stage kb landed for every thread; stage kb - 1 is free for everyone
-    const int next = kb + kStages - 1;
-    if (next < kb1) {
-      uint16_t* ws = smem + ((next - kb0) % kStages) * SE;
-      load_w<MI, NP>(p, ws, n0, next);
-      load_x<MI, NP>(p, ws, next);
+    __syncthreads();  // stage i landed for every thread; stage i - 1 is free for everyone
+    const int next = i + kStages - 1;
+    if (next < n_kb) {
+      uint16_t* ws = smem + (next % kStages) * SE;
+      load_w<MI, NP>(p, ws, n0, kb_at(next));
+      load_x<MI, NP>(p, ws, kb_at(next));
     }
     cp_async_commit();
-    compute_stage<MI, NP>(smem + ((kb - kb0) % kStages) * SE, warp, lane, acc);
+    compute_stage<MI, NP>(smem + (i % kStages) * SE, warp, lane, acc);
   }
   cp_async_wait<0>();
 
@@ -156,6 +162,42 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const Params p) {
           const int t = j * 8 + (lane % 4) * 2 + (i & 1);
           if (n < p.N && t < p.T) store_out(p, t, n, acc[m][j][i]);
         }
+    return;
+  }
+
+  if constexpr (kCluster) {
+    // The splits of a tile form one thread-block cluster (dims (1, splits)): each CTA leaves its
+    // partial [TT][BN] in its own shared memory (the drained pipeline ring), and CTA r adds up
+    // elements [r, r + splits, ...) of the tile from every CTA's copy through distributed shared
+    // memory, in split order: no global round trip, no counter, the same sum whoever runs first.
+    cg::cluster_group cluster = cg::this_cluster();
+    float* red = reinterpret_cast<float*>(smem);  // [TT][BN]
+    __syncthreads();                              // every warp is done with the ring
+#pragma unroll
+    for (int m = 0; m < MI; ++m)
+#pragma unroll
+      for (int j = 0; j < 2 * NP; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int r = (warp * MI + m) * 16 + lane / 4 + (i >= 2 ? 8 : 0);
+          const int t = j * 8 + (lane % 4) * 2 + (i & 1);
+          red[t * BN + r] = acc[m][j][i];
+        }
+    cluster.sync();
+    const int rank = int(cluster.block_rank());
+    for (int e = rank * kThreads + threadIdx.x; e < p.T * BN; e += p.splits * kThreads) {
+      const int t = e / BN, n = n0 + e % BN;
+      float v[kMaxSplits];
+#pragma unroll
+      for (int q = 0; q < kMaxSplits; ++q)
+        v[q] = q < p.splits ? cluster.map_shared_rank(red, q)[e] : 0.f;
+      float sum = 0.f;
+#pragma unroll
+      for (int q = 0; q < kMaxSplits; ++q)
+        if (q < p.splits) sum += v[q];
+      if (n < p.N) store_out(p, t, n, sum);
+    }
+    cluster.sync();  // no CTA leaves while another still reads its shared memory
     return;
   }
 
