@@ -3,6 +3,7 @@
 //
 //   skinny_gemm_lab              correctness gate on every version, then the timing sweep
 //   skinny_gemm_lab --sweep-only the sweep alone
+//   skinny_gemm_lab --sweep-only --shape T:N:K   one shape (e.g. under a profiler)
 //
 // Versions (src/model/cuda/skinny_gemm.cu; v1 is the library's skinny GEMM, which the model uses
 // only when asked: LlamaModelCuda::set_skinny_gemm_max_tokens, bench model --skinny-max-tokens):
@@ -28,8 +29,15 @@
 // all partials in flight now; v2 avoids global memory and is flatter up to T = 16, but slower on
 // down's 8-way clusters). Tried and dropped: 256 weight rows per CTA (X read half as often from
 // L2; slower everywhere, 1 CTA per SM), each tile starting its k range at a different block (no
-// change: X reads from L2 are not the limit). Not tried yet: a profile (Nsight Compute) of the
-// T = 32 main loop, whose cost doubles from T = 16 (NP 1 to 2).
+// change: X reads from L2 are not the limit).
+// Nsight Compute (scripts/device/profile-gemm.sh, base clocks): v1 on gate/up at T = 32 (no split)
+// reaches 72% of DRAM peak with the SMs' issue slots 47% busy, the ALU and FMA pipes 30-36% (the
+// per-chunk address and swizzle arithmetic of 6 cp.async per thread per stage) and under one
+// eligible warp per scheduler: the copies cost instructions and a barrier per 16 KiB stage. At
+// T = 16 on qkv (split 5): v1 51%, v2 59% of DRAM peak. What would close the gap to cuBLAS (whose
+// kernels use TMA): bulk copies (TMA or cp.async.bulk per row into padded rows) completing on
+// mbarriers, one issuing thread per stage instead of address math in every thread, and a deeper
+// ring.
 //
 // The gate compares with a double-precision product on the host (every element of small shapes,
 // 2048 sampled ones of large shapes), for f32 output, f32 accumulation into Y, and bf16 output.
@@ -168,9 +176,15 @@ double time_version(const Mats& m, int v) {
 
 int main(int argc, char** argv) {
   bool gate = true;
+  int only[3] = {0, 0, 0};  // T, N, K
   for (int a = 1; a < argc; ++a) {
     if (std::string(argv[a]) == "--sweep-only") {
       gate = false;
+    } else if (std::string(argv[a]) == "--shape" && a + 1 < argc) {
+      if (std::sscanf(argv[++a], "%d:%d:%d", &only[0], &only[1], &only[2]) != 3) {
+        std::fprintf(stderr, "bad --shape %s (T:N:K)\n", argv[a]);
+        return 2;
+      }
     } else {
       std::fprintf(stderr, "unknown argument %s\n", argv[a]);
       return 2;
@@ -220,8 +234,10 @@ int main(int argc, char** argv) {
   std::printf("%-8s %3s %7s %7s | %9s %9s %9s %9s | %7s %7s %7s %7s (%% of copy)\n", "op", "T", "N",
               "K", "cublas us", "v1 us", "v2 us", "v3 us", "cublas", "v1", "v2", "v3");
   for (int T : {1, 8, 16, 32, 64}) {
+    if (only[0] && T != only[0]) continue;
     double step[kVersions + 1] = {};
     for (const Op& op : ops) {
+      if (only[0] && (op.N != only[1] || op.K != only[2])) continue;
       Mats m(T, op.N, op.K, 1);
       double us[kVersions + 1];
       us[0] = time_cublas(h, m);

@@ -31,6 +31,7 @@ struct BenchModelArgs {
   int32_t decode_steps = 32;
   bool json = false;
   int32_t prefill_chunk = 0;       // most prompt tokens per forward step; 0: the session's
+  bool host_argmax = false;        // decode steps download logits and pick tokens on the host
   int32_t skinny_max_tokens = -1;  // CUDA: LlamaModelCuda::set_skinny_gemm_max_tokens; -1: default
 };
 
@@ -75,8 +76,10 @@ struct BatchResult {
 };
 
 // Prefills `batch` random prompts of prompt_len tokens, then runs decode_steps greedy steps.
+// host_argmax: each step downloads the logits and picks the tokens on the host (the path of every
+// sampling mode but plain greedy), else forward_greedy.
 BatchResult run_batch(ModelSession& m, int batch, int32_t prompt_len, int32_t decode_steps,
-                      std::mt19937& gen) {
+                      bool host_argmax, std::mt19937& gen) {
   const int32_t vocab = m.config().vocab_size;
   std::vector<SeqId> seqs;
   std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch));
@@ -93,7 +96,9 @@ BatchResult run_batch(ModelSession& m, int batch, int32_t prompt_len, int32_t de
   // ones as host ids, so it is synchronised too.
   std::vector<int32_t> next = greedy(logits);
   t0 = std::chrono::steady_clock::now();
-  for (int32_t step = 0; step < decode_steps; ++step) next = m.decode_greedy(seqs, next);
+  for (int32_t step = 0; step < decode_steps; ++step) {
+    next = host_argmax ? greedy(m.decode(seqs, next)) : m.decode_greedy(seqs, next);
+  }
   r.decode_s = since(t0);
   for (SeqId s : seqs) m.cache().free_sequence(s);
   return r;
@@ -112,11 +117,13 @@ void print_result(const BenchModelArgs& a, const SessionOptions& so, ModelSessio
         "{\"bench\":\"model\",\"model\":\"%s\",\"device\":\"%s\",\"kv_dtype\":\"%s\","
         "\"hw_threads\":%u,\"batch\":%d,\"prompt_len\":%d,\"decode_steps\":%d,"
         "\"prefill_s\":%.4f,\"prefill_tokens_per_s\":%.1f,\"decode_s\":%.4f,"
-        "\"decode_tokens_per_s\":%.1f,\"decode_ms_per_step\":%.3f,\"prefill_chunk\":%d",
+        "\"decode_tokens_per_s\":%.1f,\"decode_ms_per_step\":%.3f,\"prefill_chunk\":%d,"
+        "\"host_argmax\":%s",
         so.model.c_str(), device_name(m.model().device()).c_str(),
         std::string(dtype_name(m.cache().config().dtype)).c_str(),
         std::thread::hardware_concurrency(), B, a.prompt_len, a.decode_steps, r.prefill_s,
-        prefill_tps, r.decode_s, decode_tps, ms_per_step, so.prefill_chunk);
+        prefill_tps, r.decode_s, decode_tps, ms_per_step, so.prefill_chunk,
+        a.host_argmax ? "true" : "false");
     if (floor) {
       std::printf(
           ",\"gpu\":\"%s\",\"copy_gbps\":%.1f,\"weight_bytes_per_step\":%zu,"
@@ -199,9 +206,9 @@ void run_bench_model(const BenchModelArgs& a) {
       // NOTE: CUDA loads kernels lazily and cuBLAS picks an algorithm per new shape: run a full
       // prefill chunk (split over the batch) and this batch's decode shapes once, untimed.
       const int32_t warm_len = std::max(1, std::min(a.prompt_len, so.prefill_chunk / B));
-      run_batch(m, B, warm_len, 2, gen);
+      run_batch(m, B, warm_len, 2, a.host_argmax, gen);
     }
-    BatchResult r = run_batch(m, B, a.prompt_len, a.decode_steps, gen);
+    BatchResult r = run_batch(m, B, a.prompt_len, a.decode_steps, a.host_argmax, gen);
     if (floor) r.floor_s = floor->seconds(B, a.prompt_len, a.decode_steps, &r.kv_bytes_mean);
     print_result(a, so, m, r, floor.get());
   }
@@ -223,6 +230,9 @@ void register_bench_model(CLI::App& bench) {
   cmd->add_option("--decode-steps", args->decode_steps, "Decode steps timed")
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "One JSON object per batch size");
+  cmd->add_flag("--host-argmax", args->host_argmax,
+                "Decode steps download the logits and pick the greedy tokens on the host (the "
+                "path of non-greedy sampling) instead of on the device");
   cmd->add_option("--prefill-chunk", args->prefill_chunk,
                   "Most prompt tokens per prefill forward step (default 2048, the engine's "
                   "max_num_batched_tokens)");
