@@ -32,6 +32,7 @@ struct BenchModelArgs {
   bool json = false;
   int32_t prefill_chunk = 0;       // most prompt tokens per forward step; 0: the session's
   bool host_argmax = false;        // decode steps download logits and pick tokens on the host
+  bool no_cuda_graphs = false;     // CUDA: LlamaModelCuda::set_cuda_graphs(false)
   int32_t skinny_max_tokens = -1;  // CUDA: LlamaModelCuda::set_skinny_gemm_max_tokens; -1: default
 };
 
@@ -128,9 +129,10 @@ void print_result(const BenchModelArgs& a, const SessionOptions& so, ModelSessio
       std::printf(
           ",\"gpu\":\"%s\",\"copy_gbps\":%.1f,\"weight_bytes_per_step\":%zu,"
           "\"kv_bytes_per_step\":%.0f,\"floor_ms_per_step\":%.3f,\"pct_of_floor\":%.1f,"
-          "\"skinny_max_tokens\":%d",
+          "\"skinny_max_tokens\":%d,\"cuda_graphs\":%s",
           floor->copy.device.c_str(), floor->copy.gbps, floor->weight_bytes, r.kv_bytes_mean,
-          floor_ms, pct, a.skinny_max_tokens < 0 ? 0 : a.skinny_max_tokens);
+          floor_ms, pct, a.skinny_max_tokens < 0 ? 0 : a.skinny_max_tokens,
+          a.no_cuda_graphs ? "false" : "true");
     }
     std::printf("}\n");
   } else {
@@ -186,6 +188,7 @@ void run_bench_model(const BenchModelArgs& a) {
     PA_CHECK(cuda_model, "bench model: the CUDA runner is not LlamaModelCuda");
     const ModelConfig& c = m.config();
     floor->weight_bytes = cuda_model->step_weight_bytes();
+    if (a.no_cuda_graphs) cuda_model->set_cuda_graphs(false);
     if (a.skinny_max_tokens >= 0) {
       cuda_model->set_skinny_gemm_max_tokens(a.skinny_max_tokens);
     }
@@ -233,6 +236,8 @@ void register_bench_model(CLI::App& bench) {
   cmd->add_flag("--host-argmax", args->host_argmax,
                 "Decode steps download the logits and pick the greedy tokens on the host (the "
                 "path of non-greedy sampling) instead of on the device");
+  cmd->add_flag("--no-cuda-graphs", args->no_cuda_graphs,
+                "CUDA: launch every kernel of a decode step instead of replaying CUDA graphs");
   cmd->add_option("--prefill-chunk", args->prefill_chunk,
                   "Most prompt tokens per prefill forward step (default 2048, the engine's "
                   "max_num_batched_tokens)");

@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "pagedattn/attention.h"
 
@@ -74,6 +75,12 @@ class CudaAttentionPlan {
             const AttentionOptions& opt, const QKVTensor& out, void* stream = nullptr);
 
   const CudaPlanInfo& info() const { return info_; }
+
+  // What every paged_attention_cuda launch under this plan takes by value besides its q, out and
+  // pool pointers (kernel arguments that fix the grids, the workspace offsets, dtypes): two plans
+  // with equal signatures launch the same kernels and differ only in the metadata values they
+  // uploaded, so a CUDA graph captured under one replays correctly under the other.
+  std::string launch_signature() const;
 
   struct Impl;
   const Impl& impl() const { return *impl_; }

@@ -14,6 +14,7 @@
 //   logits = rms_norm(x[logit_rows]) lm_head^T (fp32 out), copied to a host f32 tensor (in
 //   page-locked memory that is reused once the caller drops it, up to 64 MiB of logits);
 //   forward_greedy instead takes each row's argmax on the device and copies only the ids.
+// All of it on one stream of the runner's; decode steps replay CUDA graphs (set_cuda_graphs).
 // The cache must be on CUDA with dtype bf16 (or fp8_e4m3 with its scales set).
 // In builds without CUDA the constructor throws Error.
 #pragma once
@@ -62,6 +63,18 @@ class LlamaModelCuda : public Model {
   // H100 the skinny GEMM is slower than cuBLAS at every decode shape measured
   // (kernels_dev/skinny_gemm.cu). At most 64.
   void set_skinny_gemm_max_tokens(int32_t max_tokens);
+
+  // Decode steps (one new token per sequence) replay CUDA graphs: a step's launches are captured
+  // the second time in a row they occur (same batch size, scratch buffers and attention launch
+  // shapes) and replayed while they recur, so the host's launch calls leave the step (they bound
+  // small models' steps). On by default; off while the skinny GEMM is on. Results are the same
+  // bits either way.
+  void set_cuda_graphs(bool enabled);
+  struct GraphStats {
+    size_t captures = 0;  // graphs captured
+    size_t replays = 0;   // steps run from an already captured graph
+  };
+  GraphStats cuda_graph_stats() const;
 
   struct Impl;
 

@@ -18,6 +18,8 @@ void CudaAttentionPlan::plan(const QKVTensor&, const PagedKVView&, const BatchLa
   fail("paged_attention_cuda: pagedattn was built without CUDA support");
 }
 
+std::string CudaAttentionPlan::launch_signature() const { return {}; }
+
 void paged_attention_cuda(const CudaAttentionPlan&, const QKVTensor&, const PagedKVView&,
                           QKVTensor&, void*) {
   fail("paged_attention_cuda: pagedattn was built without CUDA support");

@@ -38,6 +38,8 @@ void LlamaModelCuda::validate(const ForwardBatch&, const KvCache&) const {
 size_t LlamaModelCuda::weight_bytes() const { return 0; }
 size_t LlamaModelCuda::step_weight_bytes() const { return 0; }
 void LlamaModelCuda::set_skinny_gemm_max_tokens(int32_t) {}
+void LlamaModelCuda::set_cuda_graphs(bool) {}
+LlamaModelCuda::GraphStats LlamaModelCuda::cuda_graph_stats() const { return {}; }
 
 }  // namespace pagedattn
 

@@ -140,6 +140,55 @@ TEST_P(LlamaCudaSynthetic, SkinnyGemmPathMatchesCublas) {
   EXPECT_THROW(skinny.set_skinny_gemm_max_tokens(65), Error);
 }
 
+// `steps` decode steps of `seqs` sequences (prompts of different lengths, so they cross page
+// boundaries at different steps) on `cache`: every step's logits, concatenated.
+std::vector<float> decode_run(Model& m, KvCache& cache, int seqs, int steps) {
+  std::vector<SeqId> ids;
+  std::vector<std::vector<int32_t>> toks;
+  for (int s = 0; s < seqs; ++s) {
+    ids.push_back(cache.create_sequence());
+    std::vector<int32_t> t;
+    for (int i = 0; i < 3 + 5 * s; ++i) t.push_back(int32_t((i * 17 + s * 5 + 1) % 300));
+    toks.push_back(t);
+  }
+  std::vector<float> out;
+  for (int step = 0; step <= steps; ++step) {  // step 0: the prefill
+    const Tensor l = m.forward(make_forward_batch(cache, ids, toks), cache);
+    if (step > 0) out.insert(out.end(), l.data_as<float>(), l.data_as<float>() + l.numel());
+    for (SeqId s : ids) cache.commit(s);
+    for (int s = 0; s < seqs; ++s) toks[size_t(s)] = {int32_t((step * 7 + s * 3) % 300)};
+  }
+  for (SeqId s : ids) cache.free_sequence(s);
+  return out;
+}
+
+// Decode steps replayed from CUDA graphs give the bits of plain launches: across page boundaries
+// (new block-table widths: new graphs), batch sizes, and a second cache (other pools: no graph of
+// the first may be replayed on it).
+TEST_P(LlamaCudaSynthetic, CudaGraphsGiveTheSameBits) {
+  PA_SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = tiny_config(GetParam());
+  LlamaModelCuda graphs(cfg, 5), plain(cfg, 5);
+  plain.set_cuda_graphs(false);
+  KvCache ga(cache_config(cfg, Device::cuda)), gb(cache_config(cfg, Device::cuda));
+  KvCache pa(cache_config(cfg, Device::cuda)), pb(cache_config(cfg, Device::cuda));
+  for (int seqs : {3, 1}) {
+    const std::vector<float> g1 = decode_run(graphs, ga, seqs, 40);
+    const std::vector<float> p1 = decode_run(plain, pa, seqs, 40);
+    ASSERT_EQ(g1.size(), p1.size());
+    EXPECT_EQ(std::memcmp(g1.data(), p1.data(), g1.size() * 4), 0) << seqs << " sequences";
+    const std::vector<float> g2 = decode_run(graphs, gb, seqs, 20);
+    const std::vector<float> p2 = decode_run(plain, pb, seqs, 20);
+    EXPECT_EQ(std::memcmp(g2.data(), p2.data(), g2.size() * 4), 0) << "second cache";
+  }
+  const LlamaModelCuda::GraphStats st = graphs.cuda_graph_stats();
+  std::printf("%s: %zu graphs captured, %zu steps replayed\n", GetParam().c_str(), st.captures,
+              st.replays);
+  EXPECT_GE(st.captures, 4u);
+  EXPECT_GE(st.replays, 60u);  // most of the 120 decode steps
+  EXPECT_EQ(plain.cuda_graph_stats().captures, 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Variants, LlamaCudaSynthetic,
                          ::testing::Values("llama", "qwen2", "qwen3"));
 

@@ -4,6 +4,7 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "cuda_common.cuh"
@@ -27,6 +28,16 @@ struct CudaAttentionPlan::Impl {
   DType q_dtype = DType::bf16, kv_dtype = DType::bf16;
   cuda::AttentionParams params;  // device metadata pointers; data pointers are set by run()
 };
+
+std::string CudaAttentionPlan::launch_signature() const {
+  const Impl& im = *impl_;
+  const int32_t fixed[] = {im.num_tokens,       im.num_q_heads,      im.num_kv_heads,
+                           im.head_dim,         im.page_size,        im.num_pages,
+                           int32_t(im.q_dtype), int32_t(im.kv_dtype)};
+  std::string sig(reinterpret_cast<const char*>(fixed), sizeof(fixed));
+  sig.append(reinterpret_cast<const char*>(&im.params), sizeof(im.params));
+  return sig;
+}
 
 int cuda_sm_count() {
   int dev = 0, n = 0;
@@ -145,10 +156,10 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   const int64_t base_ctas = int64_t(rows.size()) * Hk * tiles;
   // NOTE: measured on an H100 with a target of 4 CTAs per SM where the tensor-core kernel fits 2:
   // two waves of short CTAs, batch 1 at context 32768 taking 100 us (44% of the copy).
-  const int32_t per_sm =
-      im.opts.target_ctas_per_sm >= 0
-          ? im.opts.target_ctas_per_sm
-          : cuda::decode_ctas_per_sm(q.dtype, kv.dtype, D, tc_rows, cuda::decode_group_tile(group, fp8));
+  const int32_t per_sm = im.opts.target_ctas_per_sm >= 0
+                             ? im.opts.target_ctas_per_sm
+                             : cuda::decode_ctas_per_sm(q.dtype, kv.dtype, D, tc_rows,
+                                                        cuda::decode_group_tile(group, fp8));
   const int64_t target = int64_t(im.sm_count) * per_sm;
   int64_t k = INT_MAX;
   if (im.opts.chunks_per_cta > 0) {

@@ -18,6 +18,7 @@
 #include "pagedattn/synthetic_model.h"
 #include "rope.h"
 #include "skinny_gemm.h"
+#include "step_graphs.h"
 #include "synthetic_fill.h"
 
 namespace pagedattn {
@@ -75,6 +76,12 @@ struct LlamaModelCuda::Impl {
   int num_sms = 0;
   int skinny_max_tokens = 0;               // 0: cuBLAS only (set_skinny_gemm_max_tokens)
   Tensor skinny_partial, skinny_counters;  // the skinny GEMM's split-K workspace
+  // Every forward's work goes on this stream (a blocking one: the legacy default stream's copies
+  // and memsets stay ordered with it); decode steps may replay CUDA graphs of it.
+  cudaStream_t stream = nullptr;
+  Tensor cublas_workspace;  // given to cuBLAS: no allocation while a graph is captured
+  cuda::StepGraphs graphs;
+  bool use_graphs = true;
   std::unique_ptr<CudaAttentionPlan> plan;
   Tensor staging;  // f32 weights on their way to bf16 (load from a file only)
 
@@ -109,7 +116,9 @@ struct LlamaModelCuda::Impl {
   std::vector<Pinned> pinned;
 
   ~Impl() {
+    graphs.clear();
     if (cublas) cublasDestroy(cublas);
+    if (stream) cudaStreamDestroy(stream);
   }
 
   // The n f32 values of tensor `name` into dst (device).
@@ -196,7 +205,7 @@ struct LlamaModelCuda::Impl {
       }
       a.counters = static_cast<unsigned*>(skinny_counters.data());
       a.overlap_previous = true;
-      cuda::skinny_gemm(a, plan, nullptr);
+      cuda::skinny_gemm(a, plan, stream);
       return;
     }
     const float alpha = 1.f;
@@ -220,6 +229,12 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
   }
   inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling);
   check_cublas(cublasCreate(&cublas), "cublasCreate");
+  check_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
+  check_cublas(cublasSetStream(cublas, stream), "cublasSetStream");
+  constexpr int64_t kCublasWorkspace = int64_t(32) << 20;  // bytes
+  cublas_workspace = Tensor::empty({kCublasWorkspace / 4}, DType::f32, Device::cuda);
+  check_cublas(cublasSetWorkspace(cublas, cublas_workspace.data(), size_t(kCublasWorkspace)),
+               "cublasSetWorkspace");
   int dev = 0;
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
   check_cuda(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
@@ -316,6 +331,15 @@ const ModelConfig& LlamaModelCuda::config() const { return impl_->config; }
 size_t LlamaModelCuda::weight_bytes() const { return impl_->weight_bytes; }
 
 size_t LlamaModelCuda::step_weight_bytes() const { return impl_->step_weight_bytes; }
+
+void LlamaModelCuda::set_cuda_graphs(bool enabled) {
+  impl_->use_graphs = enabled;
+  if (!enabled) impl_->graphs.clear();
+}
+
+LlamaModelCuda::GraphStats LlamaModelCuda::cuda_graph_stats() const {
+  return GraphStats{impl_->graphs.captures(), impl_->graphs.replays()};
+}
 
 void LlamaModelCuda::set_skinny_gemm_max_tokens(int32_t max_tokens) {
   PA_CHECK(max_tokens >= 0 && max_tokens <= cuda::kSkinnyMaxTokens, kOp,
@@ -424,7 +448,7 @@ const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& 
   std::memcpy(hm + 2 * T + R, m.rope_cos.data(), m.rope_cos.size() * 4);
   std::memcpy(hm + 2 * T + R + m.rope_cos.size(), m.rope_sin.data(), m.rope_sin.size() * 4);
   auto* dm = static_cast<int32_t*>(ensure(m.meta, int64_t(n_meta), DType::f32));
-  check_cuda(cudaMemcpy(dm, hm, n_meta * 4, cudaMemcpyHostToDevice), "batch upload");
+  check_cuda(cudaMemcpyAsync(dm, hm, n_meta * 4, cudaMemcpyHostToDevice, m.stream), "batch upload");
   const int32_t* d_tokens = dm;
   const int32_t* d_slots = dm + T;
   const int32_t* d_rows = dm + 2 * T;
@@ -446,47 +470,74 @@ const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& 
   QKVTensor out_t{attn, DType::bf16, T, Hq, D};
   AttentionOptions opt;
   opt.window = c.sliding_window;
-  m.plan->plan(q_t, cache.layer_view(0), layout, opt, out_t, nullptr);
+  m.plan->plan(q_t, cache.layer_view(0), layout, opt, out_t, m.stream);
+  float* dl = R > 0 ? static_cast<float*>(ensure(m.logits, int64_t(R) * c.vocab_size, DType::f32))
+                    : nullptr;
 
-  cuda::embed_gather(m.embed.data_as<uint16_t>(), d_tokens, T, hidden, x, nullptr);
-  cuda::QkvParams qp;
-  qp.num_tokens = T;
-  qp.num_q_heads = Hq;
-  qp.num_kv_heads = Hkv;
-  qp.head_dim = D;
-  qp.eps = c.rms_norm_eps;
-  auto* hb = static_cast<uint16_t*>(h);
-  auto opt_f32 = [](const Tensor& t) { return t.data_as<float>(); };  // null when absent
-  for (int32_t i = 0; i < c.num_layers; ++i) {
-    const Impl::Layer& L = m.layers[size_t(i)];
-    // Attention block.
-    cuda::rms_norm_bf16(x, L.attn_norm.data_as<float>(), nullptr, T, hidden, c.rms_norm_eps, hb,
-                        nullptr);
-    m.gemm(h, T, hidden, L.wqkv, qkv_dim, qkv, CUDA_R_32F, 0.f, "qkv projection");
-    cuda::qkv_post(qkv, opt_f32(L.bqkv), opt_f32(L.q_norm), opt_f32(L.k_norm), d_cos, d_sin, qp,
-                   static_cast<uint16_t*>(q), static_cast<uint16_t*>(k), static_cast<uint16_t*>(v),
-                   nullptr);
-    const PagedKVView view = cache.layer_view(i);
-    write_kv_cuda(view, d_slots, T, k, v, DType::bf16, nullptr);
-    paged_attention_cuda(*m.plan, q_t, view, out_t, nullptr);
-    m.gemm(attn, T, q_dim, L.wo, hidden, x, CUDA_R_32F, 1.f, "o projection");
-    // MLP block.
-    cuda::rms_norm_bf16(x, L.mlp_norm.data_as<float>(), nullptr, T, hidden, c.rms_norm_eps, hb,
-                        nullptr);
-    m.gemm(h, T, hidden, L.wgu, 2 * inter, gu, CUDA_R_16BF, 0.f, "gate/up projection");
-    cuda::swiglu(gu, T, inter, static_cast<uint16_t*>(act), nullptr);
-    m.gemm(act, T, inter, L.wd, hidden, x, CUDA_R_32F, 1.f, "down projection");
-  }
+  // Everything below only enqueues kernels on m.stream, reading the buffers above: a CUDA graph
+  // of it replays correctly for any later step with the same launches (step_graphs.h).
+  cudaStream_t st = m.stream;
+  auto launch = [&] {
+    cuda::embed_gather(m.embed.data_as<uint16_t>(), d_tokens, T, hidden, x, st);
+    cuda::QkvParams qp;
+    qp.num_tokens = T;
+    qp.num_q_heads = Hq;
+    qp.num_kv_heads = Hkv;
+    qp.head_dim = D;
+    qp.eps = c.rms_norm_eps;
+    auto* hb = static_cast<uint16_t*>(h);
+    auto opt_f32 = [](const Tensor& t) { return t.data_as<float>(); };  // null when absent
+    for (int32_t i = 0; i < c.num_layers; ++i) {
+      const Impl::Layer& L = m.layers[size_t(i)];
+      // Attention block.
+      cuda::rms_norm_bf16(x, L.attn_norm.data_as<float>(), nullptr, T, hidden, c.rms_norm_eps, hb,
+                          st);
+      m.gemm(h, T, hidden, L.wqkv, qkv_dim, qkv, CUDA_R_32F, 0.f, "qkv projection");
+      cuda::qkv_post(qkv, opt_f32(L.bqkv), opt_f32(L.q_norm), opt_f32(L.k_norm), d_cos, d_sin, qp,
+                     static_cast<uint16_t*>(q), static_cast<uint16_t*>(k),
+                     static_cast<uint16_t*>(v), st);
+      const PagedKVView view = cache.layer_view(i);
+      write_kv_cuda(view, d_slots, T, k, v, DType::bf16, st);
+      paged_attention_cuda(*m.plan, q_t, view, out_t, st);
+      m.gemm(attn, T, q_dim, L.wo, hidden, x, CUDA_R_32F, 1.f, "o projection");
+      // MLP block.
+      cuda::rms_norm_bf16(x, L.mlp_norm.data_as<float>(), nullptr, T, hidden, c.rms_norm_eps, hb,
+                          st);
+      m.gemm(h, T, hidden, L.wgu, 2 * inter, gu, CUDA_R_16BF, 0.f, "gate/up projection");
+      cuda::swiglu(gu, T, inter, static_cast<uint16_t*>(act), st);
+      m.gemm(act, T, inter, L.wd, hidden, x, CUDA_R_32F, 1.f, "down projection");
+    }
 
-  if (R > 0) {
-    cuda::rms_norm_bf16(x, m.final_norm.data_as<float>(), d_rows, R, hidden, c.rms_norm_eps, hb,
-                        nullptr);
-    float* dl = static_cast<float*>(ensure(m.logits, int64_t(R) * c.vocab_size, DType::f32));
-    m.gemm(h, R, hidden, m.lm_head.data() ? m.lm_head : m.embed, c.vocab_size, dl, CUDA_R_32F, 0.f,
-           "lm_head");
-    return dl;  // the caller's download (or argmax) follows on the same stream
+    if (R > 0) {
+      cuda::rms_norm_bf16(x, m.final_norm.data_as<float>(), d_rows, R, hidden, c.rms_norm_eps, hb,
+                          st);
+      m.gemm(h, R, hidden, m.lm_head.data() ? m.lm_head : m.embed, c.vocab_size, dl, CUDA_R_32F,
+             0.f, "lm_head");
+    }
+  };
+
+  // Decode steps (one new token per sequence) go through the graph cache, keyed by everything the
+  // launches take by value: counts, scratch and pool pointers, the attention plan's launches.
+  const bool decode_step = T == num_seqs;
+  // NOTE: the skinny GEMM may grow its workspace inside launch(): no graphs with it.
+  if (m.use_graphs && decode_step && m.skinny_max_tokens == 0) {
+    std::string sig;
+    auto put = [&sig](const auto& v) { sig.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+    for (int64_t v : {int64_t(T), int64_t(R)}) put(v);
+    const void* scratch[] = {dm, x, h, qkv, q, k, v, attn, gu, act, dl};
+    for (const void* ptr : scratch) put(ptr);
+    for (int32_t i = 0; i < c.num_layers; ++i) {
+      const PagedKVView view = cache.layer_view(i);
+      const void* pools[] = {view.k_pages, view.v_pages, view.k_scale, view.v_scale};
+      for (const void* ptr : pools) put(ptr);
+    }
+    sig += m.plan->launch_signature();
+    m.graphs.run(sig, st, launch);
+  } else {
+    launch();
   }
-  check_cuda(cudaDeviceSynchronize(), "forward");
+  if (R > 0) return dl;  // the caller's download (or argmax) follows on the same stream
+  check_cuda(cudaStreamSynchronize(st), "forward");
   return nullptr;
 }
 
@@ -508,7 +559,7 @@ std::vector<int32_t> LlamaModelCuda::forward_greedy(const ForwardBatch& batch, K
   // NOTE: R ids instead of R x vocab logits: at batch 32 with a 128K vocabulary the logits are
   // 16 MB a step, and the host argmax over them is further time on the critical path.
   auto* d_ids = static_cast<int32_t*>(ensure(impl_->ids, R, DType::f32));
-  cuda::argmax_rows(dl, R, impl_->config.vocab_size, d_ids, nullptr);
+  cuda::argmax_rows(dl, R, impl_->config.vocab_size, d_ids, impl_->stream);
   check_cuda(cudaMemcpy(ids.data(), d_ids, size_t(R) * 4, cudaMemcpyDeviceToHost),
              "token ids download");
   return ids;
