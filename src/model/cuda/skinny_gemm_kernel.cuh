@@ -42,32 +42,65 @@ constexpr int kTT = 16 * NP;
 template <int MI, int NP>
 constexpr int kStageElems = (kBN<MI, NP> + kTT<MI, NP>)*kBK;
 
-// One stage of k-block kb: W rows [n0, n0 + BN) (load_w) and X rows [0, TT) (load_x), 16-byte
-// chunks swizzled (swz<kBK>) so that each ldmatrix's 8 rows fall in 8 bank groups. Chunks outside
-// N, T or K are zero-filled (nothing is read for them).
+// The copies of one stage of k-block kb: W rows [n0, n0 + BN) and X rows [0, TT), 16-byte chunks
+// swizzled (swz<kBK>) so that each ldmatrix's 8 rows fall in 8 bank groups. Chunks outside N, T or
+// K are zero-filled (nothing is read for them). Each thread's chunks are the same in every stage
+// (row c / 8, chunk c % 8 of c = thread + j * kThreads): their source pointers, validity and
+// shared-memory offsets are computed once, so a stage costs each thread an add and a cp.async per
+// chunk (address arithmetic per chunk and stage kept the SM's ALUs a third busy).
 template <int MI, int NP>
-__device__ __forceinline__ void load_w(const Params& p, uint16_t* ws, int n0, int kb) {
-  constexpr int BN = kBN<MI, NP>;
-  const int k0 = kb * kBK;
+struct StageCopier {
+  static constexpr int BN = kBN<MI, NP>, TT = kTT<MI, NP>;
+  static constexpr int kW = BN * 8 / kThreads;                   // W chunks per thread
+  static constexpr int kX = (TT * 8 + kThreads - 1) / kThreads;  // X chunks per thread (or 0-1)
+  const uint16_t* w_src[kW];
+  const uint16_t* x_src[kX];
+  uint32_t w_dst[kW], x_dst[kX];  // byte offsets in a stage
+  bool x_in[kX];                  // a chunk of the X tile (else this thread has none)
+  // A chunk is copied while k0 < lim (K minus its k within the block; 0 for rows past N or T).
+  int w_lim[kW], x_lim[kX];
+
+  __device__ __forceinline__ StageCopier(const Params& p, int n0) {
 #pragma unroll
-  for (int c = threadIdx.x; c < BN * 8; c += kThreads) {
-    const int r = c >> 3, ch = c & 7, n = n0 + r, k = k0 + ch * 8;
-    const bool ok = n < p.N && k < p.K;
-    cp_async16(ws + swz<kBK>(r, ch), ok ? p.w + int64_t(n) * p.K + k : p.w, ok);
-  }
-}
-template <int MI, int NP>
-__device__ __forceinline__ void load_x(const Params& p, uint16_t* ws, int kb) {
-  constexpr int BN = kBN<MI, NP>, TT = kTT<MI, NP>;
-  uint16_t* xs = ws + BN * kBK;
-  const int k0 = kb * kBK;
+    for (int j = 0; j < kW; ++j) {
+      const int c = threadIdx.x + j * kThreads, r = c >> 3, ch = c & 7, n = n0 + r;
+      w_src[j] = n < p.N ? p.w + int64_t(n) * p.K + ch * 8 : p.w;  // p.w: never read (size 0)
+      w_dst[j] = uint32_t(swz<kBK>(r, ch)) * 2;
+      w_lim[j] = n < p.N ? p.K - ch * 8 : 0;
+    }
 #pragma unroll
-  for (int c = threadIdx.x; c < TT * 8; c += kThreads) {
-    const int r = c >> 3, ch = c & 7, k = k0 + ch * 8;
-    const bool ok = r < p.T && k < p.K;
-    cp_async16(xs + swz<kBK>(r, ch), ok ? p.x + int64_t(r) * p.K + k : p.x, ok);
+    for (int j = 0; j < kX; ++j) {
+      const int c = threadIdx.x + j * kThreads, r = c >> 3, ch = c & 7;
+      x_src[j] = r < p.T ? p.x + int64_t(r) * p.K + ch * 8 : p.x;
+      x_dst[j] = uint32_t(BN * kBK + swz<kBK>(r, ch)) * 2;
+      x_lim[j] = r < p.T ? p.K - ch * 8 : 0;
+      x_in[j] = c < TT * 8;
+    }
   }
-}
+  // 16 bytes from src, or (ok false) 16 zeros with nothing read.
+  __device__ __forceinline__ static void copy(uint32_t dst, const uint16_t* src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(ok ? 16 : 0));
+  }
+  // stage: the stage's shared-memory address (cvta'd).
+  __device__ __forceinline__ void load_w(uint32_t stage, int kb) const {
+    const int k0 = kb * kBK;
+#pragma unroll
+    for (int j = 0; j < kW; ++j) {
+      const bool ok = k0 < w_lim[j];
+      copy(stage + w_dst[j], ok ? w_src[j] + k0 : w_src[j], ok);
+    }
+  }
+  __device__ __forceinline__ void load_x(uint32_t stage, int kb) const {
+    const int k0 = kb * kBK;
+#pragma unroll
+    for (int j = 0; j < kX; ++j) {
+      if (!x_in[j]) continue;
+      const bool ok = k0 < x_lim[j];
+      copy(stage + x_dst[j], ok ? x_src[j] + k0 : x_src[j], ok);
+    }
+  }
+};
 
 // acc[m][j]: weight rows m * 16 + [0, 16) of this warp, tokens j * 8 + [0, 8), in the mma's
 // accumulator layout (c0, c1: row lane / 4, tokens 2 (lane % 4) + {0, 1}; c2, c3: row + 8).
@@ -125,15 +158,17 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const Params p) {
   // join the first commit group, which the first iteration waits for anyway.
   allow_dependent_launch();
   const int n_kb = kb1 - kb0;
-  auto kb_at = [&](int i) { return kb0 + i; };  // the i-th k-block this CTA reads
+  const StageCopier<MI, NP> cp(p, n0);
+  const uint32_t smem_base = uint32_t(__cvta_generic_to_shared(smem));
+  auto stage_addr = [&](int i) { return smem_base + uint32_t((i % kStages) * SE * 2); };
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_kb) load_w<MI, NP>(p, smem + s * SE, n0, kb_at(s));
+    if (s < n_kb) cp.load_w(stage_addr(s), kb0 + s);
   }
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_kb) load_x<MI, NP>(p, smem + s * SE, kb_at(s));
+    if (s < n_kb) cp.load_x(stage_addr(s), kb0 + s);
     cp_async_commit();
   }
   float acc[MI][2 * NP][4] = {};
@@ -142,9 +177,8 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const Params p) {
     __syncthreads();  // stage i landed for every thread; stage i - 1 is free for everyone
     const int next = i + kStages - 1;
     if (next < n_kb) {
-      uint16_t* ws = smem + (next % kStages) * SE;
-      load_w<MI, NP>(p, ws, n0, kb_at(next));
-      load_x<MI, NP>(p, ws, kb_at(next));
+      cp.load_w(stage_addr(next), kb0 + next);
+      cp.load_x(stage_addr(next), kb0 + next);
     }
     cp_async_commit();
     compute_stage<MI, NP>(smem + (i % kStages) * SE, warp, lane, acc);
