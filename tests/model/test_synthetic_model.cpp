@@ -105,6 +105,17 @@ TEST(SyntheticCpu, Llama3_8bIsRefusedWithAClearError) {
   EXPECT_FALSE(error_of(+[] { make_synthetic_preset_file("synthetic:llama3-8b"); }).empty());
 }
 
+// A CPU cache of num_pages 16-token pages for model m.
+KvCacheConfig cpu_cache_config(const Model& m, int32_t num_pages) {
+  KvCacheConfig kc;
+  kc.num_layers = m.config().num_layers;
+  kc.num_kv_heads = m.config().num_kv_heads;
+  kc.head_dim = m.config().head_dim;
+  kc.num_pages = num_pages;
+  kc.page_size = 16;
+  return kc;
+}
+
 TEST(SyntheticCpu, TinyPresetRunsAndRepeats) {
   const std::unique_ptr<Model> a = create_synthetic_model("synthetic:tiny", Device::cpu);
   const std::unique_ptr<Model> b = create_synthetic_model("synthetic:tiny", Device::cpu);
@@ -112,13 +123,7 @@ TEST(SyntheticCpu, TinyPresetRunsAndRepeats) {
   EXPECT_EQ(a->config().num_layers, synthetic_model_config("synthetic:tiny").num_layers);
   std::vector<std::vector<float>> logits;
   for (Model* m : {a.get(), b.get()}) {
-    KvCacheConfig kc;
-    kc.num_layers = m->config().num_layers;
-    kc.num_kv_heads = m->config().num_kv_heads;
-    kc.head_dim = m->config().head_dim;
-    kc.num_pages = 8;
-    kc.page_size = 16;
-    KvCache cache(kc);
+    KvCache cache(cpu_cache_config(*m, 8));
     const SeqId s = cache.create_sequence();
     const Tensor l = m->forward(make_forward_batch(cache, {s}, {{1, 2, 3, 500}}), cache);
     ASSERT_EQ(l.shape(), (std::vector<int64_t>{1, 512}));
@@ -136,13 +141,7 @@ TEST(SyntheticCpu, TinyPresetRunsAndRepeats) {
 TEST(SyntheticCpu, ForwardGreedyIsTheArgmaxOfForward) {
   const std::unique_ptr<Model> m = create_synthetic_model("synthetic:tiny", Device::cpu);
   const int64_t V = m->config().vocab_size;
-  KvCacheConfig kc;
-  kc.num_layers = m->config().num_layers;
-  kc.num_kv_heads = m->config().num_kv_heads;
-  kc.head_dim = m->config().head_dim;
-  kc.num_pages = 16;
-  kc.page_size = 16;
-  KvCache cache(kc);
+  KvCache cache(cpu_cache_config(*m, 16));
   std::vector<SeqId> seqs;
   std::vector<std::vector<int32_t>> toks;
   for (int s = 0; s < 3; ++s) {

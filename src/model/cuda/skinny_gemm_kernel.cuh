@@ -132,6 +132,20 @@ __device__ __forceinline__ void compute_stage(const uint16_t* ws, int warp, int 
   }
 }
 
+// Calls f(r, t, v) for each of this thread's accumulators: weight row r of the tile, token t.
+template <int MI, int NP, class F>
+__device__ __forceinline__ void for_each_acc(const float (&acc)[MI][2 * NP][4], int warp, int lane,
+                                             F&& f) {
+#pragma unroll
+  for (int m = 0; m < MI; ++m)
+#pragma unroll
+    for (int j = 0; j < 2 * NP; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        f((warp * MI + m) * 16 + lane / 4 + (i >= 2 ? 8 : 0), j * 8 + (lane % 4) * 2 + (i & 1),
+          acc[m][j][i]);
+}
+
 __device__ __forceinline__ void store_out(const Params& p, int t, int n, float v) {
   const int64_t i = int64_t(t) * p.N + n;
   if (p.y_bf16) {
@@ -186,16 +200,9 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const Params p) {
   cp_async_wait<0>();
 
   if (p.splits == 1) {
-#pragma unroll
-    for (int m = 0; m < MI; ++m)
-#pragma unroll
-      for (int j = 0; j < 2 * NP; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int n = n0 + (warp * MI + m) * 16 + lane / 4 + (i >= 2 ? 8 : 0);
-          const int t = j * 8 + (lane % 4) * 2 + (i & 1);
-          if (n < p.N && t < p.T) store_out(p, t, n, acc[m][j][i]);
-        }
+    for_each_acc<MI, NP>(acc, warp, lane, [&](int r, int t, float v) {
+      if (n0 + r < p.N && t < p.T) store_out(p, t, n0 + r, v);
+    });
     return;
   }
 
@@ -207,16 +214,7 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const Params p) {
     cg::cluster_group cluster = cg::this_cluster();
     float* red = reinterpret_cast<float*>(smem);  // [TT][BN]
     __syncthreads();                              // every warp is done with the ring
-#pragma unroll
-    for (int m = 0; m < MI; ++m)
-#pragma unroll
-      for (int j = 0; j < 2 * NP; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int r = (warp * MI + m) * 16 + lane / 4 + (i >= 2 ? 8 : 0);
-          const int t = j * 8 + (lane % 4) * 2 + (i & 1);
-          red[t * BN + r] = acc[m][j][i];
-        }
+    for_each_acc<MI, NP>(acc, warp, lane, [&](int r, int t, float v) { red[t * BN + r] = v; });
     cluster.sync();
     const int rank = int(cluster.block_rank());
     for (int e = rank * kThreads + threadIdx.x; e < p.T * BN; e += p.splits * kThreads) {
@@ -236,16 +234,9 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const Params p) {
   }
 
   float* part = p.partial + int64_t(split) * p.T * p.N;
-#pragma unroll
-  for (int m = 0; m < MI; ++m)
-#pragma unroll
-    for (int j = 0; j < 2 * NP; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int n = n0 + (warp * MI + m) * 16 + lane / 4 + (i >= 2 ? 8 : 0);
-        const int t = j * 8 + (lane % 4) * 2 + (i & 1);
-        if (n < p.N && t < p.T) part[int64_t(t) * p.N + n] = acc[m][j][i];
-      }
+  for_each_acc<MI, NP>(acc, warp, lane, [&](int r, int t, float v) {
+    if (n0 + r < p.N && t < p.T) part[int64_t(t) * p.N + n0 + r] = v;
+  });
   __threadfence();  // the partial is visible device-wide before the counter says so
   __syncthreads();
   __shared__ bool last;
