@@ -44,6 +44,9 @@ class LlamaModelCuda : public Model {
   const ModelConfig& config() const override;
   Device device() const override { return Device::cuda; }
   Tensor forward(const ForwardBatch& batch, KvCache& cache) override;
+  // The fp8 calibration pass (Model::kv_absmax): the tokens through a private bf16 cache on the
+  // device, whose stored K and V are read back for their absolute maxima.
+  KvAbsMax kv_absmax(const std::vector<int32_t>& tokens) override;
   // The same pass; the argmax of each logit row on the device, and only the ids downloaded.
   std::vector<int32_t> forward_greedy(const ForwardBatch& batch, KvCache& cache) override;
 

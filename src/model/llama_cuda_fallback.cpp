@@ -39,6 +39,9 @@ size_t LlamaModelCuda::weight_bytes() const { return 0; }
 size_t LlamaModelCuda::step_weight_bytes() const { return 0; }
 void LlamaModelCuda::set_skinny_gemm_max_tokens(int32_t) {}
 void LlamaModelCuda::set_cuda_graphs(bool) {}
+Model::KvAbsMax LlamaModelCuda::kv_absmax(const std::vector<int32_t>&) {
+  fail("LlamaModelCuda::kv_absmax: pagedattn was built without CUDA support");
+}
 LlamaModelCuda::GraphStats LlamaModelCuda::cuda_graph_stats() const { return {}; }
 
 }  // namespace pagedattn

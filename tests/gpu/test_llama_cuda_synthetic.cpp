@@ -189,6 +189,36 @@ TEST_P(LlamaCudaSynthetic, CudaGraphsGiveTheSameBits) {
   EXPECT_EQ(plain.cuda_graph_stats().captures, 0u);
 }
 
+// fp8 KV on the device: the calibration pass gives the CPU model's maxima on the same weights
+// (within bf16 rounding: the device's are read from its bf16 pools), and an fp8 cache with those
+// scales gives logits near the bf16 cache's.
+TEST_P(LlamaCudaSynthetic, Fp8KvCalibratedOnTheDevice) {
+  PA_SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = tiny_config(GetParam());
+  LlamaModelCuda m(cfg, 5);
+  LlamaModel cpu(make_hashed_synthetic_model_file(cfg, 5));
+  std::vector<int32_t> calib;
+  for (int i = 0; i < 70; ++i) calib.push_back(int32_t((i * 37 + 11) % 300));
+  const Model::KvAbsMax dev = m.kv_absmax(calib), host = cpu.kv_absmax(calib);
+  ASSERT_EQ(dev.k.size(), size_t(cfg.num_layers * cfg.num_kv_heads));
+  ASSERT_EQ(dev.k.size(), host.k.size());
+  for (size_t i = 0; i < dev.k.size(); ++i) {
+    EXPECT_GT(dev.k[i], 0.f);
+    EXPECT_NEAR(dev.k[i], host.k[i], 2e-2 * host.k[i]) << "K max, layer x head " << i;
+    EXPECT_NEAR(dev.v[i], host.v[i], 2e-2 * host.v[i]) << "V max, layer x head " << i;
+  }
+  KvCacheConfig bf = cache_config(cfg, Device::cuda), f8 = bf;
+  f8.dtype = DType::fp8_e4m3;
+  KvCache bf_cache(bf), f8_cache(f8);
+  calibrate_kv_scales(m, f8_cache, calib);
+  const std::vector<float> lb = decode_run(m, bf_cache, 3, 8), l8 = decode_run(m, f8_cache, 3, 8);
+  for (float x : l8) ASSERT_TRUE(std::isfinite(x));
+  const double err = rel_err(lb, l8);
+  std::printf("%s: fp8 KV against bf16 KV, relative logit error %.2e\n", GetParam().c_str(), err);
+  EXPECT_LT(err, 5e-2);
+  EXPECT_GT(err, 0.0) << "fp8 pools gave the bf16 logits bit for bit: were they used?";
+}
+
 INSTANTIATE_TEST_SUITE_P(Variants, LlamaCudaSynthetic,
                          ::testing::Values("llama", "qwen2", "qwen3"));
 
