@@ -11,6 +11,7 @@ void StepGraphs::clear() {
   for (Entry& e : entries_) cudaGraphExecDestroy(e.exec);
   entries_.clear();
   previous_.clear();
+  failed_.clear();
 }
 
 void StepGraphs::run(const std::string& signature, cudaStream_t stream,
@@ -21,7 +22,7 @@ void StepGraphs::run(const std::string& signature, cudaStream_t stream,
   if (it == entries_.end()) {
     const bool repeated = signature == previous_;
     previous_ = signature;
-    if (!repeated) return launch();
+    if (!repeated || failed_.count(signature)) return launch();
     // Capture. NOTE: thread-local mode: other threads' CUDA calls (a server's other work) are not
     // affected; this thread's launch() may only enqueue on `stream`.
     cudaGraph_t graph = nullptr;
@@ -30,7 +31,7 @@ void StepGraphs::run(const std::string& signature, cudaStream_t stream,
     if (ok) {
       try {
         launch();
-      } catch (const Error&) {
+      } catch (...) {
         ok = false;  // a launch refused under capture; the capture is ended below
       }
       ok = cudaStreamEndCapture(stream, &graph) == cudaSuccess && ok;
@@ -41,6 +42,7 @@ void StepGraphs::run(const std::string& signature, cudaStream_t stream,
       // NOTE: nothing captured has run; the step runs as plain launches.
       if (exec) cudaGraphExecDestroy(exec);
       (void)cudaGetLastError();
+      failed_.insert(signature);  // not tried again
       return launch();
     }
     if (entries_.size() >= capacity_) {

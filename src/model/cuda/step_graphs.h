@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -29,8 +30,8 @@ class StepGraphs {
   // graph of `signature` when there is one; captures one when the previous run had the same
   // signature (evicting the least recently used beyond capacity), then replays it; otherwise calls
   // launch() directly. launch() must only enqueue work on `stream` (no allocation, no
-  // synchronisation). If the capture fails (an unsupported call), launch() runs directly and the
-  // error is cleared. Throws Error when a replay fails.
+  // synchronisation). If the capture fails (an unsupported call), launch() runs directly, the
+  // error is cleared and that signature is not captured again. Throws Error when a replay fails.
   void run(const std::string& signature, cudaStream_t stream, const std::function<void()>& launch);
   void clear();
 
@@ -46,6 +47,7 @@ class StepGraphs {
   size_t capacity_;
   std::vector<Entry> entries_;
   std::string previous_;
+  std::set<std::string> failed_;  // signatures whose capture failed: run as plain launches
   uint64_t clock_ = 0;
   size_t captures_ = 0, replays_ = 0;
 };
