@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kv_calibration.h"
 #include "pagedattn/error.h"
 #include "pagedattn/llama.h"
 #include "pagedattn/sampling.h"
@@ -60,14 +61,7 @@ Model::KvAbsMax Model::kv_absmax(const std::vector<int32_t>&) {
 
 Model::KvAbsMax LlamaModel::kv_absmax(const std::vector<int32_t>& tokens) {
   PA_CHECK(!tokens.empty(), "kv_absmax: tokens are empty");
-  KvCacheConfig kc;
-  kc.num_layers = config_.num_layers;
-  kc.num_kv_heads = config_.num_kv_heads;
-  kc.head_dim = config_.head_dim;
-  kc.page_size = 16;
-  kc.num_pages = int32_t((tokens.size() + 15) / 16);
-  kc.enable_prefix_cache = false;
-  KvCache cache(kc);
+  KvCache cache(calibration_cache_config(config_, tokens.size(), Device::cpu, DType::f32));
   const SeqId seq = cache.create_sequence();
   ForwardBatch b = make_forward_batch(cache, {seq}, {tokens});
   b.logit_rows.clear();

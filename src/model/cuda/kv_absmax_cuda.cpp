@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kv_calibration.h"
 #include "pagedattn/dtype.h"
 #include "pagedattn/error.h"
 #include "pagedattn/llama_cuda.h"
@@ -16,15 +17,7 @@ namespace pagedattn {
 Model::KvAbsMax LlamaModelCuda::kv_absmax(const std::vector<int32_t>& tokens) {
   PA_CHECK(!tokens.empty(), "kv_absmax: tokens are empty");
   const ModelConfig& c = config();
-  KvCacheConfig kc;
-  kc.num_layers = c.num_layers;
-  kc.num_kv_heads = c.num_kv_heads;
-  kc.head_dim = c.head_dim;
-  kc.page_size = 16;
-  kc.num_pages = int32_t((tokens.size() + 15) / 16);
-  kc.dtype = DType::bf16;
-  kc.device = Device::cuda;
-  kc.enable_prefix_cache = false;
+  const KvCacheConfig kc = calibration_cache_config(c, tokens.size(), Device::cuda, DType::bf16);
   KvCache cache(kc);
   const SeqId seq = cache.create_sequence();
   ForwardBatch b = make_forward_batch(cache, {seq}, {tokens});
