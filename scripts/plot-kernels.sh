@@ -106,50 +106,40 @@ awk -v g="$gqa" -v t="$kv_dtype" -v d="$head_dim" '$5 == g && $6 == t && $11 == 
   "$work/decode" > "$slice"
 what="$device decode, $hardware, GQA $gqa, head dim $head_dim, $kv_dtype KV"
 
-if [[ -s $slice ]]; then
-  batches=$(values 2 "$slice")
-  n=$(wc -l <<< "$batches")
-  # ---- vs page size: a panel per batch, a line per context ----
-  {
-    preamble "$outdir/kernels_${device}_page.png" "$n" "page size (tokens)" "$what"
-    xaxis 4 "$slice"
-    for b in $batches; do
-      plot="" i=0
-      for c in $(awk -v b="$b" '$2 == b' "$slice" | values 3 /dev/stdin); do
-        f="$work/page_${b}_${c}.dat"
-        awk -v b="$b" -v c="$c" '$2 == b && $3 == c { print $4, $7 }' "$slice" | sort -g > "$f"
-        plot+="${plot:+, }\"$f\" using 1:2 with linespoints $(style $i) title \"context $c\""
-        i=$((i + 1))
-      done
-      awk -v b="$b" '$2 == b' "$slice" > "$work/panel"
-      pct_tics "$work/panel"
-      echo "set title \"batch $b\""
-      echo "plot $plot"
+# A panel per batch of the slice, x = field $2, a line per value of field $3 ("$5 VALUE"): the
+# gnuplot script of figure $1 (x label $4), for the batches listed in $6.
+batch_panels() {
+  local out=$1 xf=$2 lf=$3 xlabel=$4 label=$5 batches=$6 b v f plot i
+  preamble "$out" "$(wc -w <<< "$batches")" "$xlabel" "$what"
+  xaxis "$xf" "$slice"
+  for b in $batches; do
+    plot="" i=0
+    for v in $(awk -v b="$b" '$2 == b' "$slice" | values "$lf" /dev/stdin); do
+      f="$work/panel_${xf}_${b}_${v}.dat"
+      awk -v b="$b" -v v="$v" -v xf="$xf" -v lf="$lf" '$2 == b && $lf == v { print $xf, $7 }' \
+        "$slice" | sort -g > "$f"
+      plot+="${plot:+, }\"$f\" using 1:2 with linespoints $(style $i) title \"$label $v\""
+      i=$((i + 1))
     done
-    echo "unset multiplot"
-  } | gnuplot
-  # ---- vs context: a panel per batch with two contexts or more, a line per page size ----
+    awk -v b="$b" '$2 == b' "$slice" > "$work/panel"
+    pct_tics "$work/panel"
+    echo "set title \"batch $b\""
+    echo "plot $plot"
+  done
+  echo "unset multiplot"
+}
+
+if [[ -s $slice ]]; then
+  # vs page size: a panel per batch, a line per context
+  batch_panels "$outdir/kernels_${device}_page.png" 4 3 "page size (tokens)" context \
+    "$(values 2 "$slice")" | gnuplot
+  # vs context: a panel per batch with two contexts or more, a line per page size
   batches=$(awk '!seen[$2 " " $3]++ { n[$2]++ } END { for (b in n) if (n[b] > 1) print b }' \
     "$slice" | sort -g)
-  n=$(wc -w <<< "$batches")
-  if [[ $n -gt 0 ]]; then {
-    preamble "$outdir/kernels_${device}_context.png" "$n" "context (tokens)" "$what"
-    xaxis 3 "$slice"
-    for b in $batches; do
-      plot="" i=0
-      for p in $(awk -v b="$b" '$2 == b' "$slice" | values 4 /dev/stdin); do
-        f="$work/ctx_${b}_${p}.dat"
-        awk -v b="$b" -v p="$p" '$2 == b && $4 == p { print $3, $7 }' "$slice" | sort -g > "$f"
-        plot+="${plot:+, }\"$f\" using 1:2 with linespoints $(style $i) title \"page $p\""
-        i=$((i + 1))
-      done
-      awk -v b="$b" '$2 == b' "$slice" > "$work/panel"
-      pct_tics "$work/panel"
-      echo "set title \"batch $b\""
-      echo "plot $plot"
-    done
-    echo "unset multiplot"
-  } | gnuplot; fi
+  if [[ -n $batches ]]; then
+    batch_panels "$outdir/kernels_${device}_context.png" 3 4 "context (tokens)" page \
+      "$batches" | gnuplot
+  fi
   echo "wrote $outdir/kernels_${device}_page.png${batches:+ $outdir/kernels_${device}_context.png}"
 fi
 
