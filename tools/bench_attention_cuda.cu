@@ -271,6 +271,9 @@ int bench_attention_cuda(const BenchAttentionArgs& args) {
                 {"page", std::to_string(p.page_size)},
                 {"kv", kv},
                 {"tensor_core", plan.info().prefill_tiles > 0 ? "yes" : "no"},
+                {"kernel", plan.info().prefill_hopper       ? "wgmma"
+                           : plan.info().prefill_tiles > 0 ? "mma"
+                                                           : "decode"},
                 {"us", fmt(us)},
                 {"TFLOPs", fmt(p.flops() / us / 1e6, 1)},
                 {"q_per_seq", std::to_string(p.q_per_seq)},

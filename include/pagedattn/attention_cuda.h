@@ -42,6 +42,12 @@ struct CudaPlanOptions {
   // Rows of sequences with q_len > 1 go to the tensor-core prefill kernel where it supports the
   // dtypes (false: the decode kernel runs every query row, a slower path kept for cross-checking).
   bool tensor_core_prefill = true;
+  // On an sm_90 GPU, those prefill rows run on the Hopper kernel (wgmma on tiles brought in by
+  // bulk tensor copies) where it supports the shape; false: always the mma.sync kernel.
+  bool hopper_prefill = true;
+  // In the Hopper kernel, the softmax of one KV tile runs while the tensor cores do P V of the
+  // previous one (false: one step after the other, kept for the kernel lab).
+  bool hopper_prefill_overlap = true;
   // Decode rows of GQA groups of at least this many query heads per KV head run on the
   // tensor-core decode kernel, the others on the CUDA-core one. It depends on the model's shape
   // only, never on the batch, so a row's output does not depend on the batch it is in.
@@ -54,6 +60,7 @@ struct CudaPlanInfo {
   int32_t decode_ctas = 0;    // decode work items (x dimension of its grid)
   int32_t split_rows = 0;     // decode rows whose chunks are spread over several CTAs
   int32_t prefill_tiles = 0;  // prefill work items
+  bool prefill_hopper = false;  // the prefill items run on the Hopper (wgmma) kernel
   int32_t chunks_per_cta = 0;
   int32_t decode_tc_rows = 0;  // query heads per tensor-core decode CTA (0: CUDA-core kernel)
   size_t workspace_bytes = 0;

@@ -7,7 +7,7 @@ q = K/V length. Cold L2 before each timed run, untimed: a memset of twice its si
 another buffer of that size so that the L2 holds clean lines (as pagedattn's benchmark does; after a
 memset alone the write-back of its dirty lines competes with the timed kernel), CUDA events,
 warm-up, median of --iters.
-    python3 scripts/device/torch_baseline.py [--quick] [--iters 30]
+    python3 scripts/device/torch_baseline.py [--quick] [--iters 30] [--mode all|decode|prefill]
 """
 import argparse
 import statistics
@@ -38,6 +38,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--mode", choices=["all", "decode", "prefill"], default="all")
     args = ap.parse_args()
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
@@ -58,7 +59,7 @@ def main():
     kv_heads = [8] if args.quick else [8, 32]
     dims = [128] if args.quick else [128, 256]
     hq = 32
-    for d in dims:
+    for d in dims if args.mode != "prefill" else []:
         for hkv in kv_heads:
             for bsz in batches:
                 for ctx in contexts:
@@ -79,23 +80,28 @@ def main():
                             line += f" {name}_us=n/a"
                     print(line, flush=True)
                     del q, k, v
-    for bsz in [1, 4]:
-        for length in [2048, 8192]:
-            hkv, d = 8, 128
-            q = torch.randn(bsz, hq, length, d, dtype=torch.bfloat16, device=dev)
-            k = torch.randn(bsz, hkv, length, d, dtype=torch.bfloat16, device=dev)
-            v = torch.randn_like(k)
-            flops = 4.0 * bsz * hq * d * (length * (length + 1) / 2)
-            line = f"kind=torch_prefill batch={bsz} len={length} hq={hq} hkv={hkv} d={d}"
-            for name, be in backends.items():
-                try:
-                    with sdpa_kernel([be]):
-                        fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-                        us = time_us(fn, max(3, args.iters // 4), flush)
-                    line += f" {name}_us={us:.1f} {name}_TFLOPs={flops / us / 1e6:.1f}"
-                except Exception:
-                    line += f" {name}_us=n/a"
-            print(line, flush=True)
+    # Prefill: the shapes of `bench attention --mode prefill` (issue grid: GQA 32/8 and 32/32,
+    # head dims 64/128/256, lengths 2048-32768).
+    prefill = [(b, n, 8, 128) for b in (1, 4) for n in (2048, 8192, 32768)]
+    prefill += [(1, 8192, 32, 128), (1, 8192, 8, 64), (1, 8192, 8, 256), (4, 8192, 8, 64),
+                (4, 8192, 8, 256)]
+    for bsz, length, hkv, d in prefill if args.mode != "decode" else []:
+        if args.quick and length > 8192:
+            continue
+        q = torch.randn(bsz, hq, length, d, dtype=torch.bfloat16, device=dev)
+        k = torch.randn(bsz, hkv, length, d, dtype=torch.bfloat16, device=dev)
+        v = torch.randn_like(k)
+        flops = 4.0 * bsz * hq * d * (length * (length + 1) / 2)
+        line = f"kind=torch_prefill batch={bsz} len={length} hq={hq} hkv={hkv} d={d}"
+        for name, be in backends.items():
+            try:
+                with sdpa_kernel([be]):
+                    fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+                    us = time_us(fn, max(3, args.iters // 4), flush)
+                line += f" {name}_us={us:.1f} {name}_TFLOPs={flops / us / 1e6:.1f}"
+            except Exception:
+                line += f" {name}_us=n/a"
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

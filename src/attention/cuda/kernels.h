@@ -62,7 +62,17 @@ struct AttentionParams {
   // prefill
   const PrefillItem* prefill_items = nullptr;  // [num_prefill_items]
   int32_t num_prefill_items = 0;
+  // Which prefill kernel runs the items: kPrefillMma (mma.sync, any GPU), kPrefillWgmma (the
+  // Hopper kernel, softmax overlapped with P V) or kPrefillWgmmaSerial (the Hopper kernel, one
+  // step after the other); the plan picks a Hopper one only where prefill_hopper_available().
+  int32_t prefill_kernel = 0;
+  int32_t num_tokens = 0, num_pages = 0;  // the Hopper kernel's tensor maps
+  int32_t tma_box_rows = 0;               // K/V rows per bulk copy (set by its launcher)
 };
+
+constexpr int32_t kPrefillMma = 0;
+constexpr int32_t kPrefillWgmma = 1;
+constexpr int32_t kPrefillWgmmaSerial = 2;
 
 // Query heads per CTA of the CUDA-core decode kernel for a GQA group of `group` (fp8 keeps 4 at
 // most: its 16-element vectors double the registers per head).
@@ -91,5 +101,16 @@ int decode_ctas_per_sm(DType q, DType kv, int head_dim, int tc_rows, int group_t
 void launch_prefill(const AttentionParams& p, DType q, DType kv, int head_dim, cudaStream_t s);
 // Whether launch_prefill handles this combination.
 bool prefill_supported(DType q, DType kv, int head_dim);
+
+// The Hopper (sm_90a) prefill kernel over p.prefill_items: wgmma + bulk tensor copies. Falls back
+// to launch_prefill where a tensor map cannot be encoded (e.g. a misaligned pool).
+void launch_prefill_hopper(const AttentionParams& p, DType q, DType kv, int head_dim,
+                           cudaStream_t s);
+// Whether the Hopper kernel handles this shape: q and KV bf16 or f16 of one dtype, head_dim 64,
+// 128 or 256, page_size a multiple of 8 (at most 256), a GQA group dividing kPrefillRows.
+bool prefill_hopper_supported(DType q, DType kv, int head_dim, int group, int page_size);
+// Whether it can run here: the current device is sm_90 and the kernel was built for sm_90a, and
+// the driver's tensor-map encoder is reachable.
+bool prefill_hopper_available();
 
 }  // namespace pagedattn::cuda

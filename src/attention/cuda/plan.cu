@@ -110,6 +110,10 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   const bool fp8 = kv.dtype == DType::fp8_e4m3;
   const bool use_prefill =
       im.opts.tensor_core_prefill && cuda::prefill_supported(q.dtype, kv.dtype, D);
+  const bool use_hopper =
+      use_prefill && im.opts.hopper_prefill &&
+      cuda::prefill_hopper_supported(q.dtype, kv.dtype, D, group, kv.page_size) &&
+      cuda::prefill_hopper_available();
 
   // ---- rows for the decode kernel, prefill tiles for the rest ----
   std::vector<DecodeRow> rows;
@@ -254,6 +258,11 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   p.decode_tc_rows = tc_rows;
   p.prefill_items = reinterpret_cast<const cuda::PrefillItem*>(im.ws + o_prefill);
   p.num_prefill_items = int32_t(prefill.size());
+  p.prefill_kernel = !use_hopper                    ? cuda::kPrefillMma
+                     : im.opts.hopper_prefill_overlap ? cuda::kPrefillWgmma
+                                                      : cuda::kPrefillWgmmaSerial;
+  p.num_tokens = q.num_tokens;
+  p.num_pages = kv.num_pages;
   p.partial_md = reinterpret_cast<float*>(im.ws + o_partial);
   p.partial_o = reinterpret_cast<float*>(
       im.ws + align_up(o_partial + size_t(partials) * Hq * 2 * sizeof(float)));
@@ -273,6 +282,7 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   info_.decode_ctas = int32_t(items.size());
   info_.split_rows = int32_t(merges.size());
   info_.prefill_tiles = int32_t(prefill.size());
+  info_.prefill_hopper = use_hopper && !prefill.empty();
   info_.chunks_per_cta = k == INT_MAX ? 0 : int32_t(k);
   info_.decode_tc_rows = tc_rows;
   info_.workspace_bytes = o_partial + partials_size(partials);
@@ -316,7 +326,11 @@ void paged_attention_cuda(const CudaAttentionPlan& plan, const QKVTensor& q, con
   p.v_scale = kv.v_scale;
   const auto s = static_cast<cudaStream_t>(stream);
   cuda::launch_decode(p, q.dtype, kv.dtype, im.head_dim, s);
-  if (p.num_prefill_items > 0) cuda::launch_prefill(p, q.dtype, kv.dtype, im.head_dim, s);
+  if (p.num_prefill_items == 0) return;
+  if (p.prefill_kernel != cuda::kPrefillMma)
+    cuda::launch_prefill_hopper(p, q.dtype, kv.dtype, im.head_dim, s);
+  else
+    cuda::launch_prefill(p, q.dtype, kv.dtype, im.head_dim, s);
 }
 
 }  // namespace pagedattn

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# One GPU call for the Hopper prefill kernel: build (test_gpu, the prefill lab, the attention
+# benchmark), the SASS check (HGMMA and UTMALDG present, no local memory), the Hopper prefill tests
+# first, then the whole GPU suite, compute-sanitizer memcheck and racecheck on the prefill tests,
+# the lab (gate and sweep), the prefill benchmark and torch's cuDNN and flash backends at the same
+# shapes. Every step has a time limit; logs go to $OUT (default ./out/gpu), a summary is printed
+# last. Steps: any of build sass hopper lab suite sanitize torch bench dims (default: all but dims,
+# in that order).
+#   scripts/device/prefill-hopper.sh
+#   scripts/device/prefill-hopper.sh build hopper lab
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/out/gpu}
+BUILD_DIR=${BUILD_DIR:-build-gpu}
+mkdir -p "$OUT"
+steps=${*:-build sass hopper lab suite sanitize torch bench}
+# NOTE: the whole call has a time limit on the GPU machine: no step runs past BUDGET seconds from
+# the start (default 570), so the logs and the summary always come back.
+end=$(($(date +%s) + ${BUDGET:-570}))
+has() { [[ " $steps " == *" $1 "* ]]; }
+summary=()
+step() {  # step NAME SECONDS LOG command...
+  local name=$1 secs=$2 log=$3 t0 rc
+  shift 3
+  t0=$(date +%s)
+  if ((t0 + secs > end)); then secs=$((end - t0)); fi
+  if ((secs < 5)); then
+    summary+=("$(printf '%-10s skipped (no time left)' "$name")")
+    return 1
+  fi
+  timeout "$secs" "$@" >>"$OUT/$log" 2>&1
+  rc=$?
+  summary+=("$(printf '%-10s rc=%-4s %4ss' "$name" "$rc" "$(($(date +%s) - t0))")")
+  return $rc
+}
+{
+  date -u
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
+  nvcc --version | tail -1
+} >"$OUT/device.txt" 2>&1
+cat "$OUT/device.txt"
+
+if has build; then
+  step build 420 build.log env BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh test_gpu \
+    attention_prefill_lab bench_attention_cuda_main || { tail -40 "$OUT/build.log"; }
+fi
+if [[ -f "$BUILD_DIR/deps-env.sh" ]]; then source "$BUILD_DIR/deps-env.sh"; fi
+T="$BUILD_DIR/tests/test_gpu"
+if has sass; then
+  obj=$(find "$BUILD_DIR" -name 'prefill_hopper_bf16.cu.o' | head -1)
+  if [[ -n "$obj" ]] && command -v cuobjdump >/dev/null; then
+    cuobjdump -sass "$obj" >"$OUT/sass.txt" 2>&1
+    echo "sass: HGMMA $(grep -c HGMMA "$OUT/sass.txt") UTMALDG $(grep -c UTMALDG "$OUT/sass.txt")" \
+      "LDL/STL $(grep -cE 'LDL|STL' "$OUT/sass.txt")" | tee -a "$OUT/device.txt"
+    rm -f "$OUT/sass.txt"
+  fi
+fi
+if has hopper; then
+  step hopper 150 hopper.log "$T" --gtest_filter='HopperPrefill.*'
+  tail -15 "$OUT/hopper.log"
+fi
+if has lab; then
+  step lab 200 lab.log "$BUILD_DIR/kernels_dev/attention_prefill_lab"
+  grep -vE "^gate .* ok$" "$OUT/lab.log" | tail -30
+fi
+if has suite; then
+  # The Hopper tests ran in their own step when it was asked for.
+  filter='*'
+  if has hopper; then filter='-HopperPrefill.*'; fi
+  step suite 420 suite.log "$T" --gtest_filter="$filter"
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests ran" "$OUT/suite.log" | tail -20
+fi
+if has sanitize; then
+  # The Hopper kernel (long chunked contexts, sliding window, whole prompts) and the shapes it
+  # hands to the mma.sync kernel.
+  f='HopperPrefill.ChunksAtTheEndOfLongContexts:HopperPrefill.OtherShapes*'
+  step memcheck 150 sanitize.log compute-sanitizer --tool memcheck --error-exitcode 3 "$T" \
+    --gtest_filter="$f"
+  step racecheck 150 sanitize.log compute-sanitizer --tool racecheck --error-exitcode 3 "$T" \
+    --gtest_filter="$f"
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Hazard" "$OUT/sanitize.log" | head -10
+fi
+if has torch; then
+  step torch 120 torch.log env PYTHONUNBUFFERED=1 python3 scripts/device/torch_baseline.py \
+    --mode prefill --iters 20
+  tail -15 "$OUT/torch.log"
+fi
+if has bench; then
+  B="$BUILD_DIR/kernels_dev/bench_attention_cuda_main"
+  common=(--mode prefill --page-size 16 --iters 12 ${BENCH_ARGS:-})
+  step bench 150 bench.log "$B" "${common[@]}" --batch 1,4 --context 2048,8192,32768 \
+    --num-kv-heads 8 --head-dim 128 --kv-dtype bf16
+  if has dims; then step bench_dims 100 bench.log "$B" "${common[@]}" --batch 1,4 --context 8192 --num-kv-heads 8,32 \
+    --head-dim 64,256; fi
+  step bench_chunk 80 bench.log "$B" "${common[@]}" --batch 1,4 --context 8192,32768 \
+    --prefill-chunk 2048 --num-kv-heads 8 --head-dim 128
+  grep -E "prefill|copy" "$OUT/bench.log" | tail -40
+fi
+printf '%s\n' "== summary" "${summary[@]}" | tee -a "$OUT/device.txt"

@@ -1,0 +1,108 @@
+// The host side of the Hopper prefill kernel (prefill_hopper_kernel.cuh): which shapes it takes,
+// whether this device runs it, and the tensor maps of each launch.
+//
+// NOTE: the tensor maps are encoded by the driver's cuTensorMapEncodeTiled, reached through
+// cudaGetDriverEntryPointByVersion: linking libcuda would make every binary fail to start on a
+// machine without a driver (CI), and the runtime hands out the entry point where one exists.
+#include <cudaTypedefs.h>
+
+#include <mutex>
+
+#include "prefill_hopper_kernel.cuh"
+
+namespace pagedattn::cuda {
+
+void launch_prefill_hopper_bf16(const AttentionParams& p, int head_dim, const HopperMaps& m,
+                                cudaStream_t s);
+void launch_prefill_hopper_f16(const AttentionParams& p, int head_dim, const HopperMaps& m,
+                               cudaStream_t s);
+cudaError_t prefill_hopper_attributes(cudaFuncAttributes* a);
+
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult res{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &res) == cudaSuccess &&
+        res == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+    (void)cudaGetLastError();
+  });
+  return fn;
+}
+
+// A 128-byte-swizzled map of 16-bit elements: dims[0] is the contiguous one (strides in bytes
+// of dims 1..rank-1), box[0] = 64 elements (one 128-byte row of the swizzle pattern).
+bool encode(CUtensorMap* map, DType t, const void* ptr, int rank, const cuuint64_t* dims,
+            const cuuint64_t* strides, const cuuint32_t* box) {
+  const auto fn = encoder();
+  if (!fn || (reinterpret_cast<uintptr_t>(ptr) & 15) != 0) return false;
+  const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
+  const CUtensorMapDataType dt =
+      t == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return fn(map, dt, cuuint32_t(rank), const_cast<void*>(ptr), dims, strides, box, elem_strides,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace
+
+bool prefill_hopper_supported(DType q, DType kv, int head_dim, int group, int page_size) {
+  return (q == DType::bf16 || q == DType::f16) && kv == q &&
+         (head_dim == 64 || head_dim == 128 || head_dim == 256) && group >= 1 &&
+         kPrefillRows % group == 0 && page_size % 8 == 0 && page_size <= 256;
+}
+
+bool prefill_hopper_available() {
+  static int available = -1;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    int dev = 0, major = 0, minor = 0;
+    cudaFuncAttributes a{};
+    available =
+        cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+        major == 9 && minor == 0 &&
+        prefill_hopper_attributes(&a) == cudaSuccess &&
+        a.binaryVersion == 90 && encoder() != nullptr;
+    (void)cudaGetLastError();
+  });
+  return available == 1;
+}
+
+void launch_prefill_hopper(const AttentionParams& p_in, DType q, DType kv, int head_dim,
+                           cudaStream_t s) {
+  PA_CHECK(prefill_hopper_supported(q, kv, head_dim, p_in.group, p_in.page_size),
+           "paged_attention_cuda: no Hopper prefill kernel for q ", dtype_name(q), ", KV ",
+           dtype_name(kv), ", head_dim ", head_dim, ", group ", p_in.group, ", page_size ",
+           p_in.page_size);
+  if (p_in.num_prefill_items == 0) return;
+  AttentionParams p = p_in;
+  p.tma_box_rows = hopper_box_rows(p.page_size, head_dim);
+  const int G = p.group, D = head_dim;
+  HopperMaps m;
+  // q: [num_tokens][num_q_heads][D]; one box = kPrefillRows / G tokens x G heads x 64 dims.
+  const cuuint64_t q_dims[3] = {cuuint64_t(D), cuuint64_t(p.num_q_heads),
+                                cuuint64_t(p.num_tokens)};
+  const cuuint64_t q_strides[2] = {cuuint64_t(D) * 2, cuuint64_t(p.num_q_heads) * D * 2};
+  const cuuint32_t q_box[3] = {64, cuuint32_t(G), cuuint32_t(kPrefillRows / G)};
+  // pools: [num_pages][num_kv_heads][page_size][D]; one box = tma_box_rows slots x 64 dims.
+  const cuuint64_t kv_dims[4] = {cuuint64_t(D), cuuint64_t(p.page_size),
+                                 cuuint64_t(p.num_kv_heads), cuuint64_t(p.num_pages)};
+  const cuuint64_t kv_strides[3] = {cuuint64_t(D) * 2, cuuint64_t(p.head_stride) * 2,
+                                    cuuint64_t(p.page_stride) * 2};
+  const cuuint32_t kv_box[4] = {64, cuuint32_t(p.tma_box_rows), 1, 1};
+  const bool ok = encode(&m.q, q, p.q, 3, q_dims, q_strides, q_box) &&
+                  encode(&m.k, kv, p.k_pages, 4, kv_dims, kv_strides, kv_box) &&
+                  encode(&m.v, kv, p.v_pages, 4, kv_dims, kv_strides, kv_box);
+  if (!ok) return launch_prefill(p_in, q, kv, head_dim, s);
+  if (q == DType::bf16) return launch_prefill_hopper_bf16(p, head_dim, m, s);
+  return launch_prefill_hopper_f16(p, head_dim, m, s);
+}
+
+}  // namespace pagedattn::cuda

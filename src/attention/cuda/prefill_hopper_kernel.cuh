@@ -1,0 +1,441 @@
+// The Hopper paged prefill kernel (sm_90a): wgmma on shared-memory tiles brought in by the Tensor
+// Memory Accelerator, a producer warp and two consumer warpgroups synchronised by mbarriers.
+//
+// Grid: x = prefill items (sequence, first packed row; the same items as prefill_kernel.cuh),
+// y = num_kv_heads. Block: 3 warpgroups (384 threads).
+//   warpgroup 0, warp 0 (producer): Q once, then for each KV tile of kBN positions its K and V
+//     through bulk tensor copies, page by page through the block table (one tensor map over the
+//     pool: coordinates (dim, slot, kv head, page id)), into kStages shared-memory stages; each
+//     stage has a full barrier (transaction bytes) and an empty barrier (the consumers' arrivals).
+//   warpgroups 1 and 2 (consumers): 64 packed rows each (packed row r = query r / group, head
+//     r % group of this KV head, so a K/V tile serves the whole GQA group); S = Q K^T by wgmma
+//     m64nBNk16 from shared memory, the online softmax in fp32 registers, O += P V by wgmma with P
+//     from registers and V read N-major from shared memory.
+// KV tiles above a warpgroup's causal diagonal (or before its window) are skipped, and masks are
+// applied only to tiles that cross a boundary. Cache slots past kv_len (never written; they may
+// hold NaN) are zeroed in the V stage by the producer before the consumers read it.
+#pragma once
+
+#include <cuda.h>
+
+#include "cuda_common.cuh"
+#include "hopper.cuh"
+#include "kernels.h"
+#include "mma.cuh"
+#include "wgmma_ops.cuh"
+
+namespace pagedattn::cuda {
+
+constexpr int kHopperThreads = 384;
+
+template <int HEAD_DIM>
+struct HopperShape {
+  static constexpr int kBM = kPrefillRows;  // two consumer warpgroups of 64 rows
+  static constexpr int kBN = HEAD_DIM >= 256 ? 64 : 128;
+  static constexpr int kStages = 2;
+  static constexpr int kBlocks = HEAD_DIM / 64;  // 128-byte column blocks of a row
+  static constexpr uint32_t kQBytes = kBM * HEAD_DIM * 2;
+  static constexpr uint32_t kTileBytes = kBN * HEAD_DIM * 2;  // one K or V tile
+  // 1024 bytes of alignment slack, 1024 of barriers, Q, then the K and V stages.
+  static constexpr size_t kSmemBytes = 2048 + kQBytes + size_t(2) * kStages * kTileBytes;
+  static_assert(kBM == 128, "two consumer warpgroups of 64 rows");
+};
+
+template <class Q, int HEAD_DIM, bool OVERLAP>
+__global__ void __launch_bounds__(kHopperThreads, 1)
+    prefill_hopper_kernel(const AttentionParams p, const __grid_constant__ CUtensorMap tm_q,
+                          const __grid_constant__ CUtensorMap tm_k,
+                          const __grid_constant__ CUtensorMap tm_v) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  allow_dependent_launch();
+  using S = HopperShape<HEAD_DIM>;
+  constexpr int BM = S::kBM, BN = S::kBN, ST = S::kStages, NB = S::kBlocks;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(base);
+  uint64_t* k_full = q_full + 1;   // [ST]
+  uint64_t* v_full = k_full + ST;  // [ST]
+  uint64_t* k_empty = v_full + ST;
+  uint64_t* v_empty = k_empty + ST;
+  uint64_t* v_zero = v_empty + ST;  // the V tile whose slots past kv_len get zeroed
+  uint16_t* sQ = reinterpret_cast<uint16_t*>(base + 1024);  // [NB][BM][64]
+  uint16_t* sK = sQ + BM * HEAD_DIM;                         // [ST][NB][BN][64]
+  uint16_t* sV = sK + ST * BN * HEAD_DIM;                    // [ST][NB][BN][64]
+
+  const PrefillItem it = p.prefill_items[blockIdx.x];
+  const int kvh = blockIdx.y;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
+  const int G = p.group;
+  const int q0 = p.q_indptr[it.seq], qlen = p.q_indptr[it.seq + 1] - q0, L = p.kv_len[it.seq];
+  const int row_end = min(it.row_begin + BM, qlen * G);
+  const int pos_base = L - qlen;
+  const int pos_lo = pos_base + it.row_begin / G, pos_hi = pos_base + (row_end - 1) / G;
+  const int key_hi = p.causal ? pos_hi + 1 : L;  // exclusive
+  const int key_lo = p.window > 0 ? max(0, pos_lo - p.window + 1) : 0;
+  const int t_first = key_lo / BN * BN;
+  const int ntiles = key_hi > t_first ? (key_hi - t_first + BN - 1) / BN : 0;
+
+  if (tid == 0) {
+    mbar_init(q_full, 1);
+    for (int s = 0; s < ST; ++s) {
+      mbar_init(&k_full[s], 1);
+      mbar_init(&v_full[s], 1);
+      mbar_init(&k_empty[s], 2 * 128);
+      mbar_init(&v_empty[s], 2 * 128);
+    }
+    mbar_init(v_zero, 1);
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ================= producer =================
+    regs_dealloc<40>();
+    if (warp != 0) return;
+    const int32_t* bt = p.block_table + int64_t(it.seq) * p.max_pages_per_seq;
+    const int P = p.page_size, PB = p.tma_box_rows, nsub = BN / PB;  // nsub <= 16
+    // Lane j < nsub copies rows [t0 + j PB, t0 + (j + 1) PB) of a tile: one box per column block,
+    // inside one page. Its page id is read one tile ahead, so that the block-table read is off the
+    // path from a free stage to the copy.
+    // NOTE: boxes past kv_len read the last page again (never the block table past the
+    // sequence's pages); those rows are masked, and zeroed in V.
+    auto box_of = [&](int tile, int& page, int& slot) {
+      const int t = min(t_first + tile * BN + lane * PB, L - 1);
+      page = lane < nsub ? bt[t / P] : 0;
+      slot = t % P / PB * PB;
+    };
+    auto load_tile = [&](uint16_t* dst, const CUtensorMap* map, uint64_t* bar, int page, int slot) {
+      if (lane < nsub) {
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+          tma_load_4d(dst + (b * BN + lane * PB) * 64, map, bar, b * 64, slot, kvh, page);
+      }
+    };
+    if (lane == 0) {
+      prefetch_tensor_map(&tm_q);
+      prefetch_tensor_map(&tm_k);
+      prefetch_tensor_map(&tm_v);
+      mbar_arrive_expect_tx(q_full, S::kQBytes);
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+        tma_load_3d(sQ + b * BM * 64, &tm_q, q_full, b * 64, kvh * G, q0 + it.row_begin / G);
+    }
+    int page = 0, slot = 0;
+    if (ntiles > 0) box_of(0, page, slot);
+    for (int i = 0; i < ntiles; ++i) {
+      const int s = i % ST;
+      const uint32_t ph = (i / ST) & 1;
+      const int t0 = t_first + i * BN;
+      const bool zero = t0 + BN > L;  // warp-uniform
+      int next_page = 0, next_slot = 0;
+      if (i + 1 < ntiles) box_of(i + 1, next_page, next_slot);
+      if (lane == 0) {
+        mbar_wait(&k_empty[s], ph ^ 1);
+        mbar_arrive_expect_tx(&k_full[s], S::kTileBytes);
+      }
+      __syncwarp();
+      load_tile(sK + s * BN * HEAD_DIM, &tm_k, &k_full[s], page, slot);
+      uint64_t* vbar = zero ? v_zero : &v_full[s];
+      if (lane == 0) {
+        mbar_wait(&v_empty[s], ph ^ 1);
+        mbar_arrive_expect_tx(vbar, S::kTileBytes);
+      }
+      __syncwarp();
+      load_tile(sV + s * BN * HEAD_DIM, &tm_v, vbar, page, slot);
+      if (zero) {
+        mbar_wait(v_zero, 0);  // at most one tile per CTA crosses kv_len
+        uint16_t* tile = sV + s * BN * HEAD_DIM;
+        const int r0 = L - t0, per_block = (BN - r0) * 8;  // 16-byte chunks
+        for (int c = lane; c < per_block * NB; c += 32) {
+          const int b = c / per_block, r = r0 + c % per_block / 8, ch = c % 8;
+          *reinterpret_cast<uint4*>(tile + (b * BN + r) * 64 + ch * 8) = make_uint4(0, 0, 0, 0);
+        }
+        fence_proxy_async();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&v_full[s]);
+      }
+      page = next_page;
+      slot = next_slot;
+    }
+    return;
+  }
+
+  // ================= consumers =================
+  regs_alloc<232>();
+  const int cw = wg - 1, wq = warp % 4;
+  const int r_base = it.row_begin + 64 * cw;
+  const bool has_rows = r_base < row_end;
+  const int wg_pos_lo = pos_base + r_base / G;
+  const int wg_pos_hi = pos_base + (min(r_base + 64, row_end) - 1) / G;
+  int row_pos[2];
+  bool row_ok[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int pr = r_base + wq * 16 + lane / 4 + 8 * h;
+    row_ok[h] = pr < row_end;
+    row_pos[h] = pos_base + pr / G;
+  }
+  float o[HEAD_DIM / 2];
+#pragma unroll
+  for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const float qk_scale = p.softcap > 0.f ? p.scale : p.scale * kLog2e;
+  const uint32_t q_addr = smem_u32(sQ) + cw * 64 * 128;
+
+  float sc[BN / 2];        // S of one tile, then its probabilities
+  uint32_t pa[BN / 16][4];  // P as the A fragments of O += P V (16 keys per k step)
+  float alpha[2];           // the rescale of O that the last softmax asks for
+
+  // Tile i: whether this warpgroup sees any of its keys, and whether it sees all of them.
+  auto tile_need = [&](int t0) {
+    return has_rows && (!p.causal || t0 <= wg_pos_hi) &&
+           (p.window == 0 || t0 + BN - 1 > wg_pos_lo - p.window);
+  };
+  auto tile_full = [&](int t0) {
+    return t0 + BN <= L && (!p.causal || t0 + BN - 1 <= wg_pos_lo) &&
+           (p.window == 0 || t0 > wg_pos_hi - p.window) && r_base + 64 <= row_end;
+  };
+  // S = Q K^T (64 x BN per warpgroup), issued and committed, not waited for.
+  auto issue_s = [&](int s) {
+    const uint32_t k_addr = smem_u32(sK + s * BN * HEAD_DIM);
+#pragma unroll
+    for (int j = 0; j < BN / 2; ++j) sc[j] = 0.f;
+    fence_regs(sc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+      const uint32_t off = (kk % 4) * 32;  // 16 elements along K inside the 128-byte row
+      const uint64_t da = wgmma_desc(q_addr + (kk / 4) * BM * 128 + off, 16, 1024);
+      const uint64_t db = wgmma_desc(k_addr + (kk / 4) * BN * 128 + off, 16, 1024);
+      wgmma_ss<Q, BN>(sc, da, db, kk > 0);
+    }
+    wgmma_commit();
+  };
+  // O += P V, issued and committed, not waited for.
+  auto issue_pv = [&](int s) {
+    const uint32_t v_addr = smem_u32(sV + s * BN * HEAD_DIM);
+    fence_regs(o);
+    fence_regs(pa);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      wgmma_rs_tb<Q, HEAD_DIM>(o, pa[kk], wgmma_desc(v_addr + kk * 16 * 128, BN * 128, 1024));
+    wgmma_commit();
+  };
+  // Scale, soft-cap and mask S (masks only where the tile crosses a boundary), then the online
+  // softmax (rows lane/4 and lane/4 + 8 of the warp; a quad shares a row): m, l and alpha.
+  auto softmax = [&](int t0, bool full) {
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = sc[4 * n + e] * qk_scale;
+        if (p.softcap > 0.f) x = p.softcap * tanhf(x / p.softcap) * kLog2e;
+        if (!full) {
+          const int t = t0 + n * 8 + (lane & 3) * 2 + (e & 1), h = e >> 1;
+          const bool vis = row_ok[h] && t < L && (!p.causal || t <= row_pos[h]) &&
+                           (p.window == 0 || t > row_pos[h] - p.window);
+          if (!vis) x = -INFINITY;
+        }
+        sc[4 * n + e] = x;
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n)
+        mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * h], sc[4 * n + 2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mn = fmaxf(m[h], mx);
+      const float mref = mn == -INFINITY ? 0.f : mn;
+      alpha[h] = exp2f(m[h] - mref);
+      m[h] = mn;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n) {
+        sc[4 * n + 2 * h] = exp2f(sc[4 * n + 2 * h] - mref);
+        sc[4 * n + 2 * h + 1] = exp2f(sc[4 * n + 2 * h + 1] - mref);
+        sum += sc[4 * n + 2 * h] + sc[4 * n + 2 * h + 1];
+      }
+      l[h] = l[h] * alpha[h] + sum;
+    }
+  };
+  // O *= alpha (no product may be in flight), and P into the A fragments.
+  auto rescale_and_pack = [&]() {
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[4 * n + e] *= alpha[e >> 1];
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      pa[kk][0] = pack2<Q>(sc[8 * kk + 0], sc[8 * kk + 1]);
+      pa[kk][1] = pack2<Q>(sc[8 * kk + 2], sc[8 * kk + 3]);
+      pa[kk][2] = pack2<Q>(sc[8 * kk + 4], sc[8 * kk + 5]);
+      pa[kk][3] = pack2<Q>(sc[8 * kk + 6], sc[8 * kk + 7]);
+    }
+  };
+
+  mbar_wait(q_full, 0);
+  if constexpr (!OVERLAP) {
+    // One tile after the other: S, softmax, P V.
+    for (int i = 0; i < ntiles; ++i) {
+      const int s = i % ST, t0 = t_first + i * BN;
+      const uint32_t ph = (i / ST) & 1;
+      const bool need = tile_need(t0);
+      mbar_wait(&k_full[s], ph);
+      if (need) {
+        issue_s(s);
+        wgmma_wait<0>();
+        fence_regs(sc);
+      }
+      mbar_arrive(&k_empty[s]);
+      if (need) {
+        softmax(t0, tile_full(t0));
+        rescale_and_pack();
+      }
+      mbar_wait(&v_full[s], ph);
+      if (need) {
+        issue_pv(s);
+        wgmma_wait<0>();
+        fence_regs(o);
+      }
+      mbar_arrive(&v_empty[s]);
+    }
+  } else {
+    // The softmax of tile i runs while the tensor cores do P V of tile i - 1: S(i) and PV(i - 1)
+    // are issued back to back, S(i) is waited for (wgmma groups complete in order), and PV(i - 1)
+    // only before O is rescaled.
+    // NOTE: the tiles this warpgroup sees are contiguous (the causal limit bounds them above, the
+    // window below); the wgmma issues sit on straight paths over them, since ptxas serialises
+    // every wgmma of a kernel whose issues or waits it finds on divergent paths.
+    int i_lo = ntiles, i_hi = -1;
+    for (int i = 0; i < ntiles; ++i)
+      if (tile_need(t_first + i * BN)) i_lo = min(i_lo, i), i_hi = i;
+    auto skip = [&](int i) {
+      const int s = i % ST;
+      const uint32_t ph = (i / ST) & 1;
+      mbar_wait(&k_full[s], ph);
+      mbar_arrive(&k_empty[s]);
+      mbar_wait(&v_full[s], ph);
+      mbar_arrive(&v_empty[s]);
+    };
+    for (int i = 0; i < min(i_lo, ntiles); ++i) skip(i);
+    if (i_lo <= i_hi) {
+      {
+        const int s = i_lo % ST, t0 = t_first + i_lo * BN;
+        mbar_wait(&k_full[s], (i_lo / ST) & 1);
+        issue_s(s);
+        wgmma_wait<0>();
+        fence_regs(sc);
+        mbar_arrive(&k_empty[s]);
+        softmax(t0, tile_full(t0));
+        rescale_and_pack();
+      }
+      for (int i = i_lo + 1; i <= i_hi; ++i) {
+        const int s = i % ST, ps = (i - 1) % ST, t0 = t_first + i * BN;
+        mbar_wait(&k_full[s], (i / ST) & 1);
+        issue_s(s);
+        mbar_wait(&v_full[ps], ((i - 1) / ST) & 1);
+        issue_pv(ps);
+        wgmma_wait<1>();
+        fence_regs(sc);
+        mbar_arrive(&k_empty[s]);
+        softmax(t0, tile_full(t0));
+        wgmma_wait<0>();
+        fence_regs(o);
+        mbar_arrive(&v_empty[ps]);
+        rescale_and_pack();
+      }
+      const int s = i_hi % ST;
+      mbar_wait(&v_full[s], (i_hi / ST) & 1);
+      issue_pv(s);
+      wgmma_wait<0>();
+      fence_regs(o);
+      mbar_arrive(&v_empty[s]);
+    }
+    for (int i = max(i_hi + 1, i_lo); i < ntiles; ++i) skip(i);
+  }
+
+  // ---- normalise and store ----
+  uint16_t* out = static_cast<uint16_t*>(p.out);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = l[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if (!row_ok[h]) continue;
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const int pr = r_base + wq * 16 + lane / 4 + 8 * h;
+    uint16_t* dst =
+        out + (int64_t(q0 + pr / G) * p.num_q_heads + kvh * G + pr % G) * HEAD_DIM + (lane & 3) * 2;
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; ++n)
+      *reinterpret_cast<uint32_t*>(dst + n * 8) =
+          pack2<Q>(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+  }
+#endif
+}
+
+}  // namespace pagedattn::cuda
+
+namespace pagedattn::cuda {
+
+// The three tensor maps of one launch (encoded on the host by prefill_hopper.cu).
+struct HopperMaps {
+  CUtensorMap q, k, v;
+};
+
+template <class Q, int HEAD_DIM, bool OVERLAP>
+void launch_prefill_hopper_o(const AttentionParams& p, const HopperMaps& m, cudaStream_t s) {
+  using S = HopperShape<HEAD_DIM>;
+  static bool configured = false;  // NOTE: the attribute is per kernel; setting it twice is harmless
+  if (!configured) {
+    check_cuda(cudaFuncSetAttribute(prefill_hopper_kernel<Q, HEAD_DIM, OVERLAP>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(S::kSmemBytes)),
+               "paged_attention_cuda: Hopper prefill shared memory attribute");
+    configured = true;
+  }
+  const dim3 grid(unsigned(p.num_prefill_items), unsigned(p.num_kv_heads));
+  prefill_hopper_kernel<Q, HEAD_DIM, OVERLAP>
+      <<<grid, kHopperThreads, S::kSmemBytes, s>>>(p, m.q, m.k, m.v);
+  check_launch("paged_attention_cuda: Hopper prefill kernel launch");
+}
+
+template <class Q, int HEAD_DIM>
+void launch_prefill_hopper_t(const AttentionParams& p, const HopperMaps& m, cudaStream_t s) {
+  // NOTE: at head_dim 256 the overlapped loop spills registers (O alone is 128 per thread).
+  if constexpr (HEAD_DIM <= 128) {
+    if (p.prefill_kernel == kPrefillWgmma) return launch_prefill_hopper_o<Q, HEAD_DIM, true>(p, m, s);
+  }
+  launch_prefill_hopper_o<Q, HEAD_DIM, false>(p, m, s);
+}
+
+template <class Q>
+void launch_prefill_hopper_q(const AttentionParams& p, int head_dim, const HopperMaps& m,
+                             cudaStream_t s) {
+  switch (head_dim) {
+    case 64:
+      return launch_prefill_hopper_t<Q, 64>(p, m, s);
+    case 128:
+      return launch_prefill_hopper_t<Q, 128>(p, m, s);
+    case 256:
+      return launch_prefill_hopper_t<Q, 256>(p, m, s);
+    default:
+      fail("paged_attention_cuda: head_dim ", head_dim, " is not supported (64, 128 or 256)");
+  }
+}
+
+// Rows of K/V per bulk copy: whole boxes inside one page and one KV tile.
+constexpr int hopper_box_rows(int page_size, int head_dim) {
+  int a = page_size, b = head_dim >= 256 ? 64 : 128;
+  while (b) {
+    const int t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+
+}  // namespace pagedattn::cuda
