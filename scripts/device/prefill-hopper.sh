@@ -4,8 +4,8 @@
 # first, then the whole GPU suite, compute-sanitizer memcheck and racecheck on the prefill tests,
 # the lab (gate and sweep), the prefill benchmark and torch's cuDNN and flash backends at the same
 # shapes. Every step has a time limit; logs go to $OUT (default ./out/gpu), a summary is printed
-# last. Steps: any of build sass hopper lab suite sanitize torch bench dims (default: all but dims,
-# in that order).
+# last. Steps: any of build sass hopper sanitize lab suite profile torch bench (default: all, in
+# that order). At most 8 files come back: sanitizer output goes to hopper.log, torch's to bench.log.
 #   scripts/device/prefill-hopper.sh
 #   scripts/device/prefill-hopper.sh build hopper lab
 set -uo pipefail
@@ -13,7 +13,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out/gpu}
 BUILD_DIR=${BUILD_DIR:-build-gpu}
 mkdir -p "$OUT"
-steps=${*:-build sass hopper lab suite sanitize torch bench}
+steps=${*:-build sass hopper sanitize lab suite profile torch bench}
 # NOTE: the whole call has a time limit on the GPU machine: no step runs past BUDGET seconds from
 # the start (default 570), so the logs and the summary always come back.
 end=$(($(date +%s) + ${BUDGET:-570}))
@@ -74,24 +74,37 @@ if has sanitize; then
   # The Hopper kernel (long chunked contexts, sliding window, whole prompts) and the shapes it
   # hands to the mma.sync kernel.
   f='HopperPrefill.ChunksAtTheEndOfLongContexts:HopperPrefill.OtherShapes*'
-  step memcheck 150 sanitize.log compute-sanitizer --tool memcheck --error-exitcode 3 "$T" \
+  step memcheck 150 hopper.log compute-sanitizer --tool memcheck --error-exitcode 3 "$T" \
     --gtest_filter="$f"
-  step racecheck 150 sanitize.log compute-sanitizer --tool racecheck --error-exitcode 3 "$T" \
+  step racecheck 150 hopper.log compute-sanitizer --tool racecheck --error-exitcode 3 "$T" \
     --gtest_filter="$f"
-  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Hazard" "$OUT/sanitize.log" | head -10
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Hazard" "$OUT/hopper.log" | head -10
+fi
+if has profile; then
+  # Nsight Compute on one launch of the Hopper kernel (batch 1, length 8192, GQA 32/8, d128,
+  # page 16): the details page and the per-instruction SASS source page.
+  step profile 150 profile.txt ncu --set full -k regex:prefill_hopper -s 1 -c 1 -o "$OUT/prof" \
+    "$BUILD_DIR/kernels_dev/bench_attention_cuda_main" --mode prefill --batch 1 --context 8192 \
+    --num-kv-heads 8 --head-dim 128 --page-size 16 --iters 2
+  ncu -i "$OUT/prof.ncu-rep" --page details >>"$OUT/profile.txt" 2>&1
+  ncu -i "$OUT/prof.ncu-rep" --page source --csv --print-source sass >"$OUT/source.csv" 2>&1
+  rm -f "$OUT/prof.ncu-rep"
+  grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Tensor" "$OUT/profile.txt" | head -20
 fi
 if has torch; then
-  step torch 120 torch.log env PYTHONUNBUFFERED=1 python3 scripts/device/torch_baseline.py \
+  step torch 120 bench.log env PYTHONUNBUFFERED=1 python3 scripts/device/torch_baseline.py \
     --mode prefill --iters 20
-  tail -15 "$OUT/torch.log"
+  grep torch_prefill "$OUT/bench.log" | tail -12
 fi
 if has bench; then
   B="$BUILD_DIR/kernels_dev/bench_attention_cuda_main"
   common=(--mode prefill --page-size 16 --iters 12 ${BENCH_ARGS:-})
   step bench 150 bench.log "$B" "${common[@]}" --batch 1,4 --context 2048,8192,32768 \
     --num-kv-heads 8 --head-dim 128 --kv-dtype bf16
-  if has dims; then step bench_dims 100 bench.log "$B" "${common[@]}" --batch 1,4 --context 8192 --num-kv-heads 8,32 \
-    --head-dim 64,256; fi
+  step bench_dims 100 bench.log "$B" "${common[@]}" --batch 1,4 --context 8192 \
+    --num-kv-heads 8,32 --head-dim 64,256
+  step bench_pages 60 bench.log "$B" "${common[@]}" --batch 1 \
+    --context 8192 --num-kv-heads 8 --head-dim 128 --page-size 64,128
   step bench_chunk 80 bench.log "$B" "${common[@]}" --batch 1,4 --context 8192,32768 \
     --prefill-chunk 2048 --num-kv-heads 8 --head-dim 128
   grep -E "prefill|copy" "$OUT/bench.log" | tail -40

@@ -104,6 +104,26 @@ __device__ __forceinline__ void fence_regs(uint32_t (&r)[N][4]) {
     for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
 }
 
+// Two floats -> one register of two Q elements (lo in the low half), rounded to nearest even by
+// the conversion instruction (pack2 of mma.cuh rounds alike in integer arithmetic, slower).
+template <class Q>
+__device__ __forceinline__ uint32_t cvt_pack2(float lo, float hi) {
+  uint32_t r;
+  if constexpr (Q::kDType == DType::bf16)
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// 2^x on the special-function unit, subnormal results flushed to zero (exp2f adds a range fix-up
+// of several instructions per element; probabilities below 2^-126 do not matter).
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+}
+
 // ---- register reallocation between warpgroups ----
 template <int REGS>
 __device__ __forceinline__ void regs_dealloc() {
