@@ -8,18 +8,31 @@
 //   v2  tensor-core kernel: mma.sync m16n8k16 over tiles of 64 packed
 //       (query, head-in-group) rows against 64-key tiles gathered from the pages, online softmax
 //       in fp32 (the kernel of every GPU but sm_90, and of the shapes v3 does not take).
-//   v3  Hopper kernel (promoted, sm_90a): a producer warp brings Q and 128-key K/V tiles in with
-//       bulk tensor copies (one tensor map over each pool, the page id as its outer coordinate)
-//       into two stages guarded by mbarriers; two consumer warpgroups of 64 packed rows each run
-//       S = Q K^T and O += P V on wgmma (P from registers, V N-major from shared memory).
+//   v3  Hopper kernel, serial (sm_90a; CudaPlanOptions::hopper_prefill_overlap = false): a
+//       producer warp brings Q and 128-key K/V tiles in with bulk tensor copies (one tensor map
+//       over each pool, the page id as its outer coordinate) into stages guarded by mbarriers;
+//       two consumer warpgroups of 64 packed rows each run S = Q K^T and O += P V on wgmma (P
+//       from registers, V N-major from shared memory), one step after the other.
+//   v4  (promoted, the default) v3 with the softmax of tile i running while P V of tile i - 1
+//       is on the tensor cores.
 //
-// Measured: H100 80GB HBM3, 2026-11-22, 32 query heads, 8 KV heads, head dim 128, page 16, bf16,
-// causal, cold L2, median of 5 (TFLOP/s; torch flash-attention 2: 195-337, cuDNN: 341-639):
+// Measured: H100 80GB HBM3, 2026-11-22/23, 32 query heads, 8 KV heads, head dim 128, page 16,
+// bf16, causal, cold L2, median of 10 (TFLOP/s; torch flash-attention 2: 206-356, cuDNN:
+// 411-647; FlashAttention-3 in the issue: 362-565):
 //                        v1     v2 (64 rows, 4 warps)   v2 (128 rows, 8 warps, heaviest first)
 //   batch 1 len 2048   10.4      90.5                   104.0
 //   batch 1 len 8192   11.0     120.1                   137.8
 //   batch 4 len 2048   10.5     110.0                   125.0
 //   batch 4 len 8192   10.9     127.2                   140.7
+// The Hopper kernel, step by step (batch 1, length 8192; v3 / v4):
+//   first correct version (two stages, block table read by one lane)       140.9 /     -
+//   block-table reads spread over the producer's lanes, one tile ahead      141.7 / 135.6
+//   soft-cap and mask branches out of the element loops, scale folded into
+//   one FMA, P packed by cvt.rn.bf16x2 (d64 had been as slow as d128)         453.6 / 428.5
+//   three stages up to d128 and ex2.approx.ftz (v4, through bench attention)      - / 440.2
+// v3 / v4 at the sweep's shapes (two-stage version): 1x2048 286.9 / 272.3, 4x2048 351.2 / 335.8,
+// 4x8192 459.0 / 421.9, 1x32768 474.7 / 459.0, 32/32 heads 424.4 / 411.5, d64 316.5 / 295.3,
+// d256 482.6 / 483.2 (d256 always runs v3: the overlapped loop spills there).
 #include <cstdio>
 
 #include "lab_common.h"
@@ -72,17 +85,18 @@ int main() {
         }
       }
 
-  std::printf("== timing sweep (page 16, bf16, causal; TFLOP/s counting the causal half; v1 only "
-              "up to length 2048)\n");
+  std::printf(
+      "== timing sweep (page 16, bf16, causal; TFLOP/s counting the causal half; v1 only "
+      "up to length 2048)\n");
   std::printf("%-6s %-6s %-4s %-4s %-4s %10s %10s %10s %10s %7s %7s %7s %7s\n", "batch", "len",
               "hq", "hkv", "d", "v1_us", "v2_us", "v3_us", "v4_us", "v1_TF", "v2_TF", "v3_TF",
               "v4_TF");
   struct Sweep {
     int batch, len, hq, hkv, d;
   };
-  const Sweep sweep[] = {{1, 2048, 32, 8, 128},  {1, 8192, 32, 8, 128},  {4, 2048, 32, 8, 128},
-                         {4, 8192, 32, 8, 128},  {1, 32768, 32, 8, 128}, {1, 8192, 32, 32, 128},
-                         {1, 8192, 32, 8, 64},   {1, 8192, 32, 8, 256},  {4, 8192, 32, 8, 64},
+  const Sweep sweep[] = {{1, 2048, 32, 8, 128}, {1, 8192, 32, 8, 128},  {4, 2048, 32, 8, 128},
+                         {4, 8192, 32, 8, 128}, {1, 32768, 32, 8, 128}, {1, 8192, 32, 32, 128},
+                         {1, 8192, 32, 8, 64},  {1, 8192, 32, 8, 256},  {4, 8192, 32, 8, 64},
                          {4, 8192, 32, 8, 256}};
   for (const Sweep& w : sweep) {
     lab::Shape s;

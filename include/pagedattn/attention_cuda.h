@@ -56,10 +56,10 @@ struct CudaPlanOptions {
 
 // What a plan decided, for tests and benchmarks.
 struct CudaPlanInfo {
-  int32_t decode_rows = 0;    // query rows run by the decode kernel
-  int32_t decode_ctas = 0;    // decode work items (x dimension of its grid)
-  int32_t split_rows = 0;     // decode rows whose chunks are spread over several CTAs
-  int32_t prefill_tiles = 0;  // prefill work items
+  int32_t decode_rows = 0;      // query rows run by the decode kernel
+  int32_t decode_ctas = 0;      // decode work items (x dimension of its grid)
+  int32_t split_rows = 0;       // decode rows whose chunks are spread over several CTAs
+  int32_t prefill_tiles = 0;    // prefill work items
   bool prefill_hopper = false;  // the prefill items run on the Hopper (wgmma) kernel
   int32_t chunks_per_cta = 0;
   int32_t decode_tc_rows = 0;  // query heads per tensor-core decode CTA (0: CUDA-core kernel)

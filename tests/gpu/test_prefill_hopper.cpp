@@ -27,9 +27,9 @@ bool hopper_here() {
   return plan.info().prefill_hopper;
 }
 
-#define PA_SKIP_WITHOUT_HOPPER()                                                        \
-  PA_SKIP_WITHOUT_GPU();                                                                \
-  if (!hopper_here())                                                                   \
+#define PA_SKIP_WITHOUT_HOPPER() \
+  PA_SKIP_WITHOUT_GPU();         \
+  if (!hopper_here())            \
   GTEST_SKIP() << "the Hopper prefill kernel needs an sm_90 GPU and a build for sm_90a"
 
 Spec random_hopper_spec(std::mt19937_64& rng) {
@@ -45,7 +45,7 @@ Spec random_hopper_spec(std::mt19937_64& rng) {
   for (int b = 0; b < n; ++b) {
     const int kv = 1 + int(rng() % (rng() % 8 == 0 ? 2000 : 700));
     int q = 1 + int(rng() % uint64_t(std::min(kv, 160)));
-    if (rng() % 5 == 0) q = 1;  // a decode row beside the prefill rows
+    if (rng() % 5 == 0) q = 1;   // a decode row beside the prefill rows
     if (rng() % 8 == 0) q = kv;  // a whole prompt
     if (q > 300) q = 300;
     s.kv_len.push_back(kv);

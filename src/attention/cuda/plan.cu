@@ -258,7 +258,7 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   p.decode_tc_rows = tc_rows;
   p.prefill_items = reinterpret_cast<const cuda::PrefillItem*>(im.ws + o_prefill);
   p.num_prefill_items = int32_t(prefill.size());
-  p.prefill_kernel = !use_hopper                    ? cuda::kPrefillMma
+  p.prefill_kernel = !use_hopper                      ? cuda::kPrefillMma
                      : im.opts.hopper_prefill_overlap ? cuda::kPrefillWgmma
                                                       : cuda::kPrefillWgmmaSerial;
   p.num_tokens = q.num_tokens;

@@ -67,8 +67,7 @@ bool prefill_hopper_available() {
         cudaGetDevice(&dev) == cudaSuccess &&
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-        major == 9 && minor == 0 &&
-        prefill_hopper_attributes(&a) == cudaSuccess &&
+        major == 9 && minor == 0 && prefill_hopper_attributes(&a) == cudaSuccess &&
         a.binaryVersion == 90 && encoder() != nullptr;
     (void)cudaGetLastError();
   });
@@ -87,13 +86,12 @@ void launch_prefill_hopper(const AttentionParams& p_in, DType q, DType kv, int h
   const int G = p.group, D = head_dim;
   HopperMaps m;
   // q: [num_tokens][num_q_heads][D]; one box = kPrefillRows / G tokens x G heads x 64 dims.
-  const cuuint64_t q_dims[3] = {cuuint64_t(D), cuuint64_t(p.num_q_heads),
-                                cuuint64_t(p.num_tokens)};
+  const cuuint64_t q_dims[3] = {cuuint64_t(D), cuuint64_t(p.num_q_heads), cuuint64_t(p.num_tokens)};
   const cuuint64_t q_strides[2] = {cuuint64_t(D) * 2, cuuint64_t(p.num_q_heads) * D * 2};
   const cuuint32_t q_box[3] = {64, cuuint32_t(G), cuuint32_t(kPrefillRows / G)};
   // pools: [num_pages][num_kv_heads][page_size][D]; one box = tma_box_rows slots x 64 dims.
-  const cuuint64_t kv_dims[4] = {cuuint64_t(D), cuuint64_t(p.page_size),
-                                 cuuint64_t(p.num_kv_heads), cuuint64_t(p.num_pages)};
+  const cuuint64_t kv_dims[4] = {cuuint64_t(D), cuuint64_t(p.page_size), cuuint64_t(p.num_kv_heads),
+                                 cuuint64_t(p.num_pages)};
   const cuuint64_t kv_strides[3] = {cuuint64_t(D) * 2, cuuint64_t(p.head_stride) * 2,
                                     cuuint64_t(p.page_stride) * 2};
   const cuuint32_t kv_box[4] = {64, cuuint32_t(p.tma_box_rows), 1, 1};

@@ -4,7 +4,7 @@
 namespace pagedattn::cuda {
 
 void launch_prefill_hopper_f16(const AttentionParams& p, int head_dim, const HopperMaps& m,
-                              cudaStream_t s) {
+                               cudaStream_t s) {
   launch_prefill_hopper_q<F16>(p, head_dim, m, s);
 }
 

@@ -62,8 +62,8 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   uint64_t* v_empty = k_empty + ST;
   uint64_t* v_zero = v_empty + ST;  // the V tile whose slots past kv_len get zeroed
   uint16_t* sQ = reinterpret_cast<uint16_t*>(base + 1024);  // [NB][BM][64]
-  uint16_t* sK = sQ + BM * HEAD_DIM;                         // [ST][NB][BN][64]
-  uint16_t* sV = sK + ST * BN * HEAD_DIM;                    // [ST][NB][BN][64]
+  uint16_t* sK = sQ + BM * HEAD_DIM;                        // [ST][NB][BN][64]
+  uint16_t* sV = sK + ST * BN * HEAD_DIM;                   // [ST][NB][BN][64]
 
   const PrefillItem it = p.prefill_items[blockIdx.x];
   const int kvh = blockIdx.y;
@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   const float log2_unit = p.softcap > 0.f ? 1.f : p.scale * kLog2e;
   const uint32_t q_addr = smem_u32(sQ) + cw * 64 * 128;
 
-  float sc[BN / 2];        // S of one tile, then its probabilities
+  float sc[BN / 2];         // S of one tile, then its probabilities
   uint32_t pa[BN / 16][4];  // P as the A fragments of O += P V (16 keys per k step)
   float alpha[2];           // the rescale of O that the last softmax asks for
 
@@ -398,12 +398,13 @@ struct HopperMaps {
 template <class Q, int HEAD_DIM, bool OVERLAP>
 void launch_prefill_hopper_o(const AttentionParams& p, const HopperMaps& m, cudaStream_t s) {
   using S = HopperShape<HEAD_DIM>;
-  static bool configured = false;  // NOTE: the attribute is per kernel; setting it twice is harmless
+  // NOTE: the attribute is per kernel instance; setting it twice is harmless.
+  static bool configured = false;
   if (!configured) {
-    check_cuda(cudaFuncSetAttribute(prefill_hopper_kernel<Q, HEAD_DIM, OVERLAP>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(S::kSmemBytes)),
-               "paged_attention_cuda: Hopper prefill shared memory attribute");
+    check_cuda(
+        cudaFuncSetAttribute(prefill_hopper_kernel<Q, HEAD_DIM, OVERLAP>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(S::kSmemBytes)),
+        "paged_attention_cuda: Hopper prefill shared memory attribute");
     configured = true;
   }
   const dim3 grid(unsigned(p.num_prefill_items), unsigned(p.num_kv_heads));
@@ -416,7 +417,8 @@ template <class Q, int HEAD_DIM>
 void launch_prefill_hopper_t(const AttentionParams& p, const HopperMaps& m, cudaStream_t s) {
   // NOTE: at head_dim 256 the overlapped loop spills registers (O alone is 128 per thread).
   if constexpr (HEAD_DIM <= 128) {
-    if (p.prefill_kernel == kPrefillWgmma) return launch_prefill_hopper_o<Q, HEAD_DIM, true>(p, m, s);
+    if (p.prefill_kernel == kPrefillWgmma)
+      return launch_prefill_hopper_o<Q, HEAD_DIM, true>(p, m, s);
   }
   launch_prefill_hopper_o<Q, HEAD_DIM, false>(p, m, s);
 }
