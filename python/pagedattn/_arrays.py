@@ -25,6 +25,8 @@ def is_torch(x: Any) -> bool:
 
 def require_array(x: Any, op: str, name: str) -> Any:
     """x as something the extension reads zero-copy; TypeError naming the argument otherwise."""
+    if type(x) is np.ndarray:  # the common cases first: this runs several times per call
+        return x
     if is_torch(x):
         # NOTE: DLPack refuses tensors that require grad; the operator computes no gradient.
         return x.detach() if x.requires_grad else x
@@ -41,6 +43,8 @@ def host_int32(x: Any, op: str, name: str) -> Any:
     """Batch metadata for the host: lists become int32 numpy arrays, CUDA tensors are copied to
     the CPU (a synchronising copy of a few bytes; pass CPU tensors to avoid it). The dtype is
     checked by the extension (TypeError unless int32)."""
+    if type(x) is np.ndarray:
+        return x
     if isinstance(x, (list, tuple)):
         try:
             return np.asarray(x, dtype=np.int32)
@@ -53,6 +57,8 @@ def host_int32(x: Any, op: str, name: str) -> Any:
 
 
 def check_options(op: str, causal: Any, scale: Any, window: Any, softcap: Any) -> None:
+    if causal is True and scale is None and window == 0 and softcap == 0.0 and type(window) is int:
+        return  # the defaults
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"{op}: causal must be a bool, got {type(causal).__name__}")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
@@ -69,6 +75,8 @@ def check_options(op: str, causal: Any, scale: Any, window: Any, softcap: Any) -
 
 def stream_of(x: Any) -> int:
     """torch's current CUDA stream on x's device as an integer cudaStream_t; 0 otherwise."""
+    if type(x) is np.ndarray:
+        return 0
     if is_torch(x) and x.is_cuda:
         torch = torch_module()
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # no Stream object: ~10x faster
