@@ -15,13 +15,25 @@ constexpr uint8_t kFp8 = uint8_t(nb::dlpack::dtype_code::Float8_E4M3FN);
 std::string dtype_str(const nb::dlpack::dtype& t) {
   std::string kind;
   switch (t.code) {
-    case kFloat: kind = "float"; break;
-    case kBfloat: kind = "bfloat"; break;
-    case kInt: kind = "int"; break;
-    case kUInt: kind = "uint"; break;
-    case uint8_t(nb::dlpack::dtype_code::Bool): return "bool";
-    case uint8_t(nb::dlpack::dtype_code::Complex): kind = "complex"; break;
-    default: kind = "dlpack-code-" + std::to_string(int(t.code)) + "-";
+    case kFloat:
+      kind = "float";
+      break;
+    case kBfloat:
+      kind = "bfloat";
+      break;
+    case kInt:
+      kind = "int";
+      break;
+    case kUInt:
+      kind = "uint";
+      break;
+    case uint8_t(nb::dlpack::dtype_code::Bool):
+      return "bool";
+    case uint8_t(nb::dlpack::dtype_code::Complex):
+      kind = "complex";
+      break;
+    default:
+      kind = "dlpack-code-" + std::to_string(int(t.code)) + "-";
   }
   return kind + std::to_string(int(t.bits));
 }
@@ -49,8 +61,8 @@ DType float_dtype(const Array& a, const char* op, const char* arg, bool allow_fp
     if (allow_fp8 && t.bits == 8 && (t.code == kFp8 || t.code == kUInt)) return DType::fp8_e4m3;
   }
   type_error(op, std::string(arg) + " must be float32, float16 or bfloat16" +
-                     (allow_fp8 ? " (or float8_e4m3fn / uint8 bytes of fp8 e4m3)" : "") +
-                     ", got " + dtype_str(t));
+                     (allow_fp8 ? " (or float8_e4m3fn / uint8 bytes of fp8 e4m3)" : "") + ", got " +
+                     dtype_str(t));
 }
 
 Place place_of(const Array& a, const char* op, const char* arg) {
@@ -71,8 +83,9 @@ void check_contiguous(const Array& a, const char* op, const char* arg) {
     // NOTE: a dimension of extent 1 may carry any stride (torch reports several conventions).
     if (a.shape(i) != 1 && a.stride(i) != expected) {
       value_error(op, std::string(arg) + " must be contiguous (row-major), got shape " +
-                          shape_str(a) + " with strides that skip elements; pass a contiguous "
-                                         "copy (.contiguous() / np.ascontiguousarray)");
+                          shape_str(a) +
+                          " with strides that skip elements; pass a contiguous "
+                          "copy (.contiguous() / np.ascontiguousarray)");
     }
     expected *= int64_t(a.shape(i));
   }
@@ -107,8 +120,10 @@ const int32_t* host_int32(const Array& a, size_t ndim, const char* op, const cha
   }
   check_ndim(a, ndim, op, arg, what);
   if (place_of(a, op, arg).device != Device::cpu) {
-    value_error(op, std::string(arg) + " must be in host memory (the batch metadata is read on "
-                                       "the host), got " + place_name(place_of(a, op, arg)));
+    value_error(op, std::string(arg) +
+                        " must be in host memory (the batch metadata is read on "
+                        "the host), got " +
+                        place_name(place_of(a, op, arg)));
   }
   check_contiguous(a, op, arg);
   return static_cast<const int32_t*>(a.data());
@@ -135,10 +150,14 @@ const float* float32_vector(const Array& a, int64_t n, const Place& where, const
 
 nb::dlpack::dtype dlpack_dtype(DType t) {
   switch (t) {
-    case DType::f32: return nb::dtype<float>();
-    case DType::f16: return {kFloat, 16, 1};
-    case DType::bf16: return {kBfloat, 16, 1};
-    case DType::fp8_e4m3: return nb::dtype<uint8_t>();
+    case DType::f32:
+      return nb::dtype<float>();
+    case DType::f16:
+      return {kFloat, 16, 1};
+    case DType::bf16:
+      return {kBfloat, 16, 1};
+    case DType::fp8_e4m3:
+      return nb::dtype<uint8_t>();
   }
   return nb::dtype<uint8_t>();
 }

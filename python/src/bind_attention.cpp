@@ -1,11 +1,11 @@
 // The attention operator and the KV write path on Python arrays (numpy, torch, DLPack), and the
 // plan object that plans a step once and runs it on every layer.
 //
-//   q, out          : [num_tokens, num_q_heads, head_dim]         f32 | f16 | bf16 (CUDA: f16 | bf16)
-//   k_pool, v_pool  : [num_pages, num_kv_heads, page_size, head_dim] q's dtype, or fp8 e4m3 bytes
-//   block_table     : [num_seqs, max_pages_per_seq] int32 (host)
-//   kv_len          : [num_seqs] int32 (host), q_indptr: [num_seqs + 1] int32 (host)
-//   k_scale, v_scale: [num_kv_heads] float32 on the pools' device (fp8 pools only)
+//   q, out          : [num_tokens, num_q_heads, head_dim]         f32 | f16 | bf16 (CUDA: f16 |
+//   bf16) k_pool, v_pool  : [num_pages, num_kv_heads, page_size, head_dim] q's dtype, or fp8 e4m3
+//   bytes block_table     : [num_seqs, max_pages_per_seq] int32 (host) kv_len          : [num_seqs]
+//   int32 (host), q_indptr: [num_seqs + 1] int32 (host) k_scale, v_scale: [num_kv_heads] float32 on
+//   the pools' device (fp8 pools only)
 // CPU arrays run the fused CPU kernel; CUDA arrays the CUDA backend on the given stream (a
 // cudaStream_t as an integer, 0: the default stream). The Python layer (pagedattn/_ops.py) passes
 // torch's current stream and host copies of device metadata.
@@ -56,8 +56,8 @@ PagedKVView kv_view(const Array& k_pool, const Array& v_pool, const std::optiona
                        std::string(dtype_name(kd)) + ")");
   }
   if (shape_of(k_pool) != shape_of(v_pool)) {
-    value_error(op, "v_pool's shape " + shape_str(v_pool) + " differs from k_pool's " +
-                        shape_str(k_pool));
+    value_error(
+        op, "v_pool's shape " + shape_str(v_pool) + " differs from k_pool's " + shape_str(k_pool));
   }
   const Place where = place_of(k_pool, op, "k_pool");
   if (!(place_of(v_pool, op, "v_pool") == where)) {
@@ -79,8 +79,9 @@ PagedKVView kv_view(const Array& k_pool, const Array& v_pool, const std::optiona
   kv.head_dim = int32_t(k_pool.shape(3));
   if (kd == DType::fp8_e4m3) {
     if (!k_scale || !v_scale) {
-      value_error(op, "k_scale and v_scale are required for fp8 e4m3 pools (one float32 scale "
-                      "per KV head)");
+      value_error(op,
+                  "k_scale and v_scale are required for fp8 e4m3 pools (one float32 scale "
+                  "per KV head)");
     }
     kv.k_scale = float32_vector(*k_scale, kv.num_kv_heads, where, op, "k_scale");
     kv.v_scale = float32_vector(*v_scale, kv.num_kv_heads, where, op, "v_scale");
@@ -105,14 +106,14 @@ BatchLayout batch_view(const Array& block_table, const Array& kv_len, const Arra
                         std::to_string(b.num_seqs) + " rows (one per sequence)");
   }
   if (int64_t(q_indptr.shape(0)) != int64_t(b.num_seqs) + 1) {
-    value_error(op, "q_indptr has " + std::to_string(q_indptr.shape(0)) + " entries but must have " +
-                        std::to_string(b.num_seqs + 1) + " (num_seqs + 1)");
+    value_error(op, "q_indptr has " + std::to_string(q_indptr.shape(0)) +
+                        " entries but must have " + std::to_string(b.num_seqs + 1) +
+                        " (num_seqs + 1)");
   }
   return b;
 }
 
-AttentionOptions options(bool causal, std::optional<double> scale, int32_t window,
-                         double softcap) {
+AttentionOptions options(bool causal, std::optional<double> scale, int32_t window, double softcap) {
   AttentionOptions o;
   o.causal = causal;
   o.scale = scale ? float(*scale) : 0.f;
@@ -124,8 +125,8 @@ AttentionOptions options(bool causal, std::optional<double> scale, int32_t windo
 void check_same_place(const Array& a, const char* arg, const Place& where, const char* op) {
   const Place p = place_of(a, op, arg);
   if (!(p == where)) {
-    value_error(op, std::string(arg) + " is on " + place_name(p) + " but k_pool on " +
-                        place_name(where));
+    value_error(
+        op, std::string(arg) + " is on " + place_name(p) + " but k_pool on " + place_name(where));
   }
 }
 
@@ -182,9 +183,8 @@ void paged_attention(const Array& q, const Array& k_pool, const Array& v_pool,
 // paged_attention iters times from C++ (arguments checked once, then plan and run per call, as
 // each Python call does): the baseline of python/bench/overhead.py.
 void paged_attention_repeated(const Array& q, const Array& k_pool, const Array& v_pool,
-                              const Array& block_table, const Array& kv_len,
-                              const Array& q_indptr, const Array& out, int32_t iters,
-                              uintptr_t stream) {
+                              const Array& block_table, const Array& kv_len, const Array& q_indptr,
+                              const Array& out, int32_t iters, uintptr_t stream) {
   constexpr const char* kOp = "paged_attention";
   const QKVTensor qv = qo_view(q, kOp, "q");
   QKVTensor ov = qo_view(out, kOp, "out");
@@ -261,10 +261,9 @@ void write_kv(const Array& k_pool, const Array& v_pool, const Array& slots, cons
 // workspace, so a captured CUDA graph stays valid while the launch signature is unchanged).
 class AttentionPlan {
  public:
-  AttentionPlan(const Array& q, const Array& k_pool, const Array& block_table,
-                const Array& kv_len, const Array& q_indptr, bool causal,
-                std::optional<double> scale, int32_t window, double softcap,
-                size_t workspace_bytes, uintptr_t stream)
+  AttentionPlan(const Array& q, const Array& k_pool, const Array& block_table, const Array& kv_len,
+                const Array& q_indptr, bool causal, std::optional<double> scale, int32_t window,
+                double softcap, size_t workspace_bytes, uintptr_t stream)
       : opt_(options(causal, scale, window, softcap)) {
     place_ = place_of(k_pool, kOp, "k_pool");
     if (place_.device == Device::cuda) {
@@ -288,8 +287,7 @@ class AttentionPlan {
     // The plan keeps its own copy of the metadata: the caller may reuse its buffers.
     q_indptr_.assign(b.q_indptr, b.q_indptr + b.num_seqs + 1);
     kv_len_.assign(b.kv_len, b.kv_len + b.num_seqs);
-    block_table_.assign(b.block_table,
-                        b.block_table + int64_t(b.num_seqs) * b.max_pages_per_seq);
+    block_table_.assign(b.block_table, b.block_table + int64_t(b.num_seqs) * b.max_pages_per_seq);
     batch_ = b;
     batch_.q_indptr = q_indptr_.data();
     batch_.kv_len = kv_len_.data();
@@ -321,10 +319,9 @@ class AttentionPlan {
     if (qv.num_tokens != q_.num_tokens || qv.num_heads != q_.num_heads ||
         qv.head_dim != q_.head_dim || qv.dtype != q_.dtype) {
       value_error(kRun, "q " + shape_str(q) + " " + std::string(dtype_name(qv.dtype)) +
-                            " differs from the planned q (" + std::to_string(q_.num_tokens) +
-                            ", " + std::to_string(q_.num_heads) + ", " +
-                            std::to_string(q_.head_dim) + ") " +
-                            std::string(dtype_name(q_.dtype)));
+                            " differs from the planned q (" + std::to_string(q_.num_tokens) + ", " +
+                            std::to_string(q_.num_heads) + ", " + std::to_string(q_.head_dim) +
+                            ") " + std::string(dtype_name(q_.dtype)));
     }
     if (kv.num_pages != kv_.num_pages || kv.num_kv_heads != kv_.num_kv_heads ||
         kv.page_size != kv_.page_size || kv.head_dim != kv_.head_dim || kv.dtype != kv_.dtype) {
@@ -401,8 +398,8 @@ void bind_attention(nb::module_& m) {
   m.def("_paged_attention_repeated", &paged_attention_repeated, nb::arg("q"), nb::arg("k_pool"),
         nb::arg("v_pool"), nb::arg("block_table"), nb::arg("kv_len"), nb::arg("q_indptr"),
         nb::arg("out"), nb::arg("iters"), nb::arg("stream"));
-  m.def("write_kv", &write_kv, nb::arg("k_pool"), nb::arg("v_pool"), nb::arg("slots"),
-        nb::arg("k"), nb::arg("v"), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
+  m.def("write_kv", &write_kv, nb::arg("k_pool"), nb::arg("v_pool"), nb::arg("slots"), nb::arg("k"),
+        nb::arg("v"), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
         nb::arg("host_slots").none(), nb::arg("stream"),
         "Stores k and v [num_tokens, num_kv_heads, head_dim] at slots (page * page_size + slot).");
   nb::class_<AttentionPlan>(m, "AttentionPlan")
@@ -414,8 +411,7 @@ void bind_attention(nb::module_& m) {
       .def("plan", &AttentionPlan::plan, nb::arg("q"), nb::arg("k_pool"), nb::arg("block_table"),
            nb::arg("kv_len"), nb::arg("q_indptr"), nb::arg("stream"))
       .def("run", &AttentionPlan::run, nb::arg("q"), nb::arg("k_pool"), nb::arg("v_pool"),
-           nb::arg("out"), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
-           nb::arg("stream"))
+           nb::arg("out"), nb::arg("k_scale").none(), nb::arg("v_scale").none(), nb::arg("stream"))
       .def("_run_repeated", &AttentionPlan::run_repeated, nb::arg("q"), nb::arg("k_pool"),
            nb::arg("v_pool"), nb::arg("out"), nb::arg("iters"), nb::arg("stream"))
       .def_prop_ro("device", &AttentionPlan::device)

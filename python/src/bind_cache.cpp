@@ -25,8 +25,7 @@ namespace {
 nb::object int32_array(std::vector<int32_t> v) {
   auto* owned = new std::vector<int32_t>(std::move(v));
   nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<int32_t>*>(p); });
-  return nb::ndarray<nb::numpy, int32_t, nb::ndim<1>>(owned->data(), {owned->size()}, owner)
-      .cast();
+  return nb::ndarray<nb::numpy, int32_t, nb::ndim<1>>(owned->data(), {owned->size()}, owner).cast();
 }
 
 // Builds an array of the framework over memory that `owner` keeps alive.
@@ -36,8 +35,8 @@ nb::object wrap(void* data, std::initializer_list<size_t> shape, DType dtype, co
   const nb::dlpack::dtype t = dlpack_dtype(dtype);
   if (framework == "numpy") {
     PA_CHECK(where.device == Device::cpu,
-             "KvCache: numpy arrays live in host memory but the cache is on ",
-             place_name(where), " (use framework='torch' or 'dlpack')");
+             "KvCache: numpy arrays live in host memory but the cache is on ", place_name(where),
+             " (use framework='torch' or 'dlpack')");
     PA_CHECK(dtype != DType::bf16,
              "KvCache: numpy has no bfloat16 (use framework='torch' or 'dlpack')");
     return nb::ndarray<nb::numpy>(data, shape, owner, {}, t, dev, where.device_id).cast();
@@ -69,8 +68,9 @@ class PyKvCache {
     place_ = {c.device, c.device == Device::cuda ? device_id : 0};
     CudaDeviceGuard guard(place_.device_id);
     if (c.device == Device::cuda) {
-      PA_CHECK(device_id >= 0 && device_id < cuda_device_count(), "KvCache: device cuda:",
-               device_id, " is not available (", cuda_device_count(), " CUDA devices)");
+      PA_CHECK(device_id >= 0 && device_id < cuda_device_count(),
+               "KvCache: device cuda:", device_id, " is not available (", cuda_device_count(),
+               " CUDA devices)");
     }
     cache_ = std::make_unique<KvCache>(c);
   }
@@ -80,10 +80,10 @@ class PyKvCache {
 
   nb::object pool(int32_t layer, bool v, const std::string& framework) {
     const PagedKVView kv = cache_->layer_view(layer);
-    return wrap(v ? kv.v_pages : kv.k_pages,
-                {size_t(kv.num_pages), size_t(kv.num_kv_heads), size_t(kv.page_size),
-                 size_t(kv.head_dim)},
-                kv.dtype, place_, nb::find(this), framework);
+    return wrap(
+        v ? kv.v_pages : kv.k_pages,
+        {size_t(kv.num_pages), size_t(kv.num_kv_heads), size_t(kv.page_size), size_t(kv.head_dim)},
+        kv.dtype, place_, nb::find(this), framework);
   }
 
   nb::object scale(int32_t layer, bool v, const std::string& framework) {
@@ -139,40 +139,61 @@ void bind_cache(nb::module_& m) {
       .def_prop_ro("dtype",
                    [](PyKvCache& c) { return std::string(dtype_name(c.cache().config().dtype)); })
       .def_prop_ro("device", [](PyKvCache& c) { return place_name(c.place()); })
-      .def("create_sequence", [](PyKvCache& c, const std::string& salt) {
-             return c.cache().create_sequence(salt);
-           }, nb::arg("cache_salt") = "")
-      .def("attach_prefix", [](PyKvCache& c, SeqId seq, const std::vector<int32_t>& tokens) {
-             return c.cache().attach_prefix(seq, tokens);
-           }, nb::arg("seq"), nb::arg("tokens"))
-      .def("pages_needed", [](PyKvCache& c, SeqId seq, int32_t n) {
-             return c.cache().pages_needed(seq, n);
-           }, nb::arg("seq"), nb::arg("n"))
-      .def("can_append", [](PyKvCache& c, SeqId seq, int32_t n) {
-             return c.cache().can_append(seq, n);
-           }, nb::arg("seq"), nb::arg("n"))
-      .def("append_slots", [](PyKvCache& c, SeqId seq, const std::vector<int32_t>& tokens) {
-             return int32_array(c.cache().append_slots(seq, tokens));
-           }, nb::arg("seq"), nb::arg("tokens"))
-      .def("commit", [](PyKvCache& c, SeqId seq) { c.cache().commit(seq); }, nb::arg("seq"))
-      .def("fork", [](PyKvCache& c, SeqId seq) { return c.cache().fork(seq); }, nb::arg("seq"))
-      .def("free", [](PyKvCache& c, SeqId seq) { c.cache().free_sequence(seq); }, nb::arg("seq"))
-      .def("has_sequence", [](PyKvCache& c, SeqId seq) { return c.cache().has_sequence(seq); },
-           nb::arg("seq"))
-      .def("kv_len", [](PyKvCache& c, SeqId seq) { return c.cache().kv_len(seq); },
-           nb::arg("seq"))
-      .def("block_table", [](PyKvCache& c, SeqId seq) {
-             return int32_array(to_vector(c.cache().block_table(seq)));
-           }, nb::arg("seq"))
-      .def("tokens", [](PyKvCache& c, SeqId seq) { return to_vector(c.cache().tokens(seq)); },
-           nb::arg("seq"))
-      .def("cache_salt", [](PyKvCache& c, SeqId seq) { return c.cache().cache_salt(seq); },
-           nb::arg("seq"))
-      .def("refcount", [](PyKvCache& c, int32_t page) { return c.cache().refcount(page); },
-           nb::arg("page"))
-      .def("set_scales", [](PyKvCache& c, int32_t layer, const std::vector<float>& k,
-                            const std::vector<float>& v) { c.cache().set_scales(layer, k, v); },
-           nb::arg("layer"), nb::arg("k_scale"), nb::arg("v_scale"))
+      .def(
+          "create_sequence",
+          [](PyKvCache& c, const std::string& salt) { return c.cache().create_sequence(salt); },
+          nb::arg("cache_salt") = "")
+      .def(
+          "attach_prefix",
+          [](PyKvCache& c, SeqId seq, const std::vector<int32_t>& tokens) {
+            return c.cache().attach_prefix(seq, tokens);
+          },
+          nb::arg("seq"), nb::arg("tokens"))
+      .def(
+          "pages_needed",
+          [](PyKvCache& c, SeqId seq, int32_t n) { return c.cache().pages_needed(seq, n); },
+          nb::arg("seq"), nb::arg("n"))
+      .def(
+          "can_append",
+          [](PyKvCache& c, SeqId seq, int32_t n) { return c.cache().can_append(seq, n); },
+          nb::arg("seq"), nb::arg("n"))
+      .def(
+          "append_slots",
+          [](PyKvCache& c, SeqId seq, const std::vector<int32_t>& tokens) {
+            return int32_array(c.cache().append_slots(seq, tokens));
+          },
+          nb::arg("seq"), nb::arg("tokens"))
+      .def(
+          "commit", [](PyKvCache& c, SeqId seq) { c.cache().commit(seq); }, nb::arg("seq"))
+      .def(
+          "fork", [](PyKvCache& c, SeqId seq) { return c.cache().fork(seq); }, nb::arg("seq"))
+      .def(
+          "free", [](PyKvCache& c, SeqId seq) { c.cache().free_sequence(seq); }, nb::arg("seq"))
+      .def(
+          "has_sequence", [](PyKvCache& c, SeqId seq) { return c.cache().has_sequence(seq); },
+          nb::arg("seq"))
+      .def(
+          "kv_len", [](PyKvCache& c, SeqId seq) { return c.cache().kv_len(seq); }, nb::arg("seq"))
+      .def(
+          "block_table",
+          [](PyKvCache& c, SeqId seq) {
+            return int32_array(to_vector(c.cache().block_table(seq)));
+          },
+          nb::arg("seq"))
+      .def(
+          "tokens", [](PyKvCache& c, SeqId seq) { return to_vector(c.cache().tokens(seq)); },
+          nb::arg("seq"))
+      .def(
+          "cache_salt", [](PyKvCache& c, SeqId seq) { return c.cache().cache_salt(seq); },
+          nb::arg("seq"))
+      .def(
+          "refcount", [](PyKvCache& c, int32_t page) { return c.cache().refcount(page); },
+          nb::arg("page"))
+      .def(
+          "set_scales",
+          [](PyKvCache& c, int32_t layer, const std::vector<float>& k,
+             const std::vector<float>& v) { c.cache().set_scales(layer, k, v); },
+          nb::arg("layer"), nb::arg("k_scale"), nb::arg("v_scale"))
       .def_prop_ro("scales_set", [](PyKvCache& c) { return c.cache().scales_set(); })
       .def("pool", &PyKvCache::pool, nb::arg("layer"), nb::arg("v"), nb::arg("framework"))
       .def("scale", &PyKvCache::scale, nb::arg("layer"), nb::arg("v"), nb::arg("framework"))

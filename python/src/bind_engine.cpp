@@ -160,12 +160,11 @@ class PyEngine {
   std::mutex mu_;
 };
 
-Request make_request(std::vector<int32_t> prompt, double temperature, int32_t top_k,
-                     double top_p, double min_p, double repetition_penalty,
-                     std::vector<std::string> stop, std::vector<int32_t> stop_token_ids,
-                     int32_t max_tokens, int32_t n, std::optional<uint64_t> seed, bool ignore_eos,
-                     std::string cache_salt, int32_t best_of, bool use_beam_search,
-                     double length_penalty) {
+Request make_request(std::vector<int32_t> prompt, double temperature, int32_t top_k, double top_p,
+                     double min_p, double repetition_penalty, std::vector<std::string> stop,
+                     std::vector<int32_t> stop_token_ids, int32_t max_tokens, int32_t n,
+                     std::optional<uint64_t> seed, bool ignore_eos, std::string cache_salt,
+                     int32_t best_of, bool use_beam_search, double length_penalty) {
   Request r;
   r.prompt = std::move(prompt);
   r.sampling.temperature = float(temperature);
@@ -204,18 +203,19 @@ void bind_engine(nb::module_& m) {
       .def_rw("log_startup", &EngineOptions::log_startup);
 
   nb::class_<Request>(m, "Request");
-  m.def("make_request", &make_request, nb::arg("prompt"), nb::arg("temperature"),
-        nb::arg("top_k"), nb::arg("top_p"), nb::arg("min_p"), nb::arg("repetition_penalty"),
-        nb::arg("stop"), nb::arg("stop_token_ids"), nb::arg("max_tokens"), nb::arg("n"),
-        nb::arg("seed").none(), nb::arg("ignore_eos"), nb::arg("cache_salt"), nb::arg("best_of"),
+  m.def("make_request", &make_request, nb::arg("prompt"), nb::arg("temperature"), nb::arg("top_k"),
+        nb::arg("top_p"), nb::arg("min_p"), nb::arg("repetition_penalty"), nb::arg("stop"),
+        nb::arg("stop_token_ids"), nb::arg("max_tokens"), nb::arg("n"), nb::arg("seed").none(),
+        nb::arg("ignore_eos"), nb::arg("cache_salt"), nb::arg("best_of"),
         nb::arg("use_beam_search"), nb::arg("length_penalty"));
 
   nb::class_<SequenceOutput>(m, "SequenceOutput")
       .def_ro("index", &SequenceOutput::index)
       .def_ro("new_tokens", &SequenceOutput::new_tokens)
       .def_prop_ro("new_text", [](const SequenceOutput& s) { return utf8(s.new_text); })
-      .def_prop_ro("finish_reason",
-                   [](const SequenceOutput& s) { return std::string(finish_reason_name(s.finish)); })
+      .def_prop_ro(
+          "finish_reason",
+          [](const SequenceOutput& s) { return std::string(finish_reason_name(s.finish)); })
       .def_ro("cumulative_logprob", &SequenceOutput::cumulative_logprob);
   nb::class_<RequestOutput>(m, "StepOutput")
       .def_ro("id", &RequestOutput::id)
