@@ -15,6 +15,7 @@ generators or threads): each step's outputs are routed to the request they belon
 from __future__ import annotations
 
 import importlib.util
+import numbers
 import os
 import threading
 from collections import deque
@@ -202,8 +203,8 @@ class LLM:
         return None, ids
 
     def _as_prompts(self, prompts):
-        if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and
-                                        isinstance(prompts[0], int)):
+        if isinstance(prompts, str) or (len(prompts) > 0 and
+                                        isinstance(prompts[0], numbers.Integral)):
             prompts = [prompts]
         return [self._tokenize(p) for p in prompts]
 

@@ -2,6 +2,7 @@
 
 import threading
 
+import numpy as np
 import pytest
 
 import pagedattn
@@ -23,6 +24,10 @@ def test_the_capital_of_france_is_paris(llm):
     assert out[0].prompt == "The capital of France is"
     assert out[0].prompt_token_ids == llm.encode("The capital of France is")
     assert out[0].outputs[0].finish_reason in ("stop", "length")
+    # The same prompt as token ids (a numpy array too) gives the same tokens.
+    ids = np.array(llm.encode("The capital of France is"))
+    again = llm.generate(ids, SamplingParams(temperature=0, max_tokens=8))[0]
+    assert again.prompt is None and again.outputs[0].token_ids == out[0].outputs[0].token_ids
 
 
 def test_a_batch_matches_each_prompt_alone(llm):
