@@ -38,10 +38,11 @@ clean:
 	rm -rf $(BUILD)
 
 # Instrumented builds, each in a folder of its own (cmake/sanitizers.cmake, tests/fuzz/).
-# make sanitize: AddressSanitizer + UndefinedBehaviorSanitizer over the CPU test suite, or the
-# tests that SANITIZE_TESTS (a ctest -R regex) names; CI runs the subset CI_SANITIZE_TESTS.
+# make sanitize: AddressSanitizer + UndefinedBehaviorSanitizer over the CPU test suite; a subset
+# with SANITIZE_TARGETS (what to build) and SANITIZE_CTEST (ctest's selection), as .ci/run does.
 SANITIZE_BUILD ?= $(BUILD)-sanitize
-SANITIZE_TESTS ?=
+SANITIZE_TARGETS ?=
+SANITIZE_CTEST ?=
 TSAN_BUILD ?= $(BUILD)-tsan
 FUZZ_BUILD ?= $(BUILD)-fuzz
 FUZZ_SECONDS ?= 60
@@ -52,8 +53,8 @@ sanitize:
 	@bash scripts/setup.sh
 	cmake -S . -B $(SANITIZE_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPAGEDATTN_CUDA=OFF \
 	  -DPAGEDATTN_SANITIZE=address,undefined $(CMAKE_FLAGS)
-	cmake --build $(SANITIZE_BUILD) -j $(JOBS)
-	cd $(SANITIZE_BUILD) && $(SAN_ENV) ctest --output-on-failure -j $(JOBS) $(if $(SANITIZE_TESTS),-R '$(SANITIZE_TESTS)')
+	cmake --build $(SANITIZE_BUILD) -j $(JOBS) $(if $(SANITIZE_TARGETS),--target $(SANITIZE_TARGETS))
+	cd $(SANITIZE_BUILD) && $(SAN_ENV) ctest --output-on-failure -j $(JOBS) $(SANITIZE_CTEST)
 
 # ThreadSanitizer on the engine and server tests (not in CI).
 tsan:

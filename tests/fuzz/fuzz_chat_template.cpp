@@ -23,8 +23,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t mode = data[0];
   std::vector<std::string> fields(1);
   for (size_t i = 1; i < size; ++i) {
-    if (data[i] == 0) fields.emplace_back();
-    else fields.back() += char(data[i]);
+    if (data[i] == 0)
+      fields.emplace_back();
+    else
+      fields.back() += char(data[i]);
   }
   const std::string& tmpl = fields[0];
   std::vector<ChatMessage> msgs;

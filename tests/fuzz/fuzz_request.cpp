@@ -30,7 +30,8 @@ struct Fixture {
     ec.block_size = 16;
     ec.log_startup = false;
     engine = std::make_unique<Engine>(
-        std::make_unique<fakes::FakeModel>(tok.vocab_size(), std::vector<int32_t>{tok.eos_id()}, 512),
+        std::make_unique<fakes::FakeModel>(tok.vocab_size(), std::vector<int32_t>{tok.eos_id()},
+                                           512),
         ec, [this](const std::vector<int32_t>& ids) { return tok.decode(ids); });
     codec.encode = [this](const std::string& t) { return tok.encode(t, true, false); };
     codec.encode_chat = [this](const std::vector<ChatMessage>& m) {

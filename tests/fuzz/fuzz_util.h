@@ -5,13 +5,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
-
-#include <cmath>
 
 #include "pagedattn/model_file.h"
 #include "pagedattn/tokenizer.h"
@@ -54,7 +53,9 @@ class MemFile {
 
 // GPT-2's byte-to-unicode alphabet, as UTF-8 (the vocabulary strings of byte-level BPE).
 inline std::string byte_token(uint8_t b) {
-  auto printable = [](int c) { return (c >= 33 && c <= 126) || (c >= 161 && c <= 172) || c >= 174; };
+  auto printable = [](int c) {
+    return (c >= 33 && c <= 126) || (c >= 161 && c <= 172) || c >= 174;
+  };
   int cp = b;
   if (!printable(b)) {
     int n = 0;
@@ -78,8 +79,17 @@ inline Tokenizer make_tokenizer(PreTokenizer pre) {
   for (int b = 0; b < 256; ++b) vocab.push_back(byte_token(uint8_t(b)));
   const std::string sp = byte_token(' ');  // "Ġ"
   const std::vector<std::pair<std::string, std::string>> pairs = {
-      {sp, "t"}, {"h", "e"}, {sp + "t", "he"}, {"i", "n"}, {"in", "g"}, {sp, "a"},
-      {"e", "r"}, {sp, sp}, {"1", "2"}, {"12", "3"}, {byte_token('\n'), byte_token('\n')}};
+      {sp, "t"},
+      {"h", "e"},
+      {sp + "t", "he"},
+      {"i", "n"},
+      {"in", "g"},
+      {sp, "a"},
+      {"e", "r"},
+      {sp, sp},
+      {"1", "2"},
+      {"12", "3"},
+      {byte_token('\n'), byte_token('\n')}};
   std::vector<std::string> merges;
   for (const auto& [a, b] : pairs) {
     merges.push_back(a + " " + b);

@@ -40,7 +40,8 @@ void expect_error(F&& f, std::initializer_list<const char*> want) {
     f();
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    for (const char* w : want) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what();
+    for (const char* w : want)
+      EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what();
   } catch (const std::exception& e) {
     ADD_FAILURE() << "not a pagedattn::Error: " << e.what();
   }
@@ -68,8 +69,8 @@ TEST(FuzzSeeds, AreValidFiles) {
 }
 
 // config.json: a field of the wrong type escaped as nlohmann's type_error; constants that overflow
-// a float, a zero RoPE base and token ids beyond int32 were accepted (found by the hf_config target,
-// whose harness requires an accepted config to be usable).
+// a float, a zero RoPE base and token ids beyond int32 were accepted (found by the hf_config
+// target, whose harness requires an accepted config to be usable).
 TEST(MalformedInputs, ConfigJsonFieldsNameTheKey) {
   const struct {
     const char* file;

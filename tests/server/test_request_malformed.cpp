@@ -32,8 +32,9 @@ TEST(RequestMalformed, ContentPartTypeOfTheWrongTypeIsA400) {
   ec.log_startup = false;
   Engine engine(std::make_unique<fakes::FakeModel>(128, std::vector<int32_t>{0}, 512), ec,
                 fakes::fake_decode);
-  TextCodec codec{[](const std::string& t) { return fakes::fake_encode(t); },
-                  [](const std::vector<ChatMessage>& m) { return fakes::fake_encode(m[0].content); }};
+  TextCodec codec{
+      [](const std::string& t) { return fakes::fake_encode(t); },
+      [](const std::vector<ChatMessage>& m) { return fakes::fake_encode(m[0].content); }};
   ServerConfig sc;
   sc.model_name = "fuzz";
   // The fuzz input: byte 0 picks chat, the rest is the body.
