@@ -3,7 +3,8 @@
 set -euo pipefail
 
 pkgs=(cmake g++ make pkg-config libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
-      nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libfmt-dev libssl-dev python3 python3-pip curl)
+      nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libfmt-dev libssl-dev python3 python3-pip curl
+      clang libclang-rt-14-dev)  # clang + libFuzzer: the fuzz targets of tests/fuzz
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -128,10 +128,22 @@ ModelFile load_gguf_model(const std::string& path) {
                             g.get_int(p + "attention.head_count_kv", c.num_q_heads));
   c.head_dim = positive(p + "attention.key_length",
                         g.get_int(p + "attention.key_length", c.hidden_size / c.num_q_heads));
+  PA_CHECK(c.num_q_heads % c.num_kv_heads == 0, "load_model_file: ", path, ": key '", p,
+           "attention.head_count_kv' = ", c.num_kv_heads, " does not divide ", p,
+           "attention.head_count = ", c.num_q_heads);
   c.max_position_embeddings = positive(p + "context_length", g.get_int(p + "context_length", 2048));
-  c.rms_norm_eps = float(g.get_float(p + "attention.layer_norm_rms_epsilon", 1e-5));
-  c.rope_theta = float(g.get_float(p + "rope.freq_base", 10000.0));
-  c.sliding_window = int32_t(g.get_int(p + "attention.sliding_window", 0));
+  // NOTE: finite and in range as floats: an inf or NaN constant turns every output into NaN.
+  auto finite = [&](const std::string& key, double dflt, bool zero_ok) {
+    const double v = g.get_float(key, dflt);
+    PA_CHECK(std::isfinite(float(v)) && (v > 0 || (zero_ok && v == 0)), "load_model_file: ", path,
+             ": key '", key, "' = ", v, " must be a finite ", zero_ok ? "non-negative" : "positive",
+             " float");
+    return float(v);
+  };
+  c.rms_norm_eps = finite(p + "attention.layer_norm_rms_epsilon", 1e-5, true);
+  c.rope_theta = finite(p + "rope.freq_base", 10000.0, false);
+  const int64_t window = g.get_int(p + "attention.sliding_window", 0);
+  c.sliding_window = window == 0 ? 0 : positive(p + "attention.sliding_window", window);
   c.attention_bias = arch == "qwen2";
   c.qk_norm = arch == "qwen3";
   const std::string scaling = g.get_string(p + "rope.scaling.type", "none");
@@ -140,10 +152,16 @@ ModelFile load_gguf_model(const std::string& path) {
            "rope.scaling.type': unsupported rope scaling '", scaling, "'");
 
   // Tokenizer ids.
-  c.bos_token_id = int32_t(g.get_int("tokenizer.ggml.bos_token_id", -1));
+  auto token_id = [&](const std::string& key) {
+    const int64_t id = g.get_int(key, -1);
+    PA_CHECK(id >= -1 && id < (int64_t(1) << 31), "load_model_file: ", path, ": key '", key,
+             "' = ", id, " is not a token id");
+    return int32_t(id);
+  };
+  c.bos_token_id = token_id("tokenizer.ggml.bos_token_id");
   for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                           "tokenizer.ggml.eom_token_id"}) {
-    const int64_t id = g.get_int(key, -1);
+    const int32_t id = token_id(key);
     if (id >= 0 && std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
       c.eos_token_ids.push_back(int32_t(id));
   }
@@ -161,7 +179,7 @@ ModelFile load_gguf_model(const std::string& path) {
   c.tie_word_embeddings = !mf.tensors.count("lm_head.weight");
   auto emb = mf.tensors.find("model.embed_tokens.weight");
   PA_CHECK(emb != mf.tensors.end(), "load_model_file: ", path, ": missing tensor 'token_embd.weight'");
-  c.vocab_size = int32_t(g.get_int(p + "vocab_size", emb->second.dim(0)));
+  c.vocab_size = positive(p + "vocab_size", g.get_int(p + "vocab_size", emb->second.dim(0)));
   if (const GGUFTensorInfo* rf = g.find_tensor("rope_freqs.weight"))
     c.rope_scaling = fit_llama3_scaling(g.load_f32(*rf), c, path);
   return mf;

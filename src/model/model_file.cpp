@@ -3,6 +3,7 @@
 #include "pagedattn/model_file.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -36,11 +37,20 @@ int32_t get_int(const json& j, const char* key, int64_t dflt, const std::string&
            j[key].dump());
   return int32_t(j[key].get<int64_t>());
 }
+// NOTE: a float field must fit in a float: 1e39 would become inf (and inf RoPE or norm constants
+// turn every output into NaN).
 float get_float(const json& j, const char* key, double dflt, const std::string& file) {
   if (!j.contains(key) || j[key].is_null()) return float(dflt);
-  PA_CHECK(j[key].is_number(), "load_model_file: ", file, ": key '", key,
-           "' must be a number, got ", j[key].dump());
+  PA_CHECK(j[key].is_number() && std::isfinite(float(j[key].get<double>())), "load_model_file: ",
+           file, ": key '", key, "' must be a finite number, got ", j[key].dump());
   return j[key].get<float>();
+}
+std::string get_string(const json& j, const char* key, const std::string& dflt,
+                       const std::string& file) {
+  if (!j.contains(key) || j[key].is_null()) return dflt;
+  PA_CHECK(j[key].is_string(), "load_model_file: ", file, ": key '", key,
+           "' must be a string, got ", j[key].dump());
+  return j[key].get<std::string>();
 }
 bool get_bool(const json& j, const char* key, bool dflt, const std::string& file) {
   if (!j.contains(key) || j[key].is_null()) return dflt;
@@ -105,13 +115,19 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& file) {
            "load_model_file: ", file, ": key 'num_key_value_heads' = ", c.num_kv_heads,
            " does not divide num_attention_heads = ", c.num_q_heads);
   c.rms_norm_eps = get_float(j, "rms_norm_eps", 1e-6, file);
+  PA_CHECK(c.rms_norm_eps >= 0, "load_model_file: ", file, ": key 'rms_norm_eps' must be >= 0, got ",
+           c.rms_norm_eps);
   c.rope_theta = get_float(j, "rope_theta", 10000.0, file);
   // transformers >= 5 writes rope_theta and the scaling under 'rope_parameters'.
   const bool rope_params = !j.contains("rope_scaling") && j.contains("rope_parameters") &&
                            j["rope_parameters"].is_object();
   if (rope_params) c.rope_theta = get_float(j["rope_parameters"], "rope_theta", c.rope_theta, file);
+  PA_CHECK(c.rope_theta > 0, "load_model_file: ", file, ": key 'rope_theta' must be > 0, got ",
+           c.rope_theta);
   const char* rope_key = rope_params ? "rope_parameters" : "rope_scaling";
   c.max_position_embeddings = get_int(j, "max_position_embeddings", 2048, file);
+  PA_CHECK(c.max_position_embeddings > 0, "load_model_file: ", file,
+           ": key 'max_position_embeddings' must be > 0");
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", false, file);
   c.attention_bias = c.architecture == "qwen2" || get_bool(j, "attention_bias", false, file);
   c.qk_norm = c.architecture == "qwen3";
@@ -120,7 +136,8 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& file) {
   if (j.contains(rope_key) && !j[rope_key].is_null()) {
     const json& rs = j[rope_key];
     PA_CHECK(rs.is_object(), "load_model_file: ", file, ": key 'rope_scaling' must be an object");
-    std::string type = rs.value("rope_type", rs.value("type", std::string("default")));
+    const std::string type =
+        get_string(rs, "rope_type", get_string(rs, "type", "default", file), file);
     if (type == "llama3") {
       c.rope_scaling.type = "llama3";
       c.rope_scaling.factor = get_float(rs, "factor", 8.0, file);
@@ -139,8 +156,10 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& file) {
   c.bos_token_id = get_int(j, "bos_token_id", -1, file);
   if (j.contains("eos_token_id") && j["eos_token_id"].is_array()) {
     for (const auto& e : j["eos_token_id"]) {
-      PA_CHECK(e.is_number_integer(), "load_model_file: ", file, ": key 'eos_token_id' holds ",
-               e.dump());
+      PA_CHECK(e.is_number_integer() && e.get<int64_t>() >= 0 &&
+                   e.get<int64_t>() < (int64_t(1) << 31),
+               "load_model_file: ", file, ": key 'eos_token_id' holds ", e.dump(),
+               " (token ids are non-negative 32-bit integers)");
       c.eos_token_ids.push_back(e.get<int32_t>());
     }
   } else if (int32_t eos = get_int(j, "eos_token_id", -1, file); eos >= 0) {

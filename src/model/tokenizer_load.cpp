@@ -87,6 +87,28 @@ json read_json(const fs::path& p) {
   }
 }
 
+// NOTE: json::value() throws nlohmann's type_error for a field of another type (or a holder that
+// is not an object); these raise Error naming the file and the key instead.
+void check_holder(const json& j, const char* key, const std::string& file) {
+  PA_CHECK(j.is_object(), "Tokenizer::from_tokenizer_json: ", file, ": expected an object with key '",
+           key, "', got ", j.dump().substr(0, 100));
+}
+std::string str_field(const json& j, const char* key, const std::string& dflt,
+                      const std::string& file) {
+  check_holder(j, key, file);
+  if (!j.contains(key) || j[key].is_null()) return dflt;
+  PA_CHECK(j[key].is_string(), "Tokenizer::from_tokenizer_json: ", file, ": key '", key,
+           "' must be a string, got ", j[key].dump().substr(0, 100));
+  return j[key].get<std::string>();
+}
+bool bool_field(const json& j, const char* key, bool dflt, const std::string& file) {
+  check_holder(j, key, file);
+  if (!j.contains(key) || j[key].is_null()) return dflt;
+  PA_CHECK(j[key].is_boolean(), "Tokenizer::from_tokenizer_json: ", file, ": key '", key,
+           "' must be true or false, got ", j[key].dump().substr(0, 100));
+  return j[key].get<bool>();
+}
+
 // "bos_token": "<s>" or {"content": "<s>", ...}
 std::string token_content(const json& j, const char* key) {
   if (!j.contains(key)) return "";
@@ -116,9 +138,9 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
   PA_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(),
            "Tokenizer::from_tokenizer_json: ", path, ": key 'model' missing");
   const json& m = j["model"];
-  PA_CHECK(m.value("type", std::string("BPE")) == "BPE", "Tokenizer::from_tokenizer_json: ", path,
+  PA_CHECK(str_field(m, "type", "BPE", path) == "BPE", "Tokenizer::from_tokenizer_json: ", path,
            ": key 'model.type': only BPE is supported");
-  PA_CHECK(!m.value("byte_fallback", false), "Tokenizer::from_tokenizer_json: ", path,
+  PA_CHECK(!bool_field(m, "byte_fallback", false, path), "Tokenizer::from_tokenizer_json: ", path,
            ": key 'model.byte_fallback': SentencePiece-style BPE is not supported");
   PA_CHECK(m.contains("vocab") && m["vocab"].is_object(), "Tokenizer::from_tokenizer_json: ", path,
            ": key 'model.vocab' must be an object");
@@ -149,7 +171,7 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
   for (const auto& a : added) {
     const size_t id = size_t(a["id"].get<int64_t>());
     vocab[id] = a["content"].get<std::string>();
-    types[id] = a.value("special", false) ? TokenType::control : TokenType::user_defined;
+    types[id] = bool_field(a, "special", false, path) ? TokenType::control : TokenType::user_defined;
   }
   std::vector<std::string> merges;
   for (const auto& mg : m.value("merges", json::array())) {
@@ -171,18 +193,18 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
   };
   int32_t bos = find_id(token_content(cfg, "bos_token"));
   const int32_t eos = find_id(token_content(cfg, "eos_token"));
-  bool add_bos = cfg.value("add_bos_token", false);
+  bool add_bos = bool_field(cfg, "add_bos_token", false, path);
   // A post-processor that prepends a special token adds BOS (Llama 3).
   if (j.contains("post_processor") && j["post_processor"].is_object()) {
     const json& pp = j["post_processor"];
     const json* tp = &pp;
-    if (pp.value("type", std::string()) == "Sequence" && pp.contains("processors"))
+    if (str_field(pp, "type", "", path) == "Sequence" && pp.contains("processors"))
       for (const auto& p : pp["processors"])
-        if (p.value("type", std::string()) == "TemplateProcessing") tp = &p;
-    if (tp->value("type", std::string()) == "TemplateProcessing" && tp->contains("single") &&
+        if (str_field(p, "type", "", path) == "TemplateProcessing") tp = &p;
+    if (str_field(*tp, "type", "", path) == "TemplateProcessing" && tp->contains("single") &&
         (*tp)["single"].is_array() && !(*tp)["single"].empty() &&
         (*tp)["single"][0].contains("SpecialToken")) {
-      const int32_t id = find_id((*tp)["single"][0]["SpecialToken"].value("id", std::string()));
+      const int32_t id = find_id(str_field((*tp)["single"][0]["SpecialToken"], "id", "", path));
       if (id >= 0) {
         add_bos = true;
         bos = id;
@@ -195,7 +217,7 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
     if (ct.is_string()) tmpl = ct.get<std::string>();
     else if (ct.is_array())
       for (const auto& e : ct)
-        if (e.value("name", std::string()) == "default") tmpl = e.value("template", std::string());
+        if (str_field(e, "name", "", path) == "default") tmpl = str_field(e, "template", "", path);
   }
   Tokenizer t;
   try {
@@ -203,7 +225,7 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
   } catch (const Error& e) {
     fail("Tokenizer::from_tokenizer_json: ", path, ": ", e.what());
   }
-  TokenizerLoader::set_extras(t, m.value("ignore_merges", false), {});
+  TokenizerLoader::set_extras(t, bool_field(m, "ignore_merges", false, path), {});
   return t;
 }
 

@@ -111,8 +111,9 @@ std::vector<int32_t> chat_prompt(const json& j, const TextCodec& codec) {
       text = content->get<std::string>();
     } else if (content && content->is_array()) {
       for (const json& part : *content) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
-            !part["text"].is_string())
+        // NOTE: not part.value("type", ""): it throws nlohmann's type_error for a non-string.
+        if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
+            !part.contains("text") || !part["text"].is_string())
           throw ApiError(400, at + ".content parts must be {\"type\": \"text\", \"text\": string}",
                          "messages", "invalid_type");
         text += part["text"].get<std::string>();
