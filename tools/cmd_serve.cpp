@@ -79,7 +79,7 @@ void run_serve(ServeArgs a) {
   TextCodec codec;
   codec.encode = [tok](const std::string& text) { return tok->encode(text, true, true); };
   codec.encode_chat = [tok](const std::vector<ChatMessage>& msgs) {
-    return tok->encode(apply_chat_template(*tok, msgs, true), false, true);
+    return encode_chat(*tok, msgs, true);
   };
   a.server.model_name = a.served_model_name.empty() ? std::filesystem::path(a.model).stem().string()
                                                     : a.served_model_name;
