@@ -141,7 +141,7 @@ void run_generate(const GenerateArgs& a) {
     std::vector<ChatMessage> msgs;
     if (!a.system.empty()) msgs.push_back({"system", a.system});
     msgs.push_back({"user", a.prompt});
-    ids = tok.encode(apply_chat_template(tok, msgs, true), false, true);
+    ids = encode_chat(tok, msgs, true);
   } else {
     ids = tok.encode(a.prompt, true, false);
   }
@@ -180,7 +180,7 @@ void run_chat(const GenerateArgs& a) {
       continue;
     }
     msgs.push_back({"user", line});
-    const std::vector<int32_t> ids = tok.encode(apply_chat_template(tok, msgs, true), false, true);
+    const std::vector<int32_t> ids = encode_chat(tok, msgs, true);
     // Reuse the cached conversation when it is a prefix of the new rendering, else start over.
     const auto cached = m.cache().tokens(seq);
     const bool prefix =

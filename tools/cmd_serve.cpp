@@ -79,14 +79,16 @@ void run_serve(ServeArgs a) {
   TextCodec codec;
   codec.encode = [tok](const std::string& text) { return tok->encode(text, true, true); };
   codec.encode_chat = [tok](const std::vector<ChatMessage>& msgs) {
-    return tok->encode(apply_chat_template(*tok, msgs, true), false, true);
+    return encode_chat(*tok, msgs, true);
   };
+  codec.decode = [tok](const std::vector<int32_t>& ids) { return tok->decode(ids, true); };
   a.server.model_name = a.served_model_name.empty() ? std::filesystem::path(a.model).stem().string()
                                                     : a.served_model_name;
   Server server(engine, codec, a.server);
   const int port = server.start();
   std::cerr << "pagedattn: serving '" << a.server.model_name << "' on http://" << a.server.host
-            << ":" << port << " (Ctrl-C to stop)" << std::endl;
+            << ":" << port << (a.server.api_key.empty() ? "" : " (API key required)")
+            << " (Ctrl-C to stop)" << std::endl;
 
   int sig = 0;
   sigwait(&sigs, &sig);
@@ -127,8 +129,29 @@ void register_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--max-body-bytes", a->server.max_body_bytes, "Largest request body")
       ->capture_default_str();
-  cmd->add_option("--http-threads", a->server.num_threads, "HTTP worker threads")
+  cmd->add_option("--max-connections", a->server.max_connections,
+                  "Connections served at once (one more gets a 503)")
       ->capture_default_str();
+  cmd->add_option("--idle-timeout", a->server.idle_timeout_s,
+                  "Seconds a new or kept-alive connection may wait before its request starts")
+      ->capture_default_str();
+  cmd->add_option("--header-timeout", a->server.header_timeout_s,
+                  "Seconds for a request's line and headers, from their first byte")
+      ->capture_default_str();
+  cmd->add_option("--body-timeout", a->server.body_timeout_s,
+                  "Seconds for a request's body, from the end of its headers")
+      ->capture_default_str();
+  cmd->add_option("--io-timeout", a->server.io_timeout_s,
+                  "Seconds one read or write may make no progress")
+      ->capture_default_str();
+  cmd->add_option("--default-max-tokens", a->server.default_chat_max_tokens,
+                  "Chat's max_tokens when a request sets none (capped by the context left)")
+      ->capture_default_str();
+  cmd->add_option("--api-key", a->server.api_key,
+                  "Require 'Authorization: Bearer KEY' on every route but /health")
+      ->envname("PAGEDATTN_API_KEY");
+  cmd->add_flag("--metrics-without-key", a->server.metrics_without_key,
+                "With --api-key: leave /metrics open (for a Prometheus scraper)");
   cmd->callback([a] { run_serve(*a); });
 }
 

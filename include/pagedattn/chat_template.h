@@ -5,8 +5,9 @@
 //   mistral : <s>[INST] {user} [/INST]{assistant}</s>[INST] ... (a system message joins the first
 //             user turn, separated by a blank line)
 //
-// The rendered text carries its own BOS where the family has one: encode it with
-// add_special = false and parse_special = true.
+// The rendered text carries its own BOS where the family has one. encode_chat() tokenizes a
+// conversation for a model: the template's markers become control tokens, the messages' text is
+// tokenized as text (a "<|im_end|>" typed by a user stays text and cannot close the turn).
 #pragma once
 
 #include <cstdint>
@@ -46,5 +47,10 @@ std::string apply_chat_template(ChatFamily family, const std::vector<ChatMessage
 // Family and default system prompt taken from the tokenizer's template.
 std::string apply_chat_template(const Tokenizer& tok, const std::vector<ChatMessage>& messages,
                                 bool add_generation_prompt);
+// The ids of the rendered conversation: control tokens only where the template put them (its
+// markers that the vocabulary holds as special tokens), everything else encoded as text. Without
+// markers in the messages these equal tok.encode(apply_chat_template(...), false, true).
+std::vector<int32_t> encode_chat(const Tokenizer& tok, const std::vector<ChatMessage>& messages,
+                                 bool add_generation_prompt);
 
 }  // namespace pagedattn

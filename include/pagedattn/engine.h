@@ -157,6 +157,8 @@ class Engine {
   void fork_children(RequestState& rs, Sequence& parent);
   void append_token(RequestState& rs, Sequence& seq, int32_t token);
   void finish_seq(Sequence& seq, FinishReason reason);
+  // decode_ of each token id alone (json_object's candidates), built on first use.
+  const std::vector<std::string>& token_bytes();
   RequestOutput collect(RequestState& rs);
   // Beam search and best_of (engine_beam.cpp).
   void beam_step(RequestState& rs);
@@ -170,6 +172,7 @@ class Engine {
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<Scheduler> scheduler_;
   DecodeFn decode_;
+  std::vector<std::string> token_bytes_;  // [vocab] once a json_object request came
   std::vector<int32_t> eos_ids_;
   int32_t max_model_len_ = 0;
   std::atomic<RequestId> next_id_{1};

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "pagedattn/json_grammar.h"
 #include "pagedattn/kv_cache.h"
 #include "pagedattn/sampling.h"
 
@@ -84,9 +85,10 @@ struct Sequence {
   double cumulative_logprob = 0;
   Sampler sampler;
   StopStringMatcher stop_matcher;
-  std::string pending_bytes;  // decoded bytes of an incomplete UTF-8 character
-  std::string new_text;       // text not yet handed out
-  size_t tokens_sent = 0;     // generated tokens already handed out
+  std::optional<JsonPrefix> json;  // the output so far, with sampling.json_object
+  std::string pending_bytes;       // decoded bytes of an incomplete UTF-8 character
+  std::string new_text;            // text not yet handed out
+  size_t tokens_sent = 0;          // generated tokens already handed out
 
   explicit Sequence(const SamplingParams &params) : sampler(params), stop_matcher(params.stop) {}
 

@@ -1,14 +1,15 @@
 // The OpenAI-compatible HTTP server over an AsyncEngine.
 //
 //   POST /v1/completions, /v1/chat/completions (stream: server-sent events ending in [DONE])
-//   GET  /v1/models (with max_model_len and vocab_size), /health, /metrics (Prometheus text)
+//   GET  /v1/models (with max_model_len and vocab_size), /v1/models/{id}, /health, /metrics
 // Bad input gets an OpenAI-style error {"error": {"message", "type", "param", "code"}} with a 4xx
-// status and a message naming the field. A client that disconnects mid-stream cancels its request
-// (pages freed at once). /v1/completions also takes best_of (the n best of best_of samples by
-// cumulative logprob) and use_beam_search with beam_width (else best_of, else n) and
-// length_penalty; neither streams. Both take vLLM's extensions ignore_eos (generate max_tokens
-// tokens past any end-of-sequence token) and cache_salt (prefix-cache pages shared only by requests
-// with the same salt).
+// status and a message naming the field (a wrong method on a known route: 405). A client that
+// disconnects, streamed or not, cancels its request (pages freed at once). Hostile clients are
+// bounded by ServerConfig's limits: body size, connections, and deadlines for each phase.
+// /v1/completions also takes best_of (the n best of best_of samples by cumulative logprob) and
+// use_beam_search with beam_width (else best_of, else n) and length_penalty; neither streams. Both
+// take vLLM's extensions ignore_eos (generate max_tokens tokens past any end-of-sequence token) and
+// cache_salt (prefix-cache pages shared only by requests with the same salt).
 #pragma once
 
 #include <cstdint>
@@ -26,16 +27,31 @@ namespace pagedattn {
 struct TextCodec {
   // Prompt text -> ids (BOS added where the vocabulary asks for it).
   std::function<std::vector<int32_t>(const std::string&)> encode;
-  // Conversation -> ids, with the assistant's generation prompt (throws Error for a bad role).
+  // Conversation -> ids, with the assistant's generation prompt (throws Error for a bad role). The
+  // messages' text must be tokenized as text: only the template inserts control tokens.
   std::function<std::vector<int32_t>(const std::vector<ChatMessage>&)> encode_chat;
+  // Ids -> text (for echo of a token-id prompt; echo of one is refused without it).
+  std::function<std::string(const std::vector<int32_t>&)> decode;
 };
 
 struct ServerConfig {
   std::string host = "127.0.0.1";
   int port = 8000;                     // 0: any free port (see Server::port())
   std::string model_name = "default";  // the id served by /v1/models and required in requests
-  size_t max_body_bytes = 1 << 20;     // larger bodies get 413
-  int num_threads = 64;                // HTTP worker threads (each stream holds one)
+  // Every body, however framed (Content-Length, chunked, or none), stops here with a 413.
+  size_t max_body_bytes = 1 << 20;
+  // Connections served at once (each on a thread of its own); one more gets a 503 and is closed.
+  int max_connections = 512;
+  double idle_timeout_s = 5;     // a new or kept-alive connection must start a request by then
+  double header_timeout_s = 10;  // request line and headers, from their first byte
+  double body_timeout_s = 30;    // the body, from the end of the headers
+  double io_timeout_s = 10;      // one read or write making no progress
+  // Non-empty: every route but /health needs "Authorization: Bearer <api_key>" (401 otherwise).
+  std::string api_key;
+  bool metrics_without_key = false;  // with api_key: /metrics stays open (for a scraper)
+  // Chat's max_tokens when the request gives none (at most what the context leaves); completions
+  // default to 16 as OpenAI's do.
+  int32_t default_chat_max_tokens = 1024;
   int32_t max_stop_strings = 4;
 };
 

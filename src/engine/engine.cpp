@@ -46,6 +46,7 @@ std::unique_ptr<Sequence> make_sequence(const Request& req, uint64_t base_seed, 
   SamplingParams p = req.sampling;
   p.seed = splitmix(base_seed ^ splitmix(uint64_t(index)));
   auto s = std::make_unique<Sequence>(p);
+  if (p.json_object) s->json.emplace();
   s->request_id = id;
   s->index = index;
   s->cache_salt = req.cache_salt;
@@ -160,6 +161,24 @@ void Engine::validate(const Request& req) const {
   for (int32_t t : req.sampling.stop_token_ids)
     PA_CHECK(t >= 0 && t < vocab, "add_request: stop_token_ids entry ", t,
              " is outside the vocabulary");
+  for (const auto& [t, b] : req.sampling.logit_bias)
+    PA_CHECK(t < vocab, "add_request: logit_bias token ", t, " is outside the vocabulary of ",
+             vocab);
+  if (req.sampling.json_object) {
+    PA_CHECK(decode_, "add_request: json_object needs a tokenizer");
+    PA_CHECK(!req.holds_output(),
+             "add_request: json_object cannot be used with beam search or "
+             "best_of > n");
+  }
+}
+
+const std::vector<std::string>& Engine::token_bytes() {
+  if (token_bytes_.empty()) {
+    const int32_t vocab = model_->config().vocab_size;
+    token_bytes_.reserve(size_t(vocab));
+    for (int32_t t = 0; t < vocab; ++t) token_bytes_.push_back(decode_({t}));
+  }
+  return token_bytes_;
 }
 
 RequestId Engine::add_request(Request req, RequestId id) {
@@ -265,6 +284,7 @@ void Engine::append_token(RequestState& rs, Sequence& seq, int32_t token) {
 void Engine::sample_scheduled(const SchedulerOutput& out, const Tensor& logits,
                               std::vector<RequestId>& touched) {
   const int64_t vocab = logits.dim(1);
+  std::vector<float> masked;
   for (const ScheduledSeq& s : out.scheduled) {
     if (s.logit_row < 0) continue;
     Sequence& seq = *s.seq;
@@ -280,9 +300,22 @@ void Engine::sample_scheduled(const SchedulerOutput& out, const Tensor& logits,
     const size_t first_new = rs.seqs.size();
     if (rs.req.num_sequences() > 1 && seq.index == 0 && !seq.forked) fork_children(rs, seq);
     auto sample = [&](Sequence& q) {
-      const int32_t token = q.sampler.sample(row, q.tokens);
+      std::span<const float> r = row;
+      if (q.json) {
+        // NOTE: the constraint applies before every other filter: top-k, top-p and min-p choose
+        // among the tokens that keep the output a JSON prefix.
+        masked.assign(row.begin(), row.end());
+        if (mask_json_logits(*q.json, token_bytes(), masked) == 0) {
+          finish_seq(q, FinishReason::stop);  // no token continues it (a vocabulary without one)
+          return;
+        }
+        r = masked;
+      }
+      const int32_t token = q.sampler.sample(r, q.tokens, size_t(q.prompt_len));
       if (rs.track_logprobs) q.cumulative_logprob += beam::token_logprob(row, token);
+      if (q.json) q.json->feed(token_bytes()[size_t(token)]);
       append_token(rs, q, token);
+      if (q.json && q.json->complete() && !q.finished()) finish_seq(q, FinishReason::stop);
     };
     sample(seq);
     for (size_t i = first_new; i < rs.seqs.size(); ++i) sample(*rs.seqs[i]);

@@ -32,11 +32,13 @@ struct Engine::RequestState {
   // step runs once every live beam has them.
   std::map<const Sequence*, std::vector<beam::TokenLogprob>> beam_pending;
 
-  // Each token is the argmax of its logits and nothing else reads them (no repetition penalty,
-  // logprobs, forks or beams; Sampler::sample's greedy path keeps no state): a step may take the
-  // ids from Model::forward_greedy instead of the logits.
+  // Each token is the argmax of its logits and nothing else reads them (no penalty, bias or
+  // constraint, logprobs, forks or beams; Sampler::sample's greedy path keeps no state): a step may
+  // take the ids from Model::forward_greedy instead of the logits.
   bool plain_greedy() const {
-    return req.sampling.temperature == 0.f && req.sampling.repetition_penalty == 1.f &&
+    const SamplingParams& p = req.sampling;
+    return p.temperature == 0.f && p.repetition_penalty == 1.f && p.presence_penalty == 0.f &&
+           p.frequency_penalty == 0.f && p.logit_bias.empty() && !p.json_object &&
            !req.use_beam_search && req.num_sequences() == 1 && !track_logprobs;
   }
 };

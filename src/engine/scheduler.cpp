@@ -129,8 +129,10 @@ bool Scheduler::admit_one(int32_t &budget, SchedulerOutput &out) {
   }
   waiting_.erase(waiting_.begin());
   seq->num_computed = reused;
-  prefix_queried_ += seq->num_tokens();
-  prefix_hits_ += reused;
+  if (config_.enable_prefix_cache) {  // with the cache off nothing is looked up
+    prefix_queried_ += seq->num_tokens();
+    prefix_hits_ += reused;
+  }
   running_[seq->order] = seq;
   append(seq, n, out);
   budget -= n;

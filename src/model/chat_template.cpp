@@ -2,6 +2,10 @@
 // family's reference Jinja template produces for system/user/assistant turns.
 #include "pagedattn/chat_template.h"
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "pagedattn/error.h"
 #include "pagedattn/tokenizer.h"
 
@@ -17,17 +21,32 @@ void check_roles(const std::vector<ChatMessage>& messages) {
   }
 }
 
+// A rendered conversation: its text, and which byte ranges of it the template wrote as control
+// tokens (everything else is text: message contents, role names, separators).
+struct Rendered {
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> controls;  // [begin, end) byte ranges, ascending
+
+  Rendered& control(std::string_view s) {
+    controls.emplace_back(text.size(), text.size() + s.size());
+    text.append(s);
+    return *this;
+  }
+  Rendered& plain(std::string_view s) {
+    text.append(s);
+    return *this;
+  }
+};
+
 // <|im_start|>{role}\n{content}<|im_end|>\n per message; a default system turn first when the
 // template has one and the conversation starts without a system message.
-std::string render_chatml(const std::vector<ChatMessage>& messages, bool gen,
-                          std::string_view default_system) {
-  std::string out;
+void render_chatml(Rendered& out, const std::vector<ChatMessage>& messages, bool gen,
+                   std::string_view default_system) {
   if (!default_system.empty() && (messages.empty() || messages[0].role != "system"))
-    out.append("<|im_start|>system\n").append(default_system).append("<|im_end|>\n");
+    out.control("<|im_start|>").plain("system\n").plain(default_system).control("<|im_end|>").plain("\n");
   for (const auto& m : messages)
-    out.append("<|im_start|>").append(m.role).append("\n").append(m.content).append("<|im_end|>\n");
-  if (gen) out += "<|im_start|>assistant\n";
-  return out;
+    out.control("<|im_start|>").plain(m.role).plain("\n").plain(m.content).control("<|im_end|>").plain("\n");
+  if (gen) out.control("<|im_start|>").plain("assistant\n");
 }
 
 std::string_view trim(std::string_view s) {
@@ -38,42 +57,66 @@ std::string_view trim(std::string_view s) {
 }
 
 // Llama 3: contents are trimmed, as the reference template does.
-std::string render_llama3(const std::vector<ChatMessage>& messages, bool gen) {
-  std::string out = "<|begin_of_text|>";
+void render_llama3(Rendered& out, const std::vector<ChatMessage>& messages, bool gen) {
+  out.control("<|begin_of_text|>");
   for (const auto& m : messages)
-    out.append("<|start_header_id|>")
-        .append(m.role)
-        .append("<|end_header_id|>\n\n")
-        .append(trim(m.content))
-        .append("<|eot_id|>");
-  if (gen) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
-  return out;
+    out.control("<|start_header_id|>")
+        .plain(m.role)
+        .control("<|end_header_id|>")
+        .plain("\n\n")
+        .plain(trim(m.content))
+        .control("<|eot_id|>");
+  if (gen) out.control("<|start_header_id|>").plain("assistant").control("<|end_header_id|>").plain("\n\n");
 }
 
 // Mistral Instruct: <s>[INST] {user} [/INST]{assistant}</s>; a leading system message is put
 // before the first user message, separated by a blank line.
-std::string render_mistral(const std::vector<ChatMessage>& messages) {
+void render_mistral(Rendered& out, const std::vector<ChatMessage>& messages) {
   size_t first = 0;
   std::string system;
   if (!messages.empty() && messages[0].role == "system") {
     system = messages[0].content;
     first = 1;
   }
-  std::string out = "<s>";
+  out.control("<s>");
   for (size_t i = first; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     const bool want_user = (i - first) % 2 == 0;
     PA_CHECK(m.role == (want_user ? "user" : "assistant"), "apply_chat_template: messages[", i,
              "].role '", m.role, "': mistral needs user and assistant turns to alternate");
     if (want_user) {
-      out += "[INST] ";
-      if (i == first && !system.empty()) out.append(system).append("\n\n");
-      out.append(m.content).append(" [/INST]");
+      out.control("[INST]").plain(" ");
+      if (i == first && !system.empty()) out.plain(system).plain("\n\n");
+      out.plain(m.content).plain(" ").control("[/INST]");
     } else {
-      out.append(m.content).append("</s>");
+      out.plain(m.content).control("</s>");
     }
   }
-  return out;
+}
+
+Rendered render(ChatFamily family, const std::vector<ChatMessage>& messages,
+                bool add_generation_prompt, std::string_view default_system) {
+  check_roles(messages);
+  Rendered out;
+  switch (family) {
+    case ChatFamily::chatml:
+      render_chatml(out, messages, add_generation_prompt, default_system);
+      return out;
+    case ChatFamily::llama3:
+      render_llama3(out, messages, add_generation_prompt);
+      return out;
+    case ChatFamily::mistral:
+      render_mistral(out, messages);
+      return out;
+  }
+  fail("apply_chat_template: unknown family");
+}
+
+Rendered render(const Tokenizer& tok, const std::vector<ChatMessage>& messages,
+                bool add_generation_prompt) {
+  const ChatFamily f = detect_chat_family(tok);
+  return render(f, messages, add_generation_prompt,
+                f == ChatFamily::chatml ? chatml_default_system(tok.chat_template()) : "");
 }
 
 }  // namespace
@@ -140,20 +183,41 @@ std::string chatml_default_system(std::string_view tmpl) {
 
 std::string apply_chat_template(ChatFamily family, const std::vector<ChatMessage>& messages,
                                 bool add_generation_prompt, std::string_view default_system) {
-  check_roles(messages);
-  switch (family) {
-    case ChatFamily::chatml: return render_chatml(messages, add_generation_prompt, default_system);
-    case ChatFamily::llama3: return render_llama3(messages, add_generation_prompt);
-    case ChatFamily::mistral: return render_mistral(messages);
-  }
-  fail("apply_chat_template: unknown family");
+  return render(family, messages, add_generation_prompt, default_system).text;
 }
 
 std::string apply_chat_template(const Tokenizer& tok, const std::vector<ChatMessage>& messages,
                                 bool add_generation_prompt) {
-  const ChatFamily f = detect_chat_family(tok);
-  return apply_chat_template(f, messages, add_generation_prompt,
-                             f == ChatFamily::chatml ? chatml_default_system(tok.chat_template()) : "");
+  return render(tok, messages, add_generation_prompt).text;
+}
+
+std::vector<int32_t> encode_chat(const Tokenizer& tok, const std::vector<ChatMessage>& messages,
+                                 bool add_generation_prompt) {
+  const Rendered r = render(tok, messages, add_generation_prompt);
+  std::vector<int32_t> ids;
+  // NOTE: the text between two control tokens is encoded as one piece, as encoding the whole
+  // rendered text with parse_special would: the ids differ from that only where a message spells a
+  // control token. A control marker the vocabulary does not hold as a special token ("[INST]" in
+  // older Mistral vocabularies) is ordinary text there, and stays text here.
+  size_t text_begin = 0;
+  auto flush_text = [&](size_t end) {
+    if (end > text_begin) {
+      const auto t = tok.encode(std::string_view(r.text).substr(text_begin, end - text_begin),
+                                false, false);
+      ids.insert(ids.end(), t.begin(), t.end());
+    }
+  };
+  for (const auto& [b, e] : r.controls) {
+    const std::string_view marker = std::string_view(r.text).substr(b, e - b);
+    const std::vector<int32_t> as_special = tok.encode(marker, false, true);
+    if (as_special.size() != 1 || as_special == tok.encode(marker, false, false))
+      continue;  // not split out by the vocabulary: stays part of the text around it
+    flush_text(b);
+    ids.push_back(as_special[0]);
+    text_begin = e;
+  }
+  flush_text(r.text.size());
+  return ids;
 }
 
 }  // namespace pagedattn

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "pagedattn/error.h"
@@ -20,6 +21,31 @@ void validate_sampling_params(const SamplingParams& p) {
   for (size_t i = 0; i < p.stop.size(); ++i) {
     PA_CHECK(!p.stop[i].empty(), "sampling: stop[", i, "] is an empty string");
   }
+  PA_CHECK(std::isfinite(p.presence_penalty) && std::abs(p.presence_penalty) <= 2.f,
+           "sampling: presence_penalty must be in [-2, 2], got ", p.presence_penalty);
+  PA_CHECK(std::isfinite(p.frequency_penalty) && std::abs(p.frequency_penalty) <= 2.f,
+           "sampling: frequency_penalty must be in [-2, 2], got ", p.frequency_penalty);
+  for (const auto& [t, b] : p.logit_bias)
+    PA_CHECK(t >= 0 && std::isfinite(b) && std::abs(b) <= 100.f, "sampling: logit_bias entry (", t,
+             ", ", b, ") needs a token id >= 0 and a bias in [-100, 100]");
+}
+
+void apply_openai_penalties(std::span<float> logits, const SamplingParams& p,
+                            std::span<const int32_t> output) {
+  const int64_t vocab = int64_t(logits.size());
+  for (const auto& [t, b] : p.logit_bias) {
+    PA_CHECK(t >= 0 && t < vocab, "logit_bias: token ", t, " is outside the vocabulary of ", vocab);
+    logits[size_t(t)] += b;
+  }
+  if (p.presence_penalty == 0.f && p.frequency_penalty == 0.f) return;
+  std::unordered_map<int32_t, int32_t> counts;
+  for (size_t i = 0; i < output.size(); ++i) {
+    PA_CHECK(output[i] >= 0 && output[i] < vocab, "penalties: output[", i, "] = ", output[i],
+             " is outside the vocabulary of ", vocab);
+    ++counts[output[i]];
+  }
+  for (const auto& [t, c] : counts)
+    logits[size_t(t)] -= float(c) * p.frequency_penalty + p.presence_penalty;
 }
 
 uint64_t Rng::next() {
@@ -86,11 +112,14 @@ bool more_likely(const TokenProb& a, const TokenProb& b) {
 }  // namespace
 
 std::vector<TokenProb> sampling_distribution(std::span<const float> logits, const SamplingParams& p,
-                                             std::span<const int32_t> history) {
+                                             std::span<const int32_t> history, size_t prompt_len) {
   validate_sampling_params(p);
   PA_CHECK(!logits.empty(), "sampling: logits are empty");
+  PA_CHECK(prompt_len <= history.size(), "sampling: prompt_len ", prompt_len,
+           " is past the history of ", history.size());
   std::vector<float> l(logits.begin(), logits.end());
   apply_repetition_penalty(l, history, p.repetition_penalty);
+  apply_openai_penalties(l, p, history.subspan(prompt_len));
   if (p.temperature == 0.f) return {TokenProb{argmax(l), 1.0}};
 
   // Softmax at the temperature, in double.
@@ -133,6 +162,8 @@ std::vector<TokenProb> sampling_distribution(std::span<const float> logits, cons
     while (n < c.size() && c[n].prob >= floor) ++n;
     c.resize(n);
   }
+  // Tokens a constraint removed (logit -inf) have probability 0: never a candidate.
+  while (c.size() > 1 && c.back().prob == 0.0) c.pop_back();
   mass = 0.0;
   for (const TokenProb& t : c) mass += t.prob;
   for (TokenProb& t : c) t.prob /= mass;
@@ -143,15 +174,17 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.se
   validate_sampling_params(params_);
 }
 
-int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history,
+                        size_t prompt_len) {
   if (params_.temperature == 0.f) {
-    if (params_.repetition_penalty == 1.f) {
+    if (params_.repetition_penalty == 1.f && params_.presence_penalty == 0.f &&
+        params_.frequency_penalty == 0.f && params_.logit_bias.empty()) {
       PA_CHECK(!logits.empty(), "sampling: logits are empty");
       return argmax(logits);
     }
-    return sampling_distribution(logits, params_, history).front().token;
+    return sampling_distribution(logits, params_, history, prompt_len).front().token;
   }
-  const std::vector<TokenProb> dist = sampling_distribution(logits, params_, history);
+  const std::vector<TokenProb> dist = sampling_distribution(logits, params_, history, prompt_len);
   const double u = rng_.uniform();
   double cum = 0.0;
   for (const TokenProb& t : dist) {

@@ -1,8 +1,10 @@
 // Parsing and checking OpenAI completion and chat-completion request bodies.
 #include "openai_api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "pagedattn/error.h"
 
@@ -68,24 +70,54 @@ bool get_bool(const json& j, const char* name, bool def) {
   return v->get<bool>();
 }
 
-std::vector<int32_t> completion_prompt(const json& j, const TextCodec& codec, int32_t vocab) {
-  const json* p = field(j, "prompt");
-  if (!p) throw ApiError(400, "prompt is required", "prompt", "missing_field");
-  if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) p = &(*p)[0];
-  if (p->is_string()) return codec.encode(p->get<std::string>());
-  if (p->is_array() && !p->empty()) {
-    std::vector<int32_t> ids;
-    for (const json& t : *p) {
-      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab)
-        throw ApiError(400,
-                       "prompt token ids must be integers in [0, " + std::to_string(vocab) + ")",
-                       "prompt", "invalid_value");
-      ids.push_back(int32_t(t.get<int64_t>()));
-    }
-    return ids;
+std::vector<int32_t> token_prompt(const json& p, int32_t vocab) {
+  std::vector<int32_t> ids;
+  for (const json& t : p) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab)
+      throw ApiError(400, "prompt token ids must be integers in [0, " + std::to_string(vocab) + ")",
+                     "prompt", "invalid_value");
+    ids.push_back(int32_t(t.get<int64_t>()));
   }
-  throw ApiError(400, "prompt must be a string, a one-string array or an array of token ids",
-                 "prompt", "invalid_type");
+  return ids;
+}
+
+// The prompts of a /v1/completions body: a string, an array of token ids, or a list of either.
+// With echo, each one's text too.
+void completion_prompts(const json& j, const TextCodec& codec, int32_t vocab, ParsedRequest& p) {
+  const json* v = field(j, "prompt");
+  if (!v) throw ApiError(400, "prompt is required", "prompt", "missing_field");
+  const char* kShape =
+      "prompt must be a string, an array of token ids, or a list of strings or of token-id arrays";
+  std::vector<const json*> items;
+  if (v->is_string() || (v->is_array() && !v->empty() && (*v)[0].is_number())) {
+    items.push_back(v);
+  } else if (v->is_array() && !v->empty()) {
+    if (v->size() > kMaxPrompts)
+      throw ApiError(400,
+                     "prompt lists at most " + std::to_string(kMaxPrompts) + " prompts, got " +
+                         std::to_string(v->size()),
+                     "prompt", "invalid_value");
+    for (const json& e : *v) {
+      if (!e.is_string() && !(e.is_array() && !e.empty()))
+        throw ApiError(400, kShape, "prompt", "invalid_type");
+      items.push_back(&e);
+    }
+  } else {
+    throw ApiError(400, kShape, "prompt", "invalid_type");
+  }
+  for (const json* e : items) {
+    if (e->is_string()) {
+      p.prompts.push_back(codec.encode(e->get<std::string>()));
+      if (p.echo) p.echo_text.push_back(e->get<std::string>());
+    } else {
+      p.prompts.push_back(token_prompt(*e, vocab));
+      if (p.echo) {
+        if (!codec.decode)
+          throw ApiError(400, "echo of a token-id prompt needs a tokenizer", "echo", "unsupported");
+        p.echo_text.push_back(codec.decode(p.prompts.back()));
+      }
+    }
+  }
 }
 
 std::vector<int32_t> chat_prompt(const json& j, const TextCodec& codec) {
@@ -131,6 +163,107 @@ std::vector<int32_t> chat_prompt(const json& j, const TextCodec& codec) {
   }
 }
 
+// Parameters that would change the output and that this server does not implement: a 400 naming
+// each, never silently ignored. Parameters that change nothing here are type-checked only.
+void check_unsupported(const json& j, bool chat) {
+  auto refuse = [](const std::string& name, const std::string& why) {
+    throw ApiError(400, name + " is not supported by this server" + why, name, "unsupported");
+  };
+  for (const char* name : {"tools", "functions", "audio", "prediction", "web_search_options"})
+    if (field(j, name)) refuse(name, "");
+  for (const char* name : {"tool_choice", "function_call"})
+    if (const json* v = field(j, name); v && !(v->is_string() && v->get<std::string>() == "none"))
+      refuse(name, " (only \"none\")");
+  if (const json* v = field(j, "suffix"); v && !(v->is_string() && v->get<std::string>().empty()))
+    refuse("suffix", "");
+  if (const json* v = field(j, "modalities")) {
+    if (!v->is_array())
+      throw ApiError(400, "modalities must be an array of strings", "modalities", "invalid_type");
+    for (const json& m : *v) {
+      if (!m.is_string())
+        throw ApiError(400, "modalities must be an array of strings", "modalities", "invalid_type");
+      if (m.get<std::string>() != "text") refuse("modalities", " (only [\"text\"])");
+    }
+  }
+  if (chat && field(j, "echo")) refuse("echo", " for chat completions (use /v1/completions)");
+  // Accepted, and nothing to do here: still the right type.
+  if (const json* v = field(j, "user"); v && !v->is_string())
+    throw ApiError(400, "user must be a string", "user", "invalid_type");
+  if (const json* v = field(j, "metadata"); v && !v->is_object())
+    throw ApiError(400, "metadata must be an object", "metadata", "invalid_type");
+  get_bool(j, "store", false);
+  get_bool(j, "parallel_tool_calls", true);
+  if (const json* v = field(j, "service_tier"); v && !v->is_string())
+    throw ApiError(400, "service_tier must be a string", "service_tier", "invalid_type");
+}
+
+// logprobs and top_logprobs: typed and ranged as OpenAI does, then refused (not implemented).
+void check_logprobs(const json& j, bool chat) {
+  // Chat: a boolean; completions: how many top tokens, 0..5 (any value asks for logprobs).
+  bool wanted = false;
+  if (field(j, "logprobs")) {
+    if (chat) {
+      wanted = get_bool(j, "logprobs", false);
+    } else {
+      get_int(j, "logprobs", 0, 0, 5);
+      wanted = true;
+    }
+  }
+  if (field(j, "top_logprobs")) {
+    get_int(j, "top_logprobs", 0, 0, 20);
+    if (!wanted)
+      throw ApiError(400, "top_logprobs needs logprobs to be true", "top_logprobs",
+                     "invalid_value");
+  }
+  if (wanted)
+    throw ApiError(400, "logprobs is not supported by this server", "logprobs", "unsupported");
+}
+
+// OpenAI's logit_bias: {"token id": bias in [-100, 100]}.
+std::vector<std::pair<int32_t, float>> logit_bias(const json& j, int32_t vocab) {
+  std::vector<std::pair<int32_t, float>> out;
+  const json* v = field(j, "logit_bias");
+  if (!v) return out;
+  if (!v->is_object())
+    throw ApiError(400, "logit_bias must be an object mapping token ids to biases", "logit_bias",
+                   "invalid_type");
+  for (const auto& [key, bias] : v->items()) {
+    int64_t id = -1;
+    if (!key.empty() && key.size() <= 10 &&
+        key.find_first_not_of("0123456789") == std::string::npos)
+      id = std::stoll(key);
+    if (id < 0 || id >= vocab)
+      throw ApiError(400,
+                     "logit_bias keys must be token ids in [0, " + std::to_string(vocab) +
+                         "), got '" + key + "'",
+                     "logit_bias", "invalid_value");
+    if (!bias.is_number() || !std::isfinite(bias.get<double>()) ||
+        std::abs(bias.get<double>()) > 100.0)
+      throw ApiError(400, "logit_bias values must be numbers in [-100, 100], got " + bias.dump(),
+                     "logit_bias", "invalid_value");
+    out.emplace_back(int32_t(id), float(bias.get<double>()));
+  }
+  return out;
+}
+
+// response_format: {"type": "text"} or {"type": "json_object"} (json_schema is not implemented).
+bool json_object_format(const json& j) {
+  const json* v = field(j, "response_format");
+  if (!v) return false;
+  if (!v->is_object() || !v->contains("type") || !(*v)["type"].is_string())
+    throw ApiError(400, "response_format must be an object with a string type", "response_format",
+                   "invalid_type");
+  const std::string type = (*v)["type"];
+  if (type == "text") return false;
+  if (type == "json_object") return true;
+  if (type == "json_schema")
+    throw ApiError(400,
+                   "response_format json_schema is not supported by this server (json_object is)",
+                   "response_format", "unsupported");
+  throw ApiError(400, "response_format type must be text or json_object, got '" + type + "'",
+                 "response_format", "invalid_value");
+}
+
 }  // namespace
 
 ParsedRequest parse_request(const std::string& body, bool chat, const ServerConfig& config,
@@ -152,14 +285,20 @@ ParsedRequest parse_request(const std::string& body, bool chat, const ServerConf
                        config.model_name + "'",
                    "model", "model_not_found");
 
+  check_unsupported(j, chat);
+  check_logprobs(j, chat);
   ParsedRequest p;
   p.chat = chat;
   p.stream = get_bool(j, "stream", false);
   if (const json* so = field(j, "stream_options")) {
     if (!so->is_object())
       throw ApiError(400, "stream_options must be an object", "stream_options", "invalid_type");
+    if (!p.stream)
+      throw ApiError(400, "stream_options is only allowed when stream is true", "stream_options",
+                     "invalid_value");
     p.include_usage = get_bool(*so, "include_usage", false);
   }
+  p.echo = !chat && get_bool(j, "echo", false);
   Request& r = p.req;
   r.n = int32_t(get_int(j, "n", 1, 1, Request::kMaxSequences));
   // best_of: candidates sampled, the n with the highest cumulative logprob returned; with
@@ -185,14 +324,19 @@ ParsedRequest parse_request(const std::string& body, bool chat, const ServerConf
                    r.use_beam_search ? "use_beam_search cannot be used with stream"
                                      : "best_of > n cannot be used with stream",
                    r.use_beam_search ? "use_beam_search" : "best_of", "invalid_value");
-  if (const json* lp = field(j, "logprobs"))
-    if (!(lp->is_boolean() && !lp->get<bool>()))
-      throw ApiError(400, "logprobs is not supported", "logprobs", "unsupported");
   r.sampling.temperature = float(get_number(j, "temperature", 1.0, 0.0, 2.0));
   r.sampling.top_p = float(get_number(j, "top_p", 1.0, 0.0, 1.0, true));
   r.sampling.top_k = int32_t(get_int(j, "top_k", 0, -1, 1 << 30));
   r.sampling.min_p = float(get_number(j, "min_p", 0.0, 0.0, 1.0));
   r.sampling.repetition_penalty = float(get_number(j, "repetition_penalty", 1.0, 0.0, 10.0, true));
+  r.sampling.presence_penalty = float(get_number(j, "presence_penalty", 0.0, -2.0, 2.0));
+  r.sampling.frequency_penalty = float(get_number(j, "frequency_penalty", 0.0, -2.0, 2.0));
+  const int32_t vocab = engine.model().config().vocab_size;
+  r.sampling.logit_bias = logit_bias(j, vocab);
+  r.sampling.json_object = json_object_format(j);
+  if (r.sampling.json_object && r.holds_output())
+    throw ApiError(400, "response_format json_object cannot be used with best_of or beam search",
+                   "response_format", "invalid_value");
   if (field(j, "seed")) {
     const int64_t seed = get_int(j, "seed", 0, INT64_MIN, INT64_MAX);
     r.seed = uint64_t(seed);
@@ -224,12 +368,21 @@ ParsedRequest parse_request(const std::string& body, bool chat, const ServerConf
       if (s.empty()) throw ApiError(400, "stop strings must not be empty", "stop", "invalid_value");
   }
 
-  const int32_t vocab = engine.model().config().vocab_size;
-  r.prompt = chat ? chat_prompt(j, codec) : completion_prompt(j, codec, vocab);
+  if (chat)
+    p.prompts.push_back(chat_prompt(j, codec));
+  else
+    completion_prompts(j, codec, vocab, p);
+  if (p.stream && p.prompts.size() > 1)
+    throw ApiError(400, "a list of prompts cannot be streamed: send one request per prompt",
+                   "prompt", "invalid_value");
   const char* prompt_field = chat ? "messages" : "prompt";
-  if (r.prompt.empty())
-    throw ApiError(400, std::string(prompt_field) + " is empty", prompt_field, "invalid_value");
-  const int64_t len = int64_t(r.prompt.size());
+  int64_t len = 0;  // the longest prompt
+  for (const std::vector<int32_t>& ids : p.prompts) {
+    if (ids.empty())
+      throw ApiError(400, std::string(prompt_field) + " is empty", prompt_field, "invalid_value");
+    len = std::max(len, int64_t(ids.size()));
+  }
+  r.prompt = p.prompts[0];
   const int64_t ctx = engine.max_model_len();
   if (len >= ctx)
     throw ApiError(400,
@@ -260,10 +413,14 @@ ParsedRequest parse_request(const std::string& body, bool chat, const ServerConf
                      max_name, "context_length_exceeded");
     r.max_tokens = int32_t(mt);
   } else {
-    r.max_tokens = int32_t(chat ? room : std::min<int64_t>(16, room));
+    r.max_tokens = int32_t(std::min<int64_t>(chat ? config.default_chat_max_tokens : 16, room));
   }
   try {
-    engine.validate(r);
+    for (const std::vector<int32_t>& ids : p.prompts) {
+      r.prompt = ids;
+      engine.validate(r);
+    }
+    r.prompt = p.prompts[0];
   } catch (const Error& e) {
     throw ApiError(400, e.what(), "", "invalid_value");
   }

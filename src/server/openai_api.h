@@ -36,8 +36,16 @@ struct ParsedRequest {
   bool chat = false;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
-  Request req;
+  Request req;                 // every setting; its prompt is prompts[0]
+  // /v1/completions takes a list of prompts (OpenAI's batch): one request each, with req's
+  // settings; choice k * n + i is sequence i of prompt k.
+  std::vector<std::vector<int32_t>> prompts;
+  bool echo = false;                   // completions: the prompt's text before each choice's
+  std::vector<std::string> echo_text;  // [prompts.size()] with echo
 };
+
+// The most prompts one /v1/completions request may list.
+constexpr size_t kMaxPrompts = 64;
 
 // Parses and checks a /v1/completions (chat = false) or /v1/chat/completions body. Throws ApiError
 // naming the field at fault; nothing is submitted.

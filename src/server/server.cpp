@@ -3,13 +3,17 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <ctime>
 #include <deque>
 #include <mutex>
+#include <optional>
+#include <string_view>
 #include <thread>
 
+#include "http_guard.h"
 #include "openai_api.h"
 #include "pagedattn/error.h"
 
@@ -19,6 +23,9 @@ using api::ApiError;
 using nlohmann::json;
 
 namespace {
+
+// How often a non-streamed request checks whether its client is still there.
+constexpr int kDisconnectPollMs = 50;
 
 // Outputs of one request, handed from the engine's loop thread to the HTTP thread.
 struct Pending {
@@ -40,7 +47,9 @@ const char* openai_finish(FinishReason r) {
     case FinishReason::length:
       return "length";
     case FinishReason::cancelled:
-      return "abort";
+      // NOTE: OpenAI has no value for a request ended by the server (shutdown, a failed step);
+      // "length" (cut before its natural end) is one every client accepts.
+      return "length";
     case FinishReason::none:
       break;
   }
@@ -65,7 +74,7 @@ struct Server::Impl {
   AsyncEngine& engine;
   TextCodec codec;
   ServerConfig config;
-  httplib::Server http;
+  GuardedHttpServer http;
   std::thread thread;
   std::time_t started = std::time(nullptr);
   // Streamed responses not yet ended (their last event and [DONE] unsent): stop() waits for them.
@@ -74,57 +83,219 @@ struct Server::Impl {
   int open_streams = 0;
 
   Impl(AsyncEngine& e, TextCodec c, ServerConfig cfg)
-      : engine(e), codec(std::move(c)), config(std::move(cfg)) {}
+      : engine(e), codec(std::move(c)), config(std::move(cfg)), http(limits(config)) {}
 
+  static HttpLimits limits(const ServerConfig& c) {
+    HttpLimits l;
+    l.max_connections = c.max_connections;
+    l.idle_timeout_s = c.idle_timeout_s;
+    l.header_timeout_s = c.header_timeout_s;
+    l.body_timeout_s = c.body_timeout_s;
+    l.io_timeout_s = c.io_timeout_s;
+    return l;
+  }
   void routes();
-  void handle_generate(const httplib::Request& req, httplib::Response& res, bool chat);
-  void respond_whole(httplib::Response& res, const api::ParsedRequest& p, RequestId id,
-                     const std::shared_ptr<Pending>& st, const std::string& rid);
+  httplib::Server::HandlerResponse guard(const httplib::Request& req, httplib::Response& res);
+  bool read_body(const httplib::Request& req, httplib::Response& res,
+                 const httplib::ContentReader& reader, std::string& body);
+  void handle_generate(const httplib::Request& req, httplib::Response& res,
+                       const httplib::ContentReader& reader, bool chat);
+  void respond_whole(httplib::Response& res, const api::ParsedRequest& p,
+                     const std::vector<RequestId>& ids,
+                     const std::vector<std::shared_ptr<Pending>>& sts, const std::string& rid);
   void respond_stream(httplib::Response& res, const api::ParsedRequest& p, RequestId id,
                       const std::shared_ptr<Pending>& st, const std::string& rid);
 };
 
+namespace {
+
+// The routes and the methods each takes.
+struct Route {
+  const char* path;  // exact, or a prefix ending in '/' for /v1/models/{id}
+  const char* method;
+};
+constexpr Route kRoutes[] = {{"/health", "GET"},          {"/metrics", "GET"},
+                             {"/v1/models", "GET"},       {"/v1/models/", "GET"},
+                             {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}};
+
+const Route* find_route(const std::string& path) {
+  for (const Route& r : kRoutes) {
+    const std::string_view p = r.path;
+    if (p.back() == '/' ? (path.size() > p.size() && path.compare(0, p.size(), p) == 0) : path == p)
+      return &r;
+  }
+  return nullptr;
+}
+
+bool has_body(const httplib::Request& req) {
+  return req.has_header("Transfer-Encoding") ||
+         (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
+}
+
+// Equal strings, in time that depends on their lengths only.
+bool same_secret(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  const size_t n = std::max(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= static_cast<unsigned char>(x ^ y);
+  }
+  return diff == 0;
+}
+
+}  // namespace
+
+// Before any body is read: unknown routes (404), wrong methods (405), bodies where none belongs,
+// and the API key (401). A refused request's body is never read; its connection closes after the
+// answer.
+httplib::Server::HandlerResponse Server::Impl::guard(const httplib::Request& req,
+                                                     httplib::Response& res) {
+  using HR = httplib::Server::HandlerResponse;
+  const Route* route = find_route(req.path);
+  const std::string method = req.method == "HEAD" ? "GET" : req.method;
+  std::optional<ApiError> err;
+  if (!route) {
+    err = ApiError(404, "no route " + req.method + " " + req.path, "", "not_found");
+  } else if (method != route->method) {
+    err = ApiError(
+        405,
+        "method " + req.method + " is not allowed on " + req.path + " (use " + route->method + ")",
+        "", "method_not_allowed");
+    res.set_header("Allow", route->method);
+  } else if (std::string_view(route->method) == "GET" && has_body(req)) {
+    err = ApiError(400, req.method + " " + req.path + " takes no request body", "", "invalid_body");
+  } else if (!config.api_key.empty() && req.path != "/health" &&
+             !(req.path == "/metrics" && config.metrics_without_key)) {
+    const std::string auth = req.get_header_value("Authorization");
+    const std::string kBearer = "Bearer ";
+    if (auth.empty()) {
+      err = ApiError(401,
+                     "You didn't provide an API key. You need to provide your API key in an "
+                     "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)",
+                     "", "invalid_api_key");
+    } else if (auth.compare(0, kBearer.size(), kBearer) != 0 ||
+               !same_secret(auth.substr(kBearer.size()), config.api_key)) {
+      err = ApiError(401, "Incorrect API key provided", "", "invalid_api_key");
+    }
+  }
+  if (!err) return HR::Unhandled;
+  if (has_body(req)) GuardedHttpServer::close_after_response(res);
+  send_error(res, *err);
+  return HR::Handled;
+}
+
+// Reads the body, stopping at max_body_bytes however it is framed (false: res holds the error).
+bool Server::Impl::read_body(const httplib::Request& req, httplib::Response& res,
+                             const httplib::ContentReader& reader, std::string& body) {
+  if (req.is_multipart_form_data()) {
+    GuardedHttpServer::close_after_response(res);
+    send_error(res, ApiError(415,
+                             "the request body must be JSON (application/json), not "
+                             "multipart/form-data",
+                             "", "unsupported_media_type"));
+    return false;
+  }
+  bool too_large = false;
+  const size_t limit = config.max_body_bytes;
+  const bool ok = reader([&](const char* data, size_t n) {
+    if (body.size() + n > limit) {
+      too_large = true;
+      return false;
+    }
+    body.append(data, n);
+    return true;
+  });
+  if (ok) return true;
+  GuardedHttpServer::close_after_response(res);
+  if (too_large || res.status == 413) {
+    send_error(res,
+               ApiError(413, "the request body is larger than " + std::to_string(limit) + " bytes",
+                        "", "body_too_large"));
+  } else {
+    send_error(res, ApiError(400,
+                             "the request body could not be read (malformed chunked "
+                             "encoding or compression, or the client stopped sending)",
+                             "", "invalid_body"));
+  }
+  return false;
+}
+
 void Server::Impl::routes() {
+  http.set_pre_routing_handler(
+      [this](const httplib::Request& req, httplib::Response& res) { return guard(req, res); });
   http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("{\"status\":\"ok\"}", "application/json");
   });
-  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    json m = {{"id", config.model_name},
-              {"object", "model"},
-              {"created", int64_t(started)},
-              {"owned_by", "pagedattn"},
-              {"max_model_len", engine.engine().max_model_len()},
-              {"vocab_size", engine.engine().model().config().vocab_size}};
-    res.set_content(api::dump(json{{"object", "list"}, {"data", json::array({m})}}),
+  auto model_card = [this] {
+    return json{{"id", config.model_name},
+                {"object", "model"},
+                {"created", int64_t(started)},
+                {"owned_by", "pagedattn"},
+                {"max_model_len", engine.engine().max_model_len()},
+                {"vocab_size", engine.engine().model().config().vocab_size}};
+  };
+  http.Get("/v1/models", [model_card](const httplib::Request&, httplib::Response& res) {
+    res.set_content(api::dump(json{{"object", "list"}, {"data", json::array({model_card()})}}),
                     "application/json");
   });
+  http.Get(R"(/v1/models/(.+))",
+           [this, model_card](const httplib::Request& req, httplib::Response& res) {
+             const std::string id = req.matches[1];
+             if (id != config.model_name) {
+               send_error(res, ApiError(404,
+                                        "The model '" + id +
+                                            "' does not exist; this server "
+                                            "serves '" +
+                                            config.model_name + "'",
+                                        "model", "model_not_found"));
+               return;
+             }
+             res.set_content(api::dump(model_card()), "application/json");
+           });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(prometheus_text(engine.metrics(), config.model_name),
                     "text/plain; version=0.0.4");
   });
-  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    handle_generate(req, res, false);
+  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res,
+                                      const httplib::ContentReader& reader) {
+    handle_generate(req, res, reader, false);
   });
-  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    handle_generate(req, res, true);
+  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res,
+                                           const httplib::ContentReader& reader) {
+    handle_generate(req, res, reader, true);
   });
-  // Every 4xx/5xx without a body of its own (unknown route, wrong method, body too large) gets an
-  // OpenAI-style error body.
+  // Every 4xx/5xx without a body of its own (what httplib answers itself) gets an OpenAI-style
+  // error body that says what is wrong.
   http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
                                                                      httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    std::string msg, code;
-    if (res.status == 413) {
-      msg = "the request body is larger than " + std::to_string(config.max_body_bytes) + " bytes";
-      code = "body_too_large";
-    } else if (res.status == 404) {
-      msg = "no route " + req.method + " " + req.path;
-      code = "not_found";
-    } else if (res.status == 405) {
-      msg = "method " + req.method + " is not allowed on " + req.path;
-      code = "method_not_allowed";
-    } else {
-      msg = "HTTP error " + std::to_string(res.status);
+    // NOTE: what httplib refuses itself leaves the stream in an unknown place: close after it.
+    GuardedHttpServer::close_after_response(res);
+    std::string msg, code = "invalid_request";
+    switch (res.status) {
+      case 400:  // bodies are read by the handlers: this is the request line or the headers
+        msg = "malformed HTTP request: the request line or headers could not be parsed";
+        break;
+      case 413:
+        msg = "the request body is larger than " + std::to_string(config.max_body_bytes) + " bytes";
+        code = "body_too_large";
+        break;
+      case 414:
+        msg = "the request URI is too long";
+        code = "uri_too_long";
+        break;
+      case 416:
+        msg = "the Range header is malformed or cannot be satisfied";
+        code = "range_not_satisfiable";
+        break;
+      case 404:
+        msg = "no route " + req.method + " " + req.path;
+        code = "not_found";
+        break;
+      default:
+        msg = "HTTP error " + std::to_string(res.status) + " on " + req.method + " " + req.path;
+        code = res.status >= 500 ? "server_error" : "invalid_request";
     }
     send_error(res, ApiError(res.status, msg, "", code,
                              res.status >= 500 ? "server_error" : "invalid_request_error"));
@@ -143,10 +314,13 @@ void Server::Impl::routes() {
       });
 }
 
-void Server::Impl::handle_generate(const httplib::Request& req, httplib::Response& res, bool chat) {
+void Server::Impl::handle_generate(const httplib::Request& req, httplib::Response& res,
+                                   const httplib::ContentReader& reader, bool chat) {
+  std::string body;
+  if (!read_body(req, res, reader, body)) return;
   api::ParsedRequest p;
   try {
-    p = api::parse_request(req.body, chat, config, codec, engine.engine());
+    p = api::parse_request(body, chat, config, codec, engine.engine());
   } catch (const ApiError& e) {
     send_error(res, e);
     return;
@@ -154,54 +328,82 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
     send_error(res, ApiError(400, e.what(), chat ? "messages" : "prompt", "invalid_value"));
     return;
   }
-  auto st = std::make_shared<Pending>();
-  RequestId id = 0;
-  try {
-    id = engine.submit(std::move(p.req), [st](const RequestOutput& o) {
-      std::lock_guard<std::mutex> lk(st->mu);
-      st->outs.push_back(o);
-      if (o.finished) st->done = true;
-      st->cv.notify_all();
-    });
-  } catch (const Error& e) {
-    send_error(res, ApiError(503, e.what(), "", "unavailable", "server_error"));
-    return;
+  std::vector<std::shared_ptr<Pending>> sts;
+  std::vector<RequestId> ids;
+  for (size_t k = 0; k < p.prompts.size(); ++k) {
+    Request r = p.req;
+    r.prompt = p.prompts[k];
+    auto st = std::make_shared<Pending>();
+    try {
+      ids.push_back(engine.submit(std::move(r), [st](const RequestOutput& o) {
+        std::lock_guard<std::mutex> lk(st->mu);
+        st->outs.push_back(o);
+        if (o.finished) st->done = true;
+        st->cv.notify_all();
+      }));
+    } catch (const Error& e) {
+      for (RequestId id : ids) engine.cancel(id);
+      send_error(res, ApiError(503, e.what(), "", "unavailable", "server_error"));
+      return;
+    }
+    sts.push_back(std::move(st));
   }
-  const std::string rid = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(id);
+  const std::string rid = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(ids[0]);
   if (p.stream)
-    respond_stream(res, p, id, st, rid);
+    respond_stream(res, p, ids[0], sts[0], rid);
   else
-    respond_whole(res, p, id, st, rid);
+    respond_whole(res, p, ids, sts, rid);
 }
 
-void Server::Impl::respond_whole(httplib::Response& res, const api::ParsedRequest& p, RequestId,
-                                 const std::shared_ptr<Pending>& st, const std::string& rid) {
-  std::vector<std::string> text(size_t(p.req.n));
-  std::vector<FinishReason> finish(size_t(p.req.n), FinishReason::none);
-  RequestOutput last;
-  {
+void Server::Impl::respond_whole(httplib::Response& res, const api::ParsedRequest& p,
+                                 const std::vector<RequestId>& ids,
+                                 const std::vector<std::shared_ptr<Pending>>& sts,
+                                 const std::string& rid) {
+  // Wait for every prompt's request; a client that goes away cancels them (pages freed at once).
+  bool gone = false;
+  for (const auto& st : sts) {
     std::unique_lock<std::mutex> lk(st->mu);
-    st->cv.wait(lk, [&] { return st->done; });
-    for (const RequestOutput& o : st->outs) {
-      for (const SequenceOutput& s : o.seqs) {
-        text[size_t(s.index)] += s.new_text;
-        if (s.finish != FinishReason::none) finish[size_t(s.index)] = s.finish;
+    while (!st->done) {
+      if (st->cv.wait_for(lk, std::chrono::milliseconds(kDisconnectPollMs),
+                          [&] { return st->done; }))
+        break;
+      if (!gone && GuardedHttpServer::client_gone()) {
+        gone = true;
+        lk.unlock();
+        for (RequestId id : ids) engine.cancel(id);
+        lk.lock();
       }
-      last = o;
     }
   }
-  if (!last.error.empty()) {
-    send_error(res, ApiError(503, last.error, "", "unavailable", "server_error"));
-    return;
+  if (gone) return;  // nobody to answer
+  const size_t n = size_t(p.req.n);
+  std::vector<std::string> text(sts.size() * n);
+  std::vector<FinishReason> finish(sts.size() * n, FinishReason::none);
+  int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+  for (size_t k = 0; k < sts.size(); ++k) {
+    std::lock_guard<std::mutex> lk(sts[k]->mu);
+    for (const RequestOutput& o : sts[k]->outs) {
+      if (!o.error.empty()) {
+        send_error(res, ApiError(503, o.error, "", "unavailable", "server_error"));
+        return;
+      }
+      for (const SequenceOutput& s : o.seqs) {
+        text[k * n + size_t(s.index)] += s.new_text;
+        if (s.finish != FinishReason::none) finish[k * n + size_t(s.index)] = s.finish;
+      }
+    }
+    const RequestOutput& last = sts[k]->outs.back();
+    prompt_tokens += last.prompt_tokens;
+    completion_tokens += last.completion_tokens;
+    cached_tokens += last.cached_tokens;
   }
   json choices = json::array();
-  for (int32_t i = 0; i < p.req.n; ++i) {
-    json c = {
-        {"index", i}, {"finish_reason", finish_json(finish[size_t(i)])}, {"logprobs", nullptr}};
+  for (size_t i = 0; i < text.size(); ++i) {
+    json c = {{"index", i}, {"finish_reason", finish_json(finish[i])}, {"logprobs", nullptr}};
     if (p.chat)
-      c["message"] = {{"role", "assistant"}, {"content", text[size_t(i)]}};
+      c["message"] = {{"role", "assistant"}, {"content", text[i]}};
     else
-      c["text"] = text[size_t(i)];
+      c["text"] = (p.echo ? p.echo_text[i / n] : std::string()) + text[i];
     choices.push_back(std::move(c));
   }
   json body = {{"id", rid},
@@ -209,19 +411,24 @@ void Server::Impl::respond_whole(httplib::Response& res, const api::ParsedReques
                {"created", int64_t(std::time(nullptr))},
                {"model", config.model_name},
                {"choices", std::move(choices)},
-               {"usage", usage_json(last)}};
+               {"usage",
+                {{"prompt_tokens", prompt_tokens},
+                 {"completion_tokens", completion_tokens},
+                 {"total_tokens", prompt_tokens + completion_tokens},
+                 {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}}}};
   res.set_content(api::dump(body), "application/json");
 }
 
 void Server::Impl::respond_stream(httplib::Response& res, const api::ParsedRequest& p, RequestId id,
                                   const std::shared_ptr<Pending>& st, const std::string& rid) {
   struct StreamState {
-    bool role_sent = false;
+    bool opening_sent = false;
     bool finished = false;
   };
   auto ss = std::make_shared<StreamState>();
   const bool chat = p.chat, include_usage = p.include_usage;
   const int32_t n = p.req.n;
+  const std::string echo = p.echo ? p.echo_text[0] : std::string();
   const std::string model = config.model_name;
   const int64_t created = int64_t(std::time(nullptr));
   auto chunk = [=](json choices) {
@@ -243,14 +450,21 @@ void Server::Impl::respond_stream(httplib::Response& res, const api::ParsedReque
       const std::string s = "data: " + api::dump(j) + "\n\n";
       return sink.write(s.data(), s.size());
     };
-    if (chat && !ss->role_sent) {
+    if (chat && !ss->opening_sent) {
       json choices = json::array();
       for (int32_t i = 0; i < n; ++i)
         choices.push_back({{"index", i},
                            {"delta", {{"role", "assistant"}, {"content", ""}}},
                            {"finish_reason", nullptr}});
       if (!write(chunk(choices))) return false;
-      ss->role_sent = true;
+      ss->opening_sent = true;
+    }
+    if (!chat && !echo.empty() && !ss->opening_sent) {
+      for (int32_t i = 0; i < n; ++i) {
+        json c = {{"index", i}, {"text", echo}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+        if (!write(chunk(json::array({c})))) return false;
+      }
+      ss->opening_sent = true;
     }
     for (const RequestOutput& o : outs) {
       if (!o.error.empty()) {
@@ -308,12 +522,14 @@ Server::Server(AsyncEngine& engine, TextCodec codec, ServerConfig config)
   PA_CHECK(impl_->codec.encode && impl_->codec.encode_chat, "Server: codec lacks encode functions");
   PA_CHECK(impl_->config.port >= 0 && impl_->config.port <= 65535, "Server: port ",
            impl_->config.port, " is outside [0, 65535]");
-  PA_CHECK(impl_->config.num_threads >= 1, "Server: num_threads must be >= 1");
-  const int threads = impl_->config.num_threads;
-  impl_->http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
-  impl_->http.set_payload_max_length(impl_->config.max_body_bytes);
-  impl_->http.set_read_timeout(30, 0);
-  impl_->http.set_write_timeout(30, 0);
+  const ServerConfig& c = impl_->config;
+  PA_CHECK(c.max_connections >= 1, "Server: max_connections must be >= 1, got ", c.max_connections);
+  PA_CHECK(c.max_body_bytes >= 1, "Server: max_body_bytes must be >= 1");
+  for (double t : {c.idle_timeout_s, c.header_timeout_s, c.body_timeout_s, c.io_timeout_s})
+    PA_CHECK(t > 0 && t <= 86400, "Server: timeouts must be in (0, 86400] seconds, got ", t);
+  PA_CHECK(c.default_chat_max_tokens >= 1, "Server: default_chat_max_tokens must be >= 1, got ",
+           c.default_chat_max_tokens);
+  impl_->http.set_payload_max_length(c.max_body_bytes);
   impl_->routes();
 }
 
@@ -329,6 +545,7 @@ int Server::start() {
     port = -1;
   }
   PA_CHECK(port > 0, "Server::start: cannot listen on ", c.host, ":", c.port);
+  impl_->http.widen_backlog();
   port_ = port;
   impl_->thread = std::thread([this] { impl_->http.listen_after_bind(); });
   return port_;
@@ -344,6 +561,7 @@ void Server::stop() {
                                  [this] { return impl_->open_streams == 0; });
     }
     impl_->http.stop();
+    impl_->http.shutdown_connections();
     impl_->thread.join();
   }
 }

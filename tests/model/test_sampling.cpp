@@ -266,3 +266,67 @@ TEST(Rng, UniformInUnitIntervalAndRepeatable) {
 }
 
 }  // namespace
+
+// OpenAI's penalties: logit[t] -= c[t] * frequency + (c[t] > 0) * presence, c counting generated
+// tokens only; logit_bias added. Checked against the softmax of logits adjusted here in double.
+TEST(Sampling, PresenceFrequencyPenaltiesAndLogitBiasMath) {
+  const std::vector<float> logits = {1.0f, 2.0f, 0.5f, -1.0f, 3.0f};
+  SamplingParams p;
+  p.presence_penalty = 0.7f;
+  p.frequency_penalty = 0.3f;
+  p.logit_bias = {{3, 2.5f}, {0, -1.0f}};
+  // Prompt [4, 4, 1] (not counted), output [1, 1, 2, 1].
+  const std::vector<int32_t> history = {4, 4, 1, 1, 1, 2, 1};
+  const auto dist = sampling_distribution(logits, p, history, 3);
+  std::vector<double> adj(logits.begin(), logits.end());
+  adj[1] -= 3 * 0.3 + 0.7;
+  adj[2] -= 1 * 0.3 + 0.7;
+  adj[3] += 2.5;
+  adj[0] -= 1.0;
+  double mx = -INFINITY, sum = 0;
+  for (double x : adj) mx = std::max(mx, x);
+  for (double x : adj) sum += std::exp(x - mx);
+  ASSERT_EQ(dist.size(), 5u);
+  for (const TokenProb& t : dist)
+    EXPECT_NEAR(t.prob, std::exp(adj[size_t(t.token)] - mx) / sum, 1e-6) << "token " << t.token;
+  // Negative penalties encourage repetition: greedy picks the most repeated token.
+  SamplingParams g;
+  g.temperature = 0;
+  g.frequency_penalty = -2.f;
+  Sampler s(g);
+  EXPECT_EQ(s.sample(logits, history, 3), 1);               // 2 - 3 * (-2) = 8 beats 3
+  EXPECT_EQ(s.sample(logits, history, history.size()), 4);  // no output yet: no penalty
+}
+
+TEST(Sampling, LogitBiasBansAndForces) {
+  const std::vector<float> logits = {1.0f, 2.0f, 0.5f, -1.0f, 3.0f};
+  SamplingParams p;
+  p.temperature = 0;
+  p.logit_bias = {{4, -100.f}};
+  EXPECT_EQ(Sampler(p).sample(logits, {}), 1);
+  p.logit_bias = {{3, 100.f}};
+  EXPECT_EQ(Sampler(p).sample(logits, {}), 3);
+  p.temperature = 1;
+  for (const auto& [t, c] : draw(p, logits, 2000)) EXPECT_EQ(t, 3) << c;
+  // Out of the vocabulary: an error naming it.
+  p.logit_bias = {{5, 1.f}};
+  EXPECT_THROW(sampling_distribution(logits, p, {}), Error);
+}
+
+TEST(Sampling, RejectsBadOpenAiParams) {
+  for (float v : {2.5f, -2.01f, NAN}) {
+    SamplingParams p;
+    p.presence_penalty = v;
+    EXPECT_THROW(validate_sampling_params(p), Error) << v;
+    p = SamplingParams();
+    p.frequency_penalty = v;
+    EXPECT_THROW(validate_sampling_params(p), Error) << v;
+  }
+  SamplingParams p;
+  p.logit_bias = {{1, 100.5f}};
+  EXPECT_THROW(validate_sampling_params(p), Error);
+  p.logit_bias = {{-1, 1.f}};
+  EXPECT_THROW(validate_sampling_params(p), Error);
+  p.logit_bias = {{1, -100.f}, {2, 100.f}};
+  EXPECT_NO_THROW(validate_sampling_params(p));
+}

@@ -62,13 +62,28 @@ def check(cond, what):
         raise AssertionError(what)
 
 
+API_KEY = "sk-pagedattn-test"
+
+
 def run_checks(port, model_id):
     import openai
     base = "http://127.0.0.1:%d" % port
-    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", timeout=120, max_retries=0)
+    client = openai.OpenAI(base_url=base + "/v1", api_key=API_KEY, timeout=120, max_retries=0)
 
     ids = [m.id for m in client.models.list().data]
     check(model_id in ids, "models.list: %r lacks %r" % (ids, model_id))
+    check(client.models.retrieve(model_id).id == model_id, "models.retrieve")
+    try:
+        client.models.retrieve("no-such-model")
+        raise AssertionError("models.retrieve of an unknown id succeeded")
+    except openai.NotFoundError:
+        pass
+    wrong = openai.OpenAI(base_url=base + "/v1", api_key="sk-wrong", timeout=30, max_retries=0)
+    try:
+        wrong.models.list()
+        raise AssertionError("a wrong API key was accepted")
+    except openai.AuthenticationError:
+        pass
 
     c = client.completions.create(model=model_id, prompt="The capital of France is", max_tokens=8,
                                   temperature=0)
@@ -118,6 +133,32 @@ def run_checks(port, model_id):
     except openai.BadRequestError as e:
         check("max_tokens" in str(e), "400 message names max_tokens")
 
+    # response_format json_object: the answer parses (or, cut by max_tokens, says "length").
+    msgs_json = [{"role": "user", "content": "Give a JSON object with the capital of France."}]
+    js = client.chat.completions.create(model=model_id, messages=msgs_json, max_tokens=120,
+                                        temperature=0, response_format={"type": "json_object"})
+    content = js.choices[0].message.content
+    if js.choices[0].finish_reason == "stop":
+        check(isinstance(json.loads(content), dict), "json_object answer: %r" % content)
+    else:
+        check(js.choices[0].finish_reason == "length", "json_object finish: %r" % js)
+    for bad, name in ((dict(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
+                      (dict(presence_penalty=99), "presence_penalty"),
+                      (dict(logit_bias={"x": 1}), "logit_bias")):
+        try:
+            client.chat.completions.create(model=model_id, messages=msgs, max_tokens=2, **bad)
+            raise AssertionError("%s accepted" % name)
+        except openai.BadRequestError as e:
+            check(name in str(e), "400 message names %s: %s" % (name, e))
+    pen = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=8, temperature=0,
+                                         presence_penalty=1.0, frequency_penalty=0.5,
+                                         logit_bias={"28": -100})
+    check(pen.choices[0].message.content is not None, "penalties and logit_bias")
+    batch = client.completions.create(model=model_id, prompt=["Hello", "The sky is"], max_tokens=3,
+                                      temperature=0, echo=True)
+    check(sorted(ch.index for ch in batch.choices) == [0, 1], "a list of prompts: choices")
+    check(batch.choices[1].text.startswith("The sky is"), "echo: %r" % batch.choices[1].text)
+
     for _ in range(100):
         if metric(base, "pagedattn_kv_pages_used") == 0:
             break
@@ -141,8 +182,11 @@ def main():
 
     port = free_port()
     model_id = "smollm2"
+    # The API key comes from the environment; /metrics stays open for metric().
+    env = dict(os.environ, PAGEDATTN_API_KEY=API_KEY)
     proc = subprocess.Popen([a.binary, "serve", "--model", a.model, "--host", "127.0.0.1", "--port",
-                             str(port), "--served-model-name", model_id, "--kv-cache-memory", "64"])
+                             str(port), "--served-model-name", model_id, "--kv-cache-memory", "64",
+                             "--metrics-without-key"], env=env)
     try:
         base = "http://127.0.0.1:%d" % port
         for _ in range(600):

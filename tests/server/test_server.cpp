@@ -69,13 +69,13 @@ class ServerTest : public ::testing::TestWithParam<bool> {
     ec.log_startup = false;
     engine_ = std::make_unique<AsyncEngine>(
         std::make_unique<Engine>(std::move(model), ec, fakes::fake_decode));
-    TextCodec codec{[](const std::string& t) { return fakes::fake_encode(t); }, chat_ids};
+    TextCodec codec{[](const std::string& t) { return fakes::fake_encode(t); }, chat_ids,
+                    fakes::fake_decode};
     ServerConfig sc;
     sc.host = "127.0.0.1";
     sc.port = 0;
     sc.model_name = "fake";
     sc.max_body_bytes = 64 * 1024;
-    sc.num_threads = 16;
     server_ = std::make_unique<Server>(*engine_, codec, sc);
     port_ = server_->start();
     start_free_ = metric("pagedattn_kv_pages_free");

@@ -116,7 +116,6 @@ class Soak : public ::testing::Test {
     sc.port = 0;
     sc.model_name = "fake";
     sc.max_body_bytes = 16 * 1024;
-    sc.num_threads = 2 * kClients + 4;
     server_ = std::make_unique<Server>(*engine_, codec, sc);
     port_ = server_->start();
   }

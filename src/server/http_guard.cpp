@@ -1,0 +1,289 @@
+// The server's connection loop, socket stream and task queue (see http_guard.h).
+#include "http_guard.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace pagedattn {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int ms_until(Clock::time_point t) {
+  const auto d = std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now()).count();
+  return int(std::clamp<int64_t>(d, 0, 1 << 30));
+}
+
+int to_ms(double s) { return int(std::clamp(s * 1000.0, 0.0, double(1 << 30))); }
+
+// poll() one socket for events; > 0 when ready, 0 on timeout, < 0 on error (EINTR retried).
+int poll_one(int sock, short events, int timeout_ms) {
+  const auto until = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    pollfd p{sock, events, 0};
+    const int r = ::poll(&p, 1, ms_until(until));
+    if (r < 0 && errno == EINTR) continue;
+    if (r > 0 && (p.revents & (POLLERR | POLLNVAL))) return -1;
+    return r;
+  }
+}
+
+// The peer has closed or reset its end: readable with nothing to read.
+bool peer_closed(int sock) {
+  if (poll_one(sock, POLLIN, 0) <= 0) return false;
+  char c;
+  const ssize_t n = ::recv(sock, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+void address_of(int sock, bool peer, std::string& ip, int& port) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof(a);
+  const int r = peer ? ::getpeername(sock, reinterpret_cast<sockaddr*>(&a), &len)
+                     : ::getsockname(sock, reinterpret_cast<sockaddr*>(&a), &len);
+  if (r != 0) return;
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (a.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&a);
+    ::inet_ntop(AF_INET, &in->sin_addr, buf, sizeof(buf));
+    port = ntohs(in->sin_port);
+  } else if (a.ss_family == AF_INET6) {
+    const auto* in = reinterpret_cast<const sockaddr_in6*>(&a);
+    ::inet_ntop(AF_INET6, &in->sin6_addr, buf, sizeof(buf));
+    port = ntohs(in->sin6_port);
+  }
+  ip = buf;
+}
+
+// A socket stream whose reads stop at a deadline as well as at a per-read timeout.
+class GuardedStream : public httplib::Stream {
+ public:
+  GuardedStream(int sock, int io_timeout_ms) : sock_(sock), io_ms_(io_timeout_ms) {}
+
+  void set_deadline(Clock::time_point t) { deadline_ = t; }
+  bool has_buffered() const { return off_ < size_; }
+
+  bool is_readable() const override {
+    if (has_buffered()) return true;
+    const int wait = std::min(io_ms_, ms_until(deadline_));
+    return wait > 0 && poll_one(sock_, POLLIN, wait) > 0;
+  }
+  bool is_writable() const override {
+    return poll_one(sock_, POLLOUT, io_ms_) > 0 && !peer_closed(sock_);
+  }
+  ssize_t read(char* ptr, size_t size) override {
+    if (!has_buffered()) {
+      if (!is_readable()) return -1;
+      ssize_t n;
+      do {
+        n = ::recv(sock_, buf_, sizeof(buf_), 0);
+      } while (n < 0 && errno == EINTR);
+      if (n <= 0) return n;
+      off_ = 0;
+      size_ = size_t(n);
+    }
+    const size_t k = std::min(size, size_ - off_);
+    std::memcpy(ptr, buf_ + off_, k);
+    off_ += k;
+    return ssize_t(k);
+  }
+  ssize_t write(const char* ptr, size_t size) override {
+    if (!is_writable()) return -1;
+    ssize_t n;
+    do {
+      n = ::send(sock_, ptr, size, MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+    return n;
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    address_of(sock_, true, ip, port);
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    address_of(sock_, false, ip, port);
+  }
+  socket_t socket() const override { return sock_; }
+
+ private:
+  int sock_;
+  int io_ms_;
+  Clock::time_point deadline_ = Clock::time_point::max();
+  char buf_[16 * 1024];
+  size_t off_ = 0, size_ = 0;
+};
+
+thread_local int tl_socket = -1;     // the connection the calling thread serves
+thread_local bool tl_close = false;  // close it after this response
+
+// Sends what is left (best effort), then lets the client read it before the socket closes: a close
+// with unread input resets the connection, and a reset can destroy the response in flight (a 413
+// sent before the body was read).
+void lingering_close(int sock) {
+  ::shutdown(sock, SHUT_WR);
+  const auto until = Clock::now() + std::chrono::seconds(1);
+  char buf[16 * 1024];
+  size_t drained = 0;
+  while (drained < (size_t(4) << 20) &&
+         poll_one(sock, POLLIN, std::min(200, ms_until(until))) > 0) {
+    const ssize_t n = ::recv(sock, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n <= 0) break;
+    drained += size_t(n);
+  }
+  ::close(sock);
+}
+
+void reject_busy(int sock) {
+  static const std::string body =
+      R"({"error":{"message":"the server has too many open connections; retry later",)"
+      R"("type":"server_error","param":null,"code":"too_many_connections"}})";
+  const std::string res =
+      "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+      "Retry-After: 1\r\nConnection: close\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
+  (void)::send(sock, res.data(), res.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  lingering_close(sock);
+}
+
+struct QueueState {
+  std::mutex mu;
+  std::condition_variable cv, done_cv;
+  std::deque<std::function<void()>> jobs;
+  int threads = 0, idle = 0, max_threads = 0;
+  bool shutdown = false;
+};
+
+void worker(std::shared_ptr<QueueState> s) {
+  std::unique_lock<std::mutex> lk(s->mu);
+  for (;;) {
+    ++s->idle;
+    // NOTE: an idle thread lingers a while for the next connection, then exits: the thread count
+    // follows the load instead of staying at its peak.
+    const bool got = s->cv.wait_for(lk, std::chrono::seconds(30),
+                                    [&] { return s->shutdown || !s->jobs.empty(); });
+    --s->idle;
+    if (s->jobs.empty() && (s->shutdown || !got)) break;
+    if (s->jobs.empty()) continue;
+    std::function<void()> job = std::move(s->jobs.front());
+    s->jobs.pop_front();
+    lk.unlock();
+    job();
+    lk.lock();
+  }
+  if (--s->threads == 0) s->done_cv.notify_all();
+}
+
+class ThreadPerTaskQueue : public httplib::TaskQueue {
+ public:
+  explicit ThreadPerTaskQueue(int max_threads) : s_(std::make_shared<QueueState>()) {
+    s_->max_threads = std::max(1, max_threads);
+  }
+  ~ThreadPerTaskQueue() override { shutdown(); }
+
+  void enqueue(std::function<void()> fn) override {
+    std::lock_guard<std::mutex> lk(s_->mu);
+    s_->jobs.push_back(std::move(fn));
+    if (s_->idle >= int(s_->jobs.size()) || s_->threads >= s_->max_threads) {
+      s_->cv.notify_one();
+      return;
+    }
+    ++s_->threads;
+    std::thread(worker, s_).detach();
+  }
+  void shutdown() override {
+    std::unique_lock<std::mutex> lk(s_->mu);
+    s_->shutdown = true;
+    s_->cv.notify_all();
+    s_->done_cv.wait(lk, [&] { return s_->threads == 0; });
+  }
+
+ private:
+  std::shared_ptr<QueueState> s_;
+};
+
+}  // namespace
+
+httplib::TaskQueue* new_thread_per_task_queue(int max_threads) {
+  return new ThreadPerTaskQueue(max_threads);
+}
+
+GuardedHttpServer::GuardedHttpServer(const HttpLimits& limits) : limits_(limits) {
+  // NOTE: a few threads beyond the connection bound answer the connections over it with a 503.
+  const int threads = limits_.max_connections + 16;
+  new_task_queue = [threads] { return new_thread_per_task_queue(threads); };
+}
+
+GuardedHttpServer::~GuardedHttpServer() = default;
+
+bool GuardedHttpServer::client_gone() { return tl_socket >= 0 && peer_closed(tl_socket); }
+
+void GuardedHttpServer::close_after_response(httplib::Response& res) {
+  tl_close = true;
+  res.set_header("Connection", "close");
+}
+
+bool GuardedHttpServer::track(socket_t sock) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (int(sockets_.size()) >= limits_.max_connections) return false;
+  sockets_.insert(sock);
+  open_ = int(sockets_.size());
+  return true;
+}
+
+void GuardedHttpServer::untrack(socket_t sock) {
+  std::lock_guard<std::mutex> lk(mu_);
+  sockets_.erase(sock);
+  open_ = int(sockets_.size());
+}
+
+void GuardedHttpServer::widen_backlog() {
+  // NOTE: listen() again on a listening socket changes its backlog (Linux).
+  if (svr_sock_ != INVALID_SOCKET) ::listen(svr_sock_, std::max(limits_.max_connections, 128));
+}
+
+void GuardedHttpServer::shutdown_connections() {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (socket_t s : sockets_) ::shutdown(s, SHUT_RDWR);
+}
+
+bool GuardedHttpServer::process_and_close_socket(socket_t sock) {
+  if (!track(sock)) {
+    reject_busy(sock);
+    return false;
+  }
+  GuardedStream strm(sock, to_ms(limits_.io_timeout_s));
+  tl_socket = sock;
+  bool ret = false;
+  for (size_t left = keep_alive_max_count_; left > 0 && svr_sock_ != INVALID_SOCKET; --left) {
+    // A request must start within the idle timeout (a pipelined one may be buffered already).
+    if (!strm.has_buffered() &&
+        (poll_one(sock, POLLIN, to_ms(limits_.idle_timeout_s)) <= 0 || peer_closed(sock)))
+      break;
+    strm.set_deadline(Clock::now() + std::chrono::milliseconds(to_ms(limits_.header_timeout_s)));
+    bool closed = false;
+    ret = process_request(strm, left == 1, closed, [&](httplib::Request&) {
+      strm.set_deadline(Clock::now() + std::chrono::milliseconds(to_ms(limits_.body_timeout_s)));
+    });
+    strm.set_deadline(Clock::time_point::max());
+    if (!ret || closed || tl_close) break;
+  }
+  tl_socket = -1;
+  tl_close = false;
+  // Untracked before the close: shutdown_connections() never touches a closed (reused) number.
+  untrack(sock);
+  lingering_close(sock);
+  return ret;
+}
+
+}  // namespace pagedattn
