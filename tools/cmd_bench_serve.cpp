@@ -6,6 +6,7 @@
 // --json, one object per run), --csv (a row per run) and --timeline-csv (KV use per step, or per
 // poll of the server's /metrics) for scripts/plot.sh. Values a mode cannot know are absent ("-",
 // an empty cell, null).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -385,7 +386,12 @@ void run_modes(const BenchServeArgs& a, const BenchModel& model,
 // paged run against the static baseline of the same case (stdout; stderr with --json).
 void run_sweep(const BenchServeArgs& a, const BenchModel& model, sb::WorkloadSpec w,
                const std::vector<double>& rates) {
-  const std::vector<sb::SweepCase> cases = sb::make_sweep(w.prompt, w.output, a.sweep_concurrency);
+  std::vector<sb::SweepCase> cases = sb::make_sweep(w.prompt, w.output, a.sweep_concurrency);
+  // NOTE: the tightest budgets first: they take longest and matter most, so a run cut short still
+  // has them.
+  std::stable_sort(cases.begin(), cases.end(), [](const sb::SweepCase& x, const sb::SweepCase& y) {
+    return x.multiple < y.multiple;
+  });
   struct Row {
     const sb::SweepCase* c;
     double rate;
