@@ -64,9 +64,8 @@ void Scheduler::remove(Sequence *seq) {
 int32_t Scheduler::available_pages() const { return cache_.allocator().num_available(); }
 
 void Scheduler::preempt(Sequence *seq, SchedulerOutput &out) {
-  // Its full pages go back to the prefix cache (deepest first, so the LRU
-  // evicts them before their parents) and serve its re-admission if they are
-  // still there.
+  // Its full pages go back to the prefix cache (deepest first, so the LRU evicts them before
+  // their parents) and serve its re-admission if they are still there.
   preempted_computed_ += seq->num_computed;
   seq->recompute_until = std::max(seq->recompute_until, seq->num_computed);
   cache_.free_sequence(seq->cache_seq);
@@ -131,8 +130,7 @@ GrowthForecast Scheduler::forecast(const Sequence &seq) const {
     const int32_t max_out = std::max(seq.max_length - seq.prompt_len, 0);
     final_len = seq.prompt_len + output_lengths_.estimate(seq.num_generated(), max_out);
   }
-  // NOTE: the last token is sampled, never computed: the cache holds final_len
-  // - 1 positions.
+  // NOTE: the last token is sampled, never computed: the cache holds final_len - 1 positions.
   f.steps_left = std::max(1, final_len - f.num_tokens);
   f.final_kv = std::max(f.num_tokens, final_len - 1);
   return f;
@@ -149,8 +147,7 @@ bool Scheduler::forecast_fits(const Sequence &candidate) const {
   fs.push_back(forecast(candidate));
   const int32_t num_pages = cache_.config().num_pages;
   const int64_t used = num_pages - available_pages();
-  // NOTE: exact forecasts need no margin; estimated ones keep the watermark for
-  // their misses.
+  // NOTE: exact forecasts need no margin; estimated ones keep the watermark for their misses.
   const int64_t limit = num_pages - (estimated ? watermark_ : 0);
   return pagedattn::forecast_peak_pages(fs, cache_.config().page_size, used) <= limit;
 }
@@ -169,8 +166,7 @@ Sequence *Scheduler::pick_victim(const Sequence *self,
     Sequence *s = it->second;
     if (s == self || scheduled.count(s)) continue;
     if (config_.victim == VictimPolicy::newest) return s;
-    // least_work: the fewest computed tokens lost; among equals the newest
-    // (seen first).
+    // least_work: the fewest computed tokens lost; among equals the newest (seen first).
     if (!best || s->num_computed < best->num_computed) best = s;
   }
   return best;
@@ -185,14 +181,12 @@ bool Scheduler::admit_one(int32_t &budget, SchedulerOutput &out) {
   if (config_.enable_prefix_cache) reused = cache_.attach_prefix(cs, seq->tokens);
   int32_t n = std::min(seq->num_tokens() - reused, budget);
   const int32_t available = available_pages();
-  // Alone: nothing else computes (beams parked for their siblings' step hold
-  // pages but wait).
+  // Alone: nothing else computes (beams parked for their siblings' step hold pages but wait).
   const bool alone = out.scheduled.empty() &&
                      std::none_of(running_.begin(), running_.end(),
                                   [](const auto &r) { return r.second->num_uncomputed() > 0; });
   const bool lookahead = config_.admission == AdmissionPolicy::lookahead;
-  // NOTE: with the lookahead the forecast below keeps the room that the running
-  // batch will need.
+  // NOTE: with the lookahead the forecast below keeps the room that the running batch will need.
   const int32_t reserve = alone || lookahead ? 0 : watermark_;
   seq->cache_seq = cs;
   const bool fits_now = cache_.pages_needed(cs, n) + reserve <= available;
