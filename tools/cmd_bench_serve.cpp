@@ -6,6 +6,7 @@
 // --json, one object per run), --csv (a row per run) and --timeline-csv (KV use per step, or per
 // poll of the server's /metrics) for scripts/plot.sh. Values a mode cannot know are absent ("-",
 // an empty cell, null).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -25,6 +26,7 @@
 #include "pagedattn/synthetic_model.h"
 #include "serve_bench_http.h"
 #include "serve_bench_run.h"
+#include "serve_bench_sweep.h"
 
 namespace pagedattn::tools {
 
@@ -37,6 +39,9 @@ struct BenchServeArgs {
   std::string device = "auto";
   std::vector<std::string> modes = {"paged", "static"};
   std::vector<std::string> prefix_cache = {"on"};
+  std::vector<std::string> admission = {"lookahead"};
+  bool sweep = false;
+  int32_t sweep_concurrency = 4;
   std::vector<std::string> rates = {"inf"};
   int32_t num_requests = 64;
   std::string prompt_len = "128";
@@ -150,6 +155,12 @@ nlohmann::json result_json(const sb::RunResult& r, const std::string& model,
       {"running_mean", num_json(r.running_mean)},
       {"running_max", count_json(r.running_max)},
       {"preemptions", count_json(r.preemptions)},
+      {"admission", http || c.mode != "paged" ? nlohmann::json() : nlohmann::json(c.admission)},
+      {"preemptions_recompute", count_json(r.preemptions_recompute)},
+      {"recomputed_tokens", count_json(r.recomputed_tokens)},
+      {"preempted_computed_tokens", count_json(r.preempted_computed_tokens)},
+      {"resumed_prefix_hit_tokens", count_json(r.resumed_prefix_hit_tokens)},
+      {"admission_stalls", count_json(r.admission_stalls)},
       {"steps", count_json(r.steps)},
       {"output_tokens_per_step", num_json(r.output_tokens_per_step)},
       {"prefix_hit_rate", num_json(r.prefix_hit_rate)}};
@@ -227,26 +238,33 @@ void append_timeline(const std::string& path, const sb::RunResult& r) {
   std::fclose(f);
 }
 
+// The admission column: the paged engine's policy (admission.h), "-" for the others.
+std::string admission_text(const sb::RunConfig& c) {
+  return c.mode == "paged" ? c.admission.substr(0, 5) : "-";
+}
+
 void print_header() {
   std::printf(
-      "%-6s %-6s %5s %4s %7s %8s %8s | %-23s | %-15s | %-15s | %-15s | %-13s %5s %4s %5s "
-      "| %s | %s\n",
-      "mode", "prefix", "rate", "reqs", "req/s", "out t/s", "tot t/s", "TTFT p50/p90/p99 s",
-      "TPOT p50/p99 ms", "ITL p50/p99 ms", "E2E p50/p99 s", "KV alloc/live", "waste", "pre", "hit",
-      "ramp/steady/tail s", "tok/step");
+      "%-6s %-6s %-5s %5s %4s %7s %8s %8s | %-23s | %-15s | %-15s | %-15s | %-13s %5s %4s %6s "
+      "%5s %5s | %s | %s\n",
+      "mode", "prefix", "admit", "rate", "reqs", "req/s", "out t/s", "tot t/s",
+      "TTFT p50/p90/p99 s", "TPOT p50/p99 ms", "ITL p50/p99 ms", "E2E p50/p99 s", "KV alloc/live",
+      "waste", "pre", "recomp", "stall", "hit", "ramp/steady/tail s", "tok/step");
 }
 
 void print_row(const sb::RunResult& r) {
   std::printf(
-      "%-6s %-6s %5s %4d %7.3f %8.1f %8.1f | %6.2f/%7.2f/%7.2f | %6.1f/%7.1f | %6.1f/%7.1f |"
-      " %6.2f/%7.2f | %6s/%6s %5s %4s %5s | %.1f/%.1f/%.1f | %s\n",
-      r.config.mode.c_str(), prefix_text(r.config).c_str(), rate_text(r.workload.rate).c_str(),
-      r.completed, r.req_per_s, r.output_tok_per_s, r.total_tok_per_s, r.ttft_s.p50, r.ttft_s.p90,
-      r.ttft_s.p99, 1e3 * r.tpot_s.p50, 1e3 * r.tpot_s.p99, 1e3 * r.itl_s.p50, 1e3 * r.itl_s.p99,
-      r.e2e_s.p50, r.e2e_s.p99, fmt(r.kv_allocated_mean, "%.0f", "-").c_str(),
-      fmt(r.kv_live_mean, "%.0f", "-").c_str(), fmt(100 * r.kv_waste_frac, "%.0f%%", "-").c_str(),
-      fmt_count(r.preemptions, "-").c_str(), fmt(100 * r.prefix_hit_rate, "%.0f%%", "-").c_str(),
-      r.ramp_s, r.steady_s, r.tail_s, fmt(r.output_tokens_per_step, "%.2f", "-").c_str());
+      "%-6s %-6s %-5s %5s %4d %7.3f %8.1f %8.1f | %6.2f/%7.2f/%7.2f | %6.1f/%7.1f | %6.1f/%7.1f |"
+      " %6.2f/%7.2f | %6s/%6s %5s %4s %6s %5s %5s | %.1f/%.1f/%.1f | %s\n",
+      r.config.mode.c_str(), prefix_text(r.config).c_str(), admission_text(r.config).c_str(),
+      rate_text(r.workload.rate).c_str(), r.completed, r.req_per_s, r.output_tok_per_s,
+      r.total_tok_per_s, r.ttft_s.p50, r.ttft_s.p90, r.ttft_s.p99, 1e3 * r.tpot_s.p50,
+      1e3 * r.tpot_s.p99, 1e3 * r.itl_s.p50, 1e3 * r.itl_s.p99, r.e2e_s.p50, r.e2e_s.p99,
+      fmt(r.kv_allocated_mean, "%.0f", "-").c_str(), fmt(r.kv_live_mean, "%.0f", "-").c_str(),
+      fmt(100 * r.kv_waste_frac, "%.0f%%", "-").c_str(), fmt_count(r.preemptions, "-").c_str(),
+      fmt_count(r.recomputed_tokens, "-").c_str(), fmt_count(r.admission_stalls, "-").c_str(),
+      fmt(100 * r.prefix_hit_rate, "%.0f%%", "-").c_str(), r.ramp_s, r.steady_s, r.tail_s,
+      fmt(r.output_tokens_per_step, "%.2f", "-").c_str());
   std::fflush(stdout);
 }
 
@@ -338,6 +356,105 @@ void run_bench_serve_http(const BenchServeArgs& a, const std::vector<double>& ra
   }
 }
 
+// Every mode x prefix-cache x admission run of one workload, interleaved in that order; the
+// static baseline runs once (it has neither).
+template <class OnResult>
+void run_modes(const BenchServeArgs& a, const BenchModel& model,
+               const std::vector<sb::WorkItem>& work, const sb::WorkloadSpec& w,
+               const sb::RunConfig& base, OnResult&& on_result) {
+  for (const auto& mode : a.modes) {
+    for (const auto& pc : a.prefix_cache) {
+      if (mode == "static" && &pc != &a.prefix_cache.front()) continue;  // it has none
+      for (const auto& adm : a.admission) {
+        if (mode == "static" && &adm != &a.admission.front()) continue;
+        sb::RunConfig rc = base;
+        rc.mode = mode;
+        rc.prefix_cache = pc == "on";
+        rc.admission = adm;
+        rc.progress = !a.no_progress;
+        const sb::RunResult r = sb::run_serve_bench(model.make, work, w, rc);
+        on_result(r);
+        if (mode == "static" && r.preemptions > 0)
+          std::fprintf(stderr, "bench serve: warning: the static baseline preempted %lld times\n",
+                       (long long)r.preemptions);
+      }
+    }
+  }
+}
+
+// --sweep: the workloads and budgets of serve_bench_sweep.h in one run, then a summary of each
+// paged run against the static baseline of the same case (stdout; stderr with --json).
+void run_sweep(const BenchServeArgs& a, const BenchModel& model, sb::WorkloadSpec w,
+               const std::vector<double>& rates) {
+  std::vector<sb::SweepCase> cases = sb::make_sweep(w.prompt, w.output, a.sweep_concurrency);
+  // NOTE: the tightest budgets first: they take longest and matter most, so a run cut short still
+  // has them.
+  std::stable_sort(cases.begin(), cases.end(), [](const sb::SweepCase& x, const sb::SweepCase& y) {
+    return x.multiple < y.multiple;
+  });
+  struct Row {
+    const sb::SweepCase* c;
+    double rate;
+    std::vector<sb::RunResult> runs;
+  };
+  std::vector<Row> rows;
+  const std::string device = device_name(model.device);
+  for (double rate : rates) {
+    for (const sb::SweepCase& c : cases) {
+      w.rate = rate;
+      w.output = c.output;
+      sb::RunConfig base = a.run;
+      base.kv_budget_tokens = c.kv_tokens;
+      if (!a.json) {
+        std::printf("# %s outputs, KV %dx = %lld tokens\n", c.workload.c_str(), c.multiple,
+                    (long long)c.kv_tokens);
+        print_header();
+      }
+      Row row{&c, rate, {}};
+      run_modes(a, model, sb::make_workload(w), w, base, [&](const sb::RunResult& r) {
+        if (a.json) {
+          nlohmann::json j = result_json(r, a.model, device, "");
+          j["workload"] = c.workload;
+          j["kv_multiple"] = c.multiple;
+          std::printf("%s\n", j.dump().c_str());
+          std::fflush(stdout);
+        } else {
+          print_row(r);
+        }
+        if (!a.csv.empty()) append_csv(a.csv, r);
+        row.runs.push_back(r);
+      });
+      rows.push_back(std::move(row));
+    }
+  }
+  FILE* out = a.json ? stderr : stdout;
+  std::fprintf(out,
+               "\nsweep summary (output tok/s against the static baseline of the same case)\n");
+  std::fprintf(out, "%-10s %4s %6s %5s | %-24s %9s %8s %6s %6s %8s\n", "workload", "KV", "tokens",
+               "rate", "run", "out t/s", "x static", "pre", "stall", "recomp%");
+  for (const Row& row : rows) {
+    double static_tps = NAN;
+    for (const sb::RunResult& r : row.runs)
+      if (r.config.mode == "static") static_tps = r.output_tok_per_s;
+    for (const sb::RunResult& r : row.runs) {
+      const std::string run =
+          r.config.mode == "static"
+              ? std::string("static")
+              : r.config.mode + (r.config.prefix_cache ? "+prefix " : " ") + r.config.admission;
+      const double recomp = r.recomputed_tokens >= 0 && r.output_tokens > 0
+                                ? 100.0 * double(r.recomputed_tokens) / double(r.output_tokens)
+                                : NAN;
+      std::fprintf(out, "%-10s %3dx %6lld %5s | %-24s %9.1f %8s %6s %6s %8s\n",
+                   row.c->workload.c_str(), row.c->multiple, (long long)row.c->kv_tokens,
+                   rate_text(row.rate).c_str(), run.c_str(), r.output_tok_per_s,
+                   fmt(r.output_tok_per_s / static_tps, "%.2f", "-").c_str(),
+                   fmt_count(r.preemptions, "-").c_str(),
+                   fmt_count(r.admission_stalls, "-").c_str(), fmt(recomp, "%.1f", "-").c_str());
+    }
+  }
+  std::fflush(out);
+}
+
 void run_bench_serve(const BenchServeArgs& a) {
   PA_CHECK(a.num_requests >= 1, "bench serve: --num-requests must be >= 1, got ", a.num_requests);
   PA_CHECK(!a.modes.empty() && !a.prefix_cache.empty() && !a.rates.empty(),
@@ -347,6 +464,11 @@ void run_bench_serve(const BenchServeArgs& a) {
              "' is not paged, static or http");
   for (const auto& p : a.prefix_cache)
     PA_CHECK(p == "on" || p == "off", "bench serve: --prefix-cache '", p, "' is not on or off");
+  PA_CHECK(!a.admission.empty(), "bench serve: --admission needs at least one value");
+  for (const auto& p : a.admission)
+    PA_CHECK(p == "lookahead" || p == "immediate", "bench serve: --admission '", p,
+             "' is not lookahead or immediate");
+  PA_CHECK(!a.sweep || a.url.empty(), "bench serve: --sweep runs in process (drop --url)");
   std::vector<double> rates;
   for (const auto& s : a.rates) rates.push_back(parse_rate(s));
   if (!a.url.empty()) return run_bench_serve_http(a, rates);
@@ -370,24 +492,12 @@ void run_bench_serve(const BenchServeArgs& a) {
     rc.progress = false;
     sb::run_serve_bench(model.make, sb::make_workload(ws), ws, rc);
   }
+  if (a.sweep) return run_sweep(a, model, w, rates);
   if (!a.json) print_header();
   for (double rate : rates) {
     w.rate = rate;
-    const std::vector<sb::WorkItem> work = sb::make_workload(w);  // the same for every mode
-    for (const auto& mode : a.modes) {
-      for (const auto& pc : a.prefix_cache) {
-        if (mode == "static" && &pc != &a.prefix_cache.front()) continue;  // it has none
-        sb::RunConfig rc = a.run;
-        rc.mode = mode;
-        rc.prefix_cache = pc == "on";
-        rc.progress = !a.no_progress;
-        const sb::RunResult r = sb::run_serve_bench(model.make, work, w, rc);
-        report(a, r, a.model, device_name(model.device));
-        if (mode == "static" && r.preemptions > 0)
-          std::fprintf(stderr, "bench serve: warning: the static baseline preempted %lld times\n",
-                       (long long)r.preemptions);
-      }
-    }
+    run_modes(a, model, sb::make_workload(w), w, a.run,
+              [&](const sb::RunResult& r) { report(a, r, a.model, device_name(model.device)); });
   }
 }
 
@@ -413,6 +523,19 @@ void register_bench_serve(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--request-rate", a->rates, "Requests/s (Poisson), a list; inf: all at once")
       ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--admission", a->admission,
+                  "Paged mode: lookahead (admit while the forecast peak of KV pages fits) and/or "
+                  "immediate (admit when the first chunk fits, the policy before the lookahead)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_flag(
+      "--sweep", a->sweep,
+      "Run the workload sweep: fixed, uniform, lognormal and pareto outputs (from a fixed "
+      "--output-len) at KV budgets of 1x, 2x and 4x one request's worst case times "
+      "--sweep-concurrency (--kv-tokens is ignored), then a summary against static");
+  cmd->add_option("--sweep-concurrency", a->sweep_concurrency,
+                  "--sweep: requests the static baseline holds at once at the 1x budget")
       ->capture_default_str();
   cmd->add_option("--num-requests", a->num_requests, "Requests per run")->capture_default_str();
   cmd->add_option("--prompt-len", a->prompt_len,
@@ -453,8 +576,9 @@ void register_bench_serve(CLI::App& bench) {
       ->capture_default_str();
   cmd->callback([a, cmd] {
     // The engine's own settings: with --url the server has its own.
-    for (const char* name : {"--model", "--device", "--prefix-cache", "--kv-tokens", "--block-size",
-                             "--max-num-seqs", "--max-num-batched-tokens", "--batch-timeout"})
+    for (const char* name :
+         {"--model", "--device", "--prefix-cache", "--admission", "--kv-tokens", "--block-size",
+          "--max-num-seqs", "--max-num-batched-tokens", "--batch-timeout"})
       if (cmd->get_option(name)->count() > 0) a->in_process_options.push_back(name);
     if (!a->url.empty() && cmd->get_option("--mode")->count() == 0) a->modes = {"http"};
     PA_CHECK(a->url.empty() || a->http_timeout_s > 0,

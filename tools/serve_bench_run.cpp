@@ -128,9 +128,16 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
     ec.kv_cache_tokens = cfg.kv_budget_tokens + int64_t(cfg.max_num_seqs) * cfg.block_size;
     ec.watermark_pages = 0;
     ec.enable_prefix_cache = false;
+    // NOTE: the baseline's batches always fit; the admission before the lookahead keeps its
+    // executor exactly what it was.
+    ec.admission = AdmissionPolicy::immediate;
+    ec.victim = VictimPolicy::newest;
   } else {
     ec.kv_cache_tokens = cfg.kv_budget_tokens;
     ec.enable_prefix_cache = cfg.prefix_cache;
+    ec.admission = parse_admission_policy(cfg.admission);
+    ec.victim = ec.admission == AdmissionPolicy::lookahead ? VictimPolicy::least_work
+                                                           : VictimPolicy::newest;
   }
   Engine engine(make_model(), ec);
   for (size_t i = 0; i < work.size(); ++i) {
@@ -153,6 +160,7 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
                             (is_static          ? ""
                              : cfg.prefix_cache ? "+prefix"
                                                 : "") +
+                            (is_static || cfg.admission == "lookahead" ? "" : "+" + cfg.admission) +
                             " rate=" + (closed_loop ? std::string("closed") : [&] {
                               char b[32];
                               std::snprintf(b, sizeof b, "%g", spec.rate);
@@ -293,7 +301,13 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
     if (tr[i].done >= 0) q.e2e_s = tr[i].done - tr[i].arrival;
     r.requests.push_back(q);
   }
-  r.preemptions = engine.scheduler().num_preemptions();
+  const Scheduler& sched = engine.scheduler();
+  r.preemptions = sched.num_preemptions();
+  r.preemptions_recompute = sched.num_recompute_preemptions();
+  r.recomputed_tokens = sched.recomputed_tokens();
+  r.preempted_computed_tokens = sched.preempted_computed_tokens();
+  r.resumed_prefix_hit_tokens = sched.resumed_prefix_hit_tokens();
+  r.admission_stalls = sched.admission_stalls();
   r.steps = engine.metrics().steps;
   r.output_tokens_per_step = r.steps > 0 ? double(r.output_tokens) / double(r.steps) : 0.0;
   r.prefix_hit_rate = engine.scheduler().prefix_queried_tokens() > 0

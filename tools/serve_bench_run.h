@@ -26,6 +26,9 @@ inline constexpr double kAbsent = std::numeric_limits<double>::quiet_NaN();
 struct RunConfig {
   std::string mode = "paged";  // paged | static (in process) | http (a server, serve_bench_http.h)
   bool prefix_cache = true;    // paged only (the static baseline has none)
+  // paged only: lookahead (admission that foresees growth, the least-work victim) or immediate
+  // (admission on current use, the newest victim: the engine's policy before the lookahead).
+  std::string admission = "lookahead";
   int64_t kv_budget_tokens = 4096;  // http: the server's KV capacity (-1 when it does not say)
   int32_t block_size = 16;
   int32_t max_num_seqs = 64;  // http: -1 (the server's setting, not reported)
@@ -73,6 +76,12 @@ struct RunResult {
   double running_mean = 0;
   int32_t running_max = 0;
   int64_t preemptions = 0;
+  // The scheduler's decisions (-1: unknown, http): preemptions that recompute, tokens computed
+  // again, computed tokens the preempted sequences held and how many of those their re-admission
+  // found in the prefix cache, steps in which admission waited for pages.
+  int64_t preemptions_recompute = -1, recomputed_tokens = -1;
+  int64_t preempted_computed_tokens = -1, resumed_prefix_hit_tokens = -1;
+  int64_t admission_stalls = -1;
   // Engine steps (forward passes) and output tokens per step: how much batching the KV budget
   // allowed, independent of how fast the machine ran each step.
   int64_t steps = 0;

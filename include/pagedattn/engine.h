@@ -51,7 +51,10 @@ struct EngineMetrics {
   int32_t pages_total = 0, pages_used = 0, pages_free = 0, pages_cached = 0;
   int64_t kv_capacity_tokens = 0;
   int64_t prefix_queried_tokens = 0, prefix_hit_tokens = 0;
-  int64_t preemptions = 0;
+  int64_t preemptions = 0;            // every kind
+  int64_t preemptions_recompute = 0;  // pages freed, recomputed at re-admission
+  int64_t recomputed_tokens = 0;      // tokens computed again after a preemption
+  int64_t admission_stalls = 0;       // steps the oldest waiting request waited for pages
   int64_t prompt_tokens = 0, generation_tokens = 0;
   int64_t requests_finished = 0, requests_cancelled = 0;
   int64_t steps = 0;
@@ -86,8 +89,11 @@ struct EngineConfig {
   int32_t max_num_batched_tokens = 2048;
   int32_t max_num_seqs = 64;
   int32_t watermark_pages = -1;  // -1: 1% of the pool
-  int32_t max_model_len = 0;     // 0: the model's max_position_embeddings
-  bool log_startup = true;       // print the cache's capacity to stderr
+  // The scheduler's admission and preemption victims (scheduler.h).
+  AdmissionPolicy admission = AdmissionPolicy::lookahead;
+  VictimPolicy victim = VictimPolicy::least_work;
+  int32_t max_model_len = 0;  // 0: the model's max_position_embeddings
+  bool log_startup = true;    // print the cache's capacity to stderr
 
   static constexpr double kDefaultKvMiB = 512;
 };

@@ -77,7 +77,15 @@ struct Sequence {
   int32_t prompt_len = 0;
   std::string cache_salt;
   int32_t num_computed = 0;  // tokens whose K/V are in the cache
-  SeqId cache_seq = -1;      // -1 while it holds no cache state (waiting)
+  // Length (prompt + generated) at which the sequence stops for sure: prompt + max_tokens, or
+  // max_model_len if that comes first (0: unknown). exact_length: nothing else can stop it (EOS
+  // ignored, no stop ids or strings), so it reaches max_length exactly. The scheduler's admission
+  // forecasts growth from both.
+  int32_t max_length = 0;
+  bool exact_length = false;
+  // Tokens that were computed before the last preemption: computing them again is recompute.
+  int32_t recompute_until = 0;
+  SeqId cache_seq = -1;  // -1 while it holds no cache state (waiting)
   FinishReason finish = FinishReason::none;
   bool forked = false;  // n > 1: children were made from this sequence
   // Sum of log-softmax(logits)[token] over the generated tokens (tracked when the request has

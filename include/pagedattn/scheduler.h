@@ -5,16 +5,23 @@
 //   2. running sequences still prefilling, oldest first, a chunk each (chunked
 //   prefill);
 //   3. waiting sequences in arrival order (no skipping ahead, so none starves):
-//   each is admitted
-//      only when the pages of its first chunk fit with a watermark to spare;
-//      with the prefix cache its longest cached prefix is attached first and
-//      not recomputed.
-// Running sequences with nothing to compute (a beam waiting for its siblings) are skipped.
-// When a running sequence needs a page and none is left, the newest running
-// sequence not yet scheduled this step is preempted: its pages are freed and it
-// goes back to the waiting queue to be recomputed later (its tokens are kept,
-// so greedy output is unchanged). A prefill chunk shrinks to what fits before
-// it preempts anyone.
+//      each is admitted only when the pages of its first chunk fit with a
+//      watermark to spare and (admission lookahead, the default) the pages the
+//      running batch and it will need until they finish still fit at their
+//      forecast peak (admission.h); with the prefix cache its longest cached
+//      prefix is attached first and not recomputed. A step in which the oldest
+//      waiting sequence is held back for want of pages counts one admission
+//      stall.
+// Running sequences with nothing to compute (a beam waiting for its siblings)
+// are skipped. When a running sequence needs a page and none is left, a running
+// sequence not yet scheduled this step is preempted (victim least_work, the
+// default: the one with the fewest computed tokens, the newest among equals;
+// newest: the newest): its pages are freed and it goes back to the waiting
+// queue to be recomputed later (its tokens are kept, so greedy output is
+// unchanged). Its full pages stay in the prefix cache until evicted, so its
+// re-admission reuses what is left of them; the tokens computed again are
+// counted as recomputed. A prefill chunk shrinks to what fits before it
+// preempts anyone.
 //
 // The scheduler reserves the slots (KvCache::append_slots) of everything it
 // schedules, so its output is all the model runner needs.
@@ -22,13 +29,21 @@
 
 #include <cstdint>
 #include <map>
+#include <string>
+#include <unordered_set>
 #include <vector>
 
+#include "pagedattn/admission.h"
 #include "pagedattn/kv_cache.h"
 #include "pagedattn/model.h"
 #include "pagedattn/request.h"
 
 namespace pagedattn {
+
+enum class AdmissionPolicy : uint8_t { lookahead, immediate };
+enum class VictimPolicy : uint8_t { least_work, newest };
+// "lookahead" | "immediate"; throws Error naming the option otherwise.
+AdmissionPolicy parse_admission_policy(const std::string &name);
 
 struct SchedulerConfig {
   int32_t max_num_batched_tokens = 2048;
@@ -36,6 +51,11 @@ struct SchedulerConfig {
   // Pages kept free when admitting a waiting sequence (-1: 1% of the pool).
   int32_t watermark_pages = -1;
   bool enable_prefix_cache = true;
+  // lookahead: admit only while the forecast peak of the running batch fits
+  // (admission.h); immediate: admit as soon as the first chunk fits (grows into
+  // preemptions when lengths do).
+  AdmissionPolicy admission = AdmissionPolicy::lookahead;
+  VictimPolicy victim = VictimPolicy::least_work;
 };
 
 struct ScheduledSeq {
@@ -69,7 +89,7 @@ class Scheduler {
   // the running set.
   void add_running(Sequence *seq);
   // Takes a sequence out of the queues and frees its pages at once (finished or
-  // cancelled).
+  // cancelled). A finished one's output length feeds the growth estimates.
   void remove(Sequence *seq);
 
   SchedulerOutput schedule();
@@ -81,8 +101,23 @@ class Scheduler {
   int32_t num_running() const { return int32_t(running_.size()); }
   bool has_work() const { return !waiting_.empty() || !running_.empty(); }
   int64_t num_preemptions() const { return num_preemptions_; }
+  // Preemptions that free the pages and recompute them later (today every
+  // preemption).
+  int64_t num_recompute_preemptions() const { return num_preemptions_; }
+  // Tokens computed a second time after a preemption (what recompute costs).
+  int64_t recomputed_tokens() const { return recomputed_tokens_; }
+  // Tokens that preempted sequences had computed, and of those, tokens that
+  // their re-admission found in the prefix cache (not recomputed).
+  int64_t preempted_computed_tokens() const { return preempted_computed_; }
+  int64_t resumed_prefix_hit_tokens() const { return resumed_hits_; }
+  // Steps in which the oldest waiting sequence was held back for want of pages
+  // (now or forecast).
+  int64_t admission_stalls() const { return admission_stalls_; }
+  // The forecast peak of pages in use (admission.h) of the running sequences
+  // alone.
+  int64_t forecast_peak_pages() const;
   // Prompt tokens looked up in / reused from the prefix cache at first
-  // admission.
+  // admission (re-admissions after a preemption are not counted here).
   int64_t prefix_queried_tokens() const { return prefix_queried_; }
   int64_t prefix_hit_tokens() const { return prefix_hits_; }
   int32_t watermark_pages() const { return watermark_; }
@@ -94,6 +129,12 @@ class Scheduler {
   int32_t tokens_that_fit(const Sequence &seq, int32_t want, int32_t available) const;
   void append(Sequence *seq, int32_t n, SchedulerOutput &out);
   bool admit_one(int32_t &budget, SchedulerOutput &out);
+  Sequence *pick_victim(const Sequence *self,
+                        const std::unordered_set<const Sequence *> &scheduled);
+  GrowthForecast forecast(const Sequence &seq) const;
+  // Whether the running sequences and `candidate` (holding cache state) fit at
+  // their forecast peak.
+  bool forecast_fits(const Sequence &candidate) const;
 
   SchedulerConfig config_;
   KvCache &cache_;
@@ -103,6 +144,11 @@ class Scheduler {
   int64_t num_preemptions_ = 0;
   int64_t prefix_queried_ = 0;
   int64_t prefix_hits_ = 0;
+  int64_t recomputed_tokens_ = 0;
+  int64_t preempted_computed_ = 0;
+  int64_t resumed_hits_ = 0;
+  int64_t admission_stalls_ = 0;
+  OutputLengthStats output_lengths_;
 };
 
 }  // namespace pagedattn

@@ -105,6 +105,8 @@ Engine::Engine(std::unique_ptr<Model> model, const EngineConfig& config, DecodeF
   sc.max_num_seqs = config.max_num_seqs;
   sc.watermark_pages = config.watermark_pages;
   sc.enable_prefix_cache = config.enable_prefix_cache;
+  sc.admission = config.admission;
+  sc.victim = config.victim;
   scheduler_ = std::make_unique<Scheduler>(sc, *cache_);
   eos_ids_ = mc.eos_token_ids;
   eos_ids_.insert(eos_ids_.end(), config.eos_token_ids.begin(), config.eos_token_ids.end());
@@ -198,6 +200,12 @@ RequestId Engine::add_request(Request req, RequestId id) {
   auto seq = make_sequence(rs->req, rs->base_seed, id, 0);
   seq->tokens = rs->req.prompt;
   seq->prompt_len = int32_t(seq->tokens.size());
+  seq->max_length =
+      int32_t(std::min<int64_t>(int64_t(seq->prompt_len) + rs->req.max_tokens, max_model_len_));
+  // NOTE: forks and beams multiply a request's growth after its prompt; their forecast is an
+  // estimate (the scheduler keeps its watermark for it).
+  seq->exact_length = rs->req.ignore_eos && rs->req.sampling.stop_token_ids.empty() &&
+                      rs->req.sampling.stop.empty() && rs->req.num_sequences() == 1;
   // NOTE: 2^24 orders per request leave room for every beam a request can fork.
   seq->order = (arrivals_ << 24);
   rs->base_order = seq->order;
@@ -240,6 +248,8 @@ void Engine::fork_children(RequestState& rs, Sequence& parent) {
     auto child = make_sequence(rs.req, rs.base_seed, rs.id, i);
     child->tokens = parent.tokens;
     child->prompt_len = parent.prompt_len;
+    child->max_length = parent.max_length;
+    child->exact_length = parent.exact_length;
     child->order = parent.order + uint64_t(i);
     child->cache_seq = cache_->fork(parent.cache_seq);  // shares every page of the prompt
     child->num_computed = parent.num_computed;
@@ -456,6 +466,9 @@ EngineMetrics Engine::metrics() const {
   m.prefix_queried_tokens = scheduler_->prefix_queried_tokens();
   m.prefix_hit_tokens = scheduler_->prefix_hit_tokens();
   m.preemptions = scheduler_->num_preemptions();
+  m.preemptions_recompute = scheduler_->num_recompute_preemptions();
+  m.recomputed_tokens = scheduler_->recomputed_tokens();
+  m.admission_stalls = scheduler_->admission_stalls();
   counters_->fill(m);
   return m;
 }

@@ -2,11 +2,18 @@
 #include "pagedattn/scheduler.h"
 
 #include <algorithm>
+#include <limits>
 #include <unordered_set>
 
 #include "pagedattn/error.h"
 
 namespace pagedattn {
+
+AdmissionPolicy parse_admission_policy(const std::string &name) {
+  if (name == "lookahead") return AdmissionPolicy::lookahead;
+  if (name == "immediate") return AdmissionPolicy::immediate;
+  fail("admission: expected lookahead or immediate, got '", name, "'");
+}
 
 Scheduler::Scheduler(const SchedulerConfig &config, KvCache &cache)
     : config_(config), cache_(cache) {
@@ -42,6 +49,8 @@ void Scheduler::add_running(Sequence *seq) {
 }
 
 void Scheduler::remove(Sequence *seq) {
+  if (seq->finish == FinishReason::stop || seq->finish == FinishReason::length)
+    output_lengths_.observe(seq->num_generated());
   auto w = waiting_.find(seq->order);
   if (w != waiting_.end() && w->second == seq) waiting_.erase(w);
   auto r = running_.find(seq->order);
@@ -55,6 +64,10 @@ void Scheduler::remove(Sequence *seq) {
 int32_t Scheduler::available_pages() const { return cache_.allocator().num_available(); }
 
 void Scheduler::preempt(Sequence *seq, SchedulerOutput &out) {
+  // Its full pages go back to the prefix cache (deepest first, so the LRU evicts them before
+  // their parents) and serve its re-admission if they are still there.
+  preempted_computed_ += seq->num_computed;
+  seq->recompute_until = std::max(seq->recompute_until, seq->num_computed);
   cache_.free_sequence(seq->cache_seq);
   seq->cache_seq = -1;
   seq->num_computed = 0;
@@ -99,6 +112,66 @@ void Scheduler::append(Sequence *seq, int32_t n, SchedulerOutput &out) {
   out.scheduled.push_back(s);
 }
 
+GrowthForecast Scheduler::forecast(const Sequence &seq) const {
+  GrowthForecast f;
+  f.num_tokens = seq.num_tokens();
+  if (seq.cache_seq >= 0) {
+    const std::span<const int32_t> table = cache_.block_table(seq.cache_seq);
+    f.held_pages = int32_t(table.size());
+    for (int32_t page : table) f.freed_pages += cache_.allocator().refcount(page) == 1;
+  }
+  if (seq.max_length <= 0) {  // end unknown: it keeps what it will hold after this step, forever
+    f.final_kv = f.num_tokens;
+    f.steps_left = std::numeric_limits<int32_t>::max();
+    return f;
+  }
+  int32_t final_len = seq.max_length;
+  if (!seq.exact_length) {
+    const int32_t max_out = std::max(seq.max_length - seq.prompt_len, 0);
+    final_len = seq.prompt_len + output_lengths_.estimate(seq.num_generated(), max_out);
+  }
+  // NOTE: the last token is sampled, never computed: the cache holds final_len - 1 positions.
+  f.steps_left = std::max(1, final_len - f.num_tokens);
+  f.final_kv = std::max(f.num_tokens, final_len - 1);
+  return f;
+}
+
+bool Scheduler::forecast_fits(const Sequence &candidate) const {
+  std::vector<GrowthForecast> fs;
+  fs.reserve(running_.size() + 1);
+  bool estimated = !candidate.exact_length;
+  for (const auto &[order, s] : running_) {
+    fs.push_back(forecast(*s));
+    estimated = estimated || !s->exact_length;
+  }
+  fs.push_back(forecast(candidate));
+  const int32_t num_pages = cache_.config().num_pages;
+  const int64_t used = num_pages - available_pages();
+  // NOTE: exact forecasts need no margin; estimated ones keep the watermark for their misses.
+  const int64_t limit = num_pages - (estimated ? watermark_ : 0);
+  return pagedattn::forecast_peak_pages(fs, cache_.config().page_size, used) <= limit;
+}
+
+int64_t Scheduler::forecast_peak_pages() const {
+  std::vector<GrowthForecast> fs;
+  for (const auto &[order, s] : running_) fs.push_back(forecast(*s));
+  return pagedattn::forecast_peak_pages(fs, cache_.config().page_size,
+                                        cache_.config().num_pages - available_pages());
+}
+
+Sequence *Scheduler::pick_victim(const Sequence *self,
+                                 const std::unordered_set<const Sequence *> &scheduled) {
+  Sequence *best = nullptr;
+  for (auto it = running_.rbegin(); it != running_.rend(); ++it) {  // newest first
+    Sequence *s = it->second;
+    if (s == self || scheduled.count(s)) continue;
+    if (config_.victim == VictimPolicy::newest) return s;
+    // least_work: the fewest computed tokens lost; among equals the newest (seen first).
+    if (!best || s->num_computed < best->num_computed) best = s;
+  }
+  return best;
+}
+
 // Admits the oldest waiting sequence if its first chunk fits; returns false
 // when it must wait.
 bool Scheduler::admit_one(int32_t &budget, SchedulerOutput &out) {
@@ -112,14 +185,26 @@ bool Scheduler::admit_one(int32_t &budget, SchedulerOutput &out) {
   const bool alone = out.scheduled.empty() &&
                      std::none_of(running_.begin(), running_.end(),
                                   [](const auto &r) { return r.second->num_uncomputed() > 0; });
-  const int32_t reserve = alone ? 0 : watermark_;
+  const bool lookahead = config_.admission == AdmissionPolicy::lookahead;
+  // NOTE: with the lookahead the forecast below keeps the room that the running batch will need.
+  const int32_t reserve = alone || lookahead ? 0 : watermark_;
   seq->cache_seq = cs;
-  if (cache_.pages_needed(cs, n) + reserve > available) {
+  const bool fits_now = cache_.pages_needed(cs, n) + reserve <= available;
+  if (fits_now && lookahead && !alone && !forecast_fits(*seq)) {
+    cache_.free_sequence(cs);
+    seq->cache_seq = -1;
+    ++admission_stalls_;
+    return false;
+  }
+  if (!fits_now) {
     const int32_t fit = alone ? tokens_that_fit(*seq, n, available) : 0;
     if (fit == 0) {
       cache_.free_sequence(cs);
       seq->cache_seq = -1;
-      if (!alone) return false;
+      if (!alone) {
+        ++admission_stalls_;
+        return false;
+      }
       // The whole cache cannot hold it: give up on it rather than wait forever.
       waiting_.erase(waiting_.begin());
       out.out_of_memory.push_back(seq);
@@ -129,7 +214,9 @@ bool Scheduler::admit_one(int32_t &budget, SchedulerOutput &out) {
   }
   waiting_.erase(waiting_.begin());
   seq->num_computed = reused;
-  if (config_.enable_prefix_cache) {  // with the cache off nothing is looked up
+  if (seq->recompute_until > 0) {  // a preempted sequence coming back
+    resumed_hits_ += std::min(reused, seq->recompute_until);
+  } else if (config_.enable_prefix_cache) {  // with the cache off nothing is looked up
     prefix_queried_ += seq->num_tokens();
     prefix_hits_ += reused;
   }
@@ -151,12 +238,6 @@ SchedulerOutput Scheduler::schedule() {
     (s->num_uncomputed() == 1 ? decodes : prefills).push_back(s);
   }
 
-  auto newest_victim = [&](const Sequence *self) -> Sequence * {
-    for (auto it = running_.rbegin(); it != running_.rend(); ++it)
-      if (it->second != self && !scheduled.count(it->second)) return it->second;
-    return nullptr;
-  };
-
   auto schedule_running = [&](Sequence *s, bool is_decode) {
     if (!running_.count(s->order)) return;  // preempted earlier in this step
     if (budget == 0 || int32_t(scheduled.size()) >= config_.max_num_seqs) return;
@@ -172,7 +253,7 @@ SchedulerOutput Scheduler::schedule() {
           break;
         }
       }
-      if (Sequence *victim = newest_victim(s)) {
+      if (Sequence *victim = pick_victim(s, scheduled)) {
         preempt(victim, out);
         n = want;
         continue;
@@ -206,6 +287,8 @@ SchedulerOutput Scheduler::schedule() {
 
 void Scheduler::commit(const SchedulerOutput &out) {
   for (const ScheduledSeq &s : out.scheduled) {
+    const int32_t start = s.seq->num_computed;
+    recomputed_tokens_ += std::clamp(s.seq->recompute_until - start, 0, s.num_tokens);
     s.seq->num_computed += s.num_tokens;
     cache_.commit(s.seq->cache_seq);
   }

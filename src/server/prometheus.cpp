@@ -64,6 +64,14 @@ std::string prometheus_text(const EngineMetrics& m, const std::string& model_nam
          m.prefix_hit_rate());
   metric(os, "pagedattn_num_preemptions_total", "counter", "Sequences preempted for lack of pages.",
          l, double(m.preemptions));
+  metric(os, "pagedattn_num_preemptions_by_kind_total", "counter",
+         "Preemptions by kind (recompute: pages freed, computed again at re-admission).",
+         "{" + label + ",kind=\"recompute\"}", double(m.preemptions_recompute));
+  metric(os, "pagedattn_recomputed_tokens_total", "counter",
+         "Tokens computed again after a preemption.", l, double(m.recomputed_tokens));
+  metric(os, "pagedattn_admission_stalls_total", "counter",
+         "Steps in which the oldest waiting request waited for KV pages.", l,
+         double(m.admission_stalls));
   metric(os, "pagedattn_prompt_tokens_total", "counter", "Prompt tokens received.", l,
          double(m.prompt_tokens));
   metric(os, "pagedattn_generation_tokens_total", "counter", "Tokens generated.", l,

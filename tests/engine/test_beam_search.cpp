@@ -290,6 +290,7 @@ TEST(BeamSearch, BatchedWithOtherRequestsAndUnderPreemptionGivesTheSameBeams) {
   }();
   EngineConfig cfg = config(96, 4);  // 24 pages: the greedy requests force preemptions
   cfg.watermark_pages = 0;
+  cfg.admission = AdmissionPolicy::immediate;  // on current use, so that growth preempts
   auto model = std::make_unique<FakeModel>(64);
   const FakeModel &fake = *model;
   Engine e(std::move(model), cfg);

@@ -43,8 +43,10 @@ Loaded& loaded() {
   return l;
 }
 
-std::unique_ptr<Engine> make_engine(int64_t kv_tokens, int32_t budget, bool prefix) {
+std::unique_ptr<Engine> make_engine(int64_t kv_tokens, int32_t budget, bool prefix,
+                                    AdmissionPolicy admission = AdmissionPolicy::lookahead) {
   EngineConfig c;
+  c.admission = admission;
   c.kv_cache_tokens = kv_tokens;
   c.block_size = 16;
   c.max_num_batched_tokens = budget;
@@ -140,7 +142,8 @@ TEST_F(EngineLlama, PrefixCacheAndPreemptionDoNotChangeOutput) {
   }
   constexpr int32_t kLong = 16;  // crosses at least one page boundary
   auto go = [&](int64_t kv_tokens, bool prefix, bool first_alone, EngineMetrics* m) {
-    auto e = make_engine(kv_tokens, 64, prefix);
+    // NOTE: admission on current use, so that the tight cache below really preempts.
+    auto e = make_engine(kv_tokens, 64, prefix, AdmissionPolicy::immediate);
     std::vector<RequestId> ids;
     std::map<RequestId, std::vector<int32_t>> out;
     for (size_t i = 0; i < ps.size(); ++i) {

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "../../tools/serve_bench.h"
+#include "../../tools/serve_bench_sweep.h"
 #include "../../tools/static_baseline.h"
 #include "pagedattn/error.h"
 
@@ -216,4 +217,35 @@ TEST(StaticBaseline, BatcherHoldsReservationsUntilTheBatchEnds) {
   EXPECT_THROW(b.push(9, 1001, 1.0), Error);  // larger than the whole budget
   EXPECT_EQ(b.queued(), 0u);
   EXPECT_THROW(sb::StaticBatcher(0, 8, 0.5), Error);
+}
+
+TEST(ServeBenchSweep, FourWorkloadsAtThreeBudgetsOfWorstCaseTimesConcurrency) {
+  const sb::LengthSpec prompt = sb::parse_length_spec("128", "p");
+  const auto cases = sb::make_sweep(prompt, sb::parse_length_spec("128", "o"), 4);
+  ASSERT_EQ(cases.size(), 12u);
+  const char* names[] = {"fixed", "uniform", "lognormal", "pareto"};
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const sb::SweepCase& c = cases[i];
+    EXPECT_EQ(c.workload, names[i / 3]);
+    EXPECT_EQ(c.multiple, sb::kSweepMultiples[i % 3]);
+    const int64_t worst = 128 + c.output.max_value();
+    EXPECT_EQ(c.kv_tokens, c.multiple * worst * 4);
+  }
+  EXPECT_EQ(cases[0].kv_tokens, 1024);  // fixed 128 + 128, four at once
+  EXPECT_EQ(cases[11].kv_tokens, 4 * (128 + 256) * 4);
+  // Every varied workload stays within 2F and really varies.
+  for (size_t i = 3; i < cases.size(); i += 3) {
+    std::mt19937_64 rng(3);
+    int32_t lo = 1 << 30, hi = 0;
+    for (int k = 0; k < 2000; ++k) {
+      const int32_t v = sb::sample_length(cases[i].output, rng);
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+    }
+    EXPECT_GE(lo, 1);
+    EXPECT_LE(hi, 256);
+    EXPECT_GT(hi - lo, 100) << cases[i].workload;
+  }
+  EXPECT_THROW(sb::make_sweep(prompt, sb::parse_length_spec("uniform:1:9", "o"), 4), Error);
+  EXPECT_THROW(sb::make_sweep(prompt, sb::parse_length_spec("128", "o"), 0), Error);
 }

@@ -92,6 +92,30 @@ TEST(ServeBenchRun, EveryRequestCompletesWithItsLengthInBothModes) {
   }
 }
 
+TEST(ServeBenchRun, LookaheadAdmissionNeverPreemptsAndCountsItsDecisions) {
+  // 160 tokens of KV for requests of up to 44: admission on current use preempts, the lookahead
+  // (lengths are known: the benchmark ignores EOS) does not; both complete every request.
+  const ModelFile file = tiny_model();
+  const sb::WorkloadSpec w = spec(std::numeric_limits<double>::infinity());
+  const auto work = sb::make_workload(w);
+  sb::RunConfig rc = config("paged");
+  rc.kv_budget_tokens = 96;
+  const sb::RunResult look = sb::run_serve_bench(file, work, w, rc);
+  EXPECT_EQ(look.completed, 12);
+  EXPECT_EQ(look.preemptions, 0);
+  EXPECT_EQ(look.recomputed_tokens, 0);
+  EXPECT_GT(look.admission_stalls, 0);
+  rc.admission = "immediate";
+  const sb::RunResult now = sb::run_serve_bench(file, work, w, rc);
+  EXPECT_EQ(now.completed, 12);
+  EXPECT_GT(now.preemptions, 0);
+  EXPECT_EQ(now.preemptions_recompute, now.preemptions);
+  EXPECT_GT(now.recomputed_tokens, 0);
+  EXPECT_EQ(now.recomputed_tokens, now.preempted_computed_tokens - now.resumed_prefix_hit_tokens);
+  rc.admission = "sometimes";
+  EXPECT_THROW(sb::run_serve_bench(file, work, w, rc), Error);
+}
+
 TEST(ServeBenchRun, StaticReservationsAreHeldUntilTheBatchEnds) {
   // Budget 160 with requests of 6..44 tokens: several batches. A batch's reservation changes only
   // by going to 0 (the whole batch finished) or from 0 (the next one starts): members that finish

@@ -192,8 +192,14 @@ TEST(ServeBenchHttp, ParsesPrometheusText) {
   em.pages_total = 64;
   em.kv_capacity_tokens = 1024;
   em.preemptions = 3;
+  em.preemptions_recompute = 3;
+  em.recomputed_tokens = 250;
+  em.admission_stalls = 17;
   em.steps = 41;
   const auto p = sb::parse_prometheus(prometheus_text(em, "we\"ird}name"));
+  EXPECT_EQ(p.at("pagedattn_num_preemptions_by_kind_total"), 3);  // kind="recompute"
+  EXPECT_EQ(p.at("pagedattn_recomputed_tokens_total"), 250);
+  EXPECT_EQ(p.at("pagedattn_admission_stalls_total"), 17);
   EXPECT_EQ(p.at("pagedattn_kv_pages_used"), 7);
   EXPECT_EQ(p.at("pagedattn_kv_cache_capacity_tokens"), 1024);
   EXPECT_EQ(p.at("pagedattn_num_preemptions_total"), 3);
