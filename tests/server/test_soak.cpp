@@ -107,6 +107,8 @@ class Soak : public ::testing::Test {
     ec.max_num_batched_tokens = 128;
     ec.max_num_seqs = 8;
     ec.watermark_pages = 0;
+    // NOTE: the soak exercises preemption, which the look-ahead admission avoids by design.
+    ec.admission = AdmissionPolicy::immediate;
     ec.enable_prefix_cache = true;
     ec.log_startup = false;
     engine_ = std::make_unique<AsyncEngine>(
