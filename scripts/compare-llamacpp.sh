@@ -68,14 +68,14 @@ pa_prefill() {
     --decode-steps 1 --json | python3 -c 'import json,sys
 for l in sys.stdin:
     l=l.strip()
-    if l.startswith("{"): print(json.loads(l)["prefill_tok_s"])'
+    if l.startswith("{"): print(json.loads(l)["prefill_tokens_per_s"])'
 }
 pa_decode() {  # $1: sequences
   "$PA" bench model --device cpu --model "$MODEL" --batch "$1" --prompt-len $PROMPT \
     --decode-steps $DECODE --json | python3 -c 'import json,sys
 for l in sys.stdin:
     l=l.strip()
-    if l.startswith("{"): print(json.loads(l)["decode_tok_s"])'
+    if l.startswith("{"): print(json.loads(l)["decode_tokens_per_s"])'
 }
 ll_prefill() {
   "$LB" -m "$MODEL" -t "$THREADS" -p $PROMPT -n 0 -r 1 -o json 2>/dev/null | python3 -c '
