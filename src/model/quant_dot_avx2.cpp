@@ -59,8 +59,8 @@ void q4_0_rows(const uint8_t* w, const ActRows& a, float* out) {
     const __m256i av = _mm256_sign_epi8(v, v);
     for (int r = 0; r < R; ++r) {
       const __m256i p = lanes_us(av, _mm256_sign_epi8(act(a, r, b), v));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * a.d[r * a.nb + b]),
-                               acc[r]);
+      acc[r] =
+          _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * a.d[r * a.nb + b]), acc[r]);
     }
   }
   for (int r = 0; r < R; ++r) out[r] = reduce(acc[r]);
@@ -77,8 +77,8 @@ void q4_1_rows(const uint8_t* w, const ActRows& a, float* out) {
     const __m256i v = nibbles(blk + 4);  // 0..15
     for (int r = 0; r < R; ++r) {
       const __m256i p = lanes_us(v, act(a, r, b));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * a.d[r * a.nb + b]),
-                               acc[r]);
+      acc[r] =
+          _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * a.d[r * a.nb + b]), acc[r]);
       acc_min[r] += mw * a.s[r * a.nb + b];
     }
   }
@@ -96,8 +96,8 @@ void q8_0_rows(const uint8_t* w, const ActRows& a, float* out) {
     const __m256i av = _mm256_sign_epi8(v, v);
     for (int r = 0; r < R; ++r) {
       const __m256i p = lanes_us(av, _mm256_sign_epi8(act(a, r, b), v));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * a.d[r * a.nb + b]),
-                               acc[r]);
+      acc[r] =
+          _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * a.d[r * a.nb + b]), acc[r]);
     }
   }
   for (int r = 0; r < R; ++r) out[r] = reduce(acc[r]);
@@ -121,14 +121,18 @@ void f32_rows(const float* w, const float* x, int64_t ldx, int64_t k, float* out
   }
 }
 
-#define PA_ROWS_DISPATCH(name, fn)                                                \
-  void name(const uint8_t* w, const ActRows& a, int R, float* out) {            \
-    switch (R) {                                                                 \
-      case 1: return fn<1>(w, a, out);                                          \
-      case 2: return fn<2>(w, a, out);                                          \
-      case 3: return fn<3>(w, a, out);                                          \
-      default: return fn<4>(w, a, out);                                         \
-    }                                                                            \
+#define PA_ROWS_DISPATCH(name, fn)                                   \
+  void name(const uint8_t* w, const ActRows& a, int R, float* out) { \
+    switch (R) {                                                     \
+      case 1:                                                        \
+        return fn<1>(w, a, out);                                     \
+      case 2:                                                        \
+        return fn<2>(w, a, out);                                     \
+      case 3:                                                        \
+        return fn<3>(w, a, out);                                     \
+      default:                                                       \
+        return fn<4>(w, a, out);                                     \
+    }                                                                \
   }
 PA_ROWS_DISPATCH(q4_0, q4_0_rows)
 PA_ROWS_DISPATCH(q4_1, q4_1_rows)
@@ -137,10 +141,14 @@ PA_ROWS_DISPATCH(q8_0, q8_0_rows)
 
 void f32(const float* w, const float* x, int64_t ldx, int64_t k, int R, float* out) {
   switch (R) {
-    case 1: return f32_rows<1>(w, x, ldx, k, out);
-    case 2: return f32_rows<2>(w, x, ldx, k, out);
-    case 3: return f32_rows<3>(w, x, ldx, k, out);
-    default: return f32_rows<4>(w, x, ldx, k, out);
+    case 1:
+      return f32_rows<1>(w, x, ldx, k, out);
+    case 2:
+      return f32_rows<2>(w, x, ldx, k, out);
+    case 3:
+      return f32_rows<3>(w, x, ldx, k, out);
+    default:
+      return f32_rows<4>(w, x, ldx, k, out);
   }
 }
 

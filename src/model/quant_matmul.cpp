@@ -112,12 +112,18 @@ void q6_k(const uint8_t* w, const ActRows& a, int R, float* out) {
 
 qk::QDotFn int8_kernel(GGMLType t, const qk::Kernels& k) {
   switch (t) {
-    case GGMLType::q4_0: return k.q4_0;
-    case GGMLType::q4_1: return k.q4_1;
-    case GGMLType::q8_0: return k.q8_0;
-    case GGMLType::q4_k: return q4_k;
-    case GGMLType::q6_k: return q6_k;
-    default: return nullptr;
+    case GGMLType::q4_0:
+      return k.q4_0;
+    case GGMLType::q4_1:
+      return k.q4_1;
+    case GGMLType::q8_0:
+      return k.q8_0;
+    case GGMLType::q4_k:
+      return q4_k;
+    case GGMLType::q6_k:
+      return q6_k;
+    default:
+      return nullptr;
   }
 }
 
@@ -226,8 +232,8 @@ void matmul(MatmulInput& x, std::initializer_list<MatmulOutput> outs, MatmulMode
   std::vector<Part> parts;
   int64_t tiles = 0;
   for (const MatmulOutput& o : outs) {
-    PA_CHECK(o.w->cols == x.k(), "matmul: weight has ", o.w->cols, " columns but x has k = ",
-             x.k());
+    PA_CHECK(o.w->cols == x.k(), "matmul: weight has ", o.w->cols,
+             " columns but x has k = ", x.k());
     const qk::QDotFn qfn = mode == MatmulMode::fast ? int8_kernel(o.w->type, kern) : nullptr;
     if (qfn) x.q();  // once, before the tiles share it
     parts.push_back({o.w, o.y, qfn, tiles});

@@ -79,7 +79,8 @@ Rows alone(const Runner& s, const ModelConfig& c, const std::vector<int32_t>& pr
   KvCache cache(cache_config(c, 64, s.page_size, false));
   const SeqId q = cache.create_sequence();
   Rows rows = step(*s.model, cache, {q}, {prompt});
-  for (int i = 0; i < steps; ++i) rows.push_back(step(*s.model, cache, {q}, {{argmax(rows.back())}})[0]);
+  for (int i = 0; i < steps; ++i)
+    rows.push_back(step(*s.model, cache, {q}, {{argmax(rows.back())}})[0]);
   return rows;
 }
 
@@ -122,7 +123,8 @@ Rows batched(const Runner& s, const ModelConfig& c, const std::vector<int32_t>& 
 
 // Preempted after `steps / 2` decode steps: pages freed, prompt and generated tokens recomputed in
 // one prefill, then decoding goes on.
-Rows preempted(const Runner& s, const ModelConfig& c, const std::vector<int32_t>& prompt, int steps) {
+Rows preempted(const Runner& s, const ModelConfig& c, const std::vector<int32_t>& prompt,
+               int steps) {
   KvCache cache(cache_config(c, 64, s.page_size, false));
   SeqId q = cache.create_sequence();
   std::vector<int32_t> tokens = prompt;
@@ -152,11 +154,13 @@ Rows prefix_hit(const Runner& s, const ModelConfig& c, const std::vector<int32_t
   *reused = cache.attach_prefix(q, prompt);
   const std::vector<int32_t> rest(prompt.begin() + *reused, prompt.end());
   Rows rows = step(*s.model, cache, {q}, {rest});
-  for (int i = 0; i < steps; ++i) rows.push_back(step(*s.model, cache, {q}, {{argmax(rows.back())}})[0]);
+  for (int i = 0; i < steps; ++i)
+    rows.push_back(step(*s.model, cache, {q}, {{argmax(rows.back())}})[0]);
   return rows;
 }
 
-void check_all(const Runner& s, const ModelConfig& c, const std::vector<int32_t>& prompt, int steps) {
+void check_all(const Runner& s, const ModelConfig& c, const std::vector<int32_t>& prompt,
+               int steps) {
   const Rows want = alone(s, c, prompt, steps);
   expect_bit_equal(want, batched(s, c, prompt, steps), "batched");
   expect_bit_equal(want, preempted(s, c, prompt, steps), "after preemption");

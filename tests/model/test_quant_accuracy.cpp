@@ -23,8 +23,8 @@ std::string default_model_path() {
   return (root / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").string();
 }
 
-#define SKIP_WITHOUT_DEFAULT_MODEL()                                      \
-  if (!std::filesystem::exists(default_model_path()))                     \
+#define SKIP_WITHOUT_DEFAULT_MODEL()                  \
+  if (!std::filesystem::exists(default_model_path())) \
   GTEST_SKIP() << default_model_path() << " is absent (scripts/fetch-default-model.sh)"
 
 KvCacheConfig cache_config(const ModelConfig& c, int32_t pages) {

@@ -45,11 +45,21 @@ RandomWeight random_weight(GGMLType t, int64_t rows, int64_t cols, uint64_t seed
     uint8_t* blk = w.bytes.data() + b * bb;
     switch (t) {
       case GGMLType::q4_0:
-      case GGMLType::q8_0: put_f16(blk, u(g)); break;
-      case GGMLType::q4_1: put_f16(blk, u(g)), put_f16(blk + 2, -8 * u(g)); break;
-      case GGMLType::q4_k: put_f16(blk, u(g) / 8), put_f16(blk + 2, u(g) / 8); break;
-      case GGMLType::q6_k: put_f16(blk + 208, u(g) / 16); break;
-      case GGMLType::f16: put_f16(blk, sym(g)); break;
+      case GGMLType::q8_0:
+        put_f16(blk, u(g));
+        break;
+      case GGMLType::q4_1:
+        put_f16(blk, u(g)), put_f16(blk + 2, -8 * u(g));
+        break;
+      case GGMLType::q4_k:
+        put_f16(blk, u(g) / 8), put_f16(blk + 2, u(g) / 8);
+        break;
+      case GGMLType::q6_k:
+        put_f16(blk + 208, u(g) / 16);
+        break;
+      case GGMLType::f16:
+        put_f16(blk, sym(g));
+        break;
       case GGMLType::bf16: {
         const uint16_t h = f32_to_bf16(sym(g));
         std::memcpy(blk, &h, 2);
@@ -109,7 +119,8 @@ TEST_P(QuantMatmul, MatchesDoublePrecisionOracle) {
       for (int64_t c = 0; c < n; ++c) {
         double want = 0, mag = 0;
         for (int64_t i = 0; i < k; ++i) {
-          const double xv = int8 ? double(in.d()[r * k / 32 + i / 32]) * q[r * k + i] : x[r * k + i];
+          const double xv =
+              int8 ? double(in.d()[r * k / 32 + i / 32]) * q[r * k + i] : x[r * k + i];
           want += double(wf[c * k + i]) * xv;
           mag += std::abs(double(wf[c * k + i]) * xv);
         }
