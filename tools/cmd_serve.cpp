@@ -65,8 +65,10 @@ void run_serve(ServeArgs a) {
 
   std::unique_ptr<Model> model;
   {
-    const ModelFile file = load_model_file(a.model);
-    model = create_model(file, pick_device(a.device));
+    const Device device = pick_device(a.device);
+    const ModelFile file =
+        load_model_file(a.model, device == Device::cpu ? WeightFormat::file : WeightFormat::f32);
+    model = create_model(file, device);
   }
   auto tok = std::make_shared<Tokenizer>(load_tokenizer(a.model));
   a.engine.enable_prefix_cache = !a.no_prefix_cache;
@@ -120,6 +122,8 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--kv-cache-dtype", a->engine.kv_cache_dtype, "auto | f32 | f16 | bf16 | fp8")
       ->capture_default_str();
   cmd->add_flag("--no-prefix-cache", a->no_prefix_cache, "Disable prefix caching");
+  cmd->add_flag("--exact-matmul", a->engine.exact_matmul,
+                "CPU: f32 activations against the dequantised weights (slower; no int8 rounding)");
   cmd->add_option("--max-num-batched-tokens", a->engine.max_num_batched_tokens,
                   "Token budget per step")
       ->capture_default_str();

@@ -22,7 +22,9 @@ std::unique_ptr<Model> load_model(const std::string& model, Device device) {
   if (is_synthetic_model(model)) return create_synthetic_model(model, device);
   PA_CHECK(std::filesystem::exists(model), "--model: '", model,
            "' does not exist (fetch the default model with scripts/fetch-default-model.sh)");
-  const ModelFile file = load_model_file(model);
+  // The CPU runner reads the file's matrices in place (memory-mapped); CUDA uploads f32 as bf16.
+  const ModelFile file =
+      load_model_file(model, device == Device::cpu ? WeightFormat::file : WeightFormat::f32);
   return create_model(file, device);  // the runner keeps the weights it needs, not the file
 }
 
@@ -44,6 +46,9 @@ void add_session_options(CLI::App& cmd, SessionOptions& opt) {
                  "auto (the compute dtype), fp8 (e4m3, calibrated scales), f32, f16 or bf16")
       ->check(CLI::IsMember({"auto", "fp8", "f32", "f16", "bf16"}))
       ->capture_default_str();
+  cmd.add_flag("--exact-matmul", opt.exact_matmul,
+               "CPU: f32 activations against the dequantised weights instead of int8 activation "
+               "blocks (slower; no activation rounding)");
 }
 
 namespace {
@@ -65,6 +70,7 @@ ModelSession::ModelSession(const SessionOptions& opt) : opt_(opt) {
            "ModelSession: page_size, kv_tokens and prefill_chunk must be positive");
   const auto t0 = std::chrono::steady_clock::now();
   model_ = load_model(opt.model, resolve_device(opt.device));
+  model_->set_exact_matmul(opt.exact_matmul);
   if (expects_tokenizer(opt.model)) tokenizer_ = load_tokenizer(opt.model);
   const ModelConfig& c = model_->config();
 

@@ -28,9 +28,10 @@ struct SessionOptions {
   int32_t page_size = 16;
   int32_t prefill_chunk = 2048;  // most prompt tokens per forward step (the engine's default)
   bool quiet = false;            // no load summary on stderr
+  bool exact_matmul = false;     // CPU: f32 activations against the dequantised weights
 };
 
-// Adds --model, --device and --kv-cache-dtype to a command.
+// Adds --model, --device, --kv-cache-dtype and --exact-matmul to a command.
 void add_session_options(CLI::App& cmd, SessionOptions& opt);
 // --device: cpu, cuda, or auto (cuda when a CUDA device is usable, else cpu).
 Device resolve_device(const std::string& name);

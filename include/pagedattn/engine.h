@@ -94,6 +94,9 @@ struct EngineConfig {
   VictimPolicy victim = VictimPolicy::least_work;
   int32_t max_model_len = 0;  // 0: the model's max_position_embeddings
   bool log_startup = true;    // print the cache's capacity to stderr
+  // CPU: f32 activations against the dequantised weights (Model::set_exact_matmul) instead of
+  // int8 activation blocks.
+  bool exact_matmul = false;
 
   static constexpr double kDefaultKvMiB = 512;
 };

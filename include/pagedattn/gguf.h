@@ -97,6 +97,8 @@ class GGUFFile {
   const GGUFTensorInfo* find_tensor(const std::string& name) const;
   // The tensor's raw bytes inside the mapping: [info.nbytes].
   const uint8_t* tensor_data(const GGUFTensorInfo& info) const;
+  // The same bytes, kept alive by the returned pointer (it shares the mapping).
+  std::shared_ptr<const uint8_t> tensor_bytes(const GGUFTensorInfo& info) const;
   // Dequantises a tensor to an f32 CPU tensor of shape info.shape().
   Tensor load_f32(const GGUFTensorInfo& info) const;
 
@@ -116,6 +118,7 @@ class GGUFFile {
 
 // Maps a GGUF file to ModelConfig and Hugging Face tensor names (used by load_model_file).
 struct ModelFile;
-ModelFile load_gguf_model(const std::string& path);
+enum class WeightFormat;  // model_file.h; WeightFormat{} is f32
+ModelFile load_gguf_model(const std::string& path, WeightFormat format = WeightFormat{});
 
 }  // namespace pagedattn

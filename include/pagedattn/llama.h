@@ -1,6 +1,11 @@
 // LlamaModel: the Llama-family forward pass (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3) on the CPU
 // in fp32, reading and writing K/V through the paged cache.
 //
+// Matrices are read in the file's format (ModelFile::weights, or f32 tensors): products quantise
+// the activations per block to int8 for the block formats, or, with set_exact_matmul(true), use
+// f32 activations against the dequantised weights. Either way every output element is reduced in
+// an order fixed by the shapes alone, so a sequence's logits do not depend on its batch.
+//
 // Per layer, over the batch's packed tokens x [num_tokens, hidden]:
 //   h = rms_norm(x) * input_layernorm
 //   q, k, v = h Wq^T (+bq), h Wk^T (+bk), h Wv^T (+bv)        (bias: Qwen2)
@@ -17,6 +22,7 @@
 #include <vector>
 
 #include "pagedattn/model.h"
+#include "pagedattn/weight_view.h"
 
 namespace pagedattn {
 
@@ -31,31 +37,35 @@ class LlamaModel : public Model {
   Device device() const override { return Device::cpu; }
   Tensor forward(const ForwardBatch& batch, KvCache& cache) override;
   KvAbsMax kv_absmax(const std::vector<int32_t>& tokens) override;
+  void set_exact_matmul(bool exact) override { exact_matmul_ = exact; }
+  bool exact_matmul() const { return exact_matmul_; }
 
   // Checks a batch against the cache and this model without touching either (forward calls it
   // first, so a rejected batch changes nothing).
   void validate(const ForwardBatch& batch, const KvCache& cache) const;
 
  private:
+  using W = cpu::WeightView;
   struct Layer {
     const float* attn_norm;  // [hidden]
-    const float* wq;         // [num_q_heads * head_dim, hidden]
-    const float* wk;         // [num_kv_heads * head_dim, hidden]
-    const float* wv;         // [num_kv_heads * head_dim, hidden]
+    W wq;                    // [num_q_heads * head_dim, hidden]
+    W wk;                    // [num_kv_heads * head_dim, hidden]
+    W wv;                    // [num_kv_heads * head_dim, hidden]
     const float* bq;         // [num_q_heads * head_dim] or null
     const float* bk;         // [num_kv_heads * head_dim] or null
     const float* bv;         // [num_kv_heads * head_dim] or null
     const float* q_norm;     // [head_dim] or null
     const float* k_norm;     // [head_dim] or null
-    const float* wo;         // [hidden, num_q_heads * head_dim]
+    W wo;                    // [hidden, num_q_heads * head_dim]
     const float* mlp_norm;   // [hidden]
-    const float* w_gate;     // [intermediate, hidden]
-    const float* w_up;       // [intermediate, hidden]
-    const float* w_down;     // [hidden, intermediate]
+    W w_gate;                // [intermediate, hidden]
+    W w_up;                  // [intermediate, hidden]
+    W w_down;                // [hidden, intermediate]
   };
   // Per-step scratch, grown on demand and reused across steps.
   struct Workspace {
     std::vector<float> x, h, q, k, v, attn, gate, up;
+    cpu::MatmulInput in;  // the activations of the current products
     std::vector<float> rope_cos, rope_sin;  // [num_tokens, head_dim / 2]
     std::vector<int32_t> kv_len, block_table;
   };
@@ -66,11 +76,13 @@ class LlamaModel : public Model {
   void observe_kv(int32_t layer, int32_t num_tokens);
 
   ModelConfig config_;
-  std::map<std::string, Tensor> tensors_;  // keeps the weights alive
+  std::map<std::string, Tensor> tensors_;      // keeps the f32 tensors alive
+  std::map<std::string, FileWeight> weights_;  // keeps the file-format matrices alive
   std::vector<Layer> layers_;
-  const float* embed_ = nullptr;       // [vocab, hidden]
+  W embed_;                            // [vocab, hidden]
   const float* final_norm_ = nullptr;  // [hidden]
-  const float* lm_head_ = nullptr;     // [vocab, hidden] (embed_ when tied)
+  W lm_head_;                          // [vocab, hidden] (embed_ when tied)
+  bool exact_matmul_ = false;
   std::vector<double> inv_freq_;       // [head_dim / 2], RoPE frequencies after scaling
   Workspace ws_;
   KvAbsMax* absmax_ = nullptr;  // set during kv_absmax only

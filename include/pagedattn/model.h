@@ -44,6 +44,9 @@ class Model {
     std::vector<float> k, v;
   };
   virtual KvAbsMax kv_absmax(const std::vector<int32_t>& tokens);
+  // CPU: f32 activations against the dequantised weights instead of int8 activation blocks
+  // (slower, no activation rounding). Runners without that choice ignore it.
+  virtual void set_exact_matmul(bool) {}
 };
 
 // Reserves slots for each sequence's new tokens (KvCache::append_slots) and builds the step's

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -47,15 +48,33 @@ struct ModelConfig {
 //   model.layers.{i}.self_attn.{q,k,v,o}_proj.weight  [out, in]   (+ .bias for q/k/v with attention_bias)
 //   model.layers.{i}.self_attn.{q,k}_norm.weight [head_dim]       (qk_norm)
 //   model.layers.{i}.mlp.{gate,up,down}_proj.weight  [out, in]
+//
+// With WeightFormat::file, the matrices of a GGUF file (projections, embeddings, lm_head) stay in
+// their file's format in `weights` instead (memory-mapped; q/k rows reordered into a copy), and
+// only the vectors (norms, biases) are in `tensors`.
+struct FileWeight {
+  uint32_t ggml_type = 0;               // GGMLType of the blocks (gguf.h)
+  std::vector<int64_t> shape;           // [rows, cols], cols a multiple of the block size
+  int64_t row_bytes = 0;                // bytes of one row of blocks
+  std::shared_ptr<const uint8_t> data;  // [rows * row_bytes], shares the mapping or a copy
+};
+
 struct ModelFile {
   std::string path;
   ModelConfig config;
   std::map<std::string, Tensor> tensors;
+  std::map<std::string, FileWeight> weights;  // WeightFormat::file only
 };
+
+// How load_model_file keeps a GGUF file's matrices: dequantised to f32 (every runner reads these),
+// or in the file's own blocks (the CPU runner reads them in place).
+enum class WeightFormat { f32, file };
 
 // Loads a .gguf file or a Hugging Face folder (config.json + *.safetensors). Throws Error naming
 // the file and the tensor or key at fault.
-ModelFile load_model_file(const std::string& path);
+ModelFile load_model_file(const std::string& path, WeightFormat format = WeightFormat::f32);
+// The file with every entry of `weights` dequantised to an f32 tensor (for runners that need f32).
+ModelFile with_f32_weights(const ModelFile& file);
 
 // The parts, for tools and tests.
 // Every tensor of one .safetensors file (F32, F16, BF16), converted to f32, by its stored name.

@@ -61,6 +61,7 @@ Engine::Engine(std::unique_ptr<Model> model, const EngineConfig& config, DecodeF
       decode_(std::move(decode)),
       counters_(std::make_unique<Counters>()) {
   PA_CHECK(model_ != nullptr, "Engine: model is null");
+  model_->set_exact_matmul(config.exact_matmul);
   const ModelConfig& mc = model_->config();
   DType dtype = resolve_kv_dtype(config.kv_cache_dtype);
   if (config.kv_cache_dtype == "auto" && model_->device() == Device::cuda) dtype = DType::bf16;

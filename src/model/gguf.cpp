@@ -387,6 +387,10 @@ const uint8_t* GGUFFile::tensor_data(const GGUFTensorInfo& info) const {
   return base_.get() + data_offset_ + info.offset;
 }
 
+std::shared_ptr<const uint8_t> GGUFFile::tensor_bytes(const GGUFTensorInfo& info) const {
+  return std::shared_ptr<const uint8_t>(base_, tensor_data(info));
+}
+
 Tensor GGUFFile::load_f32(const GGUFTensorInfo& info) const {
   PA_CHECK(ggml_type_supported(info.type), "gguf: ", path_, ": tensor '", info.name,
            "': unsupported type ", ggml_type_name(info.type),

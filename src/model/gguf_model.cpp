@@ -2,6 +2,7 @@
 // Face names, and its q/k row permutation undone for llama-arch files.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "pagedattn/error.h"
 #include "pagedattn/gguf.h"
@@ -104,7 +105,25 @@ RopeScaling fit_llama3_scaling(const Tensor& freqs, const ModelConfig& c, const 
 
 }  // namespace
 
-ModelFile load_gguf_model(const std::string& path) {
+// The rows of a matrix kept in its file's blocks, q/k heads reordered like unpermute_rows (a row
+// is a whole number of blocks, so rows move as bytes), into a copy.
+FileWeight unpermute_file_rows(const FileWeight& w, int32_t n_heads, const std::string& file,
+                               const std::string& name) {
+  PA_CHECK(n_heads > 0 && w.shape[0] % (2 * int64_t(n_heads)) == 0, "load_model_file: ", file,
+           ": tensor '", name, "' does not split into ", n_heads, " heads of even size");
+  const int64_t head_dim = w.shape[0] / n_heads, half = head_dim / 2, rb = w.row_bytes;
+  std::shared_ptr<uint8_t[]> out(new uint8_t[size_t(w.shape[0] * rb)]);
+  for (int64_t h = 0; h < n_heads; ++h)
+    for (int64_t i = 0; i < 2; ++i)
+      for (int64_t j = 0; j < half; ++j)
+        std::memcpy(out.get() + (h * head_dim + i * half + j) * rb,
+                    w.data.get() + (h * head_dim + 2 * j + i) * rb, size_t(rb));
+  FileWeight r = w;
+  r.data = std::shared_ptr<const uint8_t>(out, out.get());
+  return r;
+}
+
+ModelFile load_gguf_model(const std::string& path, WeightFormat format) {
   const GGUFFile g = GGUFFile::open(path);
   ModelFile mf;
   mf.path = path;
@@ -171,15 +190,35 @@ ModelFile load_gguf_model(const std::string& path) {
   for (const GGUFTensorInfo& ti : g.tensors()) {
     const std::string name = hf_name(ti.name);
     if (name.empty()) continue;
+    if (format == WeightFormat::file && ti.ne.size() == 2) {
+      PA_CHECK(ggml_type_supported(ti.type), "load_model_file: ", path, ": tensor '", ti.name,
+               "': unsupported type ", ggml_type_name(ti.type));
+      FileWeight w;
+      w.ggml_type = ti.type;
+      w.shape = ti.shape();
+      w.row_bytes = ti.ne[0] / ggml_block_size(GGMLType(ti.type)) * ggml_block_bytes(GGMLType(ti.type));
+      w.data = g.tensor_bytes(ti);
+      if (permuted && ti.name.ends_with(".attn_q.weight"))
+        w = unpermute_file_rows(w, c.num_q_heads, path, ti.name);
+      if (permuted && ti.name.ends_with(".attn_k.weight"))
+        w = unpermute_file_rows(w, c.num_kv_heads, path, ti.name);
+      mf.weights.emplace(name, std::move(w));
+      continue;
+    }
     Tensor t = g.load_f32(ti);
     if (permuted && ti.name.ends_with(".attn_q.weight")) unpermute_rows(t, c.num_q_heads, path, ti.name);
     if (permuted && ti.name.ends_with(".attn_k.weight")) unpermute_rows(t, c.num_kv_heads, path, ti.name);
     mf.tensors.emplace(name, std::move(t));
   }
-  c.tie_word_embeddings = !mf.tensors.count("lm_head.weight");
-  auto emb = mf.tensors.find("model.embed_tokens.weight");
-  PA_CHECK(emb != mf.tensors.end(), "load_model_file: ", path, ": missing tensor 'token_embd.weight'");
-  c.vocab_size = positive(p + "vocab_size", g.get_int(p + "vocab_size", emb->second.dim(0)));
+  c.tie_word_embeddings = !mf.tensors.count("lm_head.weight") && !mf.weights.count("lm_head.weight");
+  int64_t vocab = 0;
+  if (auto e = mf.tensors.find("model.embed_tokens.weight"); e != mf.tensors.end())
+    vocab = e->second.dim(0);
+  else if (auto w = mf.weights.find("model.embed_tokens.weight"); w != mf.weights.end())
+    vocab = w->second.shape[0];
+  else
+    fail("load_model_file: ", path, ": missing tensor 'token_embd.weight'");
+  c.vocab_size = positive(p + "vocab_size", g.get_int(p + "vocab_size", vocab));
   if (const GGUFTensorInfo* rf = g.find_tensor("rope_freqs.weight"))
     c.rope_scaling = fit_llama3_scaling(g.load_f32(*rf), c, path);
   return mf;

@@ -1,9 +1,11 @@
-// LlamaModel on the CPU: weights by Hugging Face name, fp32 forward over the paged KV cache.
+// LlamaModel on the CPU: weights by Hugging Face name, in their file's format; fp32 activations over
+// the paged KV cache.
 #include <algorithm>
 #include <cstring>
 #include <unordered_set>
 
 #include "cpu_ops.h"
+#include "quant_matmul.h"
 #include "pagedattn/attention.h"
 #include "pagedattn/error.h"
 #include "pagedattn/llama.h"
@@ -41,6 +43,35 @@ const float* weight(const std::map<std::string, Tensor>& tensors, const std::str
   return t.data_as<float>();
 }
 
+// The matrix `name` of exactly `shape`: in the file's format when the file keeps it so, else the f32
+// tensor read in place.
+cpu::WeightView matrix(const std::map<std::string, Tensor>& tensors,
+                       const std::map<std::string, FileWeight>& weights, const std::string& name,
+                       const std::vector<int64_t>& shape) {
+  cpu::WeightView v;
+  v.rows = shape[0];
+  v.cols = shape[1];
+  if (auto it = weights.find(name); it != weights.end()) {
+    const FileWeight& w = it->second;
+    PA_CHECK(w.shape == shape, kOp, ": tensor ", name, " has shape ", shape_text(w.shape),
+             ", expected ", shape_text(shape));
+    PA_CHECK(ggml_type_supported(w.ggml_type), kOp, ": tensor ", name, " has unsupported type ",
+             ggml_type_name(w.ggml_type));
+    v.type = GGMLType(w.ggml_type);
+    PA_CHECK(w.row_bytes == v.cols / ggml_block_size(v.type) * ggml_block_bytes(v.type) &&
+                 v.cols % ggml_block_size(v.type) == 0,
+             kOp, ": tensor ", name, " has rows of ", w.row_bytes, " bytes, not whole ",
+             ggml_type_name(w.ggml_type), " blocks of ", v.cols, " values");
+    v.row_bytes = w.row_bytes;
+    v.data = w.data.get();
+    return v;
+  }
+  v.type = GGMLType::f32;
+  v.row_bytes = v.cols * int64_t(sizeof(float));
+  v.data = reinterpret_cast<const uint8_t*>(weight(tensors, name, shape));
+  return v;
+}
+
 }  // namespace
 
 void check_llama_config(ModelConfig& c, const char* op) {
@@ -61,25 +92,29 @@ void check_llama_config(ModelConfig& c, const char* op) {
   PA_CHECK(c.sliding_window >= 0, op, ": sliding_window must be >= 0");
 }
 
-LlamaModel::LlamaModel(const ModelFile& file) : config_(file.config), tensors_(file.tensors) {
+LlamaModel::LlamaModel(const ModelFile& file)
+    : config_(file.config), tensors_(file.tensors), weights_(file.weights) {
   ModelConfig& c = config_;
   check_llama_config(c, kOp);
   inv_freq_ = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling);
 
   const int64_t hidden = c.hidden_size, inter = c.intermediate_size, d = c.head_dim;
   const int64_t q_dim = int64_t(c.num_q_heads) * d, kv_dim = int64_t(c.num_kv_heads) * d;
-  embed_ = weight(tensors_, "model.embed_tokens.weight", {c.vocab_size, hidden});
+  auto mat = [&](const std::string& name, const std::vector<int64_t>& shape) {
+    return matrix(tensors_, weights_, name, shape);
+  };
+  embed_ = mat("model.embed_tokens.weight", {c.vocab_size, hidden});
   final_norm_ = weight(tensors_, "model.norm.weight", {hidden});
-  lm_head_ = tensors_.count("lm_head.weight")
-                 ? weight(tensors_, "lm_head.weight", {c.vocab_size, hidden})
+  lm_head_ = tensors_.count("lm_head.weight") || weights_.count("lm_head.weight")
+                 ? mat("lm_head.weight", {c.vocab_size, hidden})
                  : embed_;
   for (int32_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     Layer L{};
     L.attn_norm = weight(tensors_, p + "input_layernorm.weight", {hidden});
-    L.wq = weight(tensors_, p + "self_attn.q_proj.weight", {q_dim, hidden});
-    L.wk = weight(tensors_, p + "self_attn.k_proj.weight", {kv_dim, hidden});
-    L.wv = weight(tensors_, p + "self_attn.v_proj.weight", {kv_dim, hidden});
+    L.wq = mat(p + "self_attn.q_proj.weight", {q_dim, hidden});
+    L.wk = mat(p + "self_attn.k_proj.weight", {kv_dim, hidden});
+    L.wv = mat(p + "self_attn.v_proj.weight", {kv_dim, hidden});
     if (c.attention_bias) {
       L.bq = weight(tensors_, p + "self_attn.q_proj.bias", {q_dim});
       L.bk = weight(tensors_, p + "self_attn.k_proj.bias", {kv_dim});
@@ -89,11 +124,11 @@ LlamaModel::LlamaModel(const ModelFile& file) : config_(file.config), tensors_(f
       L.q_norm = weight(tensors_, p + "self_attn.q_norm.weight", {d});
       L.k_norm = weight(tensors_, p + "self_attn.k_norm.weight", {d});
     }
-    L.wo = weight(tensors_, p + "self_attn.o_proj.weight", {hidden, q_dim});
+    L.wo = mat(p + "self_attn.o_proj.weight", {hidden, q_dim});
     L.mlp_norm = weight(tensors_, p + "post_attention_layernorm.weight", {hidden});
-    L.w_gate = weight(tensors_, p + "mlp.gate_proj.weight", {inter, hidden});
-    L.w_up = weight(tensors_, p + "mlp.up_proj.weight", {inter, hidden});
-    L.w_down = weight(tensors_, p + "mlp.down_proj.weight", {hidden, inter});
+    L.w_gate = mat(p + "mlp.gate_proj.weight", {inter, hidden});
+    L.w_up = mat(p + "mlp.up_proj.weight", {inter, hidden});
+    L.w_down = mat(p + "mlp.down_proj.weight", {hidden, inter});
     layers_.push_back(L);
   }
 }
@@ -187,10 +222,8 @@ Tensor LlamaModel::forward(const ForwardBatch& batch, KvCache& cache) {
               ws_.rope_sin.data());
 
   ws_.x.resize(size_t(num_tokens) * size_t(hidden));
-  for (int32_t t = 0; t < num_tokens; ++t) {
-    std::memcpy(ws_.x.data() + t * hidden, embed_ + int64_t(batch.tokens[size_t(t)]) * hidden,
-                size_t(hidden) * sizeof(float));
-  }
+  for (int32_t t = 0; t < num_tokens; ++t)
+    cpu::weight_row(embed_, batch.tokens[size_t(t)], ws_.x.data() + t * hidden);
   for (int32_t i = 0; i < c.num_layers; ++i) {
     run_layer(layers_[size_t(i)], i, num_tokens, layout, batch.slots.data(), cache);
   }
@@ -202,7 +235,9 @@ Tensor LlamaModel::forward(const ForwardBatch& batch, KvCache& cache) {
     cpu::rms_norm(ws_.x.data() + int64_t(batch.logit_rows[size_t(r)]) * hidden, final_norm_, 1,
                   hidden, c.rms_norm_eps, ws_.h.data() + r * hidden);
   }
-  cpu::matmul_wt(ws_.h.data(), rows, hidden, lm_head_, c.vocab_size, logits.data_as<float>());
+  ws_.in.set(ws_.h.data(), rows, hidden);
+  cpu::matmul(ws_.in, lm_head_, logits.data_as<float>(),
+              exact_matmul_ ? cpu::MatmulMode::exact : cpu::MatmulMode::fast);
   return logits;
 }
 
@@ -223,10 +258,11 @@ void LlamaModel::run_layer(const Layer& w, int32_t layer, int32_t num_tokens,
         *v = ws_.v.data(), *attn = ws_.attn.data();
 
   // Attention block.
+  const cpu::MatmulMode mode = exact_matmul_ ? cpu::MatmulMode::exact : cpu::MatmulMode::fast;
+  cpu::MatmulInput& in = ws_.in;
   cpu::rms_norm(x, w.attn_norm, T, hidden, c.rms_norm_eps, h);
-  cpu::matmul_wt(h, T, hidden, w.wq, q_dim, q);
-  cpu::matmul_wt(h, T, hidden, w.wk, kv_dim, k);
-  cpu::matmul_wt(h, T, hidden, w.wv, kv_dim, v);
+  in.set(h, T, hidden);
+  cpu::matmul(in, {{&w.wq, q}, {&w.wk, k}, {&w.wv, v}}, mode);
   if (w.bq) {
     cpu::add_bias(q, w.bq, T, q_dim);
     cpu::add_bias(k, w.bk, T, kv_dim);
@@ -247,15 +283,17 @@ void LlamaModel::run_layer(const Layer& w, int32_t layer, int32_t num_tokens,
   AttentionOptions opt;
   opt.window = c.sliding_window;
   paged_attention_cpu(q_t, view, layout, opt, out_t);
-  cpu::matmul_wt(attn, T, q_dim, w.wo, hidden, h);
+  in.set(attn, T, q_dim);
+  cpu::matmul(in, w.wo, h, mode);
   cpu::add_inplace(x, h, T * hidden);
 
   // MLP block.
   cpu::rms_norm(x, w.mlp_norm, T, hidden, c.rms_norm_eps, h);
-  cpu::matmul_wt(h, T, hidden, w.w_gate, inter, ws_.gate.data());
-  cpu::matmul_wt(h, T, hidden, w.w_up, inter, ws_.up.data());
+  in.set(h, T, hidden);
+  cpu::matmul(in, {{&w.w_gate, ws_.gate.data()}, {&w.w_up, ws_.up.data()}}, mode);
   cpu::silu_mul(ws_.gate.data(), ws_.up.data(), T * inter);
-  cpu::matmul_wt(ws_.gate.data(), T, inter, w.w_down, hidden, h);
+  in.set(ws_.gate.data(), T, inter);
+  cpu::matmul(in, w.w_down, h, mode);
   cpu::add_inplace(x, h, T * hidden);
 }
 
@@ -268,6 +306,9 @@ std::unique_ptr<Model> create_model(const ModelFile& file, Device device) {
     PA_CHECK(cuda_device_count() > 0,
              "create_model: device cuda has no usable CUDA device (none found, or pagedattn was "
              "built without CUDA); use cpu");
+    // NOTE: the CUDA runner uploads f32 host tensors (as bf16); file-format matrices are
+    // dequantised for it here.
+    if (!file.weights.empty()) return std::make_unique<LlamaModelCuda>(with_f32_weights(file));
     return std::make_unique<LlamaModelCuda>(file);
   }
   return std::make_unique<LlamaModel>(file);

@@ -81,6 +81,12 @@ std::string architecture_of(const json& j, const std::string& file) {
 }
 
 void expect_shape(const ModelFile& mf, const std::string& name, std::vector<int64_t> shape) {
+  if (auto w = mf.weights.find(name); w != mf.weights.end()) {
+    PA_CHECK(w->second.shape == shape, "load_model_file: ", mf.path, ": tensor '", name,
+             "' has shape ", Tensor::empty(w->second.shape, DType::f32).shape_str(),
+             ", the config needs ", Tensor::empty(shape, DType::f32).shape_str());
+    return;
+  }
   auto it = mf.tensors.find(name);
   PA_CHECK(it != mf.tensors.end(), "load_model_file: ", mf.path, ": missing tensor '", name, "'");
   PA_CHECK(it->second.shape() == shape, "load_model_file: ", mf.path, ": tensor '", name,
@@ -203,6 +209,8 @@ void check_model_tensors(ModelFile& mf) {
   }
   for (auto it = mf.tensors.begin(); it != mf.tensors.end();)
     it = used.count(it->first) ? std::next(it) : mf.tensors.erase(it);
+  for (auto it = mf.weights.begin(); it != mf.weights.end();)
+    it = used.count(it->first) ? std::next(it) : mf.weights.erase(it);
 }
 
 namespace {
@@ -252,11 +260,27 @@ ModelFile load_hf_folder(const fs::path& dir) {
 
 }  // namespace
 
-ModelFile load_model_file(const std::string& path) {
+ModelFile load_model_file(const std::string& path, WeightFormat format) {
   PA_CHECK(fs::exists(path), "load_model_file: ", path, " does not exist");
-  ModelFile mf = fs::is_directory(path) ? load_hf_folder(path) : load_gguf_model(path);
+  ModelFile mf = fs::is_directory(path) ? load_hf_folder(path) : load_gguf_model(path, format);
   check_model_tensors(mf);
   return mf;
+}
+
+ModelFile with_f32_weights(const ModelFile& file) {
+  ModelFile out;
+  out.path = file.path;
+  out.config = file.config;
+  out.tensors = file.tensors;
+  for (const auto& [name, w] : file.weights) {
+    Tensor t = Tensor::empty(w.shape, DType::f32);
+    const int64_t rows = w.shape[0], cols = w.shape[1];
+    for (int64_t r = 0; r < rows; ++r)
+      dequantize_row(GGMLType(w.ggml_type), w.data.get() + r * w.row_bytes,
+                     t.data_as<float>() + r * cols, cols);
+    out.tensors.emplace(name, std::move(t));
+  }
+  return out;
 }
 
 }  // namespace pagedattn

@@ -1,0 +1,254 @@
+// y = x w^T over weights in their file's format: activation blocks, kernel choice, tiling over the
+// weight rows, and the K-quant and exact paths (quant_matmul.h).
+#include "quant_matmul.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "pagedattn/dtype.h"
+#include "pagedattn/error.h"
+#include "pagedattn/thread_pool.h"
+#include "quant_kernels.h"
+
+namespace pagedattn::cpu {
+
+namespace {
+
+using qk::ActRows;
+using qk::kBlock;
+using qk::kMaxRows;
+
+std::atomic<int> g_force_generic{-1};  // -1: not set (environment / CPU decide)
+
+const qk::Kernels& kernels() {
+  static const qk::Kernels* best = [] {
+    const char* env = std::getenv("PAGEDATTN_CPU_ISA");
+    if (env && std::string(env) == "generic") return &qk::generic_kernels();
+#if defined(__GNUC__) && defined(__x86_64__)
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c") && qk::avx2_kernels())
+      return qk::avx2_kernels();
+#endif
+    return &qk::generic_kernels();
+  }();
+  return g_force_generic.load() == 1 ? qk::generic_kernels() : *best;
+}
+
+float f16_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+// Q4_K (256 values, 144 bytes) against 8 activation blocks: sub-block j of 32 has a 6-bit scale and
+// min; value = d * sc * nibble - dmin * mn. One code path on every ISA.
+void q4_k(const uint8_t* w, const ActRows& a, int R, float* out) {
+  const int64_t nsb = a.nb / 8;
+  for (int r = 0; r < R; ++r) {
+    float acc = 0.f;
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      const uint8_t* blk = w + sb * 144;
+      const float d = f16_at(blk), dmin = f16_at(blk + 2);
+      const uint8_t* s = blk + 4;
+      const uint8_t* qs = blk + 16;
+      for (int j = 0; j < 8; ++j) {
+        int sc, mn;
+        if (j < 4) {
+          sc = s[j] & 63;
+          mn = s[j + 4] & 63;
+        } else {
+          sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
+          mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+        }
+        const int64_t b = sb * 8 + j;
+        const int8_t* x = a.q + r * a.k + b * kBlock;
+        const uint8_t* q = qs + 32 * (j / 2);
+        int isum = 0;
+        for (int l = 0; l < 32; ++l) isum += int(j % 2 ? q[l] >> 4 : q[l] & 0xf) * int(x[l]);
+        acc += (d * float(sc)) * (a.d[r * a.nb + b] * float(isum));
+        acc -= (dmin * float(mn)) * a.s[r * a.nb + b];
+      }
+    }
+    out[r] = acc;
+  }
+}
+
+// Q6_K (256 values, 210 bytes): value v = d * scale[v / 16] * (q6 - 32), q6 from 4 low bits in ql
+// and 2 high bits in qh (layout in dequant.cpp). One code path on every ISA.
+void q6_k(const uint8_t* w, const ActRows& a, int R, float* out) {
+  const int64_t nsb = a.nb / 8;
+  for (int r = 0; r < R; ++r) {
+    float acc = 0.f;
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      const uint8_t* blk = w + sb * 210;
+      const uint8_t* ql = blk;
+      const uint8_t* qh = blk + 128;
+      const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+      const float d = f16_at(blk + 208);
+      for (int h = 0; h < 2; ++h) {
+        for (int t = 0; t < 4; ++t) {  // activation block 4h + t: values 128h + 32t + l
+          const int64_t b = sb * 8 + 4 * h + t;
+          const int8_t* x = a.q + r * a.k + b * kBlock;
+          int isum[2] = {0, 0};
+          for (int l = 0; l < 32; ++l) {
+            const uint8_t lo = ql[64 * h + l + 32 * (t & 1)];
+            const int q4 = t < 2 ? lo & 0xf : lo >> 4;
+            const int q2 = (qh[32 * h + l] >> (2 * t)) & 3;
+            isum[l / 16] += (int(q4 | (q2 << 4)) - 32) * int(x[l]);
+          }
+          const float dx = a.d[r * a.nb + b];
+          acc += (d * float(sc[8 * h + 2 * t])) * (dx * float(isum[0]));
+          acc += (d * float(sc[8 * h + 2 * t + 1])) * (dx * float(isum[1]));
+        }
+      }
+    }
+    out[r] = acc;
+  }
+}
+
+qk::QDotFn int8_kernel(GGMLType t, const qk::Kernels& k) {
+  switch (t) {
+    case GGMLType::q4_0:
+      return k.q4_0;
+    case GGMLType::q4_1:
+      return k.q4_1;
+    case GGMLType::q8_0:
+      return k.q8_0;
+    case GGMLType::q4_k:
+      return q4_k;
+    case GGMLType::q6_k:
+      return q6_k;
+    default:
+      return nullptr;
+  }
+}
+
+// NOTE: a tile of weight rows (a few KiB of blocks) stays in cache while every activation row
+// passes it, so a product of many rows reads each weight block from memory once per tile.
+constexpr int64_t kTileRows = 16;
+
+}  // namespace
+
+void MatmulInput::set(const float* x, int64_t m, int64_t k) {
+  x_ = x;
+  m_ = m;
+  k_ = k;
+  quantized_ = false;
+}
+
+const int8_t* MatmulInput::q() {
+  if (quantized_) return q_.data();
+  PA_CHECK(k_ % kBlock == 0, "matmul: k = ", k_, " is not a multiple of ", kBlock,
+           " (needed for int8 activations)");
+  const int64_t nb = k_ / kBlock;
+  q_.resize(size_t(m_ * k_));
+  d_.resize(size_t(m_ * nb));
+  s_.resize(size_t(m_ * nb));
+  const int64_t chunks = std::min<int64_t>(m_, 64);
+  parallel_for(chunks, [&](int64_t c) {
+    for (int64_t r = m_ * c / chunks; r < m_ * (c + 1) / chunks; ++r) {
+      for (int64_t b = 0; b < nb; ++b) {
+        const float* x = x_ + r * k_ + b * kBlock;
+        int8_t* q = q_.data() + r * k_ + b * kBlock;
+        float amax = 0.f;
+        for (int64_t i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(x[i]));
+        const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+        int sum = 0;
+        for (int64_t i = 0; i < kBlock; ++i) {
+          const int v = int(std::nearbyint(x[i] * id));
+          q[i] = int8_t(v);
+          sum += v;
+        }
+        d_[size_t(r * nb + b)] = d;
+        s_[size_t(r * nb + b)] = d * float(sum);
+      }
+    }
+  });
+  quantized_ = true;
+  return q_.data();
+}
+
+void weight_row(const WeightView& w, int64_t r, float* dst) {
+  dequantize_row(w.type, w.data + r * w.row_bytes, dst, w.cols);
+}
+
+namespace {
+
+// Tile t (kTileRows rows of w from c0) of y = x w^T.
+void run_tile(MatmulInput& x, const WeightView& w, float* y, int64_t t, qk::QDotFn qfn,
+              const qk::Kernels& kern) {
+  const int64_t m = x.m(), n = w.rows, k = w.cols;
+  const int64_t c0 = t * kTileRows, c1 = std::min(n, c0 + kTileRows);
+  float out[kMaxRows];
+  if (qfn) {
+    const int64_t nb = k / kBlock;
+    for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {
+      const int R = int(std::min<int64_t>(kMaxRows, m - r0));
+      const ActRows a{x.q() + r0 * k, x.d() + r0 * nb, x.s() + r0 * nb, k, nb};
+      for (int64_t c = c0; c < c1; ++c) {
+        qfn(w.data + c * w.row_bytes, a, R, out);
+        for (int r = 0; r < R; ++r) y[(r0 + r) * n + c] = out[r];
+      }
+    }
+    return;
+  }
+  // f32 activations: F32 weights in place, any other format dequantised a tile at a time.
+  thread_local std::vector<float> buf;
+  const float* wt;
+  if (w.type == GGMLType::f32) {
+    wt = reinterpret_cast<const float*>(w.data + c0 * w.row_bytes);
+  } else {
+    buf.resize(size_t((c1 - c0) * k));
+    for (int64_t c = c0; c < c1; ++c) weight_row(w, c, buf.data() + (c - c0) * k);
+    wt = buf.data();
+  }
+  for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {
+    const int R = int(std::min<int64_t>(kMaxRows, m - r0));
+    for (int64_t c = c0; c < c1; ++c) {
+      kern.f32(wt + (c - c0) * k, x.x() + r0 * k, k, k, R, out);
+      for (int r = 0; r < R; ++r) y[(r0 + r) * n + c] = out[r];
+    }
+  }
+}
+
+}  // namespace
+
+void matmul(MatmulInput& x, const WeightView& w, float* y, MatmulMode mode) {
+  matmul(x, {{&w, y}}, mode);
+}
+
+void matmul(MatmulInput& x, std::initializer_list<MatmulOutput> outs, MatmulMode mode) {
+  const qk::Kernels& kern = kernels();
+  struct Part {
+    const WeightView* w;
+    float* y;
+    qk::QDotFn qfn;
+    int64_t first_tile;
+  };
+  std::vector<Part> parts;
+  int64_t tiles = 0;
+  for (const MatmulOutput& o : outs) {
+    PA_CHECK(o.w->cols == x.k(), "matmul: weight has ", o.w->cols,
+             " columns but x has k = ", x.k());
+    const qk::QDotFn qfn = mode == MatmulMode::fast ? int8_kernel(o.w->type, kern) : nullptr;
+    if (qfn) x.q();  // once, before the tiles share it
+    parts.push_back({o.w, o.y, qfn, tiles});
+    tiles += x.m() == 0 ? 0 : (o.w->rows + kTileRows - 1) / kTileRows;
+  }
+  if (tiles == 0) return;
+  parallel_for(tiles, [&](int64_t t) {
+    size_t i = parts.size() - 1;
+    while (parts[i].first_tile > t) --i;
+    run_tile(x, *parts[i].w, parts[i].y, t - parts[i].first_tile, parts[i].qfn, kern);
+  });
+}
+
+const char* matmul_isa() { return kernels().name; }
+
+void set_matmul_generic(bool generic) { g_force_generic.store(generic ? 1 : 0); }
+
+}  // namespace pagedattn::cpu

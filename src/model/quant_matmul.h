@@ -1,0 +1,46 @@
+// Matrix products y = x w^T over weights kept in their file's format (F32, F16, BF16, Q8_0, Q4_0,
+// Q4_1, Q4_K, Q6_K), read in place.
+//
+// Two modes:
+//   fast  (default): for the block formats, x is quantised per block of 32 values to int8 with one
+//                    f32 scale (the scheme of these formats' own Q8_0), and each block pair is an
+//                    integer dot product scaled once; F32/F16/BF16 weights use f32 x.
+//   exact: f32 x against the weights dequantised to f32 (no activation rounding).
+//
+// Batch invariance by construction: every y[r][c] is one dot product of x row r and w row c whose
+// order of operations is fixed by k alone (8 f32 lanes in block order, then a fixed tree), so a
+// row's result is bit-identical whatever m is and wherever the row sits. The AVX2 kernels and the
+// portable ones compute exactly the same function (the portable code replays the 8 lanes with
+// std::fma), so the ISA changes speed, never results.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+#include "pagedattn/weight_view.h"
+
+namespace pagedattn::cpu {
+
+enum class MatmulMode { fast, exact };
+
+// y [m, n] = x [m, k] w^T, w [n, k]. Throws Error when the shapes disagree.
+void matmul(MatmulInput& x, const WeightView& w, float* y, MatmulMode mode = MatmulMode::fast);
+// Several products of the same x (q/k/v, gate/up) as one parallel job: y_i = x w_i^T.
+struct MatmulOutput {
+  const WeightView* w;
+  float* y;  // [m, w->rows]
+};
+void matmul(MatmulInput& x, std::initializer_list<MatmulOutput> outs,
+            MatmulMode mode = MatmulMode::fast);
+
+// Row r of w dequantised into dst [cols] (embedding lookups).
+void weight_row(const WeightView& w, int64_t r, float* dst);
+
+// Which kernels matmul uses: "avx2" or "generic" (PAGEDATTN_CPU_ISA=generic forces the portable
+// ones, for tests and comparisons).
+const char* matmul_isa();
+// Tests: force the portable kernels (true) or the widest the CPU has (false).
+void set_matmul_generic(bool generic);
+
+}  // namespace pagedattn::cpu

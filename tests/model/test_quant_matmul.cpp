@@ -1,0 +1,188 @@
+// The CPU matrix products over weights in their file's format (src/model/quant_matmul.h), for
+// every supported format on random blocks:
+//   - int8 path against a double-precision dot of the dequantised weights with the dequantised
+//     activation blocks (the integer arithmetic is exact, so only f32 rounding remains);
+//   - exact path against a double-precision dot of the dequantised weights with x;
+//   - the AVX2 and portable kernels bit-identical;
+//   - a row's result bit-identical whatever the number of rows and its place among them.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "model/quant_matmul.h"
+#include "pagedattn/dtype.h"
+#include "pagedattn/error.h"
+
+using namespace pagedattn;
+using cpu::MatmulMode;
+
+namespace {
+
+struct RandomWeight {
+  std::vector<uint8_t> bytes;
+  cpu::WeightView view;
+};
+
+void put_f16(uint8_t* p, float v) {
+  const uint16_t h = f32_to_f16(v);
+  std::memcpy(p, &h, 2);
+}
+
+// Random blocks with sane scales: every f16 scale field is overwritten with a small positive value.
+RandomWeight random_weight(GGMLType t, int64_t rows, int64_t cols, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::uniform_real_distribution<float> u(0.01f, 0.05f), sym(-1.f, 1.f);
+  RandomWeight w;
+  const int64_t bs = ggml_block_size(t), bb = ggml_block_bytes(t);
+  w.view = {t, rows, cols, cols / bs * bb, nullptr};
+  w.bytes.resize(size_t(rows * w.view.row_bytes));
+  for (auto& b : w.bytes) b = uint8_t(g());
+  const int64_t nblocks = rows * cols / bs;
+  for (int64_t b = 0; b < nblocks; ++b) {
+    uint8_t* blk = w.bytes.data() + b * bb;
+    switch (t) {
+      case GGMLType::q4_0:
+      case GGMLType::q8_0:
+        put_f16(blk, u(g));
+        break;
+      case GGMLType::q4_1:
+        put_f16(blk, u(g)), put_f16(blk + 2, -8 * u(g));
+        break;
+      case GGMLType::q4_k:
+        put_f16(blk, u(g) / 8), put_f16(blk + 2, u(g) / 8);
+        break;
+      case GGMLType::q6_k:
+        put_f16(blk + 208, u(g) / 16);
+        break;
+      case GGMLType::f16:
+        put_f16(blk, sym(g));
+        break;
+      case GGMLType::bf16: {
+        const uint16_t h = f32_to_bf16(sym(g));
+        std::memcpy(blk, &h, 2);
+        break;
+      }
+      case GGMLType::f32: {
+        const float v = sym(g);
+        std::memcpy(blk, &v, 4);
+        break;
+      }
+    }
+  }
+  w.view.data = w.bytes.data();
+  return w;
+}
+
+std::vector<float> random_x(int64_t m, int64_t k, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> n(0.f, 1.f);
+  std::vector<float> x(size_t(m * k));
+  for (auto& v : x) v = n(g);
+  return x;
+}
+
+std::vector<float> run(const float* x, int64_t m, const cpu::WeightView& w, MatmulMode mode) {
+  cpu::MatmulInput in;
+  in.set(x, m, w.cols);
+  std::vector<float> y(size_t(m * w.rows));
+  cpu::matmul(in, w, y.data(), mode);
+  return y;
+}
+
+bool is_block_format(GGMLType t) {
+  return t != GGMLType::f32 && t != GGMLType::f16 && t != GGMLType::bf16;
+}
+
+class QuantMatmul : public ::testing::TestWithParam<GGMLType> {
+ protected:
+  void TearDown() override { cpu::set_matmul_generic(false); }
+};
+
+TEST_P(QuantMatmul, MatchesDoublePrecisionOracle) {
+  const GGMLType t = GetParam();
+  const int64_t m = 5, n = 37, k = 512;
+  const RandomWeight w = random_weight(t, n, k, 1);
+  const std::vector<float> x = random_x(m, k, 2);
+  std::vector<float> wf(size_t(n * k));
+  for (int64_t c = 0; c < n; ++c) cpu::weight_row(w.view, c, wf.data() + c * k);
+  // The activations as the int8 path sees them.
+  cpu::MatmulInput in;
+  in.set(x.data(), m, k);
+  const int8_t* q = in.q();
+  for (MatmulMode mode : {MatmulMode::fast, MatmulMode::exact}) {
+    const std::vector<float> y = run(x.data(), m, w.view, mode);
+    const bool int8 = mode == MatmulMode::fast && is_block_format(t);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = 0; c < n; ++c) {
+        double want = 0, mag = 0;
+        for (int64_t i = 0; i < k; ++i) {
+          const double xv =
+              int8 ? double(in.d()[r * k / 32 + i / 32]) * q[r * k + i] : x[r * k + i];
+          want += double(wf[c * k + i]) * xv;
+          mag += std::abs(double(wf[c * k + i]) * xv);
+        }
+        ASSERT_NEAR(y[r * n + c], want, 1e-5 * mag + 1e-6)
+            << ggml_type_name(uint32_t(t)) << (int8 ? " int8" : " exact") << " row " << r << " col "
+            << c;
+      }
+  }
+}
+
+TEST_P(QuantMatmul, PortableKernelsComputeTheSameBits) {
+  const GGMLType t = GetParam();
+  const int64_t m = 7, n = 40, k = 256 + 256;
+  const RandomWeight w = random_weight(t, n, k, 3);
+  const std::vector<float> x = random_x(m, k, 4);
+  for (MatmulMode mode : {MatmulMode::fast, MatmulMode::exact}) {
+    cpu::set_matmul_generic(false);
+    const std::string isa = cpu::matmul_isa();
+    const std::vector<float> wide = run(x.data(), m, w.view, mode);
+    cpu::set_matmul_generic(true);
+    ASSERT_STREQ(cpu::matmul_isa(), "generic");
+    const std::vector<float> portable = run(x.data(), m, w.view, mode);
+    EXPECT_EQ(std::memcmp(wide.data(), portable.data(), wide.size() * 4), 0)
+        << ggml_type_name(uint32_t(t)) << ": " << isa << " and generic kernels differ";
+  }
+}
+
+TEST_P(QuantMatmul, RowResultIndependentOfBatch) {
+  const GGMLType t = GetParam();
+  const int64_t n = 33, k = 256;
+  const RandomWeight w = random_weight(t, n, k, 5);
+  const std::vector<float> x = random_x(11, k, 6);
+  for (MatmulMode mode : {MatmulMode::fast, MatmulMode::exact}) {
+    const std::vector<float> all = run(x.data(), 11, w.view, mode);
+    for (int64_t r = 0; r < 11; ++r) {
+      const std::vector<float> one = run(x.data() + r * k, 1, w.view, mode);
+      EXPECT_EQ(std::memcmp(one.data(), all.data() + r * n, size_t(n) * 4), 0) << "row " << r;
+    }
+    // The same rows at other offsets of other batch sizes.
+    const std::vector<float> tail = run(x.data() + 3 * k, 6, w.view, mode);
+    EXPECT_EQ(std::memcmp(tail.data(), all.data() + 3 * n, size_t(6 * n) * 4), 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, QuantMatmul,
+                         ::testing::Values(GGMLType::q4_0, GGMLType::q4_1, GGMLType::q8_0,
+                                           GGMLType::q4_k, GGMLType::q6_k, GGMLType::f16,
+                                           GGMLType::bf16, GGMLType::f32),
+                         [](const auto& p) { return ggml_type_name(uint32_t(p.param)); });
+
+TEST(QuantMatmulErrors, ShapeMismatchNamesTheOperation) {
+  const RandomWeight w = random_weight(GGMLType::q4_1, 4, 64, 7);
+  std::vector<float> x(96), y(8);
+  cpu::MatmulInput in;
+  in.set(x.data(), 1, 96);
+  try {
+    cpu::matmul(in, w.view, y.data());
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("matmul"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("96"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
