@@ -7,7 +7,9 @@
 
 #include "quant_kernels.h"
 
-#if defined(__GNUC__) && defined(__x86_64__)
+// NOTE: clang does not take `#pragma GCC target` (the fuzzing build compiles with it): there the
+// portable kernels run, as in the CPU attention kernel.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #include <immintrin.h>
 
 // NOTE: every header is included above the pragma, so only this file's own functions are compiled

@@ -28,7 +28,7 @@ const qk::Kernels& kernels() {
   static const qk::Kernels* best = [] {
     const char* env = std::getenv("PAGEDATTN_CPU_ISA");
     if (env && std::string(env) == "generic") return &qk::generic_kernels();
-#if defined(__GNUC__) && defined(__x86_64__)
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)  // (quant_dot_avx2.cpp)
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("f16c") && qk::avx2_kernels())
       return qk::avx2_kernels();
