@@ -92,7 +92,10 @@ def run_checks(port, model_id):
           "completion usage/finish: %r" % c)
     check(c.usage.total_tokens == c.usage.prompt_tokens + 8, "usage totals")
 
-    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    # NOTE: the bare question is a near tie for this 4-bit 135M model at its first token: the
+    # int8-activation products (the CPU default) answer it "L'Étoile, ...", --exact-matmul "The
+    # capital of France is Paris."; the demo's wording is answered with Paris by both.
+    msgs = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
     chat = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=24, temperature=0)
     answer = chat.choices[0].message.content
     check(chat.choices[0].message.role == "assistant", "chat role")
