@@ -12,21 +12,7 @@ OUT=${OUT:-$PWD/out/merge}
 BUILD_DIR=${BUILD_DIR:-build-gpu}
 mkdir -p "$OUT"
 end=$(($(date +%s) + ${BUDGET:-420}))
-summary=()
-step() {  # step NAME SECONDS LOG command...
-  local name=$1 secs=$2 log=$3 t0 rc
-  shift 3
-  t0=$(date +%s)
-  if ((t0 + secs > end)); then secs=$((end - t0)); fi
-  if ((secs < 5)); then
-    summary+=("$(printf '%-8s skipped (no time left)' "$name")")
-    return 1
-  fi
-  timeout "$secs" "$@" >>"$OUT/$log" 2>&1
-  rc=$?
-  summary+=("$(printf '%-8s rc=%-4s %4ss' "$name" "$rc" "$(($(date +%s) - t0))")")
-  return $rc
-}
+source scripts/device/steps.sh
 {
   date -u
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -51,5 +37,4 @@ for len in 8192 32768; do
     --device cuda --batch 1 --prompt-len "$len" --decode-steps 8
 done
 grep -iE "prefill|tok/s|batch" "$OUT/model.log" | head -12
-echo "== summary"
-printf '%s\n' "${summary[@]}"
+print_summary

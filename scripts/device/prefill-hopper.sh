@@ -18,21 +18,7 @@ steps=${*:-build sass hopper sanitize lab suite profile torch bench}
 # the start (default 570), so the logs and the summary always come back.
 end=$(($(date +%s) + ${BUDGET:-570}))
 has() { [[ " $steps " == *" $1 "* ]]; }
-summary=()
-step() {  # step NAME SECONDS LOG command...
-  local name=$1 secs=$2 log=$3 t0 rc
-  shift 3
-  t0=$(date +%s)
-  if ((t0 + secs > end)); then secs=$((end - t0)); fi
-  if ((secs < 5)); then
-    summary+=("$(printf '%-10s skipped (no time left)' "$name")")
-    return 1
-  fi
-  timeout "$secs" "$@" >>"$OUT/$log" 2>&1
-  rc=$?
-  summary+=("$(printf '%-10s rc=%-4s %4ss' "$name" "$rc" "$(($(date +%s) - t0))")")
-  return $rc
-}
+source scripts/device/steps.sh
 {
   date -u
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
