@@ -1,6 +1,7 @@
 // A GGUF file as a ModelFile: llama.cpp's metadata keys to ModelConfig, its tensor names to Hugging
 // Face names, and its q/k row permutation undone for llama-arch files.
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 
@@ -154,7 +155,7 @@ ModelFile load_gguf_model(const std::string& path, WeightFormat format) {
   // NOTE: finite and in range as floats: an inf or NaN constant turns every output into NaN.
   auto finite = [&](const std::string& key, double dflt, bool zero_ok) {
     const double v = g.get_float(key, dflt);
-    PA_CHECK(std::isfinite(float(v)) && (v > 0 || (zero_ok && v == 0)), "load_model_file: ", path,
+    PA_CHECK(std::isfinite(v) && v <= FLT_MAX && (v > 0 || (zero_ok && v == 0)), "load_model_file: ", path,
              ": key '", key, "' = ", v, " must be a finite ", zero_ok ? "non-negative" : "positive",
              " float");
     return float(v);

@@ -3,6 +3,7 @@
 #include "pagedattn/model_file.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -41,7 +42,7 @@ int32_t get_int(const json& j, const char* key, int64_t dflt, const std::string&
 // turn every output into NaN).
 float get_float(const json& j, const char* key, double dflt, const std::string& file) {
   if (!j.contains(key) || j[key].is_null()) return float(dflt);
-  PA_CHECK(j[key].is_number() && std::isfinite(float(j[key].get<double>())), "load_model_file: ",
+  PA_CHECK(j[key].is_number() && std::abs(j[key].get<double>()) <= FLT_MAX, "load_model_file: ",
            file, ": key '", key, "' must be a finite number, got ", j[key].dump());
   return j[key].get<float>();
 }
