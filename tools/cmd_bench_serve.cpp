@@ -79,8 +79,7 @@ BenchModel load_bench_model(const std::string& name, Device device) {
   } else {
     PA_CHECK(std::filesystem::exists(name), "bench serve: --model '", name,
              "' does not exist (fetch the default model with scripts/fetch-default-model.sh)");
-    file = std::make_shared<const ModelFile>(load_model_file(
-        name, device == Device::cpu ? WeightFormat::file : WeightFormat::f32));
+    file = std::make_shared<const ModelFile>(load_model_file(name, weight_format_for(device)));
   }
   m.config = file->config;
   m.make = [file, device] { return create_model(*file, device); };

@@ -66,8 +66,7 @@ void run_serve(ServeArgs a) {
   std::unique_ptr<Model> model;
   {
     const Device device = pick_device(a.device);
-    const ModelFile file =
-        load_model_file(a.model, device == Device::cpu ? WeightFormat::file : WeightFormat::f32);
+    const ModelFile file = load_model_file(a.model, weight_format_for(device));
     model = create_model(file, device);
   }
   auto tok = std::make_shared<Tokenizer>(load_tokenizer(a.model));

@@ -22,9 +22,7 @@ std::unique_ptr<Model> load_model(const std::string& model, Device device) {
   if (is_synthetic_model(model)) return create_synthetic_model(model, device);
   PA_CHECK(std::filesystem::exists(model), "--model: '", model,
            "' does not exist (fetch the default model with scripts/fetch-default-model.sh)");
-  // The CPU runner reads the file's matrices in place (memory-mapped); CUDA uploads f32 as bf16.
-  const ModelFile file =
-      load_model_file(model, device == Device::cpu ? WeightFormat::file : WeightFormat::f32);
+  const ModelFile file = load_model_file(model, weight_format_for(device));
   return create_model(file, device);  // the runner keeps the weights it needs, not the file
 }
 

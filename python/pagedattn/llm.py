@@ -108,14 +108,15 @@ class LLM:
     the default model); device: 'auto' (CUDA when usable), 'cpu' or 'cuda'; kv_cache_tokens or
     kv_cache_memory (MiB, or a fraction of free memory below 1) size the KV cache (default: the
     longest context for max_num_seqs sequences, at most 512 MiB); kv_cache_dtype: auto, f32,
-    f16, bf16 or fp8 (calibrated per-head scales)."""
+    f16, bf16 or fp8 (calibrated per-head scales); exact_matmul: on the CPU, f32 activations
+    against the weights instead of int8 activation blocks (slower; --exact-matmul on the CLI)."""
 
     def __init__(self, model: Optional[str] = None, device: str = "auto", *,
                  kv_cache_dtype: str = "auto", kv_cache_tokens: Optional[int] = None,
                  kv_cache_memory: Optional[float] = None, block_size: int = 16,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  max_model_len: Optional[int] = None, enable_prefix_cache: bool = True,
-                 log_startup: bool = False) -> None:
+                 exact_matmul: bool = False, log_startup: bool = False) -> None:
         o = _C.EngineOptions()
         o.device = str(device)
         o.kv_cache_dtype = kv_cache_dtype
@@ -130,6 +131,7 @@ class LLM:
         o.max_num_batched_tokens = max_num_batched_tokens
         o.max_model_len = int(max_model_len or 0)
         o.enable_prefix_cache = enable_prefix_cache
+        o.exact_matmul = exact_matmul
         o.log_startup = log_startup
         self.model = str(model) if model is not None else default_model_path()
         self._engine = _C.Engine(self.model, o)

@@ -47,6 +47,7 @@ struct EngineOptions {
   int32_t max_num_batched_tokens = 2048;
   int32_t max_model_len = 0;
   bool enable_prefix_cache = true;
+  bool exact_matmul = false;  // CPU: f32 activations instead of int8 blocks (EngineConfig)
   bool log_startup = false;
 };
 
@@ -70,7 +71,7 @@ class PyEngine {
     nb::gil_scoped_release release;
     std::unique_ptr<Model> model;
     {
-      const ModelFile file = load_model_file(model_path);
+      const ModelFile file = load_model_file(model_path, weight_format_for(device));
       model = create_model(file, device);
     }
     tok_ = std::make_shared<Tokenizer>(load_tokenizer(model_path));
@@ -81,6 +82,7 @@ class PyEngine {
     c.block_size = o.block_size;
     c.kv_cache_dtype = o.kv_cache_dtype;
     c.enable_prefix_cache = o.enable_prefix_cache;
+    c.exact_matmul = o.exact_matmul;
     c.max_num_seqs = o.max_num_seqs;
     c.max_num_batched_tokens = o.max_num_batched_tokens;
     c.max_model_len = o.max_model_len;
@@ -200,6 +202,7 @@ void bind_engine(nb::module_& m) {
       .def_rw("max_num_batched_tokens", &EngineOptions::max_num_batched_tokens)
       .def_rw("max_model_len", &EngineOptions::max_model_len)
       .def_rw("enable_prefix_cache", &EngineOptions::enable_prefix_cache)
+      .def_rw("exact_matmul", &EngineOptions::exact_matmul)
       .def_rw("log_startup", &EngineOptions::log_startup);
 
   nb::class_<Request>(m, "Request");

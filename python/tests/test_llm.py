@@ -51,8 +51,19 @@ def test_streaming_yields_the_text_of_a_whole_call(llm):
     assert deltas[-1].finish_reason == whole.finish_reason
 
 
-def test_chat_uses_the_template(llm):
+def test_exact_matmul_answers_the_bare_question(model_path):
+    exact = pagedattn.LLM(model_path, device="cpu", kv_cache_tokens=1024, max_model_len=512,
+                          exact_matmul=True)
     messages = [{"role": "user", "content": "What is the capital of France?"}]
+    out = exact.chat(messages, SamplingParams(temperature=0, max_tokens=16))
+    assert "Paris" in out.outputs[0].text, out.outputs[0].text
+
+
+def test_chat_uses_the_template(llm):
+    # NOTE: the demo's wording: the bare question is a first-token near tie for this 4-bit model
+    # under int8 activations (see test_exact_matmul_answers_the_bare_question).
+    messages = [{"role": "user",
+                 "content": "What is the capital of France? Answer in one sentence."}]
     ids = llm.apply_chat_template(messages)
     assert "<|im_start|>assistant" in llm.decode(ids, skip_special=False)
     out = llm.chat(messages, SamplingParams(temperature=0, max_tokens=16))

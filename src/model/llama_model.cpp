@@ -314,4 +314,8 @@ std::unique_ptr<Model> create_model(const ModelFile& file, Device device) {
   return std::make_unique<LlamaModel>(file);
 }
 
+WeightFormat weight_format_for(Device device) {
+  return device == Device::cpu ? WeightFormat::file : WeightFormat::f32;
+}
+
 }  // namespace pagedattn
