@@ -41,8 +41,11 @@ def _device(device: Any) -> Tuple[str, int]:
     if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
         raise ValueError(f"KvCache: device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
     if kind == "cuda" and not index:
+        # NOTE: torch.cuda.current_device() raises where torch has no usable GPU; then the
+        # extension's own check says that cuda:0 is not available.
         torch = _torch_if_imported()
-        index = str(torch.cuda.current_device()) if torch is not None else "0"
+        usable = torch is not None and torch.cuda.is_available()
+        index = str(torch.cuda.current_device()) if usable else "0"
     return kind, int(index or 0)
 
 

@@ -20,11 +20,12 @@ from typing import Any, Optional
 
 from . import _C
 from ._arrays import (
+    arg,
     check_options,
     empty_like,
     host_int32,
     is_torch,
-    optional_array,
+    optional_arg,
     require_array,
     stream_of,
 )
@@ -36,12 +37,11 @@ def _attention_into(op: str, q, k_pool, v_pool, block_table, kv_len, q_indptr, o
                     scale, window, softcap, k_scale, v_scale) -> None:
     """Runs the operator into out (the body of the public call and of the torch custom op)."""
     _C.paged_attention(
-        require_array(q, op, "q"), require_array(k_pool, op, "k_pool"),
-        require_array(v_pool, op, "v_pool"), host_int32(block_table, op, "block_table"),
-        host_int32(kv_len, op, "kv_len"), host_int32(q_indptr, op, "q_indptr"),
-        require_array(out, op, "out"), bool(causal), None if scale is None else float(scale),
-        int(window), float(softcap), optional_array(k_scale, op, "k_scale"),
-        optional_array(v_scale, op, "v_scale"), stream_of(q))
+        arg(q, op, "q"), arg(k_pool, op, "k_pool"), arg(v_pool, op, "v_pool"),
+        host_int32(block_table, op, "block_table"), host_int32(kv_len, op, "kv_len"),
+        host_int32(q_indptr, op, "q_indptr"), arg(out, op, "out"), bool(causal),
+        None if scale is None else float(scale), int(window), float(softcap),
+        optional_arg(k_scale, op, "k_scale"), optional_arg(v_scale, op, "v_scale"), stream_of(q))
 
 
 def _write_kv_into(op: str, k_pool, v_pool, slots, k, v, k_scale, v_scale) -> None:
@@ -51,13 +51,25 @@ def _write_kv_into(op: str, k_pool, v_pool, slots, k, v, k_scale, v_scale) -> No
     if is_torch(k_pool) and k_pool.device.type == "cuda":
         # Slots given on the host are validated there first, then uploaded.
         if isinstance(slots, (list, tuple)) or not is_torch(slots) or slots.device.type == "cpu":
-            host_slots = host_int32(slots, op, "slots")
+            host_slots = _host_slots(slots, op)
             slots = _torch().as_tensor(host_slots).to(k_pool.device)
+        slots = arg(slots, op, "slots")
     else:
         slots = host_int32(slots, op, "slots")
-    _C.write_kv(k_pool, require_array(v_pool, op, "v_pool"), slots, require_array(k, op, "k"),
-                require_array(v, op, "v"), optional_array(k_scale, op, "k_scale"),
-                optional_array(v_scale, op, "v_scale"), host_slots, stream_of(k_pool))
+    _C.write_kv(arg(k_pool, op, "k_pool"), arg(v_pool, op, "v_pool"), slots, arg(k, op, "k"),
+                arg(v, op, "v"), optional_arg(k_scale, op, "k_scale"),
+                optional_arg(v_scale, op, "v_scale"), host_slots, stream_of(k_pool))
+
+
+def _host_slots(slots, op: str):
+    """Slots given on the host as a numpy array (the extension checks them, then they are
+    uploaded): read twice, so not a DLPack capsule, which can be read once."""
+    if not is_torch(slots):
+        return host_int32(slots, op, "slots")
+    try:
+        return slots.detach().numpy()
+    except TypeError:
+        raise TypeError(f"{op}: slots must be int32, got {slots.dtype}") from None
 
 
 def _torch():
@@ -135,7 +147,7 @@ class AttentionPlan:
         check_options(op, causal, scale, window, softcap)
         q = require_array(q, op, "q")
         self._plan = _C.AttentionPlan(
-            q, require_array(k_pool, op, "k_pool"), host_int32(block_table, op, "block_table"),
+            arg(q, op, "q"), arg(k_pool, op, "k_pool"), host_int32(block_table, op, "block_table"),
             host_int32(kv_len, op, "kv_len"), host_int32(q_indptr, op, "q_indptr"),
             bool(causal), None if scale is None else float(scale), int(window), float(softcap),
             int(workspace_bytes), stream_of(q))
@@ -144,7 +156,7 @@ class AttentionPlan:
         """Plans the next step with the same options and workspace."""
         op = "AttentionPlan.plan"
         q = require_array(q, op, "q")
-        self._plan.plan(q, require_array(k_pool, op, "k_pool"),
+        self._plan.plan(arg(q, op, "q"), arg(k_pool, op, "k_pool"),
                         host_int32(block_table, op, "block_table"),
                         host_int32(kv_len, op, "kv_len"), host_int32(q_indptr, op, "q_indptr"),
                         stream_of(q))
@@ -156,9 +168,9 @@ class AttentionPlan:
         q = require_array(q, op, "q")
         if out is None:
             out = empty_like(q)
-        self._plan.run(q, require_array(k_pool, op, "k_pool"), require_array(v_pool, op, "v_pool"),
-                       require_array(out, op, "out"), optional_array(k_scale, op, "k_scale"),
-                       optional_array(v_scale, op, "v_scale"), stream_of(q))
+        self._plan.run(arg(q, op, "q"), arg(k_pool, op, "k_pool"), arg(v_pool, op, "v_pool"),
+                       arg(out, op, "out"), optional_arg(k_scale, op, "k_scale"),
+                       optional_arg(v_scale, op, "v_scale"), stream_of(q))
         return out
 
     @property
