@@ -1,8 +1,9 @@
-// `bench serve --url` (tools/serve_bench_http.cpp, compiled into this test with the replay loop it
-// shares): URL and Prometheus parsing, clear errors for an unreachable or failing server, a
-// scripted server that streams known chunks, and the default model served in process by `pagedattn
-// serve`'s own Server and AsyncEngine (skipped when models/SmolLM2-135M-Instruct.Q4_1.gguf is
-// absent). No timing assertions beyond the order of events.
+// `bench serve --url` (bench/serve_bench_http.cpp, with the replay loop it shares, from the
+// benchmark library): URL and Prometheus parsing, clear errors for an unreachable or failing
+// server, a scripted server that streams known chunks, and the default model served in process by
+// `pagedattn serve`'s own Server and AsyncEngine (skipped when
+// models/SmolLM2-135M-Instruct.Q4_1.gguf is absent). No timing assertions beyond the order of
+// events.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -17,14 +18,14 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "../../tools/serve_bench_http.cpp"
-#include "../../tools/serve_bench_run.cpp"
 #include "pagedattn/chat_template.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/model.h"
 #include "pagedattn/model_file.h"
 #include "pagedattn/server.h"
 #include "pagedattn/tokenizer.h"
+#include "serve_bench_http.h"
+#include "serve_bench_run.h"
 
 namespace sb = pagedattn::tools::serve_bench;
 using namespace pagedattn;
@@ -291,7 +292,7 @@ TEST(ServeBenchHttp, FailingRequestsAreClearErrors) {
 namespace {
 
 std::string default_model_path() {
-  // tests/tools/<this file> -> the repository root.
+  // tests/bench/<this file> -> the repository root.
   const auto root = std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
   return (root / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").string();
 }

@@ -68,7 +68,7 @@ double time_us(Fn&& fn, int iters, bench::L2Flush& flush) {
   for (int i = 0; i < 3; ++i) fn();
   std::vector<double> t;
   for (int i = 0; i < iters; ++i) {
-    ck(flush.run(i), "L2 flush (tools/l2_flush.cuh)");
+    ck(flush.run(i), "L2 flush (bench/l2_flush.cuh)");
     ck(cudaEventRecord(a), "cudaEventRecord");
     fn();
     ck(cudaEventRecord(b), "cudaEventRecord");

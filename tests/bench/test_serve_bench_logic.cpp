@@ -1,4 +1,4 @@
-// The serving benchmark's logic (tools/serve_bench.h, tools/static_baseline.h): percentiles against
+// The serving benchmark's logic (bench/serve_bench.h, bench/static_baseline.h): percentiles against
 // a brute-force definition, Poisson arrival statistics, length distributions, workload shape, and
 // the static baseline's admission rule. No timing.
 #include <gtest/gtest.h>
@@ -7,10 +7,10 @@
 #include <numeric>
 #include <random>
 
-#include "../../tools/serve_bench.h"
-#include "../../tools/serve_bench_sweep.h"
-#include "../../tools/static_baseline.h"
 #include "pagedattn/error.h"
+#include "serve_bench.h"
+#include "serve_bench_sweep.h"
+#include "static_baseline.h"
 
 namespace sb = pagedattn::tools::serve_bench;
 using pagedattn::Error;

@@ -1,12 +1,11 @@
-// The serving benchmark's replay loop end to end on a tiny synthetic Llama
-// (tools/serve_bench_run.cpp is compiled into this test: the tools folder builds an executable, not
-// a library). Checks what must hold whatever the timing: every request completes with exactly its
+// The serving benchmark's replay loop (bench/serve_bench_run.cpp) end to end on a tiny synthetic
+// Llama. Checks what must hold whatever the timing: every request completes with exactly its
 // output length, the static baseline never holds more than the KV budget nor preempts, and paged KV
 // use stays within the pool. No timing assertions.
 #include <gtest/gtest.h>
 
-#include "../../tools/serve_bench_run.cpp"
 #include "pagedattn/llama.h"
+#include "serve_bench_run.h"
 
 namespace sb = pagedattn::tools::serve_bench;
 using pagedattn::Error;

@@ -1,4 +1,4 @@
-// The attention benchmark's grids and CSV rows (tools/bench_attention_grid.h): flag parsing and
+// The attention benchmark's grids and CSV rows (bench/bench_attention_grid.h): flag parsing and
 // validation (errors name the flag), the default grids against the loops they replaced, the
 // kernel-report preset, flags over sections, and CSV rows read back by their header. No timing.
 #include <gtest/gtest.h>
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "../../tools/bench_attention_grid.h"
+#include "bench_attention_grid.h"
 #include "pagedattn/error.h"
 
 namespace bg = pagedattn::tools::bench_grid;
