@@ -9,8 +9,8 @@ namespace pagedattn::cuda {
 
 namespace {
 
-// The kernel configurations: [0] is the library's, [v] the lab's version v
-// (kernels_dev/skinny_gemm.cu has the history).
+// The kernel configurations: [0] the default (v1's), [v] the lab's version v (skinny_gemm.cu
+// has the history).
 //   MI: 16-row weight tiles per warp (BN = 128 * MI);  stages: the cp.async ring's depth;
 //   slots: CTAs per SM the plan assumes (at the largest token tile, NP = 4).
 struct Config {

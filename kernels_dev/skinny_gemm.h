@@ -44,7 +44,7 @@ struct SkinnyArgs {
 };
 
 // Launches on `stream`; throws Error for an unsupported shape or a failed launch. version picks a
-// kernel configuration (0: the library's; 1.. the kernel lab's numbered ones); plan must come from
+// kernel configuration (0: the default, v1's; 1.. the lab's numbered ones); plan must come from
 // skinny_gemm_plan with the same version.
 void skinny_gemm(const SkinnyArgs& a, const SkinnyPlan& plan, cudaStream_t stream, int version = 0);
 

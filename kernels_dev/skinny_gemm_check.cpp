@@ -1,6 +1,7 @@
-// The skinny GEMM of decode steps (src/model/cuda/skinny_gemm.h) against a double-precision
-// product on the host: every element, for f32 output, accumulation into f32 Y and bf16 output,
-// over token counts around the kernel's 16-token tiles and shapes with and without a K split.
+// The kernel lab's check of the skinny GEMM of decode steps (skinny_gemm.h, its default
+// configuration) against a double-precision product on the host: every element, for f32 output,
+// accumulation into f32 Y and bf16 output, over token counts around the kernel's 16-token tiles and
+// shapes with and without a K split.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,7 +15,7 @@
 #if PAGEDATTN_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "model/cuda/skinny_gemm.h"
+#include "skinny_gemm.h"
 
 using namespace pagedattn;
 
