@@ -12,6 +12,7 @@
 
 #include "cli.h"
 #include "model_session.h"
+#include "pagedattn/default_model.h"
 #include "pagedattn/error.h"
 #include "serve_bench_main.h"
 

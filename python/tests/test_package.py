@@ -19,3 +19,12 @@ def test_public_names():
         assert hasattr(pagedattn, name), name
     assert isinstance(pagedattn.built_with_cuda, bool)
     assert pagedattn.cuda_device_count() >= 0
+
+
+def test_default_model_is_the_scripts_default():
+    # The package's own copy of the default model's file name (it ships without scripts/) is the
+    # one scripts/default-model.sh fetches.
+    from conftest import MODEL
+    from pagedattn.llm import DEFAULT_MODEL_FILE
+
+    assert DEFAULT_MODEL_FILE == MODEL.name

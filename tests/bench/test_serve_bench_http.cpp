@@ -2,8 +2,8 @@
 // benchmark library): URL and Prometheus parsing, clear errors for an unreachable or failing
 // server, a scripted server that streams known chunks, and the default model served in process by
 // `pagedattn serve`'s own Server and AsyncEngine (skipped when
-// models/SmolLM2-135M-Instruct.Q4_1.gguf is absent). No timing assertions beyond the order of
-// events.
+// the default model, models/SmolLM2-135M-Instruct.Q4_1.gguf, is absent). No timing assertions
+// beyond the order of events.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "default_model.h"
 #include "pagedattn/chat_template.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/model.h"
@@ -291,11 +292,7 @@ TEST(ServeBenchHttp, FailingRequestsAreClearErrors) {
 
 namespace {
 
-std::string default_model_path() {
-  // tests/bench/<this file> -> the repository root.
-  const auto root = std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
-  return (root / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").string();
-}
+using pagedattn::testing::default_model_path;
 
 // What `pagedattn serve --kv-cache-tokens 2048` runs, on an ephemeral loopback port.
 class DefaultModelServer : public ::testing::Test {

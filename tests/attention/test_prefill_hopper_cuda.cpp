@@ -1,6 +1,6 @@
 // The Hopper (wgmma + bulk tensor copy) prefill kernel against the double-precision reference:
 // random ragged, chunked and mixed batches over every head dim, GQA group and page size it takes,
-// outputs poisoned with NaN and unwritten cache slots holding NaN (gpu_problem.h).
+// outputs poisoned with NaN and unwritten cache slots holding NaN (cuda_problem.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,7 +9,7 @@
 #include <random>
 #include <thread>
 
-#include "gpu_problem.h"
+#include "cuda_problem.h"
 
 using namespace pagedattn;
 using namespace pagedattn::gputest;

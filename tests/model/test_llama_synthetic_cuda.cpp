@@ -20,6 +20,7 @@
 #include "pagedattn/llama_cuda.h"
 #include "pagedattn/sampling.h"
 #include "pagedattn/synthetic_model.h"
+#include "tiny_models.h"
 #ifdef PAGEDATTN_HAVE_CUDA
 #include "model/cuda/llama_kernels.h"
 #endif
@@ -28,40 +29,19 @@ using namespace pagedattn;
 
 namespace {
 
+// The shared GPU-sized configs ("llama", "qwen2", "qwen3") as this file has always run them:
+// RoPE theta 500000, the default norm epsilon, 2 KV heads, head dim 64 (128 for qwen3).
 ModelConfig tiny_config(const std::string& variant) {
-  ModelConfig c;
-  c.architecture = "llama";
-  c.vocab_size = 300;
-  c.hidden_size = 256;
-  c.intermediate_size = 512;
-  c.num_layers = 2;
-  c.num_q_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 64;
+  ModelConfig c = pagedattn::testing::tiny_config(variant, pagedattn::testing::TinySize::gpu);
   c.rope_theta = 500000.f;
-  if (variant == "qwen2") {  // q/k/v biases, tied embeddings
-    c.architecture = "qwen2";
-    c.attention_bias = true;
-    c.tie_word_embeddings = true;
-  } else if (variant == "qwen3") {  // q/k norms, head_dim 128 != hidden / heads
-    c.architecture = "qwen3";
-    c.qk_norm = true;
-    c.head_dim = 128;
-  }
+  c.rms_norm_eps = ModelConfig{}.rms_norm_eps;
+  c.num_kv_heads = 2;
+  c.head_dim = variant == "qwen3" ? 128 : 64;
   return c;
 }
 
 KvCacheConfig cache_config(const ModelConfig& c, Device device) {
-  KvCacheConfig k;
-  k.num_layers = c.num_layers;
-  k.num_kv_heads = c.num_kv_heads;
-  k.head_dim = c.head_dim;
-  k.page_size = 16;
-  k.num_pages = 32;
-  k.dtype = device == Device::cuda ? DType::bf16 : DType::f32;
-  k.device = device;
-  k.enable_prefix_cache = false;
-  return k;
+  return pagedattn::testing::model_kv_config(c, 32, 16, device);
 }
 
 // A ragged prefill of three sequences, then three decode steps of fixed tokens, on a fresh cache

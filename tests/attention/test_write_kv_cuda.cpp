@@ -5,7 +5,7 @@
 #include <numeric>
 #include <random>
 
-#include "gpu_problem.h"
+#include "cuda_problem.h"
 #include "pagedattn/error.h"
 
 using namespace pagedattn;

@@ -3,7 +3,7 @@
 
 #include <random>
 
-#include "gpu_problem.h"
+#include "cuda_problem.h"
 #include "pagedattn/error.h"
 
 using namespace pagedattn;

@@ -9,11 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "gpu_skip.h"
 #include "pagedattn/error.h"
 #include "pagedattn/llama.h"
-#include "pagedattn/sampling.h"
 #include "pagedattn/llama_cuda.h"
-#include "gpu_skip.h"
+#include "pagedattn/sampling.h"
+#include "tiny_models.h"
 
 using namespace pagedattn;
 
@@ -21,53 +22,11 @@ namespace {
 
 // Head dims the CUDA attention kernels support (64, 128); hidden 256 so the GEMMs are not trivial.
 ModelConfig gpu_config(const std::string& variant) {
-  ModelConfig c;
-  c.architecture = "llama";
-  c.vocab_size = 300;
-  c.hidden_size = 256;
-  c.intermediate_size = 512;
-  c.num_layers = 2;
-  c.num_q_heads = 4;
-  c.num_kv_heads = 2;
-  c.rms_norm_eps = 1e-5f;
-  c.rope_theta = 10000.f;
-  if (variant == "qwen2") {
-    c.architecture = "qwen2";
-    c.attention_bias = true;
-    c.rope_theta = 1000000.f;
-    c.rms_norm_eps = 1e-6f;
-    c.tie_word_embeddings = true;
-  } else if (variant == "qwen3") {
-    c.architecture = "qwen3";
-    c.qk_norm = true;
-    c.head_dim = 128;  // q_dim 512 != hidden 256, as in Qwen3
-    c.num_kv_heads = 1;
-  } else if (variant == "llama3") {
-    c.rope_theta = 500000.f;
-    c.rope_scaling.type = "llama3";
-    c.rope_scaling.factor = 8.f;
-    c.rope_scaling.low_freq_factor = 1.f;
-    c.rope_scaling.high_freq_factor = 4.f;
-    c.rope_scaling.original_max_position = 32;  // so the scaling changes positions used here
-  } else if (variant == "mistral") {
-    c.architecture = "mistral";
-    c.sliding_window = 8;
-    c.num_kv_heads = 4;
-  }
-  return c;
+  return pagedattn::testing::tiny_config(variant, pagedattn::testing::TinySize::gpu);
 }
 
 KvCacheConfig cache_config(const ModelConfig& c, Device device) {
-  KvCacheConfig k;
-  k.num_layers = c.num_layers;
-  k.num_kv_heads = c.num_kv_heads;
-  k.head_dim = c.head_dim ? c.head_dim : c.hidden_size / c.num_q_heads;
-  k.page_size = 16;
-  k.num_pages = 64;
-  k.dtype = device == Device::cuda ? DType::bf16 : DType::f32;
-  k.device = device;
-  k.enable_prefix_cache = false;
-  return k;
+  return pagedattn::testing::model_kv_config(c, 64, 16, device);
 }
 
 struct RowCheck {
@@ -177,7 +136,7 @@ TEST(LlamaCuda, GreedyDecodeAloneEqualsInABatchOfEight) {
   std::vector<SeqId> seqs;
   for (int s = 0; s < kSeqs; ++s) seqs.push_back(batch_cache.create_sequence());
   std::vector<std::vector<std::vector<float>>> batch_rows(kSeqs);  // [seq][step][V]
-  std::vector<std::vector<int32_t>> fed(kSeqs);                      // [seq][step]
+  std::vector<std::vector<int32_t>> fed(kSeqs);                    // [seq][step]
   std::vector<std::vector<int32_t>> work = prompts;
   for (int step = 0; step <= kSteps; ++step) {
     const Tensor l = gpu->forward(make_forward_batch(batch_cache, seqs, work), batch_cache);
