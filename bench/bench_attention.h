@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-namespace pagedattn::tools {
+namespace pagedattn::bench {
 
 struct BenchAttentionArgs {
   std::string device = "cpu";         // cpu | cuda
@@ -28,4 +28,4 @@ int bench_attention_cpu(const BenchAttentionArgs& args);
 // Implemented in bench_attention_cuda.cu; builds without CUDA get a version that throws Error.
 int bench_attention_cuda(const BenchAttentionArgs& args);
 
-}  // namespace pagedattn::tools
+}  // namespace pagedattn::bench

@@ -37,7 +37,7 @@
 #include "pagedattn/error.h"
 #include "pagedattn/thread_pool.h"
 
-namespace pagedattn::tools {
+namespace pagedattn::bench {
 namespace {
 
 using Shape = bench_grid::GridPoint;
@@ -374,4 +374,4 @@ int bench_attention_cpu(const BenchAttentionArgs& args) {
   return status;
 }
 
-}  // namespace pagedattn::tools
+}  // namespace pagedattn::bench

@@ -24,7 +24,7 @@
 #include "pagedattn/attention_cuda.h"
 #include "pagedattn/error.h"
 
-namespace pagedattn::tools {
+namespace pagedattn::bench {
 namespace {
 
 void ck(cudaError_t e, const char* what) {
@@ -297,4 +297,4 @@ int bench_attention_cuda(const BenchAttentionArgs& args) {
   return 0;
 }
 
-}  // namespace pagedattn::tools
+}  // namespace pagedattn::bench

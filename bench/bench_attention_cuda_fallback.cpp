@@ -2,10 +2,10 @@
 #include "bench_attention.h"
 #include "pagedattn/error.h"
 
-namespace pagedattn::tools {
+namespace pagedattn::bench {
 
 int bench_attention_cuda(const BenchAttentionArgs&) {
   fail("bench attention: --device cuda is not available: pagedattn was built without CUDA");
 }
 
-}  // namespace pagedattn::tools
+}  // namespace pagedattn::bench

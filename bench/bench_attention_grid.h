@@ -24,7 +24,7 @@
 #include "pagedattn/dtype.h"
 #include "pagedattn/error.h"
 
-namespace pagedattn::tools::bench_grid {
+namespace pagedattn::bench::bench_grid {
 
 // One shape to time.
 struct GridPoint {
@@ -354,4 +354,4 @@ inline std::string csv_row(const Row& r) {
   return s;
 }
 
-}  // namespace pagedattn::tools::bench_grid
+}  // namespace pagedattn::bench::bench_grid

@@ -12,7 +12,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-namespace pagedattn::tools {
+namespace pagedattn::bench {
 
 #ifdef PAGEDATTN_HAVE_CUDA
 
@@ -68,4 +68,4 @@ CopyBandwidth measure_copy_bandwidth(size_t, int) {
 
 #endif
 
-}  // namespace pagedattn::tools
+}  // namespace pagedattn::bench

@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <string>
 
-namespace pagedattn::tools {
+namespace pagedattn::bench {
 
 struct CopyBandwidth {
   std::string device;    // the GPU's name
@@ -19,4 +19,10 @@ struct CopyBandwidth {
 // CUDA device (or in builds without CUDA) or when a CUDA call fails.
 CopyBandwidth measure_copy_bandwidth(size_t bytes = size_t(1) << 30, int iters = 10);
 
+}  // namespace pagedattn::bench
+
+namespace pagedattn::tools {
+// NOTE: `pagedattn bench model` (tools/cmd_bench_model.cpp) names these from the CLI's namespace.
+using bench::CopyBandwidth;
+using bench::measure_copy_bandwidth;
 }  // namespace pagedattn::tools

@@ -27,7 +27,7 @@
 
 #include "pagedattn/error.h"
 
-namespace pagedattn::tools::serve_bench {
+namespace pagedattn::bench::serve_bench {
 
 // ---- length distributions ----
 
@@ -248,4 +248,4 @@ inline bool static_batch_ready(int32_t batch_size, size_t queued, int32_t max_se
   return full || oldest_wait_s >= timeout_s || !more_arrivals;
 }
 
-}  // namespace pagedattn::tools::serve_bench
+}  // namespace pagedattn::bench::serve_bench

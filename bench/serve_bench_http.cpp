@@ -23,7 +23,7 @@
 
 #include "pagedattn/error.h"
 
-namespace pagedattn::tools::serve_bench {
+namespace pagedattn::bench::serve_bench {
 
 using nlohmann::json;
 
@@ -566,4 +566,4 @@ RunResult run_serve_bench_http(const Endpoint& ep, const ServerInfo& info,
   return r;
 }
 
-}  // namespace pagedattn::tools::serve_bench
+}  // namespace pagedattn::bench::serve_bench

@@ -23,7 +23,7 @@
 
 #include "serve_bench_run.h"
 
-namespace pagedattn::tools::serve_bench {
+namespace pagedattn::bench::serve_bench {
 
 // http://HOST[:PORT][/BASE] (HOST may be [IPv6]; PORT defaults to 80; BASE is prepended to every
 // path). Throws Error naming the URL when it is not of that form.
@@ -64,4 +64,4 @@ RunResult run_serve_bench_http(const Endpoint& ep, const ServerInfo& info,
                                const std::vector<WorkItem>& work, const WorkloadSpec& spec,
                                const RunConfig& cfg, const HttpRunOptions& opt);
 
-}  // namespace pagedattn::tools::serve_bench
+}  // namespace pagedattn::bench::serve_bench

@@ -8,7 +8,7 @@
 
 #include "pagedattn/error.h"
 
-namespace pagedattn::tools::serve_bench {
+namespace pagedattn::bench::serve_bench {
 
 namespace {
 
@@ -181,4 +181,4 @@ void print_row(const RunResult& r) {
   std::fflush(stdout);
 }
 
-}  // namespace pagedattn::tools::serve_bench
+}  // namespace pagedattn::bench::serve_bench

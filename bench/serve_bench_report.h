@@ -9,7 +9,7 @@
 
 #include "serve_bench_run.h"
 
-namespace pagedattn::tools::serve_bench {
+namespace pagedattn::bench::serve_bench {
 
 // device: "" for a server (not known here); url: "" in process.
 nlohmann::json result_json(const RunResult& r, const std::string& model, const std::string& device,
@@ -28,4 +28,4 @@ std::string rate_text(double rate);
 std::string fmt(double v, const char* format, const char* absent = "");
 std::string fmt_count(int64_t v, const char* absent = "");
 
-}  // namespace pagedattn::tools::serve_bench
+}  // namespace pagedattn::bench::serve_bench

@@ -12,7 +12,7 @@
 #include "pagedattn/error.h"
 #include "static_baseline.h"
 
-namespace pagedattn::tools::serve_bench {
+namespace pagedattn::bench::serve_bench {
 
 namespace {
 
@@ -317,4 +317,4 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
   return r;
 }
 
-}  // namespace pagedattn::tools::serve_bench
+}  // namespace pagedattn::bench::serve_bench

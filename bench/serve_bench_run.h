@@ -19,7 +19,7 @@
 #include "pagedattn/model_file.h"
 #include "serve_bench.h"
 
-namespace pagedattn::tools::serve_bench {
+namespace pagedattn::bench::serve_bench {
 
 inline constexpr double kAbsent = std::numeric_limits<double>::quiet_NaN();
 
@@ -114,4 +114,4 @@ void summarize_run(RunResult& r, const std::vector<double>& ttft, const std::vec
                    const std::vector<double>& itl, const std::vector<double>& e2e,
                    double first_done, double last_backlog);
 
-}  // namespace pagedattn::tools::serve_bench
+}  // namespace pagedattn::bench::serve_bench

@@ -20,7 +20,7 @@
 #include "pagedattn/error.h"
 #include "serve_bench.h"
 
-namespace pagedattn::tools::serve_bench {
+namespace pagedattn::bench::serve_bench {
 
 struct SweepCase {
   std::string workload;  // fixed | uniform | lognormal | pareto
@@ -50,4 +50,4 @@ inline std::vector<SweepCase> make_sweep(const LengthSpec &prompt, const LengthS
   return cases;
 }
 
-}  // namespace pagedattn::tools::serve_bench
+}  // namespace pagedattn::bench::serve_bench

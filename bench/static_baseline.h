@@ -14,7 +14,7 @@
 #include "pagedattn/error.h"
 #include "serve_bench.h"
 
-namespace pagedattn::tools::serve_bench {
+namespace pagedattn::bench::serve_bench {
 
 class StaticBatcher {
  public:
@@ -84,4 +84,4 @@ class StaticBatcher {
   int64_t reserved_ = 0;
 };
 
-}  // namespace pagedattn::tools::serve_bench
+}  // namespace pagedattn::bench::serve_bench

@@ -222,7 +222,7 @@ int main(int argc, char** argv) {
     std::printf("gate: %s\n", failures ? "FAILED" : "passed");
     if (failures) return 1;
   }
-  const pagedattn::tools::CopyBandwidth copy = pagedattn::tools::measure_copy_bandwidth();
+  const pagedattn::bench::CopyBandwidth copy = pagedattn::bench::measure_copy_bandwidth();
   std::printf("== timing (%s, copy %.0f GB/s; cold L2, median of 20; GB/s of W + X + Y)\n",
               copy.device.c_str(), copy.gbps);
   cublasHandle_t h;

@@ -1,5 +1,5 @@
 // `pagedattn bench serve`: the serving benchmark's flags (the benchmark itself is
-// bench/serve_bench_main.h). Replays an open-loop workload (Poisson arrivals at each
+// bench/serve_bench_driver.h). Replays an open-loop workload (Poisson arrivals at each
 // --request-rate, or a closed loop to --target-tokens) against the in-process engine, for every
 // combination of --mode (paged, static) and --prefix-cache (on, off), at one KV budget, or
 // against a running `pagedattn serve` over HTTP (--url: mode http), and reports throughput,
@@ -14,9 +14,12 @@
 #include "model_session.h"
 #include "pagedattn/default_model.h"
 #include "pagedattn/error.h"
-#include "serve_bench_main.h"
+#include "serve_bench_driver.h"
 
 namespace pagedattn::tools {
+
+using bench::BenchServeArgs;
+using bench::run_bench_serve;
 
 void register_bench_serve(CLI::App& bench) {
   auto a = std::make_shared<BenchServeArgs>();

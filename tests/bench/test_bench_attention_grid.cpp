@@ -12,10 +12,10 @@
 #include "bench_attention_grid.h"
 #include "pagedattn/error.h"
 
-namespace bg = pagedattn::tools::bench_grid;
+namespace bg = pagedattn::bench::bench_grid;
 using pagedattn::DType;
 using pagedattn::Error;
-using pagedattn::tools::BenchAttentionArgs;
+using pagedattn::bench::BenchAttentionArgs;
 
 namespace {
 

@@ -28,7 +28,7 @@
 #include "serve_bench_http.h"
 #include "serve_bench_run.h"
 
-namespace sb = pagedattn::tools::serve_bench;
+namespace sb = pagedattn::bench::serve_bench;
 using namespace pagedattn;
 using nlohmann::json;
 

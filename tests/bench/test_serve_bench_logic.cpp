@@ -12,7 +12,7 @@
 #include "serve_bench_sweep.h"
 #include "static_baseline.h"
 
-namespace sb = pagedattn::tools::serve_bench;
+namespace sb = pagedattn::bench::serve_bench;
 using pagedattn::Error;
 
 namespace {

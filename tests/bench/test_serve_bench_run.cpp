@@ -7,7 +7,7 @@
 #include "pagedattn/llama.h"
 #include "serve_bench_run.h"
 
-namespace sb = pagedattn::tools::serve_bench;
+namespace sb = pagedattn::bench::serve_bench;
 using pagedattn::Error;
 using pagedattn::ModelConfig;
 using pagedattn::ModelFile;

@@ -12,7 +12,7 @@
 #include "pagedattn/tensor.h"
 #include "serve_bench_run.h"
 
-namespace pagedattn::tools {
+namespace pagedattn::bench {
 
 // What `bench serve`'s flags set (tools/cmd_bench_serve.cpp); the lists are run in turn.
 struct BenchServeArgs {
@@ -43,4 +43,4 @@ void run_bench_serve(const BenchServeArgs& a);
 // A --request-rate value: a positive number, or inf (all at once).
 double parse_rate(const std::string& s);
 
-}  // namespace pagedattn::tools
+}  // namespace pagedattn::bench

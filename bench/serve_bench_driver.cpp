@@ -1,6 +1,6 @@
-// The serving benchmark's driver (serve_bench_main.h): the runs the arguments ask for, in order,
+// The serving benchmark's driver (serve_bench_driver.h): the runs the arguments ask for, in order,
 // each reported as it finishes.
-#include "serve_bench_main.h"
+#include "serve_bench_driver.h"
 
 #include <algorithm>
 #include <cmath>
@@ -22,7 +22,7 @@
 #include "serve_bench_run.h"
 #include "serve_bench_sweep.h"
 
-namespace pagedattn::tools {
+namespace pagedattn::bench {
 
 namespace sb = serve_bench;
 using sb::append_csv;
@@ -314,4 +314,4 @@ void run_bench_serve(const BenchServeArgs& a) {
   }
 }
 
-}  // namespace pagedattn::tools
+}  // namespace pagedattn::bench
