@@ -9,8 +9,8 @@
 #include "bench_attention_grid.h"
 #include "pagedattn/error.h"
 
-namespace bg = pagedattn::tools::bench_grid;
-using pagedattn::tools::BenchAttentionArgs;
+namespace bg = pagedattn::bench::bench_grid;
+using pagedattn::bench::BenchAttentionArgs;
 
 int main(int argc, char** argv) {
   BenchAttentionArgs a;
@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
       else
         pagedattn::fail("bench attention: unknown flag '", f, "'");
     }
-    return pagedattn::tools::bench_attention_cuda(a);
+    return pagedattn::bench::bench_attention_cuda(a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -147,7 +147,7 @@ struct Problem {
   }
 };
 
-// The L2 flush before each timed run (tools/l2_flush.cuh): by default ("clean") the memset and the
+// The L2 flush before each timed run (bench/l2_flush.cuh): by default ("clean") the memset and the
 // read; LAB_FLUSH=memset, the memset alone.
 inline bool clean_flush() {
   const char* e = std::getenv("LAB_FLUSH");

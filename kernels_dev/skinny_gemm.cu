@@ -5,8 +5,10 @@
 //   skinny_gemm_lab --sweep-only the sweep alone
 //   skinny_gemm_lab --sweep-only --shape T:N:K   one shape (e.g. under a profiler)
 //
-// Versions (src/model/cuda/skinny_gemm.cu; v1 is the library's skinny GEMM, which the model uses
-// only when asked: LlamaModelCuda::set_skinny_gemm_max_tokens, bench model --skinny-max-tokens):
+// Versions (skinny_gemm_versions.cu, the kernel in skinny_gemm_kernel.cuh; v1 is the default
+// configuration, checked by skinny_gemm_check.cpp). Until 2026-11-23 v1 was in the library
+// (src/model/cuda), opt-in behind LlamaModelCuda::set_skinny_gemm_max_tokens; it moved here
+// because cuBLAS beats it at every decode shape but lm_head (below), and the model uses cuBLAS:
 //   v1  8 warps, 16 weight rows each (128 rows per CTA), 4-stage cp.async ring of 64-wide k-blocks
 //       (16 KiB of W per stage), tokens as the mma's N side; K split over CTAs to fill one wave of
 //       2 CTAs per SM, partials stored to global memory and added in split order by the tile's
@@ -220,7 +222,7 @@ int main(int argc, char** argv) {
     std::printf("gate: %s\n", failures ? "FAILED" : "passed");
     if (failures) return 1;
   }
-  const pagedattn::tools::CopyBandwidth copy = pagedattn::tools::measure_copy_bandwidth();
+  const pagedattn::bench::CopyBandwidth copy = pagedattn::bench::measure_copy_bandwidth();
   std::printf("== timing (%s, copy %.0f GB/s; cold L2, median of 20; GB/s of W + X + Y)\n",
               copy.device.c_str(), copy.gbps);
   cublasHandle_t h;

@@ -13,7 +13,8 @@
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-MODEL="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+source "$root/scripts/default-model.sh"
+MODEL="$root/models/$DEFAULT_MODEL_NAME"
 THREADS=$(nproc)
 ROUNDS=3
 BUILD="$root/build"

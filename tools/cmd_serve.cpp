@@ -13,6 +13,7 @@
 #include "cli.h"
 #include "model_session.h"
 #include "pagedattn/chat_template.h"
+#include "pagedattn/default_model.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/error.h"
 #include "pagedattn/model.h"
@@ -24,7 +25,7 @@ namespace pagedattn::tools {
 namespace {
 
 struct ServeArgs {
-  std::string model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  std::string model = kDefaultModelPath;
   std::string device = "auto";
   std::string served_model_name;  // "" -> the file's stem
   ServerConfig server;

@@ -11,14 +11,14 @@
 #include <string>
 #include <vector>
 
+#include "pagedattn/default_model.h"
 #include "pagedattn/kv_cache.h"
 #include "pagedattn/model.h"
 #include "pagedattn/tokenizer.h"
 
 namespace pagedattn::tools {
 
-// Where the default model is fetched to (scripts/fetch-default-model.sh).
-inline constexpr const char* kDefaultModelPath = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+// kDefaultModelPath: pagedattn/default_model.h.
 
 struct SessionOptions {
   std::string model = kDefaultModelPath;

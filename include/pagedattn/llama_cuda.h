@@ -61,16 +61,15 @@ class LlamaModelCuda : public Model {
   // floor of a decode step.
   size_t step_weight_bytes() const;
 
-  // Matrix products of at most this many token rows (decode steps) use the skinny GEMM
-  // (src/model/cuda/skinny_gemm.h), longer ones cuBLAS. Default 0, cuBLAS for everything: on an
-  // H100 the skinny GEMM is slower than cuBLAS at every decode shape measured
-  // (kernels_dev/skinny_gemm.cu). At most 64.
+  // Every matrix product goes to cuBLAS. The project's skinny GEMM for decode steps lives in the
+  // kernel lab (kernels_dev/skinny_gemm.cu) until a version beats cuBLAS; this accepts 0 (cuBLAS)
+  // and throws Error for anything else (the `bench model --skinny-max-tokens` flag's old knob).
   void set_skinny_gemm_max_tokens(int32_t max_tokens);
 
   // Decode steps (one new token per sequence) replay CUDA graphs: a step's launches are captured
   // the second time in a row they occur (same batch size, scratch buffers and attention launch
   // shapes) and replayed while they recur, so the host's launch calls leave the step (they bound
-  // small models' steps). On by default; off while the skinny GEMM is on. Results are the same
+  // small models' steps). On by default. Results are the same
   // bits either way.
   void set_cuda_graphs(bool enabled);
   struct GraphStats {

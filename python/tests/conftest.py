@@ -4,7 +4,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-MODEL = REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _default_model_name() -> str:
+    """DEFAULT_MODEL_NAME of scripts/default-model.sh."""
+    for line in (REPO / "scripts" / "default-model.sh").read_text().splitlines():
+        if line.startswith("DEFAULT_MODEL_NAME="):
+            return line.split("=", 1)[1].strip()
+    raise RuntimeError("scripts/default-model.sh names no DEFAULT_MODEL_NAME")
+
+
+MODEL = REPO / "models" / _default_model_name()
 
 
 @pytest.fixture(scope="session")

@@ -48,3 +48,12 @@ def test_extension_keeps_its_static_libraries_private():
     assert not strong, f"the extension exports {len(strong)} strong symbols, e.g. {strong[:4]}"
     ours = [name for _, name in symbols if "9pagedattn" in name]
     assert not ours, f"the extension exports {len(ours)} pagedattn symbols, e.g. {ours[:4]}"
+
+
+def test_default_model_is_the_scripts_default():
+    # The package's own copy of the default model's file name (it ships without scripts/) is the
+    # one scripts/default-model.sh fetches.
+    from conftest import MODEL
+    from pagedattn.llm import DEFAULT_MODEL_FILE
+
+    assert DEFAULT_MODEL_FILE == MODEL.name

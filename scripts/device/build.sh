@@ -220,7 +220,7 @@ if [[ ${#targets[@]} -eq 0 ]]; then
   available=$(cmake --build "$BUILD_DIR" --target help 2>/dev/null || true
               ninja -C "$BUILD_DIR" -t targets all 2>/dev/null || true)
   for t in pagedattn test_gpu attention_decode_lab attention_prefill_lab skinny_gemm_lab \
-             bench_attention_cuda_main; do
+             skinny_gemm_check bench_attention_cuda_main; do
     if grep -qE "(^|[ .:])$t(:|$| )" <<<"$available"; then targets+=("$t"); fi
   done
 fi

@@ -37,7 +37,8 @@ if has build; then
     note "full build FAILED (see build.log); building test_gpu and the kernel lab only"
     grep -E "error" "$OUT/build.log" | head -20
     BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh test_gpu attention_decode_lab \
-      attention_prefill_lab skinny_gemm_lab bench_attention_cuda_main >>"$OUT/build.log" 2>&1 ||
+      attention_prefill_lab skinny_gemm_lab skinny_gemm_check bench_attention_cuda_main \
+      >>"$OUT/build.log" 2>&1 ||
       { note "build FAILED"; tail -30 "$OUT/build.log"; exit 1; }
     status=1
   fi
@@ -50,6 +51,11 @@ if has tests; then
   note "tests"
   "$BUILD_DIR/tests/test_gpu" >"$OUT/test_gpu.log" 2>&1 || status=1
   tail -25 "$OUT/test_gpu.log"
+  # The kernel lab's skinny GEMM check (kernels_dev/skinny_gemm_check.cpp).
+  if [[ -x "$BUILD_DIR/kernels_dev/skinny_gemm_check" ]]; then
+    "$BUILD_DIR/kernels_dev/skinny_gemm_check" >"$OUT/skinny_gemm_check.log" 2>&1 || status=1
+    tail -4 "$OUT/skinny_gemm_check.log"
+  fi
 fi
 
 if has sanitize; then

@@ -1,5 +1,6 @@
-// Test problems for the attention operator: a ragged batch, its pools with shuffled block tables,
-// and helpers to run a backend and compare outputs.
+// Test problems for the attention operator, for every backend: a ragged batch, its pools with
+// shuffled block tables, and helpers to run a backend and compare outputs (the CUDA tests add the
+// device copies: cuda_problem.h).
 //
 // Slots past each sequence's kv_len, and pages no sequence uses, hold NaN: a kernel that reads a
 // key it must not see turns its output into NaN, which never passes a comparison.
@@ -31,6 +32,8 @@ struct ProblemSpec {
   std::vector<int32_t> kv_len;   // per sequence, >= q_len
   int32_t extra_pages = 3;       // unused pages in the pool (NaN-filled)
   int32_t extra_table_cols = 1;  // block-table entries past the last needed page (garbage ids)
+  int32_t min_page_id = 0;       // page ids start here (pools past 65,536 pages)
+  float fp8_scale_max = 0.02f;   // fp8 pools: per-head scales drawn from [0.01, this)
   AttentionOptions opt;
 };
 
@@ -78,10 +81,10 @@ struct Problem {
       max_pages_per_seq = std::max(max_pages_per_seq, pages_of[size_t(b)]);
     }
     max_pages_per_seq += s.extra_table_cols;
-    num_pages = used + s.extra_pages;
+    num_pages = s.min_page_id + used + s.extra_pages;
     // Shuffled page ids: no sequence's pages are contiguous or in order.
-    std::vector<int32_t> ids(static_cast<size_t>(num_pages));
-    std::iota(ids.begin(), ids.end(), 0);
+    std::vector<int32_t> ids(static_cast<size_t>(used + s.extra_pages));
+    std::iota(ids.begin(), ids.end(), s.min_page_id);
     std::shuffle(ids.begin(), ids.end(), rng);
     block_table.assign(size_t(n) * max_pages_per_seq, 0);
     size_t next = 0;
@@ -98,7 +101,7 @@ struct Problem {
     // Pools: NaN everywhere, then every valid slot of every sequence filled.
     const bool fp8 = s.kv_dtype == DType::fp8_e4m3;
     if (fp8) {
-      std::uniform_real_distribution<float> sc(0.01f, 0.02f);
+      std::uniform_real_distribution<float> sc(0.01f, s.fp8_scale_max);
       for (int32_t h = 0; h < Hk; ++h) k_scale.push_back(sc(rng)), v_scale.push_back(sc(rng));
     }
     const int64_t pool_elems = int64_t(num_pages) * Hk * P * D;

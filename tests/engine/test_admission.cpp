@@ -12,6 +12,7 @@
 #include "pagedattn/admission.h"
 #include "pagedattn/error.h"
 #include "pagedattn/scheduler.h"
+#include "tiny_models.h"
 
 using namespace pagedattn;
 
@@ -38,15 +39,7 @@ int64_t peak_by_scan(const std::vector<GrowthForecast> &fs, int32_t ps, int64_t 
   return peak;
 }
 
-KvCacheConfig cache_config(int32_t num_pages, int32_t page_size) {
-  KvCacheConfig c;
-  c.num_layers = 1;
-  c.num_kv_heads = 1;
-  c.head_dim = 4;
-  c.page_size = page_size;
-  c.num_pages = num_pages;
-  return c;
-}
+using pagedattn::testing::scheduler_kv_config;
 
 // A scheduler over a real cache; every computed logit row becomes token 7, and
 // a sequence that reaches its max_length is finished (removed) the way the
@@ -167,7 +160,7 @@ TEST(OutputLengthStats, WorstCaseUntilEnoughSamplesThenAPercentileOfLongerOnes) 
 TEST(Admission, LookaheadNeverOverCommitsWhenLengthsAreKnown) {
   SchedulerConfig sc;
   sc.max_num_batched_tokens = 64;
-  Harness look(cache_config(40, 4), sc);
+  Harness look(scheduler_kv_config(40, 4), sc);
   add_varied(look);
   int64_t preempted = 0;
   for (int32_t i = 0; i < 10000 && look.sched.has_work(); ++i) {
@@ -187,7 +180,7 @@ TEST(Admission, LookaheadNeverOverCommitsWhenLengthsAreKnown) {
   // The same workload admitted on current use alone outgrows the pool.
   sc.admission = AdmissionPolicy::immediate;
   sc.victim = VictimPolicy::newest;
-  Harness now(cache_config(40, 4), sc);
+  Harness now(scheduler_kv_config(40, 4), sc);
   add_varied(now);
   EXPECT_GT(now.run(), 0);
   EXPECT_GT(now.sched.recomputed_tokens(), 0);
@@ -199,7 +192,7 @@ TEST(Admission, EstimatedLengthsStillFinishWithoutLivelock) {
   // preemption. Everything finishes.
   SchedulerConfig sc;
   sc.max_num_batched_tokens = 64;
-  Harness h(cache_config(40, 4), sc);
+  Harness h(scheduler_kv_config(40, 4), sc);
   for (int rep = 0; rep < 3; ++rep) add_varied(h, false);
   h.run();
   EXPECT_EQ(h.cache.stats().pages_used, 0);
@@ -209,7 +202,7 @@ TEST(Admission, ASequenceAloneIsAdmittedEvenIfItsForecastDoesNotFit) {
   // 10 pages of 4 tokens; the request ends at 60 tokens (15 pages): it runs
   // alone and is finished for want of memory rather than waiting forever.
   SchedulerConfig sc;
-  Harness h(cache_config(10, 4), sc);
+  Harness h(scheduler_kv_config(10, 4), sc);
   Sequence *s = h.add(8, 52);
   SchedulerOutput out = h.step();
   EXPECT_EQ(out.scheduled.size(), 1u);
@@ -225,7 +218,7 @@ TEST(Preemption, VictimLosesTheLeastComputedWork) {
     sc.admission = AdmissionPolicy::immediate;
     sc.watermark_pages = 0;
     sc.victim = v;
-    Harness h(cache_config(12, 4), sc);
+    Harness h(scheduler_kv_config(12, 4), sc);
     Sequence *c = h.add(24, 100, false);
     Sequence *a = h.add(3, 100, false);
     Sequence *b = h.add(19, 100, false);
@@ -245,7 +238,7 @@ TEST(Preemption, RecomputedTokensAndPrefixHitsOnResumeAreCounted) {
     sc.admission = AdmissionPolicy::immediate;
     sc.watermark_pages = 0;
     sc.enable_prefix_cache = prefix;
-    KvCacheConfig kc = cache_config(12, 4);
+    KvCacheConfig kc = scheduler_kv_config(12, 4);
     kc.enable_prefix_cache = prefix;
     Harness h(kc, sc);
     Sequence *c = h.add(24, 100, false);

@@ -10,6 +10,7 @@
 #include <set>
 #include <vector>
 
+#include "default_model.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/model.h"
 #include "pagedattn/tokenizer.h"
@@ -18,13 +19,8 @@ using namespace pagedattn;
 
 namespace {
 
-std::string default_model_path() {
-  if (const char* env = std::getenv("PAGEDATTN_MODEL")) return env;
-  return (std::filesystem::path(__FILE__).parent_path() /
-          "../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
-      .lexically_normal()
-      .string();
-}
+// PAGEDATTN_MODEL or the default model.
+std::string default_model_path() { return pagedattn::testing::model_path_from_env(); }
 
 struct Loaded {
   std::shared_ptr<ModelFile> file;

@@ -7,20 +7,13 @@
 
 #include "pagedattn/error.h"
 #include "pagedattn/scheduler.h"
+#include "tiny_models.h"
 
 using namespace pagedattn;
 
 namespace {
 
-KvCacheConfig small_cache(int32_t num_pages, int32_t page_size) {
-  KvCacheConfig c;
-  c.num_layers = 1;
-  c.num_kv_heads = 1;
-  c.head_dim = 4;
-  c.page_size = page_size;
-  c.num_pages = num_pages;
-  return c;
-}
+using pagedattn::testing::scheduler_kv_config;
 
 struct Harness {
   KvCache cache;
@@ -61,7 +54,7 @@ TEST(Scheduler, TokenBudgetAndSeqLimitRespected) {
   SchedulerConfig sc;
   sc.max_num_batched_tokens = 10;
   sc.max_num_seqs = 3;
-  Harness h(small_cache(256, 4), sc);
+  Harness h(scheduler_kv_config(256, 4), sc);
   for (int32_t len : {7, 5, 9, 13, 2, 30}) h.add(len);
   int32_t steps = 0;
   while (h.sched.has_work() && steps < 200) {
@@ -83,7 +76,7 @@ TEST(Scheduler, TokenBudgetAndSeqLimitRespected) {
 TEST(Scheduler, FirstStepChunksPrefillsInArrivalOrder) {
   SchedulerConfig sc;
   sc.max_num_batched_tokens = 10;
-  Harness h(small_cache(256, 4), sc);
+  Harness h(scheduler_kv_config(256, 4), sc);
   Sequence *a = h.add(7);
   Sequence *b = h.add(5);
   SchedulerOutput out = h.sched.schedule();
@@ -102,7 +95,7 @@ TEST(Scheduler, FirstStepChunksPrefillsInArrivalOrder) {
 TEST(Scheduler, RunningDecodesComeFirstAndNeverStarve) {
   SchedulerConfig sc;
   sc.max_num_batched_tokens = 16;
-  Harness h(small_cache(512, 4), sc);
+  Harness h(scheduler_kv_config(512, 4), sc);
   Sequence *a = h.add(3);
   Sequence *b = h.add(4);
   h.step();
@@ -130,7 +123,7 @@ TEST(Scheduler, RunningDecodesComeFirstAndNeverStarve) {
 TEST(Scheduler, AdmissionWaitsForPages) {
   SchedulerConfig sc;
   sc.watermark_pages = 0;
-  Harness h(small_cache(8, 4), sc);
+  Harness h(scheduler_kv_config(8, 4), sc);
   Sequence *a = h.add(20);       // 5 pages
   Sequence *b = h.add(16, 100);  // 4 pages: only 3 left
   SchedulerOutput out = h.step();
@@ -153,7 +146,7 @@ TEST(Scheduler, AdmissionWaitsForPages) {
 TEST(Scheduler, WatermarkKeepsPagesSpare) {
   SchedulerConfig sc;
   sc.watermark_pages = 2;
-  Harness h(small_cache(10, 4), sc);
+  Harness h(scheduler_kv_config(10, 4), sc);
   h.add(16);                     // 4 pages (alone: no watermark needed)
   Sequence *b = h.add(16, 100);  // 4 more would leave 2: allowed
   Sequence *c = h.add(4, 200);   // 1 more would leave 1 < 2: waits
@@ -167,7 +160,7 @@ TEST(Scheduler, PreemptsNewestWhenPagesRunOut) {
   SchedulerConfig sc;
   sc.watermark_pages = 0;
   sc.enable_prefix_cache = false;  // (with it, b's full pages would be reattached)
-  Harness h(small_cache(5, 4), sc);
+  Harness h(scheduler_kv_config(5, 4), sc);
   Sequence *a = h.add(8);       // 2 pages
   Sequence *b = h.add(8, 100);  // 2 pages (different tokens: no prefix sharing)
   h.step();
@@ -191,7 +184,7 @@ TEST(Scheduler, PreemptsNewestWhenPagesRunOut) {
 
 TEST(Scheduler, SequenceLargerThanTheCacheFinishesInsteadOfLooping) {
   SchedulerConfig sc;
-  Harness h(small_cache(2, 4), sc);
+  Harness h(scheduler_kv_config(2, 4), sc);
   Sequence *a = h.add(7);
   SchedulerOutput out = h.step();
   EXPECT_EQ(h.scheduled_tokens(out, a), 7);
@@ -205,7 +198,7 @@ TEST(Scheduler, SequenceLargerThanTheCacheFinishesInsteadOfLooping) {
 }
 
 TEST(Scheduler, RejectsPromptsThatCanNeverFit) {
-  Harness h(small_cache(2, 4), SchedulerConfig{});
+  Harness h(scheduler_kv_config(2, 4), SchedulerConfig{});
   try {
     h.add(8);
     FAIL() << "expected Error";
@@ -217,7 +210,7 @@ TEST(Scheduler, RejectsPromptsThatCanNeverFit) {
 
 TEST(Scheduler, PrefixHitSkipsCachedPages) {
   SchedulerConfig sc;
-  Harness h(small_cache(64, 4), sc);
+  Harness h(scheduler_kv_config(64, 4), sc);
   Sequence *a = h.add(13);
   h.step();
   h.sched.remove(a);
@@ -230,7 +223,7 @@ TEST(Scheduler, PrefixHitSkipsCachedPages) {
 
   SchedulerConfig off;
   off.enable_prefix_cache = false;
-  Harness h2(small_cache(64, 4), off);
+  Harness h2(scheduler_kv_config(64, 4), off);
   Sequence *c = h2.add(13);
   h2.step();
   h2.sched.remove(c);
@@ -239,7 +232,7 @@ TEST(Scheduler, PrefixHitSkipsCachedPages) {
 }
 
 TEST(Scheduler, BadConfigThrows) {
-  KvCache cache(small_cache(8, 4));
+  KvCache cache(scheduler_kv_config(8, 4));
   SchedulerConfig sc;
   sc.max_num_batched_tokens = 0;
   EXPECT_THROW(Scheduler(sc, cache), Error);

@@ -11,8 +11,10 @@
 #include <memory>
 #include <random>
 
+#include "default_model.h"
 #include "pagedattn/kv_cache.h"
 #include "pagedattn/llama.h"
+#include "tiny_models.h"
 
 using namespace pagedattn;
 
@@ -27,22 +29,10 @@ struct Runner {
 };
 
 KvCacheConfig cache_config(const ModelConfig& c, int32_t pages, int32_t page_size, bool prefix) {
-  KvCacheConfig k;
-  k.num_layers = c.num_layers;
-  k.num_kv_heads = c.num_kv_heads;
-  k.head_dim = c.head_dim ? c.head_dim : c.hidden_size / c.num_q_heads;
-  k.page_size = page_size;
-  k.num_pages = pages;
-  k.enable_prefix_cache = prefix;
-  return k;
+  return pagedattn::testing::model_kv_config(c, pages, page_size, Device::cpu, prefix);
 }
 
-std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int32_t& x : t) x = int32_t(g() % uint64_t(vocab));
-  return t;
-}
+using pagedattn::testing::random_tokens;
 
 // One forward step; work[b] are seqs[b]'s new tokens. Returns each sequence's last-row logits.
 Rows step(Model& model, KvCache& cache, const std::vector<SeqId>& seqs,
@@ -169,29 +159,12 @@ void check_all(const Runner& s, const ModelConfig& c, const std::vector<int32_t>
   EXPECT_GT(reused, 0) << "the prefix cache reused nothing";
 }
 
-ModelConfig small_config(const std::string& variant) {
-  ModelConfig c;
-  c.architecture = variant == "qwen2" || variant == "qwen3" ? variant : "llama";
-  c.vocab_size = 97;
-  c.hidden_size = 64;
-  c.intermediate_size = 160;
-  c.num_layers = 2;
-  c.num_q_heads = 4;
-  c.num_kv_heads = 2;
-  c.attention_bias = variant == "qwen2";
-  c.tie_word_embeddings = variant == "qwen2";
-  if (variant == "qwen3") {
-    c.qk_norm = true;
-    c.head_dim = 32;
-    c.num_kv_heads = 1;
-  }
-  return c;
-}
+using pagedattn::testing::tiny_config;
 
 class SmallModels : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(SmallModels, LogitsBitIdenticalAloneBatchedPreemptedPrefixHit) {
-  const ModelConfig cfg = small_config(GetParam());
+  const ModelConfig cfg = tiny_config(GetParam());
   LlamaModel model(make_synthetic_model_file(cfg, 5));
   const Runner s{&model, 4, cfg.vocab_size};
   check_all(s, cfg, random_tokens(19, cfg.vocab_size, 3), 6);
@@ -199,10 +172,7 @@ TEST_P(SmallModels, LogitsBitIdenticalAloneBatchedPreemptedPrefixHit) {
 
 INSTANTIATE_TEST_SUITE_P(Configs, SmallModels, ::testing::Values("llama", "qwen2", "qwen3"));
 
-std::string default_model_path() {
-  const auto root = std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
-  return (root / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").string();
-}
+using pagedattn::testing::default_model_path;
 
 class DefaultModelInvariance : public ::testing::TestWithParam<bool> {};
 

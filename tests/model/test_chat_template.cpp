@@ -3,6 +3,7 @@
 
 #include <filesystem>
 
+#include "default_model.h"
 #include "pagedattn/chat_template.h"
 #include "pagedattn/error.h"
 #include "pagedattn/tokenizer.h"
@@ -93,9 +94,7 @@ TEST(ChatTemplate, FamilyDetection) {
 }
 
 TEST(ChatTemplate, DefaultModel) {
-  const std::string path = (std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() /
-                            "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
-                               .string();
+  const std::string path = pagedattn::testing::default_model_path();
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "default model missing: run scripts/fetch-default-model.sh";
   const Tokenizer tok = load_tokenizer(path);
   EXPECT_EQ(detect_chat_family(tok), ChatFamily::chatml);
@@ -112,9 +111,7 @@ TEST(ChatTemplate, DefaultModel) {
 // Text of messages is tokenized as text: a control token spelled inside a message stays text, so a
 // user cannot close their turn and write a system turn. Only the template inserts control tokens.
 TEST(ChatTemplate, MessageTextCannotInjectControlTokens) {
-  const std::string path = (std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() /
-                            "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
-                               .string();
+  const std::string path = pagedattn::testing::default_model_path();
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "default model missing: run scripts/fetch-default-model.sh";
   const Tokenizer tok = load_tokenizer(path);
   const int32_t im_start = tok.token_id("<|im_start|>"), im_end = tok.token_id("<|im_end|>");

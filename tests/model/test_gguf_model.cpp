@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "default_model.h"
 #include "pagedattn/error.h"
 #include "pagedattn/gguf.h"
 #include "pagedattn/model_file.h"
@@ -221,12 +222,8 @@ TEST(GGUFModel, Llama3RopeFreqsBecomeRopeScaling) {
   fs::remove(path);
 }
 
-std::string default_model_path() {
-  if (const char* env = std::getenv("PAGEDATTN_MODEL")) return env;
-  return (fs::path(__FILE__).parent_path().parent_path().parent_path() / "models" /
-          "SmolLM2-135M-Instruct.Q4_1.gguf")
-      .string();
-}
+// PAGEDATTN_MODEL or the default model.
+std::string default_model_path() { return testing::model_path_from_env(); }
 
 TEST(GGUFModel, DefaultModelLoads) {
   const std::string path = default_model_path();

@@ -10,65 +10,19 @@
 #include "pagedattn/kv_cache.h"
 #include "pagedattn/llama.h"
 #include "test_llama_oracle.h"
+#include "tiny_models.h"
 
 using namespace pagedattn;
 
 namespace {
 
-ModelConfig tiny_config(const std::string& variant) {
-  ModelConfig c;
-  c.architecture = "llama";
-  c.vocab_size = 97;
-  c.hidden_size = 64;
-  c.intermediate_size = 160;
-  c.num_layers = 2;
-  c.num_q_heads = 4;
-  c.num_kv_heads = 2;
-  c.rms_norm_eps = 1e-5f;
-  c.rope_theta = 10000.f;
-  if (variant == "qwen2") {
-    c.architecture = "qwen2";
-    c.attention_bias = true;
-    c.rope_theta = 1000000.f;
-    c.rms_norm_eps = 1e-6f;
-    c.tie_word_embeddings = true;
-  } else if (variant == "qwen3") {
-    c.architecture = "qwen3";
-    c.qk_norm = true;
-    c.head_dim = 32;  // q_dim 128 != hidden 64, as in Qwen3
-    c.num_kv_heads = 1;
-  } else if (variant == "llama3") {
-    c.rope_theta = 500000.f;
-    c.rope_scaling.type = "llama3";
-    c.rope_scaling.factor = 8.f;
-    c.rope_scaling.low_freq_factor = 1.f;
-    c.rope_scaling.high_freq_factor = 4.f;
-    c.rope_scaling.original_max_position = 64;
-  } else if (variant == "mistral") {
-    c.architecture = "mistral";
-    c.sliding_window = 8;
-    c.num_kv_heads = 4;
-  }
-  return c;
-}
+using pagedattn::testing::tiny_config;
 
 KvCacheConfig cache_config(const ModelConfig& c, int32_t num_pages, int32_t page_size = 4) {
-  KvCacheConfig k;
-  k.num_layers = c.num_layers;
-  k.num_kv_heads = c.num_kv_heads;
-  k.head_dim = c.head_dim ? c.head_dim : c.hidden_size / c.num_q_heads;
-  k.page_size = page_size;
-  k.num_pages = num_pages;
-  k.enable_prefix_cache = false;
-  return k;
+  return pagedattn::testing::model_kv_config(c, num_pages, page_size);
 }
 
-std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int32_t& x : t) x = int32_t(g() % uint64_t(vocab));
-  return t;
-}
+using pagedattn::testing::random_tokens;
 
 // One step: sequence seqs[b] gets new tokens work[b]. Returns logits for every new token row
 // (all_rows) or each sequence's last row.
@@ -376,7 +330,8 @@ TEST(LlamaLoad, RejectsBadFiles) {
 }
 
 TEST(LlamaLoad, CudaRunnerNotYetAvailable) {
-  if (cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is present (tests/gpu covers it)";
+  if (cuda_device_count() > 0)
+    GTEST_SKIP() << "a CUDA device is present (test_llama_cuda.cpp covers it)";
   const ModelFile f = make_synthetic_model_file(tiny_config("llama"), 1);
   EXPECT_NE(create_model(f, Device::cpu), nullptr);
   try {

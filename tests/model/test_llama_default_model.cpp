@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <string>
 
+#include "default_model.h"
 #include "pagedattn/kv_cache.h"
 #include "pagedattn/llama.h"
 #include "pagedattn/tokenizer.h"
@@ -16,10 +19,18 @@ using namespace pagedattn;
 
 namespace {
 
-std::string default_model_path() {
-  // tests/model/<this file> -> the repository root.
-  const auto root = std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
-  return (root / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").string();
+using pagedattn::testing::default_model_path;
+
+// One name for the default model: the C++ constant (pagedattn/default_model.h) and the scripts'
+// variable (scripts/default-model.sh) must agree, and the path ends in the file's name.
+TEST(DefaultModelName, CodeAndScriptsNameTheSameFile) {
+  std::ifstream f(pagedattn::testing::repo_root() / "scripts" / "default-model.sh");
+  ASSERT_TRUE(f) << "scripts/default-model.sh is missing";
+  std::string line, name;
+  while (std::getline(f, line))
+    if (line.rfind("DEFAULT_MODEL_NAME=", 0) == 0) name = line.substr(19);
+  EXPECT_EQ(name, kDefaultModelFile);
+  EXPECT_EQ(std::string(kDefaultModelPath), std::string("models/") + kDefaultModelFile);
 }
 
 struct DefaultModel : ::testing::Test {

@@ -10,41 +10,23 @@
 #include "pagedattn/kv_cache.h"
 #include "pagedattn/llama.h"
 #include "test_llama_oracle.h"
+#include "tiny_models.h"
 
 using namespace pagedattn;
 
 namespace {
 
-ModelConfig small_config() {
-  ModelConfig c;
-  c.architecture = "qwen2";
-  c.vocab_size = 101;
-  c.hidden_size = 64;
-  c.intermediate_size = 128;
-  c.num_layers = 2;
-  c.num_q_heads = 4;
-  c.num_kv_heads = 2;
-  c.attention_bias = true;
-  return c;
-}
+// Qwen2's q/k/v biases (the K bias shifts what the cache holds).
+ModelConfig small_config() { return pagedattn::testing::tiny_config("qwen2"); }
 
 KvCacheConfig cache_config(const ModelConfig& c, DType dtype, int32_t pages) {
-  KvCacheConfig k;
-  k.num_layers = c.num_layers;
-  k.num_kv_heads = c.num_kv_heads;
-  k.head_dim = c.hidden_size / c.num_q_heads;
-  k.page_size = 8;
-  k.num_pages = pages;
+  KvCacheConfig k = pagedattn::testing::model_kv_config(c, pages, 8);
   k.dtype = dtype;
-  k.enable_prefix_cache = false;
   return k;
 }
 
 std::vector<int32_t> tokens(int n, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::vector<int32_t> t;
-  for (int i = 0; i < n; ++i) t.push_back(int32_t(g() % 101));
-  return t;
+  return pagedattn::testing::random_tokens(n, small_config().vocab_size, seed);
 }
 
 // Prefill `toks` through a cache of `dtype`; max relative error of every row against the oracle.

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "default_model.h"
 #include "pagedattn/error.h"
 #include "pagedattn/kv_cache.h"
 #include "pagedattn/llama.h"
@@ -18,10 +19,7 @@ using namespace pagedattn;
 
 namespace {
 
-std::string default_model_path() {
-  const auto root = std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
-  return (root / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").string();
-}
+using pagedattn::testing::default_model_path;
 
 #define SKIP_WITHOUT_DEFAULT_MODEL()                  \
   if (!std::filesystem::exists(default_model_path())) \

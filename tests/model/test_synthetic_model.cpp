@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "default_model.h"
 #include "model/synthetic_fill.h"
 #include "pagedattn/error.h"
 #include "pagedattn/llama.h"
@@ -75,7 +76,7 @@ TEST(SyntheticPresets, EveryPresetIsAValidLlamaConfig) {
 TEST(SyntheticPresets, NamesAreRecognisedByTheirPrefix) {
   EXPECT_TRUE(is_synthetic_model("synthetic:llama3-8b"));
   EXPECT_TRUE(is_synthetic_model("synthetic:whatever"));
-  EXPECT_FALSE(is_synthetic_model("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
+  EXPECT_FALSE(is_synthetic_model(kDefaultModelPath));
   EXPECT_FALSE(is_synthetic_model("llama3-8b"));
   EXPECT_FALSE(is_synthetic_model("Synthetic:llama3-8b"));
 }

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "default_model.h"
 #include "model/tokenizer_internal.h"
 #include "pagedattn/error.h"
 #include "pagedattn/gguf.h"
@@ -24,10 +25,8 @@ using nlohmann::json;
 
 const fs::path kRepo = fs::path(__FILE__).parent_path().parent_path().parent_path();
 
-std::string model_path() {
-  if (const char* env = std::getenv("PAGEDATTN_MODEL")) return env;
-  return (kRepo / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").string();
-}
+// PAGEDATTN_MODEL or the default model.
+std::string model_path() { return pagedattn::testing::model_path_from_env(); }
 
 const std::vector<std::string>& texts() {
   static const std::vector<std::string> t = {

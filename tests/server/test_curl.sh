@@ -7,7 +7,8 @@
 #   tests/server/test_curl.sh BINARY [MODEL]
 set -uo pipefail
 binary=$1
-model=${2:-$(dirname "$0")/../../models/SmolLM2-135M-Instruct.Q4_1.gguf}
+source "$(dirname "$0")/../../scripts/default-model.sh"
+model=${2:-$(dirname "$0")/../../models/$DEFAULT_MODEL_NAME}
 [[ -f $model ]] || { echo "skip: default model not fetched: $model"; exit 77; }
 command -v curl >/dev/null || { echo "skip: curl is not installed"; exit 77; }
 

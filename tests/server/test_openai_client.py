@@ -170,12 +170,21 @@ def run_checks(port, model_id):
     check(metric(base, "pagedattn_generation_tokens_total") >= 8 + 12 + 2, "token counter")
 
 
+def default_model_name(root):
+    """DEFAULT_MODEL_NAME of scripts/default-model.sh."""
+    with open(os.path.join(root, "scripts", "default-model.sh")) as f:
+        for line in f:
+            if line.startswith("DEFAULT_MODEL_NAME="):
+                return line.split("=", 1)[1].strip()
+    raise RuntimeError("scripts/default-model.sh names no DEFAULT_MODEL_NAME")
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.join(here, "..", "..")
     ap = argparse.ArgumentParser()
     ap.add_argument("--binary", required=True)
-    ap.add_argument("--model", default=os.path.join(here, "..", "..", "models",
-                                                    "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--model", default=os.path.join(root, "models", default_model_name(root)))
     ap.add_argument("--deps", default=os.path.join(tempfile.gettempdir(), "pagedattn-pydeps"))
     a = ap.parse_args()
     if not os.path.exists(a.model):

@@ -1,5 +1,5 @@
 // Server tests: the server in-process on an ephemeral loopback port, with the fake model and a
-// byte-level fake tokenizer, driven by httplib's client.
+// byte-level fake tokenizer (server_fixture.h), driven by httplib's client.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -14,6 +14,7 @@
 
 #include "engine/fake_model.h"
 #include "pagedattn/server.h"
+#include "server_fixture.h"
 
 using namespace pagedattn;
 using fakes::FakeModel;
@@ -21,12 +22,11 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int32_t kMaxLen = 512;
+using testing_server::FakeServer;
+constexpr int32_t kMaxLen = FakeServer::kMaxLen;
 
 std::vector<int32_t> chat_ids(const std::vector<ChatMessage>& msgs) {
-  std::string text;
-  for (const ChatMessage& m : msgs) text += "<" + m.role + ">" + m.content + "\n";
-  return fakes::fake_encode(text + "<assistant>");
+  return testing_server::fake_chat_ids(msgs);
 }
 
 struct Sse {
@@ -56,44 +56,15 @@ Sse parse_sse(const std::string& body) {
 class ServerTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
-    std::signal(SIGPIPE, SIG_IGN);
-    // Token 0 is the end of sequence: never chosen unless a test sets fake_->eos_every.
-    auto model = std::make_unique<FakeModel>(128, std::vector<int32_t>{0}, kMaxLen);
-    model->step_delay = std::chrono::microseconds(500);
-    fake_ = model.get();
-    EngineConfig ec;
-    ec.kv_cache_tokens = 2048;
-    ec.block_size = 16;
-    ec.max_num_batched_tokens = 256;
-    ec.enable_prefix_cache = GetParam();
-    ec.log_startup = false;
-    engine_ = std::make_unique<AsyncEngine>(
-        std::make_unique<Engine>(std::move(model), ec, fakes::fake_decode));
-    TextCodec codec{[](const std::string& t) { return fakes::fake_encode(t); }, chat_ids,
-                    fakes::fake_decode};
-    ServerConfig sc;
-    sc.host = "127.0.0.1";
-    sc.port = 0;
-    sc.model_name = "fake";
-    sc.max_body_bytes = 64 * 1024;
-    server_ = std::make_unique<Server>(*engine_, codec, sc);
-    port_ = server_->start();
+    srv_ = std::make_unique<FakeServer>(GetParam());
+    fake_ = srv_->fake;
     start_free_ = metric("pagedattn_kv_pages_free");
   }
-  void TearDown() override {
-    engine_->stop();
-    server_->stop();
-  }
+  void TearDown() override { srv_.reset(); }
 
-  std::unique_ptr<httplib::Client> client() {
-    auto c = std::make_unique<httplib::Client>("127.0.0.1", port_);
-    c->set_connection_timeout(5, 0);
-    c->set_read_timeout(20, 0);
-    c->set_write_timeout(5, 0);
-    return c;
-  }
+  std::unique_ptr<httplib::Client> client() { return srv_->client(); }
   httplib::Result post(const std::string& path, const std::string& body) {
-    return client()->Post(path.c_str(), body, "application/json");
+    return srv_->post(path, body);
   }
   double metric(const std::string& name) {
     auto r = client()->Get("/metrics");
@@ -118,13 +89,11 @@ class ServerTest : public ::testing::TestWithParam<bool> {
                 start_free_);
   }
   std::string oracle_text(const std::vector<int32_t>& prompt, int32_t n) {
-    return fakes::fake_decode(fake_->greedy_oracle(prompt, n));
+    return srv_->oracle_text(prompt, n);
   }
 
+  std::unique_ptr<FakeServer> srv_;  // the fake model behind the server (server_fixture.h)
   FakeModel* fake_ = nullptr;
-  std::unique_ptr<AsyncEngine> engine_;
-  std::unique_ptr<Server> server_;
-  int port_ = 0;
   double start_free_ = 0;
 };
 

@@ -17,7 +17,6 @@
 #include "pagedattn/llama.h"
 #include "pagedattn/synthetic_model.h"
 #include "rope.h"
-#include "skinny_gemm.h"
 #include "step_graphs.h"
 #include "synthetic_fill.h"
 
@@ -73,9 +72,6 @@ struct LlamaModelCuda::Impl {
   Tensor final_norm;  // [hidden] f32
   size_t weight_bytes = 0, step_weight_bytes = 0;
   cublasHandle_t cublas = nullptr;
-  int num_sms = 0;
-  int skinny_max_tokens = 0;               // 0: cuBLAS only (set_skinny_gemm_max_tokens)
-  Tensor skinny_partial, skinny_counters;  // the skinny GEMM's split-K workspace
   // Every forward's work goes on this stream (a blocking one: the legacy default stream's copies
   // and memsets stay ordered with it); decode steps may replay CUDA graphs of it.
   cudaStream_t stream = nullptr;
@@ -180,34 +176,10 @@ struct LlamaModelCuda::Impl {
   Tensor host_logits(int64_t rows, int64_t cols);
 
   // y [T, out] (ytype: f32 or bf16) = beta * y + x [T, in] (bf16) W^T, W [out, in] bf16, fp32
-  // accumulation; beta is 0 or 1 (1: f32 y only). Up to skinny_max_tokens rows go to the skinny
-  // GEMM (decode steps: bound by reading W once), longer ones to cuBLAS.
+  // accumulation; beta is 0 or 1 (1: f32 y only). cuBLAS for every shape: the lab's skinny GEMM
+  // (kernels_dev/skinny_gemm.cu) is slower at every decode shape but lm_head.
   void gemm(const void* x_, int32_t T, int32_t in, const Tensor& w, int32_t out, void* y,
             cudaDataType_t ytype, float beta, const char* what) {
-    if (T <= skinny_max_tokens && cuda::skinny_gemm_supports(T, in)) {
-      const cuda::SkinnyPlan plan = cuda::skinny_gemm_plan(out, in, num_sms);
-      cuda::SkinnyArgs a;
-      a.x = static_cast<const uint16_t*>(x_);
-      a.w = w.data_as<uint16_t>();
-      a.y = y;
-      a.T = T;
-      a.N = out;
-      a.K = in;
-      a.y_bf16 = ytype == CUDA_R_16BF;
-      a.accumulate = beta != 0.f;
-      a.partial = static_cast<float*>(
-          ensure(skinny_partial, int64_t(plan.partial_floats(T, out)), DType::f32));
-      if (skinny_counters.numel() < plan.counters()) {
-        // NOTE: the kernel leaves every counter at zero when it finishes; new ones start there.
-        ensure(skinny_counters, plan.counters(), DType::f32);  // 4-byte words
-        check_cuda(cudaMemset(skinny_counters.data(), 0, skinny_counters.nbytes()),
-                   "skinny GEMM counters");
-      }
-      a.counters = static_cast<unsigned*>(skinny_counters.data());
-      a.overlap_previous = true;
-      cuda::skinny_gemm(a, plan, stream);
-      return;
-    }
     const float alpha = 1.f;
     // Column-major view: y^T [out, T] = W [out, in] (row-major = col-major W^T, hence OP_T) x^T.
     check_cublas(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &alpha, w.data(),
@@ -235,9 +207,6 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
   cublas_workspace = Tensor::empty({kCublasWorkspace / 4}, DType::f32, Device::cuda);
   check_cublas(cublasSetWorkspace(cublas, cublas_workspace.data(), size_t(kCublasWorkspace)),
                "cublasSetWorkspace");
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
   plan = std::make_unique<CudaAttentionPlan>();
 
   const int64_t hidden = c.hidden_size, inter = c.intermediate_size, D = c.head_dim;
@@ -342,10 +311,9 @@ LlamaModelCuda::GraphStats LlamaModelCuda::cuda_graph_stats() const {
 }
 
 void LlamaModelCuda::set_skinny_gemm_max_tokens(int32_t max_tokens) {
-  PA_CHECK(max_tokens >= 0 && max_tokens <= cuda::kSkinnyMaxTokens, kOp,
-           ": skinny GEMM token limit ", max_tokens, " is outside [0, ", cuda::kSkinnyMaxTokens,
-           "]");
-  impl_->skinny_max_tokens = max_tokens;
+  PA_CHECK(max_tokens == 0, kOp, ": skinny GEMM token limit ", max_tokens,
+           ": the skinny GEMM is not in the library (it is slower than cuBLAS; its lab is "
+           "kernels_dev/skinny_gemm.cu), only 0 (cuBLAS) is accepted");
 }
 
 void LlamaModelCuda::validate(const ForwardBatch& b, const KvCache& cache) const {
@@ -519,8 +487,7 @@ const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& 
   // Decode steps (one new token per sequence) go through the graph cache, keyed by everything the
   // launches take by value: counts, scratch and pool pointers, the attention plan's launches.
   const bool decode_step = T == num_seqs;
-  // NOTE: the skinny GEMM may grow its workspace inside launch(): no graphs with it.
-  if (m.use_graphs && decode_step && m.skinny_max_tokens == 0) {
+  if (m.use_graphs && decode_step) {
     std::string sig;
     auto put = [&sig](const auto& v) { sig.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
     for (int64_t v : {int64_t(T), int64_t(R)}) put(v);

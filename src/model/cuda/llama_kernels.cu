@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(kNormThreads)
                     const int32_t* __restrict__ rows,  // [num_rows] or null
                     int32_t hidden, float eps,
                     uint16_t* __restrict__ out) {  // [num_rows, hidden]
-  allow_dependent_launch();  // the skinny GEMM after this may start fetching weights
+  allow_dependent_launch();  // a kernel launched as its dependent may start early
   const int64_t src = rows ? rows[blockIdx.x] : blockIdx.x;
   const float* xr = x + src * hidden;
   uint16_t* o = out + int64_t(blockIdx.x) * hidden;

@@ -1,0 +1,139 @@
+// The Hopper (wgmma + bulk tensor copy) prefill kernel against the double-precision reference:
+// random ragged, chunked and mixed batches over every head dim, GQA group and page size it takes,
+// outputs poisoned with NaN and unwritten cache slots holding NaN (cuda_problem.h).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <random>
+#include <thread>
+
+#include "cuda_problem.h"
+
+using namespace pagedattn;
+using namespace pagedattn::gputest;
+
+namespace {
+
+// Skips (and says why) unless the plan would pick the Hopper kernel for a plain prefill here.
+bool hopper_here() {
+  Spec s;
+  s.q_len = {3};
+  s.kv_len = {3};
+  Problem pr(s, 1);
+  CudaAttentionPlan plan;
+  pr.run_cuda(plan);
+  return plan.info().prefill_hopper;
+}
+
+#define PA_SKIP_WITHOUT_HOPPER() \
+  PA_SKIP_WITHOUT_GPU();         \
+  if (!hopper_here())            \
+  GTEST_SKIP() << "the Hopper prefill kernel needs an sm_90 GPU and a build for sm_90a"
+
+Spec random_hopper_spec(std::mt19937_64& rng) {
+  auto pick = [&](std::initializer_list<int> v) { return *(v.begin() + rng() % v.size()); };
+  Spec s;
+  s.q_dtype = s.kv_dtype = rng() % 3 ? DType::bf16 : DType::f16;
+  s.head_dim = pick({64, 128, 256});
+  s.page_size = pick({8, 16, 32, 48, 64, 128});
+  s.num_kv_heads = pick({1, 2, 4});
+  s.num_q_heads = s.num_kv_heads * pick({1, 2, 4, 8, 16});
+  if (s.num_q_heads > 32) s.num_q_heads = s.num_kv_heads * 8;
+  const int n = 1 + int(rng() % 4);
+  for (int b = 0; b < n; ++b) {
+    const int kv = 1 + int(rng() % (rng() % 8 == 0 ? 2000 : 700));
+    int q = 1 + int(rng() % uint64_t(std::min(kv, 160)));
+    if (rng() % 5 == 0) q = 1;   // a decode row beside the prefill rows
+    if (rng() % 8 == 0) q = kv;  // a whole prompt
+    if (q > 300) q = 300;
+    s.kv_len.push_back(kv);
+    s.q_len.push_back(q);
+  }
+  s.opt.causal = rng() % 5 != 0;
+  if (rng() % 4 == 0) s.opt.window = 1 + int(rng() % 500);
+  if (rng() % 5 == 0) s.opt.softcap = 5.f + float(rng() % 30);
+  if (rng() % 5 == 0) s.opt.scale = 0.02f + float(rng() % 100) * 0.001f;
+  return s;
+}
+
+void check_hopper(const Spec& s, uint64_t seed, bool expect_hopper = true) {
+  Problem pr(s, seed);
+  CudaAttentionPlan plan;
+  const std::vector<uint8_t> got = pr.run_cuda(plan);
+  bool any_prefill = false;
+  for (int32_t q : s.q_len) any_prefill |= q > 1;
+  if (any_prefill) EXPECT_EQ(plan.info().prefill_hopper, expect_hopper) << describe(s);
+  expect_close(got, s.q_dtype, pr.reference(), describe(s) + " seed " + std::to_string(seed));
+}
+
+}  // namespace
+
+// The GPU runs the problems one by one; the double-precision references (the slow part) are
+// computed on every core afterwards.
+TEST(HopperPrefill, MatchesReferenceOnRandomShapes) {
+  PA_SKIP_WITHOUT_HOPPER();
+  constexpr int kProblems = 200;
+  std::mt19937_64 rng(2026);
+  std::vector<std::unique_ptr<Problem>> problems;
+  std::vector<std::vector<uint8_t>> got;
+  for (int i = 0; i < kProblems; ++i) {
+    const Spec s = random_hopper_spec(rng);
+    problems.push_back(std::make_unique<Problem>(s, 5000 + uint64_t(i)));
+    CudaAttentionPlan plan;
+    got.push_back(problems.back()->run_cuda(plan));
+    bool any_prefill = false;
+    for (int32_t q : s.q_len) any_prefill |= q > 1;
+    if (any_prefill) EXPECT_TRUE(plan.info().prefill_hopper) << describe(s);
+  }
+  std::vector<std::vector<float>> refs(problems.size());
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> workers;
+  const unsigned n = std::clamp(std::thread::hardware_concurrency(), 1u, 16u);
+  for (unsigned w = 0; w < n; ++w)
+    workers.emplace_back([&] {
+      for (size_t k; (k = next++) < problems.size();) refs[k] = problems[k]->reference();
+    });
+  for (std::thread& t : workers) t.join();
+  for (size_t k = 0; k < problems.size(); ++k) {
+    expect_close(got[k], problems[k]->spec.q_dtype, refs[k],
+                 describe(problems[k]->spec) + " seed " + std::to_string(5000 + k));
+    if (HasFailure()) return;
+  }
+}
+
+// A chunk of queries at the end of a long cached context (offset causal), with and without a
+// sliding window, and a whole prompt spanning many tiles.
+TEST(HopperPrefill, ChunksAtTheEndOfLongContexts) {
+  PA_SKIP_WITHOUT_HOPPER();
+  Spec s;
+  s.num_q_heads = 4;
+  s.num_kv_heads = 1;
+  s.head_dim = 128;
+  s.page_size = 16;
+  s.q_len = {256, 40};
+  s.kv_len = {6000, 3001};
+  check_hopper(s, 21);
+  s.opt.window = 1000;
+  check_hopper(s, 22);
+  s.opt.window = 0;
+  s.page_size = 128;
+  s.q_len = {700};
+  s.kv_len = {700};
+  check_hopper(s, 23);
+}
+
+// Shapes the Hopper kernel does not take run on the mma.sync kernel, correctly.
+TEST(HopperPrefill, OtherShapesTakeTheMmaKernel) {
+  PA_SKIP_WITHOUT_HOPPER();
+  Spec s;
+  s.num_q_heads = 6;
+  s.num_kv_heads = 2;  // group 3 does not divide the 128-row tile
+  s.q_len = {100, 1};
+  s.kv_len = {300, 50};
+  check_hopper(s, 31, false);
+  s.num_q_heads = 8;
+  s.page_size = 12;  // not a multiple of 8
+  check_hopper(s, 32, false);
+}
