@@ -73,7 +73,7 @@ void run_serve(ServeArgs a) {
   a.engine.enable_prefix_cache = !a.no_prefix_cache;
   a.engine.eos_token_ids = tok->eog_ids();
   if (a.engine.kv_cache_dtype == "fp8")
-    a.engine.kv_calibration_tokens = tok->encode(kv_calibration_text(), true, false);
+    a.engine.kv_calibration_tokens = kv_calibration_tokens(tok.get(), model->config().vocab_size);
   auto decode = [tok](const std::vector<int32_t>& ids) { return tok->decode(ids, true); };
   AsyncEngine engine(std::make_unique<Engine>(std::move(model), a.engine, decode));
 

@@ -97,6 +97,11 @@ struct EngineConfig {
   // CPU: f32 activations against the dequantised weights (Model::set_exact_matmul) instead of
   // int8 activation blocks.
   bool exact_matmul = false;
+  // Plain greedy steps take their ids from Model::forward_greedy (picked where the logits are);
+  // false: every step downloads its logits and picks on the host (the path of sampling).
+  bool device_greedy = true;
+  // SchedulerConfig::prefill_first: running decodes wait while a prefill can be scheduled.
+  bool prefill_first = false;
 
   static constexpr double kDefaultKvMiB = 512;
 };
@@ -117,8 +122,8 @@ int64_t parse_mem_available(const std::string& meminfo);
 int64_t free_memory_bytes(Device device);
 // MiB that a fraction of free_bytes buys (validates the fraction).
 double kv_fraction_mib(double fraction, int64_t free_bytes);
-// "auto" -> f32 (the CPU runner's compute dtype), else parse_dtype.
-DType resolve_kv_dtype(const std::string& name);
+// "auto" -> the compute dtype of device's runner (f32 on the CPU, bf16 on CUDA), else parse_dtype.
+DType resolve_kv_dtype(const std::string& name, Device device = Device::cpu);
 
 class Engine {
  public:
@@ -142,8 +147,16 @@ class Engine {
   // One scheduling step. Returns the outputs of every request that produced
   // tokens or finished.
   std::vector<RequestOutput> step();
+  // Offline batch use: queues every request (all validated first: one bad request queues none)
+  // and steps until they finish. Returns one output per request, in order, each sequence's
+  // tokens, text and logits whole. Needs an idle engine (no request in flight).
+  std::vector<RequestOutput> generate(std::vector<Request> requests);
   bool has_work() const;
   int32_t num_active_requests() const { return int32_t(requests_.size()); }
+
+  // Whether `token` ends a request's generation (unless it ignores eos): the model's or the
+  // config's eos ids, or one of the request's stop_token_ids.
+  bool is_stop_token(int32_t token, const std::vector<int32_t>& stop_token_ids) const;
 
   const EngineConfig& config() const { return config_; }
   const Model& model() const { return *model_; }
@@ -163,6 +176,8 @@ class Engine {
   // sample_scheduled for a greedy step: ids [logit_rows] from Model::forward_greedy.
   void append_greedy(const SchedulerOutput& out, const std::vector<int32_t>& ids,
                      std::vector<RequestId>& touched);
+  // Request::return_logits: keeps the step's logit rows of s (positions not yet handed out).
+  void keep_logit_rows(const ScheduledSeq& s, const Tensor& logits);
   void fork_children(RequestState& rs, Sequence& parent);
   void append_token(RequestState& rs, Sequence& seq, int32_t token);
   void finish_seq(Sequence& seq, FinishReason reason);

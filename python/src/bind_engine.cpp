@@ -89,7 +89,7 @@ class PyEngine {
     c.log_startup = o.log_startup;
     c.eos_token_ids = tok_->eog_ids();
     if (o.kv_cache_dtype == "fp8") {
-      c.kv_calibration_tokens = tok_->encode(kv_calibration_text(), true, false);
+      c.kv_calibration_tokens = kv_calibration_tokens(tok_.get(), model->config().vocab_size);
     }
     std::shared_ptr<Tokenizer> tok = tok_;
     auto decode = [tok](const std::vector<int32_t>& ids) { return tok->decode(ids, true); };

@@ -63,8 +63,7 @@ Engine::Engine(std::unique_ptr<Model> model, const EngineConfig& config, DecodeF
   PA_CHECK(model_ != nullptr, "Engine: model is null");
   model_->set_exact_matmul(config.exact_matmul);
   const ModelConfig& mc = model_->config();
-  DType dtype = resolve_kv_dtype(config.kv_cache_dtype);
-  if (config.kv_cache_dtype == "auto" && model_->device() == Device::cuda) dtype = DType::bf16;
+  const DType dtype = resolve_kv_dtype(config.kv_cache_dtype, model_->device());
   // NOTE: an fp8 cache needs per-head scales from a calibration pass before its first write; a
   // default scale of 1 is the commonest source of garbage output with fp8 KV.
   PA_CHECK(
@@ -106,6 +105,7 @@ Engine::Engine(std::unique_ptr<Model> model, const EngineConfig& config, DecodeF
   sc.max_num_seqs = config.max_num_seqs;
   sc.watermark_pages = config.watermark_pages;
   sc.enable_prefix_cache = config.enable_prefix_cache;
+  sc.prefill_first = config.prefill_first;
   sc.admission = config.admission;
   sc.victim = config.victim;
   scheduler_ = std::make_unique<Scheduler>(sc, *cache_);
@@ -167,6 +167,15 @@ void Engine::validate(const Request& req) const {
   for (const auto& [t, b] : req.sampling.logit_bias)
     PA_CHECK(t < vocab, "add_request: logit_bias token ", t, " is outside the vocabulary of ",
              vocab);
+  if (req.return_logits) {
+    PA_CHECK(req.num_sequences() == 1 && !req.use_beam_search,
+             "add_request: return_logits needs one sequence (n = 1, no beam search or best_of)");
+  }
+  PA_CHECK(req.forced_tokens.empty() || req.return_logits,
+           "add_request: forced_tokens needs return_logits");
+  for (size_t i = 0; i < req.forced_tokens.size(); ++i)
+    PA_CHECK(req.forced_tokens[i] >= 0 && req.forced_tokens[i] < vocab, "add_request: forced_tokens[",
+             i, "] = ", req.forced_tokens[i], " is outside the vocabulary of ", vocab);
   if (req.sampling.json_object) {
     PA_CHECK(decode_, "add_request: json_object needs a tokenizer");
     PA_CHECK(!req.holds_output(),
@@ -201,6 +210,7 @@ RequestId Engine::add_request(Request req, RequestId id) {
   auto seq = make_sequence(rs->req, rs->base_seed, id, 0);
   seq->tokens = rs->req.prompt;
   seq->prompt_len = int32_t(seq->tokens.size());
+  seq->all_logit_rows = rs->req.return_logits;
   seq->max_length =
       int32_t(std::min<int64_t>(int64_t(seq->prompt_len) + rs->req.max_tokens, max_model_len_));
   // NOTE: forks and beams multiply a request's growth after its prompt; their forecast is an
@@ -228,6 +238,11 @@ void Engine::cancel(RequestId id, const std::string& error) {
   for (auto& s : rs.seqs)
     if (!s->finished()) finish_seq(*s, FinishReason::cancelled);
   pending_final_.push_back(id);
+}
+
+bool Engine::is_stop_token(int32_t token, const std::vector<int32_t>& stop_token_ids) const {
+  return std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end() ||
+         std::find(stop_token_ids.begin(), stop_token_ids.end(), token) != stop_token_ids.end();
 }
 
 bool Engine::has_work() const { return scheduler_->has_work() || !pending_final_.empty(); }
@@ -322,7 +337,10 @@ void Engine::sample_scheduled(const SchedulerOutput& out, const Tensor& logits,
         }
         r = masked;
       }
-      const int32_t token = q.sampler.sample(r, q.tokens, size_t(q.prompt_len));
+      const std::vector<int32_t>& forced = rs.req.forced_tokens;
+      const size_t g = size_t(q.num_generated());
+      const int32_t token =
+          g < forced.size() ? forced[g] : q.sampler.sample(r, q.tokens, size_t(q.prompt_len));
       if (rs.track_logprobs) q.cumulative_logprob += beam::token_logprob(row, token);
       if (q.json) q.json->feed(token_bytes()[size_t(token)]);
       append_token(rs, q, token);
@@ -334,8 +352,11 @@ void Engine::sample_scheduled(const SchedulerOutput& out, const Tensor& logits,
 }
 
 bool Engine::greedy_step(const SchedulerOutput& out) const {
-  for (const ScheduledSeq& s : out.scheduled)
+  if (!config_.device_greedy) return false;
+  for (const ScheduledSeq& s : out.scheduled) {
+    if (s.first_logit_row >= 0) return false;  // its rows are wanted
     if (s.logit_row >= 0 && !requests_.at(s.seq->request_id)->plain_greedy()) return false;
+  }
   return true;
 }
 
@@ -347,6 +368,61 @@ void Engine::append_greedy(const SchedulerOutput& out, const std::vector<int32_t
     touched.push_back(seq.request_id);
     append_token(*requests_.at(seq.request_id), seq, ids[size_t(s.logit_row)]);
   }
+}
+
+void Engine::keep_logit_rows(const ScheduledSeq& s, const Tensor& logits) {
+  Sequence& seq = *s.seq;
+  const int64_t vocab = logits.dim(1);
+  for (int32_t i = 0; i < s.num_tokens; ++i) {
+    const int32_t position = seq.num_computed + i;  // before commit: the step's first token
+    if (position < seq.logit_positions_done) continue;  // recomputed after a preemption
+    const float* row = logits.data_as<float>() + int64_t(s.first_logit_row + i) * vocab;
+    seq.new_logits.insert(seq.new_logits.end(), row, row + vocab);
+    seq.logit_positions_done = position + 1;
+  }
+}
+
+std::vector<RequestOutput> Engine::generate(std::vector<Request> requests) {
+  PA_CHECK(requests_.empty(), "generate: the engine has ", requests_.size(),
+           " requests in flight (step() them to the end first)");
+  for (const Request& r : requests) validate(r);
+  std::vector<RequestId> ids;
+  std::map<RequestId, RequestOutput> done;
+  for (Request& r : requests) {
+    ids.push_back(add_request(std::move(r)));
+    done[ids.back()].id = ids.back();
+  }
+  while (has_work()) {
+    for (RequestOutput& o : step()) {
+      RequestOutput& d = done.at(o.id);
+      for (SequenceOutput& so : o.seqs) {
+        auto it = std::find_if(d.seqs.begin(), d.seqs.end(),
+                               [&](const SequenceOutput& x) { return x.index == so.index; });
+        if (it == d.seqs.end()) {
+          d.seqs.push_back(std::move(so));
+          continue;
+        }
+        it->new_tokens.insert(it->new_tokens.end(), so.new_tokens.begin(), so.new_tokens.end());
+        it->new_text += so.new_text;
+        it->logits.insert(it->logits.end(), so.logits.begin(), so.logits.end());
+        it->finish = so.finish;
+        it->cumulative_logprob = so.cumulative_logprob;
+      }
+      d.prompt_tokens = o.prompt_tokens;
+      d.cached_tokens = o.cached_tokens;
+      d.completion_tokens = o.completion_tokens;
+      d.finished = o.finished;
+      d.error = o.error;
+    }
+  }
+  std::vector<RequestOutput> results;
+  for (RequestId id : ids) {
+    RequestOutput& d = done.at(id);
+    std::sort(d.seqs.begin(), d.seqs.end(),
+              [](const SequenceOutput& a, const SequenceOutput& b) { return a.index < b.index; });
+    results.push_back(std::move(d));
+  }
+  return results;
 }
 
 RequestOutput Engine::collect(RequestState& rs) {
@@ -361,7 +437,8 @@ RequestOutput Engine::collect(RequestState& rs) {
     o.completion_tokens += s.num_generated();
     all_finished = all_finished && s.finished();
     const bool report_finish = s.finished() && !rs.finish_sent[size_t(s.index)];
-    if (s.tokens_sent == size_t(s.num_generated()) && s.new_text.empty() && !report_finish)
+    if (s.tokens_sent == size_t(s.num_generated()) && s.new_text.empty() &&
+        s.new_logits.empty() && !report_finish)
       continue;
     SequenceOutput so;
     so.index = s.index;
@@ -369,6 +446,8 @@ RequestOutput Engine::collect(RequestState& rs) {
     so.new_text = std::move(s.new_text);
     s.new_text.clear();
     s.tokens_sent = size_t(s.num_generated());
+    so.logits = std::move(s.new_logits);
+    s.new_logits.clear();
     so.finish = s.finish;
     so.cumulative_logprob = s.cumulative_logprob;
     if (report_finish) rs.finish_sent[size_t(s.index)] = true;
@@ -422,6 +501,7 @@ std::vector<RequestOutput> Engine::step() {
       for (const ScheduledSeq& s : out.scheduled) {
         RequestState& rs = *requests_.at(s.seq->request_id);
         if (rs.cached_tokens < 0) rs.cached_tokens = s.seq->num_computed;
+        if (s.first_logit_row >= 0) keep_logit_rows(s, logits);
       }
       scheduler_->commit(out);
       if (greedy)

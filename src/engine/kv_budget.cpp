@@ -9,8 +9,8 @@
 
 namespace pagedattn {
 
-DType resolve_kv_dtype(const std::string &name) {
-  if (name == "auto") return DType::f32;
+DType resolve_kv_dtype(const std::string &name, Device device) {
+  if (name == "auto") return device == Device::cuda ? DType::bf16 : DType::f32;
   try {
     return parse_dtype(name);
   } catch (const Error &) {

@@ -104,7 +104,11 @@ void Scheduler::append(Sequence *seq, int32_t n, SchedulerOutput &out) {
   }
   b.q_indptr.push_back(int32_t(b.tokens.size()));
   ScheduledSeq s{seq, n, -1};
-  if (start + n == seq->num_tokens()) {
+  if (seq->all_logit_rows) {
+    s.first_logit_row = int32_t(b.logit_rows.size());
+    for (int32_t i = n; i >= 1; --i) b.logit_rows.push_back(int32_t(b.tokens.size()) - i);
+    if (start + n == seq->num_tokens()) s.logit_row = int32_t(b.logit_rows.size()) - 1;
+  } else if (start + n == seq->num_tokens()) {
     s.logit_row = int32_t(b.logit_rows.size());
     b.logit_rows.push_back(int32_t(b.tokens.size()) - 1);
   }
@@ -274,12 +278,23 @@ SchedulerOutput Scheduler::schedule() {
     budget -= n;
   };
 
-  for (Sequence *s : decodes) schedule_running(s, true);
-  for (Sequence *s : prefills) schedule_running(s, false);
-
-  while (!waiting_.empty() && budget > 0 && int32_t(running_.size()) < config_.max_num_seqs &&
-         int32_t(out.scheduled.size()) < config_.max_num_seqs) {
-    if (!admit_one(budget, out)) break;
+  auto admit_waiting = [&] {
+    while (!waiting_.empty() && budget > 0 && int32_t(running_.size()) < config_.max_num_seqs &&
+           int32_t(out.scheduled.size()) < config_.max_num_seqs) {
+      if (!admit_one(budget, out)) break;
+    }
+  };
+  if (config_.prefill_first) {
+    for (Sequence *s : prefills) schedule_running(s, false);
+    admit_waiting();
+    // NOTE: decodes run when no prefill could, so a waiting request held back for pages never
+    // stalls the running ones.
+    if (out.scheduled.empty())
+      for (Sequence *s : decodes) schedule_running(s, true);
+  } else {
+    for (Sequence *s : decodes) schedule_running(s, true);
+    for (Sequence *s : prefills) schedule_running(s, false);
+    admit_waiting();
   }
   if (out.scheduled.empty()) out.batch.q_indptr.assign(1, 0);
   return out;
