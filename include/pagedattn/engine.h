@@ -132,8 +132,9 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Checks a request without queuing it (thread-safe: reads only fixed
-  // configuration).
+  // The engine's door: checks a request without queuing it (thread-safe: reads only fixed
+  // configuration). Throws RequestError naming the field at fault; every check of a request
+  // (its prompt fitting the context and the KV cache included) is here and nowhere else.
   void validate(const Request& req) const;
   // Queues a request (validated first). id < 0: a new id is assigned. Returns
   // the id.
@@ -168,7 +169,10 @@ class Engine {
   EngineMetrics metrics() const;
 
  private:
+  friend class AsyncEngine;  // validates in submit(), enqueues on its loop thread
   struct RequestState;
+  // Queues a validated request (add_request's second half). Returns its id.
+  RequestId enqueue(Request req, RequestId id);
   void sample_scheduled(const SchedulerOutput& out, const Tensor& logits,
                         std::vector<RequestId>& touched);
   // Whether every scheduled sequence with a logit row is plain greedy (RequestState::plain_greedy).

@@ -16,7 +16,7 @@ AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine) : engine_(std::move(eng
 AsyncEngine::~AsyncEngine() { stop(); }
 
 RequestId AsyncEngine::submit(Request req, OutputCallback on_output) {
-  engine_->validate(req);
+  engine_->validate(req);  // the engine's door, on the caller's thread: nothing queued on error
   const RequestId id = engine_->new_request_id();
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -70,7 +70,7 @@ void AsyncEngine::loop() {
     std::vector<RequestOutput> outs;
     for (auto &[req, id] : adds) {
       try {
-        engine_->add_request(std::move(req), id);
+        engine_->enqueue(std::move(req), id);  // validated in submit()
       } catch (const std::exception &e) {
         RequestOutput o;
         o.id = id;

@@ -132,55 +132,85 @@ int64_t Engine::kv_capacity_tokens() const {
   return int64_t(cache_->config().num_pages) * cache_->config().page_size;
 }
 
+namespace {
+
+// Throws RequestError(param, code, "add_request: " + parts) unless ok.
+template <class... Args>
+void check_request(bool ok, const char* param, const char* code, Args&&... parts) {
+  if (!ok)
+    throw RequestError(param, code, detail::concat("add_request: ", std::forward<Args>(parts)...));
+}
+constexpr const char* kInvalid = "invalid_value";
+constexpr const char* kContext = "context_length_exceeded";
+
+}  // namespace
+
 void Engine::validate(const Request& req) const {
   const int32_t vocab = model_->config().vocab_size;
-  PA_CHECK(!req.prompt.empty(), "add_request: prompt is empty");
+  check_request(!req.prompt.empty(), "prompt", kInvalid, "prompt is empty");
   for (size_t i = 0; i < req.prompt.size(); ++i)
-    PA_CHECK(req.prompt[i] >= 0 && req.prompt[i] < vocab, "add_request: prompt[", i,
-             "] = ", req.prompt[i], " is outside the vocabulary of ", vocab);
-  PA_CHECK(req.n >= 1 && req.n <= Request::kMaxSequences, "add_request: n must be in [1, ",
-           Request::kMaxSequences, "], got ", req.n);
-  PA_CHECK(req.max_tokens >= 1, "add_request: max_tokens must be >= 1, got ", req.max_tokens);
-  PA_CHECK(int64_t(req.prompt.size()) < max_model_len_, "add_request: prompt of ",
-           req.prompt.size(), " tokens does not leave room for output within max_model_len ",
-           max_model_len_);
-  PA_CHECK(int64_t(req.prompt.size()) < kv_capacity_tokens(), "add_request: prompt of ",
-           req.prompt.size(), " tokens does not fit in the KV cache (", kv_capacity_tokens(),
-           " tokens)");
-  PA_CHECK(req.best_of == 0 || (req.best_of >= req.n && req.best_of <= Request::kMaxSequences),
-           "add_request: best_of must be 0 or in [n = ", req.n, ", ", Request::kMaxSequences,
-           "], got ", req.best_of);
+    check_request(req.prompt[i] >= 0 && req.prompt[i] < vocab, "prompt", kInvalid, "prompt[", i,
+                  "] = ", req.prompt[i], " is outside the vocabulary of ", vocab);
+  // NOTE: the one place that says a prompt must fit: the context (room for one token of output)
+  // and the KV cache (the scheduler trusts it).
+  const int64_t len = int64_t(req.prompt.size());
+  check_request(len < max_model_len_, "prompt", kContext, "prompt of ", len,
+                " tokens does not leave room for output within max_model_len ", max_model_len_,
+                ": this model's maximum context length is ", max_model_len_, " tokens");
+  check_request(len < kv_capacity_tokens(), "prompt", kContext, "prompt of ", len,
+                " tokens does not fit in the KV cache (", kv_capacity_tokens(), " tokens)");
+  check_request(req.n >= 1 && req.n <= Request::kMaxSequences, "n", kInvalid,
+                "n must be in [1, ", Request::kMaxSequences, "], got ", req.n);
+  check_request(req.max_tokens >= 1, "max_tokens", kInvalid, "max_tokens must be >= 1, got ",
+                req.max_tokens);
+  check_request(
+      req.best_of == 0 || (req.best_of >= req.n && req.best_of <= Request::kMaxSequences),
+      "best_of", kInvalid, "best_of must be 0 or in [n = ", req.n, ", ", Request::kMaxSequences,
+      "], got ", req.best_of);
   if (req.use_beam_search) {
-    PA_CHECK(req.beam_width >= 0, "add_request: beam_width must be >= 0, got ", req.beam_width);
-    PA_CHECK(req.width() >= req.n && req.width() <= Request::kMaxBeamWidth,
-             "add_request: beam_width must be in [n = ", req.n, ", ", Request::kMaxBeamWidth,
-             "], got ", req.width());
-    PA_CHECK(std::isfinite(req.length_penalty), "add_request: length_penalty must be finite");
+    check_request(req.beam_width >= 0, "beam_width", kInvalid, "beam_width must be >= 0, got ",
+                  req.beam_width);
+    check_request(req.width() >= req.n && req.width() <= Request::kMaxBeamWidth, "beam_width",
+                  kInvalid, "beam_width must be in [n = ", req.n, ", ", Request::kMaxBeamWidth,
+                  "], got ", req.width());
+    check_request(std::isfinite(req.length_penalty), "length_penalty", kInvalid,
+                  "length_penalty must be finite");
   }
-  validate_sampling_params(req.sampling);
-  PA_CHECK(req.sampling.stop.empty() || decode_, "add_request: stop strings need a tokenizer");
+  try {
+    validate_sampling_params(req.sampling);
+  } catch (const RequestError&) {
+    throw;
+  } catch (const Error& e) {
+    // "sampling: <field> ...": the field names the parameter.
+    std::string what = e.what(), param = "sampling";
+    const std::string prefix = "sampling: ";
+    if (what.rfind(prefix, 0) == 0) param = what.substr(prefix.size(), what.find(' ', prefix.size()) - prefix.size());
+    throw RequestError(param, kInvalid, "add_request: " + what);
+  }
+  check_request(req.sampling.stop.empty() || decode_, "stop", kInvalid,
+                "stop strings need a tokenizer");
   for (const std::string& s : req.sampling.stop)
-    PA_CHECK(!s.empty(), "add_request: stop strings must not be empty");
+    check_request(!s.empty(), "stop", kInvalid, "stop strings must not be empty");
   for (int32_t t : req.sampling.stop_token_ids)
-    PA_CHECK(t >= 0 && t < vocab, "add_request: stop_token_ids entry ", t,
-             " is outside the vocabulary");
+    check_request(t >= 0 && t < vocab, "stop_token_ids", kInvalid, "stop_token_ids entry ", t,
+                  " is outside the vocabulary");
   for (const auto& [t, b] : req.sampling.logit_bias)
-    PA_CHECK(t < vocab, "add_request: logit_bias token ", t, " is outside the vocabulary of ",
-             vocab);
+    check_request(t < vocab, "logit_bias", kInvalid, "logit_bias token ", t,
+                  " is outside the vocabulary of ", vocab);
   if (req.return_logits) {
-    PA_CHECK(req.num_sequences() == 1 && !req.use_beam_search,
-             "add_request: return_logits needs one sequence (n = 1, no beam search or best_of)");
+    check_request(req.num_sequences() == 1 && !req.use_beam_search, "return_logits", kInvalid,
+                  "return_logits needs one sequence (n = 1, no beam search or best_of)");
   }
-  PA_CHECK(req.forced_tokens.empty() || req.return_logits,
-           "add_request: forced_tokens needs return_logits");
+  check_request(req.forced_tokens.empty() || req.return_logits, "forced_tokens", kInvalid,
+                "forced_tokens needs return_logits");
   for (size_t i = 0; i < req.forced_tokens.size(); ++i)
-    PA_CHECK(req.forced_tokens[i] >= 0 && req.forced_tokens[i] < vocab, "add_request: forced_tokens[",
-             i, "] = ", req.forced_tokens[i], " is outside the vocabulary of ", vocab);
+    check_request(req.forced_tokens[i] >= 0 && req.forced_tokens[i] < vocab, "forced_tokens",
+                  kInvalid, "forced_tokens[", i, "] = ", req.forced_tokens[i],
+                  " is outside the vocabulary of ", vocab);
   if (req.sampling.json_object) {
-    PA_CHECK(decode_, "add_request: json_object needs a tokenizer");
-    PA_CHECK(!req.holds_output(),
-             "add_request: json_object cannot be used with beam search or "
-             "best_of > n");
+    check_request(bool(decode_), "response_format", kInvalid, "json_object needs a tokenizer");
+    check_request(!req.holds_output(), "response_format", kInvalid,
+                  "json_object cannot be used with beam search or best_of > n");
   }
 }
 
@@ -195,6 +225,10 @@ const std::vector<std::string>& Engine::token_bytes() {
 
 RequestId Engine::add_request(Request req, RequestId id) {
   validate(req);
+  return enqueue(std::move(req), id);
+}
+
+RequestId Engine::enqueue(Request req, RequestId id) {
   if (id < 0) id = new_request_id();
   PA_CHECK(!requests_.count(id), "add_request: id ", id, " is already in use");
   auto rs = std::make_unique<RequestState>();
@@ -220,7 +254,7 @@ RequestId Engine::add_request(Request req, RequestId id) {
   // NOTE: 2^24 orders per request leave room for every beam a request can fork.
   seq->order = (arrivals_ << 24);
   rs->base_order = seq->order;
-  scheduler_->add_waiting(seq.get());  // the last check: nothing is changed when it throws
+  scheduler_->add_waiting(seq.get());
   ++arrivals_;
   counters_->prompt_tokens += int64_t(rs->req.prompt.size());
   rs->seqs.push_back(std::move(seq));
@@ -389,7 +423,7 @@ std::vector<RequestOutput> Engine::generate(std::vector<Request> requests) {
   std::vector<RequestId> ids;
   std::map<RequestId, RequestOutput> done;
   for (Request& r : requests) {
-    ids.push_back(add_request(std::move(r)));
+    ids.push_back(enqueue(std::move(r), -1));
     done[ids.back()].id = ids.back();
   }
   while (has_work()) {

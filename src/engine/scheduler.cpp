@@ -31,9 +31,8 @@ void Scheduler::add_waiting(Sequence *seq) {
   PA_CHECK(seq != nullptr, "Scheduler::add_waiting: seq is null");
   PA_CHECK(seq->cache_seq < 0, "Scheduler::add_waiting: seq already holds cache state");
   PA_CHECK(seq->num_tokens() >= 1, "Scheduler::add_waiting: seq has no tokens");
-  const int64_t capacity = int64_t(cache_.config().num_pages) * cache_.config().page_size;
-  PA_CHECK(seq->num_tokens() < capacity, "Scheduler::add_waiting: prompt of ", seq->num_tokens(),
-           " tokens does not fit in the KV cache (", capacity, " tokens)");
+  // NOTE: whether a prompt fits is the engine's check (Engine::validate); one that cannot fit
+  // anyway comes out of schedule() as out_of_memory.
   PA_CHECK(!waiting_.count(seq->order) && !running_.count(seq->order),
            "Scheduler::add_waiting: order ", seq->order, " already queued");
   seq->num_computed = 0;

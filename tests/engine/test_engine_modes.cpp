@@ -144,6 +144,42 @@ TEST(EngineModes, LogitsModeIsValidatedAtTheDoor) {
   EXPECT_NO_THROW(e.add_request(r));
 }
 
+TEST(EngineModes, PromptThatCanNeverFitIsRefusedAtTheDoor) {
+  EngineConfig c = config(8);  // two pages of 4
+  Engine e(std::make_unique<FakeModel>(), c);
+  try {
+    e.add_request(greedy(prompt(8, 1), 2));
+    FAIL() << "expected RequestError";
+  } catch (const RequestError& err) {
+    EXPECT_EQ(std::string(err.what()).rfind("add_request: prompt of 8 tokens does not fit", 0), 0u)
+        << err.what();
+    EXPECT_EQ(err.param(), "prompt");
+    EXPECT_EQ(err.code(), "context_length_exceeded");
+  }
+  EXPECT_EQ(e.num_active_requests(), 0);
+  EXPECT_EQ(e.scheduler().num_waiting(), 0);
+  // The context: a model of 16 positions; a prompt that fills them leaves no room for output.
+  Engine big(std::make_unique<FakeModel>(64, std::vector<int32_t>{}, 16), config(1024));
+  try {
+    big.add_request(greedy(prompt(16, 1), 2));
+    FAIL() << "expected RequestError";
+  } catch (const RequestError& err) {
+    EXPECT_NE(std::string(err.what()).find("maximum context length is 16"), std::string::npos)
+        << err.what();
+    EXPECT_EQ(err.code(), "context_length_exceeded");
+  }
+  // A field's own error names it.
+  Request bad = greedy(prompt(4, 1), 2);
+  bad.sampling.top_p = 0.f;
+  try {
+    big.add_request(bad);
+    FAIL() << "expected RequestError";
+  } catch (const RequestError& err) {
+    EXPECT_EQ(err.param(), "top_p") << err.what();
+    EXPECT_EQ(err.code(), "invalid_value");
+  }
+}
+
 TEST(EngineModes, PrefillFirstRunsPrefillsApartAndKeepsTheOutput) {
   std::vector<Request> reqs;
   for (int32_t i = 0; i < 6; ++i) reqs.push_back(greedy(prompt(10, i), 6));
