@@ -1,9 +1,9 @@
 // `pagedattn bench model`: prefill and decode tokens/s of the whole model through the engine, at
 // several batch sizes (random prompt ids, greedy decode, every sequence in one batch). A decode
-// step is an engine step of greedy requests (Model::forward_greedy): the forward pass and the pick of the next tokens,
-// on the device on CUDA. On CUDA each decode step is also compared with its memory floor: the bytes
-// it must read (the weights once, every sequence's K/V once) over the device-to-device copy
-// bandwidth measured in the same run.
+// step is an engine step of greedy requests (Model::forward_greedy): the forward pass and the pick
+// of the next tokens, on the device on CUDA. On CUDA each decode step is also compared with its
+// memory floor: the bytes it must read (the weights once, every sequence's K/V once) over the
+// device-to-device copy bandwidth measured in the same run.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -98,7 +98,8 @@ BatchResult run_batch(Engine& engine, int batch, int32_t prompt_len, int32_t dec
   t0 = std::chrono::steady_clock::now();
   for (int32_t step = 0; step < decode_steps; ++step) {
     PA_CHECK(engine.has_work(), "bench model: the requests ended before the decode steps");
-    for (const RequestOutput& o : engine.step()) PA_CHECK(o.error.empty(), "bench model: ", o.error);
+    for (const RequestOutput& o : engine.step())
+      PA_CHECK(o.error.empty(), "bench model: ", o.error);
   }
   r.decode_s = since(t0);
   PA_CHECK(!engine.has_work(), "bench model: the requests outlived their decode steps");
@@ -197,8 +198,8 @@ void run_bench_model(const BenchModelArgs& a) {
     if (a.no_cuda_graphs) cuda_model->set_cuda_graphs(false);
     if (a.skinny_max_tokens >= 0) cuda_model->set_skinny_gemm_max_tokens(a.skinny_max_tokens);
     const DType kv = resolve_kv_dtype(so.kv_cache_dtype, Device::cuda);
-    floor->kv_token_bytes = size_t(c.num_layers) * 2 * size_t(c.num_kv_heads) * size_t(c.head_dim) *
-                            dtype_size(kv);
+    floor->kv_token_bytes =
+        size_t(c.num_layers) * 2 * size_t(c.num_kv_heads) * size_t(c.head_dim) * dtype_size(kv);
   };
   EngineSession session = open_engine(so, ec, tune);
   Engine& m = *session.engine;

@@ -56,7 +56,8 @@ struct TurnStats {
 
 // Runs one request of `prompt` through the engine, streaming its text to stdout as it comes.
 // Returns the generated text (stop string trimmed). The prompt's prefill (the tokens the prefix
-// cache did not hold) is timed up to the first token; the rest is decode. A token that ends generation (end of turn, a stop id) is not counted.
+// cache did not hold) is timed up to the first token; the rest is decode. A token that ends
+// generation (end of turn, a stop id) is not counted.
 std::string run_turn(Engine& engine, const std::vector<int32_t>& prompt, const GenerateArgs& a,
                      TurnStats& st) {
   Request req;

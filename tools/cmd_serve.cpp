@@ -116,7 +116,7 @@ void register_serve(CLI::App& app) {
                   "--max-num-seqs sequences at the longest context need, at most 512 MiB");
   cmd->add_option("--kv-cache-tokens", a->engine.kv_cache_tokens,
                   "KV cache budget in tokens (overrides --kv-cache-memory)");
-  cmd->add_option("--block-size", a->engine.block_size, "Tokens per KV page")
+  cmd->add_option("--page-size,--block-size", a->engine.page_size, "Tokens per KV page")
       ->capture_default_str();
   cmd->add_option("--kv-cache-dtype", a->engine.kv_cache_dtype, "auto | f32 | f16 | bf16 | fp8")
       ->capture_default_str();

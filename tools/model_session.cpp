@@ -81,7 +81,7 @@ EngineSession open_engine(const SessionOptions& opt, EngineConfig config,
   config.kv_cache_tokens = opt.kv_tokens;
   config.kv_cache_memory_mib = 0;
   config.kv_cache_memory_fraction = 0;
-  config.block_size = opt.page_size;
+  config.page_size = opt.page_size;
   config.kv_cache_dtype = opt.kv_cache_dtype;
   config.max_num_batched_tokens = opt.prefill_chunk;
   config.exact_matmul = opt.exact_matmul;
@@ -91,7 +91,9 @@ EngineSession open_engine(const SessionOptions& opt, EngineConfig config,
     config.kv_calibration_tokens = kv_calibration_tokens(s.tokenizer.get(), c.vocab_size);
   DecodeFn decode;
   if (s.tokenizer) {
-    decode = [tok = s.tokenizer](const std::vector<int32_t>& ids) { return tok->decode(ids, true); };
+    decode = [tok = s.tokenizer](const std::vector<int32_t>& ids) {
+      return tok->decode(ids, true);
+    };
   }
   const std::string arch = c.architecture;
   const int32_t layers = c.num_layers, hidden = c.hidden_size, vocab = c.vocab_size;
@@ -101,9 +103,8 @@ EngineSession open_engine(const SessionOptions& opt, EngineConfig config,
     const double mib = double(kc.num_pages) * kc.page_size * kc.num_layers * kc.num_kv_heads *
                        kc.head_dim * 2 * double(dtype_size(kc.dtype)) / (1024.0 * 1024.0);
     std::cerr << "model: " << opt.model << " (" << arch << ", " << layers << " layers, hidden "
-              << hidden << ", vocab " << vocab << ") on "
-              << device_name(s.engine->model().device()) << ", loaded in " << seconds_since(t0)
-              << " s\n"
+              << hidden << ", vocab " << vocab << ") on " << device_name(s.engine->model().device())
+              << ", loaded in " << seconds_since(t0) << " s\n"
               << "kv cache: " << kc.num_pages << " pages x " << kc.page_size << " tokens, "
               << dtype_name(kc.dtype) << ", " << mib << " MiB\n";
   }

@@ -14,9 +14,9 @@ namespace pagedattn {
 
 class Tokenizer;
 
-// One step's batch, built by the scheduler (a calibration pass builds its own). Sequence b's new tokens are rows
-// q_indptr[b] .. q_indptr[b+1] of tokens/positions/slots; the cache already holds their slots
-// (KvCache::append_slots) and kv_len(seqs[b]) counts them.
+// One step's batch, built by the scheduler (a calibration pass builds its own). Sequence b's new
+// tokens are rows q_indptr[b] .. q_indptr[b+1] of tokens/positions/slots; the cache already holds
+// their slots (KvCache::append_slots) and kv_len(seqs[b]) counts them.
 struct ForwardBatch {
   std::vector<SeqId> seqs;          // [num_seqs]
   std::vector<int32_t> q_indptr;    // [num_seqs + 1]

@@ -128,7 +128,7 @@ struct SequenceOutput {
   std::string new_text;
   FinishReason finish = FinishReason::none;
   double cumulative_logprob = 0;  // of the sequence so far (see Sequence::cumulative_logprob)
-  std::vector<float> logits;      // Request::return_logits: new rows [rows, vocab], in position order
+  std::vector<float> logits;  // Request::return_logits: new rows [rows, vocab], in position order
 };
 
 struct RequestOutput {

@@ -1,8 +1,9 @@
 // AsyncEngine: the engine's loop on a background thread, fed through a locked
 // queue.
+#include "pagedattn/async_engine.h"
+
 #include <cstdio>
 
-#include "pagedattn/engine.h"
 #include "pagedattn/error.h"
 
 namespace pagedattn {

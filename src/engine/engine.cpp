@@ -78,7 +78,7 @@ Engine::Engine(std::unique_ptr<Model> model, const EngineConfig& config, DecodeF
   kc.num_layers = mc.num_layers;
   kc.num_kv_heads = mc.num_kv_heads;
   kc.head_dim = mc.head_dim;
-  kc.page_size = config.block_size;
+  kc.page_size = config.page_size;
   if (config.kv_cache_tokens == 0 && config.kv_cache_memory_mib == 0 &&
       config.kv_cache_memory_fraction != 0) {
     const int64_t free_b = free_memory_bytes(model_->device());
@@ -159,14 +159,13 @@ void Engine::validate(const Request& req) const {
                 ": this model's maximum context length is ", max_model_len_, " tokens");
   check_request(len < kv_capacity_tokens(), "prompt", kContext, "prompt of ", len,
                 " tokens does not fit in the KV cache (", kv_capacity_tokens(), " tokens)");
-  check_request(req.n >= 1 && req.n <= Request::kMaxSequences, "n", kInvalid,
-                "n must be in [1, ", Request::kMaxSequences, "], got ", req.n);
+  check_request(req.n >= 1 && req.n <= Request::kMaxSequences, "n", kInvalid, "n must be in [1, ",
+                Request::kMaxSequences, "], got ", req.n);
   check_request(req.max_tokens >= 1, "max_tokens", kInvalid, "max_tokens must be >= 1, got ",
                 req.max_tokens);
-  check_request(
-      req.best_of == 0 || (req.best_of >= req.n && req.best_of <= Request::kMaxSequences),
-      "best_of", kInvalid, "best_of must be 0 or in [n = ", req.n, ", ", Request::kMaxSequences,
-      "], got ", req.best_of);
+  check_request(req.best_of == 0 || (req.best_of >= req.n && req.best_of <= Request::kMaxSequences),
+                "best_of", kInvalid, "best_of must be 0 or in [n = ", req.n, ", ",
+                Request::kMaxSequences, "], got ", req.best_of);
   if (req.use_beam_search) {
     check_request(req.beam_width >= 0, "beam_width", kInvalid, "beam_width must be >= 0, got ",
                   req.beam_width);
@@ -184,7 +183,8 @@ void Engine::validate(const Request& req) const {
     // "sampling: <field> ...": the field names the parameter.
     std::string what = e.what(), param = "sampling";
     const std::string prefix = "sampling: ";
-    if (what.rfind(prefix, 0) == 0) param = what.substr(prefix.size(), what.find(' ', prefix.size()) - prefix.size());
+    if (what.rfind(prefix, 0) == 0)
+      param = what.substr(prefix.size(), what.find(' ', prefix.size()) - prefix.size());
     throw RequestError(param, kInvalid, "add_request: " + what);
   }
   check_request(req.sampling.stop.empty() || decode_, "stop", kInvalid,
@@ -408,7 +408,7 @@ void Engine::keep_logit_rows(const ScheduledSeq& s, const Tensor& logits) {
   Sequence& seq = *s.seq;
   const int64_t vocab = logits.dim(1);
   for (int32_t i = 0; i < s.num_tokens; ++i) {
-    const int32_t position = seq.num_computed + i;  // before commit: the step's first token
+    const int32_t position = seq.num_computed + i;      // before commit: the step's first token
     if (position < seq.logit_positions_done) continue;  // recomputed after a preemption
     const float* row = logits.data_as<float>() + int64_t(s.first_logit_row + i) * vocab;
     seq.new_logits.insert(seq.new_logits.end(), row, row + vocab);
@@ -471,8 +471,8 @@ RequestOutput Engine::collect(RequestState& rs) {
     o.completion_tokens += s.num_generated();
     all_finished = all_finished && s.finished();
     const bool report_finish = s.finished() && !rs.finish_sent[size_t(s.index)];
-    if (s.tokens_sent == size_t(s.num_generated()) && s.new_text.empty() &&
-        s.new_logits.empty() && !report_finish)
+    if (s.tokens_sent == size_t(s.num_generated()) && s.new_text.empty() && s.new_logits.empty() &&
+        !report_finish)
       continue;
     SequenceOutput so;
     so.index = s.index;

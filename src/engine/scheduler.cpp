@@ -60,7 +60,7 @@ void Scheduler::remove(Sequence *seq) {
   }
 }
 
-int32_t Scheduler::available_pages() const { return cache_.allocator().num_available(); }
+int32_t Scheduler::available_pages() const { return cache_.num_available_pages(); }
 
 void Scheduler::preempt(Sequence *seq, SchedulerOutput &out) {
   // Its full pages go back to the prefix cache (deepest first, so the LRU evicts them before
@@ -121,7 +121,7 @@ GrowthForecast Scheduler::forecast(const Sequence &seq) const {
   if (seq.cache_seq >= 0) {
     const std::span<const int32_t> table = cache_.block_table(seq.cache_seq);
     f.held_pages = int32_t(table.size());
-    for (int32_t page : table) f.freed_pages += cache_.allocator().refcount(page) == 1;
+    for (int32_t page : table) f.freed_pages += cache_.refcount(page) == 1;
   }
   if (seq.max_length <= 0) {  // end unknown: it keeps what it will hold after this step, forever
     f.final_kv = f.num_tokens;

@@ -1,10 +1,11 @@
 // The fp8 KV calibration pass: the CPU runner's absolute maxima of K and V, the built-in text, its
 // tokens, and the scales set from them.
+#include "kv_calibration.h"
+
 #include <algorithm>
 #include <cmath>
 #include <random>
 
-#include "kv_calibration.h"
 #include "pagedattn/error.h"
 #include "pagedattn/llama.h"
 #include "pagedattn/tokenizer.h"

@@ -1,8 +1,9 @@
 // The Model interface's defaults: a greedy step through forward() and no calibration pass.
+#include "pagedattn/model.h"
+
 #include <span>
 
 #include "pagedattn/error.h"
-#include "pagedattn/model.h"
 #include "pagedattn/sampling.h"
 
 namespace pagedattn {

@@ -19,7 +19,7 @@ using fakes::FakeModel;
 EngineConfig config(int64_t kv_tokens, int32_t budget = 32) {
   EngineConfig c;
   c.kv_cache_tokens = kv_tokens;
-  c.block_size = 4;
+  c.page_size = 4;
   c.max_num_batched_tokens = budget;
   c.max_num_seqs = 16;
   c.log_startup = false;

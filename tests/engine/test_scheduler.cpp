@@ -204,8 +204,9 @@ TEST(Scheduler, SequenceLargerThanTheCacheFinishesInsteadOfLooping) {
   EXPECT_EQ(h.cache.stats().pages_used, 0);
 }
 
-// Whether a prompt fits is the engine's check (EngineModes.PromptThatCanNeverFitIsRefusedAtTheDoor);
-// one that reaches the scheduler anyway comes out as out of memory, holding nothing.
+// Whether a prompt fits is the engine's check
+// (EngineModes.PromptThatCanNeverFitIsRefusedAtTheDoor); one that reaches the scheduler anyway
+// comes out as out of memory, holding nothing.
 TEST(Scheduler, PromptsThatCanNeverFitComeOutAsOutOfMemory) {
   Harness h(small_cache(2, 4), SchedulerConfig{});
   Sequence *a = h.add(9);

@@ -27,7 +27,7 @@ struct Fixture {
   Fixture() {
     EngineConfig ec;
     ec.kv_cache_tokens = 1024;
-    ec.block_size = 16;
+    ec.page_size = 16;
     ec.log_startup = false;
     engine = std::make_unique<Engine>(
         std::make_unique<fakes::FakeModel>(tok.vocab_size(), std::vector<int32_t>{tok.eos_id()},

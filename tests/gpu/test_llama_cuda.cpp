@@ -9,12 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "../model/step_batch.h"
+#include "gpu_skip.h"
 #include "pagedattn/error.h"
 #include "pagedattn/llama.h"
-#include "pagedattn/sampling.h"
 #include "pagedattn/llama_cuda.h"
-#include "gpu_skip.h"
-#include "../model/step_batch.h"
+#include "pagedattn/sampling.h"
 
 using namespace pagedattn;
 
@@ -261,10 +261,10 @@ TEST(LlamaCuda, BadBatchRaisesTheCpuErrors) {
   KvCache cpu_cache(cache_config(cpu.config(), Device::cpu));
   KvCache gpu_cache(cache_config(cpu.config(), Device::cuda));
   const std::vector<std::vector<int32_t>> toks = {{1, 2, 3}, {4, 5}};
-  const ForwardBatch cb = make_step_batch(
-      cpu_cache, {cpu_cache.create_sequence(), cpu_cache.create_sequence()}, toks);
-  const ForwardBatch gb = make_step_batch(
-      gpu_cache, {gpu_cache.create_sequence(), gpu_cache.create_sequence()}, toks);
+  const ForwardBatch cb =
+      make_step_batch(cpu_cache, {cpu_cache.create_sequence(), cpu_cache.create_sequence()}, toks);
+  const ForwardBatch gb =
+      make_step_batch(gpu_cache, {gpu_cache.create_sequence(), gpu_cache.create_sequence()}, toks);
   using Edit = void (*)(ForwardBatch&);
   const std::vector<std::pair<std::string, Edit>> edits = {
       {"batch.positions[", [](ForwardBatch& b) { b.positions[1] += 1; }},

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../model/step_batch.h"
 #include "gpu_skip.h"
 #include "pagedattn/error.h"
 #include "pagedattn/llama.h"
@@ -22,7 +23,6 @@
 #include "pagedattn/synthetic_model.h"
 #ifdef PAGEDATTN_HAVE_CUDA
 #include "model/cuda/llama_kernels.h"
-#include "../model/step_batch.h"
 #endif
 
 using namespace pagedattn;

@@ -10,8 +10,8 @@
 #include "pagedattn/kv_cache.h"
 #include "pagedattn/llama.h"
 #include "pagedattn/tokenizer.h"
-#include "test_llama_oracle.h"
 #include "step_batch.h"
+#include "test_llama_oracle.h"
 
 using namespace pagedattn;
 

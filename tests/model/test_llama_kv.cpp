@@ -9,8 +9,8 @@
 #include "pagedattn/error.h"
 #include "pagedattn/kv_cache.h"
 #include "pagedattn/llama.h"
-#include "test_llama_oracle.h"
 #include "step_batch.h"
+#include "test_llama_oracle.h"
 
 using namespace pagedattn;
 

@@ -63,7 +63,7 @@ class ServerTest : public ::testing::TestWithParam<bool> {
     fake_ = model.get();
     EngineConfig ec;
     ec.kv_cache_tokens = 2048;
-    ec.block_size = 16;
+    ec.page_size = 16;
     ec.max_num_batched_tokens = 256;
     ec.enable_prefix_cache = GetParam();
     ec.log_startup = false;
