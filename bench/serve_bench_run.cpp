@@ -117,7 +117,7 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
   const bool closed_loop = cfg.target_tokens > 0;
 
   EngineConfig ec;
-  ec.block_size = cfg.block_size;
+  ec.page_size = cfg.page_size;
   ec.max_num_seqs = cfg.max_num_seqs;
   ec.max_num_batched_tokens = cfg.max_num_batched_tokens;
   ec.log_startup = false;
@@ -125,7 +125,7 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
     // NOTE: the baseline's memory is kv_budget_tokens of contiguous regions; the paged engine that
     // executes its batches gets one extra page per sequence so that page rounding never makes a
     // batch that fits the budget preempt (the run reports preemptions, which must stay 0).
-    ec.kv_cache_tokens = cfg.kv_budget_tokens + int64_t(cfg.max_num_seqs) * cfg.block_size;
+    ec.kv_cache_tokens = cfg.kv_budget_tokens + int64_t(cfg.max_num_seqs) * cfg.page_size;
     ec.watermark_pages = 0;
     ec.enable_prefix_cache = false;
     // NOTE: the baseline's batches always fit; the admission before the lookahead keeps its
@@ -204,9 +204,8 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
     s.t = now;
     s.running = engine.scheduler().num_running();
     s.waiting = engine.scheduler().num_waiting() + int32_t(batcher.queued());
-    s.kv_live = int64_t(st.pages_used) * cfg.block_size - st.tail_slots_wasted;
-    s.kv_allocated =
-        is_static ? batcher.reserved_tokens() : int64_t(st.pages_used) * cfg.block_size;
+    s.kv_live = int64_t(st.pages_used) * cfg.page_size - st.tail_slots_wasted;
+    s.kv_allocated = is_static ? batcher.reserved_tokens() : int64_t(st.pages_used) * cfg.page_size;
     s.output_tokens = r.output_tokens;
     r.timeline.push_back(s);
     return r.timeline.back();
@@ -216,7 +215,7 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
     const KvSample& b = r.timeline.back();
     const KvCacheStats st = engine.cache().stats();
     return b.kv_allocated !=
-               (is_static ? batcher.reserved_tokens() : int64_t(st.pages_used) * cfg.block_size) ||
+               (is_static ? batcher.reserved_tokens() : int64_t(st.pages_used) * cfg.page_size) ||
            b.waiting != engine.scheduler().num_waiting() + int32_t(batcher.queued());
   };
 
@@ -310,10 +309,7 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
   r.admission_stalls = sched.admission_stalls();
   r.steps = engine.metrics().steps;
   r.output_tokens_per_step = r.steps > 0 ? double(r.output_tokens) / double(r.steps) : 0.0;
-  r.prefix_hit_rate = engine.scheduler().prefix_queried_tokens() > 0
-                          ? double(engine.scheduler().prefix_hit_tokens()) /
-                                double(engine.scheduler().prefix_queried_tokens())
-                          : 0.0;
+  r.prefix_hit_rate = engine.metrics().prefix_hit_rate();  // the engine's one count
   return r;
 }
 

@@ -30,7 +30,7 @@ struct RunConfig {
   // (admission on current use, the newest victim: the engine's policy before the lookahead).
   std::string admission = "lookahead";
   int64_t kv_budget_tokens = 4096;  // http: the server's KV capacity (-1 when it does not say)
-  int32_t block_size = 16;
+  int32_t page_size = 16;
   int32_t max_num_seqs = 64;  // http: -1 (the server's setting, not reported)
   int32_t max_num_batched_tokens = 512;
   double batch_timeout_s = 0.5;  // static: longest a partial batch waits to fill

@@ -1,9 +1,9 @@
-// `pagedattn bench model`: prefill and decode tokens/s of the whole model through the paged cache,
-// at several batch sizes (random prompt ids, greedy decode, every sequence in one batch). A decode
-// step is a greedy step (Model::forward_greedy): the forward pass and the pick of the next tokens,
-// on the device on CUDA. On CUDA each decode step is also compared with its memory floor: the bytes
-// it must read (the weights once, every sequence's K/V once) over the device-to-device copy
-// bandwidth measured in the same run.
+// `pagedattn bench model`: prefill and decode tokens/s of the whole model through the engine, at
+// several batch sizes (random prompt ids, greedy decode, every sequence in one batch). A decode
+// step is an engine step of greedy requests (Model::forward_greedy): the forward pass and the pick
+// of the next tokens, on the device on CUDA. On CUDA each decode step is also compared with its
+// memory floor: the bytes it must read (the weights once, every sequence's K/V once) over the
+// device-to-device copy bandwidth measured in the same run.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -16,9 +16,9 @@
 #include "cli.h"
 #include "cuda_bandwidth.h"
 #include "model_session.h"
+#include "pagedattn/engine.h"
 #include "pagedattn/error.h"
 #include "pagedattn/llama_cuda.h"
-#include "pagedattn/sampling.h"
 
 namespace pagedattn::tools {
 
@@ -38,16 +38,6 @@ struct BenchModelArgs {
 
 double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-std::vector<int32_t> greedy(const Tensor& logits) {
-  std::vector<int32_t> out;
-  const int64_t V = logits.dim(1);
-  for (int64_t r = 0; r < logits.dim(0); ++r) {
-    const float* row = logits.data_as<float>() + r * V;
-    out.push_back(argmax(std::span<const float>(row, size_t(V))));
-  }
-  return out;
 }
 
 // The memory floor of decode steps on CUDA: every step reads the weights once and every
@@ -76,36 +66,47 @@ struct BatchResult {
   double floor_s = 0, kv_bytes_mean = 0;  // CUDA
 };
 
-// Prefills `batch` random prompts of prompt_len tokens, then runs decode_steps greedy steps.
-// host_argmax: each step downloads the logits and picks the tokens on the host (the path of every
-// sampling mode but plain greedy), else forward_greedy.
-BatchResult run_batch(ModelSession& m, int batch, int32_t prompt_len, int32_t decode_steps,
-                      bool host_argmax, std::mt19937& gen) {
-  const int32_t vocab = m.config().vocab_size;
-  std::vector<SeqId> seqs;
-  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch));
-  for (auto& p : prompts) {
-    for (int32_t i = 0; i < prompt_len; ++i) p.push_back(int32_t(gen() % uint32_t(vocab)));
-    seqs.push_back(m.cache().create_sequence());
+// Prefills `batch` random prompts of prompt_len tokens, then runs decode_steps greedy steps, all
+// through the engine: `batch` greedy requests of decode_steps + 1 tokens that ignore eos. The
+// engine runs prefills first (EngineConfig::prefill_first), so the prefill phase ends with the step
+// that gives every request its first token (the steps that return host ids are synchronised);
+// each decode step after it computes one token of every request. host_argmax: the engine was built
+// to download logits and pick on the host (EngineConfig::device_greedy off, the path of every
+// sampling mode but plain greedy), else the ids come from Model::forward_greedy.
+BatchResult run_batch(Engine& engine, int batch, int32_t prompt_len, int32_t decode_steps,
+                      std::mt19937& gen) {
+  const int32_t vocab = engine.model().config().vocab_size;
+  for (int b = 0; b < batch; ++b) {
+    Request r;
+    for (int32_t i = 0; i < prompt_len; ++i) r.prompt.push_back(int32_t(gen() % uint32_t(vocab)));
+    r.sampling.temperature = 0.f;
+    r.max_tokens = decode_steps + 1;
+    r.ignore_eos = true;
+    engine.add_request(std::move(r));
   }
   BatchResult r;
   r.batch = batch;
+  int started = 0;
   auto t0 = std::chrono::steady_clock::now();
-  const Tensor logits = m.prefill(seqs, prompts);  // the forward returns host logits: synchronised
+  while (started < batch) {
+    for (const RequestOutput& o : engine.step()) {
+      PA_CHECK(o.error.empty(), "bench model: ", o.error);
+      if (o.completion_tokens == 1) ++started;
+    }
+  }
   r.prefill_s = since(t0);
-  // The first tokens come from the prefill's logits (untimed); each timed step returns the next
-  // ones as host ids, so it is synchronised too.
-  std::vector<int32_t> next = greedy(logits);
   t0 = std::chrono::steady_clock::now();
   for (int32_t step = 0; step < decode_steps; ++step) {
-    next = host_argmax ? greedy(m.decode(seqs, next)) : m.decode_greedy(seqs, next);
+    PA_CHECK(engine.has_work(), "bench model: the requests ended before the decode steps");
+    for (const RequestOutput& o : engine.step())
+      PA_CHECK(o.error.empty(), "bench model: ", o.error);
   }
   r.decode_s = since(t0);
-  for (SeqId s : seqs) m.cache().free_sequence(s);
+  PA_CHECK(!engine.has_work(), "bench model: the requests outlived their decode steps");
   return r;
 }
 
-void print_result(const BenchModelArgs& a, const SessionOptions& so, ModelSession& m,
+void print_result(const BenchModelArgs& a, const SessionOptions& so, const Engine& m,
                   const BatchResult& r, const DecodeFloor* floor) {
   const int B = r.batch;
   const double prefill_tps = double(B) * a.prompt_len / r.prefill_s;
@@ -182,36 +183,38 @@ void run_bench_model(const BenchModelArgs& a) {
           floor->copy.gbps, floor->copy.device.c_str(), floor->copy.bytes >> 20);
     }
   }
-  ModelSession m(so);
-  if (floor) {
-    auto* cuda_model = dynamic_cast<LlamaModelCuda*>(&m.model());
+  EngineConfig ec;
+  ec.enable_prefix_cache = false;  // random prompts: nothing to share
+  ec.max_num_seqs = max_batch;
+  ec.prefill_first = true;
+  ec.device_greedy = !a.host_argmax;
+  // NOTE: the runner's knobs are set before the engine is built (its steps use them).
+  auto tune = [&](Model& model) {
+    if (!floor) return;
+    auto* cuda_model = dynamic_cast<LlamaModelCuda*>(&model);
     PA_CHECK(cuda_model, "bench model: the CUDA runner is not LlamaModelCuda");
-    const ModelConfig& c = m.config();
+    const ModelConfig& c = model.config();
     floor->weight_bytes = cuda_model->step_weight_bytes();
     if (a.no_cuda_graphs) cuda_model->set_cuda_graphs(false);
-    if (a.skinny_max_tokens >= 0) {
-      cuda_model->set_skinny_gemm_max_tokens(a.skinny_max_tokens);
-    }
-    floor->kv_token_bytes = size_t(c.num_layers) * 2 * size_t(c.num_kv_heads) * size_t(c.head_dim) *
-                            dtype_size(m.cache().config().dtype);
-  }
+    if (a.skinny_max_tokens >= 0) cuda_model->set_skinny_gemm_max_tokens(a.skinny_max_tokens);
+    const DType kv = resolve_kv_dtype(so.kv_cache_dtype, Device::cuda);
+    floor->kv_token_bytes =
+        size_t(c.num_layers) * 2 * size_t(c.num_kv_heads) * size_t(c.head_dim) * dtype_size(kv);
+  };
+  EngineSession session = open_engine(so, ec, tune);
+  Engine& m = *session.engine;
   std::mt19937 gen(7);
 
   // Warm-up: one short prefill and decode step (first-touch allocations, BLAS threads).
-  {
-    const SeqId s = m.cache().create_sequence();
-    const Tensor l = m.prefill({s}, {std::vector<int32_t>(16, 1)});
-    m.decode_greedy({s}, greedy(l));
-    m.cache().free_sequence(s);
-  }
+  run_batch(m, 1, 16, 1, gen);
   for (int B : a.batch) {
     if (floor) {
       // NOTE: CUDA loads kernels lazily and cuBLAS picks an algorithm per new shape: run a full
       // prefill chunk (split over the batch) and this batch's decode shapes once, untimed.
       const int32_t warm_len = std::max(1, std::min(a.prompt_len, so.prefill_chunk / B));
-      run_batch(m, B, warm_len, 2, a.host_argmax, gen);
+      run_batch(m, B, warm_len, 2, gen);
     }
-    BatchResult r = run_batch(m, B, a.prompt_len, a.decode_steps, a.host_argmax, gen);
+    BatchResult r = run_batch(m, B, a.prompt_len, a.decode_steps, gen);
     if (floor) r.floor_s = floor->seconds(B, a.prompt_len, a.decode_steps, &r.kv_bytes_mean);
     print_result(a, so, m, r, floor.get());
   }

@@ -68,7 +68,8 @@ void register_bench_serve(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--kv-tokens", a->run.kv_budget_tokens, "KV memory budget in tokens (both modes)")
       ->capture_default_str();
-  cmd->add_option("--block-size", a->run.block_size, "Tokens per KV page")->capture_default_str();
+  cmd->add_option("--page-size,--block-size", a->run.page_size, "Tokens per KV page")
+      ->capture_default_str();
   cmd->add_option("--max-num-seqs", a->run.max_num_seqs, "Most concurrent sequences")
       ->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", a->run.max_num_batched_tokens,
@@ -97,7 +98,7 @@ void register_bench_serve(CLI::App& bench) {
   cmd->callback([a, device, cmd] {
     // The engine's own settings: with --url the server has its own.
     for (const char* name :
-         {"--model", "--device", "--prefix-cache", "--admission", "--kv-tokens", "--block-size",
+         {"--model", "--device", "--prefix-cache", "--admission", "--kv-tokens", "--page-size",
           "--max-num-seqs", "--max-num-batched-tokens", "--batch-timeout"})
       if (cmd->get_option(name)->count() > 0) a->in_process_options.push_back(name);
     if (!a->url.empty() && cmd->get_option("--mode")->count() == 0) a->modes = {"http"};

@@ -1,5 +1,6 @@
-// `pagedattn generate` and `pagedattn chat`: one sequence through the paged cache, streamed to
+// `pagedattn generate` and `pagedattn chat`: one request through the engine, its text streamed to
 // stdout, with prefill and decode speeds on stderr.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -10,6 +11,7 @@
 #include "cli.h"
 #include "model_session.h"
 #include "pagedattn/chat_template.h"
+#include "pagedattn/engine.h"
 #include "pagedattn/error.h"
 #include "pagedattn/sampling.h"
 
@@ -52,63 +54,53 @@ struct TurnStats {
   double prefill_s = 0, decode_s = 0;
 };
 
-// Prefills `new_tokens` onto seq (which already holds `history` minus those), then samples and
-// streams up to max_tokens. Returns the generated text (stop string trimmed); the sampled tokens
-// are appended to history (the final stop token is not fed to the cache).
-std::string run_turn(ModelSession& m, SeqId seq, const std::vector<int32_t>& new_tokens,
-                     std::vector<int32_t>& history, const GenerateArgs& a, TurnStats& st) {
-  const Tokenizer& tok = m.tokenizer();
-  const int64_t limit =
-      std::min<int64_t>(m.config().max_position_embeddings,
-                        int64_t(m.cache().config().num_pages) * m.cache().config().page_size);
-  PA_CHECK(m.cache().kv_len(seq) + int64_t(new_tokens.size()) < limit, "generate: the prompt (",
-           m.cache().kv_len(seq) + int64_t(new_tokens.size()),
-           " tokens) does not fit the context of ", limit, " tokens");
-  SamplingParams sp = a.sampling;
-  const std::vector<int32_t> eog = m.stop_ids();
-  sp.stop_token_ids.insert(sp.stop_token_ids.end(), eog.begin(), eog.end());
-  Sampler sampler(sp);
-  StreamDecoder decoder(tok, /*skip_special=*/true);
-  StopStringMatcher matcher(sp.stop);
+// Runs one request of `prompt` through the engine, streaming its text to stdout as it comes.
+// Returns the generated text (stop string trimmed). The prompt's prefill (the tokens the prefix
+// cache did not hold) is timed up to the first token; the rest is decode. A token that ends
+// generation (end of turn, a stop id) is not counted.
+std::string run_turn(Engine& engine, const std::vector<int32_t>& prompt, const GenerateArgs& a,
+                     TurnStats& st) {
+  Request req;
+  req.prompt = prompt;
+  req.sampling = a.sampling;
+  req.seed = a.sampling.seed;
+  req.max_tokens = a.max_tokens;
+  const RequestId id = engine.add_request(std::move(req));  // validates: throws, nothing queued
   std::string text;
-  auto emit = [&](const std::string& piece) {
-    if (piece.empty()) return;
-    text += piece;
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
-    std::fflush(stdout);
-  };
-
+  std::vector<int32_t> generated;
+  FinishReason finish = FinishReason::none;
   auto t0 = std::chrono::steady_clock::now();
-  Tensor logits = m.prefill({seq}, {new_tokens});
-  st.prefill_s += since(t0);
-  st.prefill_tokens += int64_t(new_tokens.size());
-  t0 = std::chrono::steady_clock::now();
-  // Plain greedy (Sampler::sample's argmax): the decode steps pick the token on the model's device
-  // and download only its id.
-  const bool greedy = sp.temperature == 0.f && sp.repetition_penalty == 1.f;
-  int32_t next = sampler.sample(
-      std::span<const float>(logits.data_as<float>(), size_t(logits.dim(1))), history);
-  int64_t generated = 0;
-  for (int32_t i = 0; i < a.max_tokens; ++i) {
-    if (sampler.is_stop_token(next)) break;
-    history.push_back(next);
-    ++generated;
-    emit(matcher.feed(decoder.push(next)));
-    if (matcher.stopped() || i + 1 == a.max_tokens || m.cache().kv_len(seq) + 1 >= limit) break;
-    if (greedy) {
-      next = m.decode_greedy({seq}, {next}).at(0);
-    } else {
-      logits = m.decode({seq}, {next});
-      next = sampler.sample(std::span<const float>(logits.data_as<float>(), size_t(logits.dim(1))),
-                            history);
+  bool first = true;
+  int32_t cached = 0;  // prompt tokens the prefix cache held (chat: the earlier turns)
+  while (engine.has_work()) {
+    for (const RequestOutput& o : engine.step()) {
+      if (o.id != id) continue;
+      PA_CHECK(o.error.empty(), "generate: ", o.error);
+      cached = o.cached_tokens;
+      for (const SequenceOutput& so : o.seqs) {
+        if (first && !so.new_tokens.empty()) {
+          st.prefill_s += since(t0);
+          t0 = std::chrono::steady_clock::now();
+          first = false;
+        }
+        generated.insert(generated.end(), so.new_tokens.begin(), so.new_tokens.end());
+        if (!so.new_text.empty()) {
+          text += so.new_text;
+          std::fwrite(so.new_text.data(), 1, so.new_text.size(), stdout);
+          std::fflush(stdout);
+        }
+        if (so.finish != FinishReason::none) finish = so.finish;
+      }
     }
   }
-  if (!matcher.stopped()) {
-    emit(matcher.feed(decoder.flush()));
-    emit(matcher.flush());
-  }
+  st.prefill_tokens += int64_t(prompt.size()) - cached;
   st.decode_s += since(t0);
-  st.decode_tokens += generated;
+  // NOTE: the engine keeps the token that ended generation (an end-of-turn id, a stop id); the
+  // stats count the tokens shown, as they always have.
+  if (finish == FinishReason::stop && !generated.empty() &&
+      engine.is_stop_token(generated.back(), a.sampling.stop_token_ids))
+    generated.pop_back();
+  st.decode_tokens += int64_t(generated.size());
   return text;
 }
 
@@ -123,11 +115,6 @@ void print_stats(const TurnStats& st) {
       "\nprefill: %lld tokens in %.3f s (%.1f tok/s); decode: %lld tokens in %.3f s (%.1f tok/s)\n",
       static_cast<long long>(st.prefill_tokens), st.prefill_s, pre,
       static_cast<long long>(st.decode_tokens), st.decode_s, dec);
-}
-
-SessionOptions sized(SessionOptions s, int64_t tokens) {
-  s.kv_tokens = tokens;
-  return s;
 }
 
 void run_generate(const GenerateArgs& a) {
@@ -146,26 +133,30 @@ void run_generate(const GenerateArgs& a) {
     ids = tok.encode(a.prompt, true, false);
   }
   PA_CHECK(!ids.empty(), "generate: --prompt encodes to no tokens");
-  ModelSession m(sized(a.session, int64_t(ids.size()) + a.max_tokens + 1));
-  const SeqId seq = m.cache().create_sequence();
-  std::vector<int32_t> history = ids;
+  SessionOptions so = a.session;
+  so.kv_tokens = int64_t(ids.size()) + a.max_tokens + 1;
+  EngineConfig ec;
+  ec.enable_prefix_cache = false;  // one request: nothing to share
+  EngineSession m = open_engine(so, ec);
   TurnStats st;
-  run_turn(m, seq, ids, history, a, st);
+  run_turn(*m.engine, ids, a, st);
   print_stats(st);
 }
 
-// Reads user turns from stdin until EOF or /exit; /reset starts a new conversation. The cache keeps
-// the conversation: each turn prefills only the tokens after what it already holds.
+// Reads user turns from stdin until EOF or /exit; /reset starts a new conversation. Each turn is a
+// request of the whole conversation so far; the prefix cache keeps the pages of the earlier turns,
+// so a turn prefills little more than its new tokens.
 void run_chat(const GenerateArgs& a) {
   validate_sampling_params(a.sampling);
   require_tokenizer(a.session.model, "chat");
-  ModelSession m(a.session);
-  const Tokenizer& tok = m.tokenizer();
+  EngineConfig ec;
+  ec.enable_prefix_cache = true;
+  ec.max_num_seqs = 1;
+  EngineSession m = open_engine(a.session, ec);
+  const Tokenizer& tok = m.tok();
   std::vector<ChatMessage> msgs;
   if (!a.system.empty()) msgs.push_back({"system", a.system});
   const size_t first_turn = msgs.size();
-  SeqId seq = m.cache().create_sequence();
-  std::vector<int32_t> history;
   std::string line;
   std::cerr << "chat: type a message; /reset starts over, /exit or end of input quits\n";
   for (;;) {
@@ -174,34 +165,18 @@ void run_chat(const GenerateArgs& a) {
     if (line.empty()) continue;
     if (line == "/reset") {
       msgs.resize(first_turn);
-      m.cache().free_sequence(seq);
-      seq = m.cache().create_sequence();
-      history.clear();
       continue;
     }
     msgs.push_back({"user", line});
     const std::vector<int32_t> ids = encode_chat(tok, msgs, true);
-    // Reuse the cached conversation when it is a prefix of the new rendering, else start over.
-    const auto cached = m.cache().tokens(seq);
-    const bool prefix =
-        cached.size() < ids.size() && std::equal(cached.begin(), cached.end(), ids.begin());
-    if (!prefix) {
-      m.cache().free_sequence(seq);
-      seq = m.cache().create_sequence();
-    }
-    const size_t keep = prefix ? cached.size() : 0;
-    const std::vector<int32_t> fresh(ids.begin() + ptrdiff_t(keep), ids.end());
-    history = ids;
     TurnStats st;
     try {
-      const std::string reply = run_turn(m, seq, fresh, history, a, st);
+      const std::string reply = run_turn(*m.engine, ids, a, st);
       msgs.push_back({"assistant", reply});
     } catch (const Error& e) {
       // A full context: say so and keep the session usable.
       std::cerr << "\nchat: " << e.what() << " (use /reset)\n";
       msgs.pop_back();
-      m.cache().free_sequence(seq);
-      seq = m.cache().create_sequence();
       continue;
     }
     std::fputc('\n', stdout);

@@ -1,6 +1,6 @@
 // `pagedattn logits`: raw logits of a batch of token-id prompts, prefilled together and decoded
-// greedily together, for parity checks against another implementation
-// (scripts/device/hf_parity.py).
+// greedily together through the engine (Request::return_logits), for parity checks against another
+// implementation (scripts/device/hf_parity.py).
 //
 // For each sequence, rows are the logits at every prompt position, then one row after each
 // generated token: with P prompt ids and N decode steps, P + N rows for the P + N tokens of
@@ -17,6 +17,7 @@
 
 #include "cli.h"
 #include "model_session.h"
+#include "pagedattn/engine.h"
 #include "pagedattn/error.h"
 #include "pagedattn/sampling.h"
 
@@ -89,41 +90,44 @@ void run_logits(const LogitsArgs& a) {
     so.kv_tokens +=
         (int64_t(p.size()) + a.decode_steps + so.page_size) / so.page_size * so.page_size;
   }
-  auto m = std::make_unique<ModelSession>(so);
-  auto check_vocab = [&](const std::vector<std::vector<int32_t>>& set, const char* flag) {
-    for (const auto& seq : set) {
-      for (int32_t id : seq) {
-        PA_CHECK(id < m->config().vocab_size, "logits: ", flag, " has ", id,
-                 ", outside the vocabulary of ", m->config().vocab_size);
-      }
-    }
-  };
-  check_vocab(prompts, "--prompt-ids");
-  check_vocab(forced, "--decode-ids");
-  const int64_t V = m->config().vocab_size;
-  std::vector<SeqId> seqs;
-  for (size_t s = 0; s < prompts.size(); ++s) seqs.push_back(m->cache().create_sequence());
-  const Tensor pre = m->prefill(seqs, prompts, /*all_rows=*/true);
+  EngineConfig ec;
+  ec.enable_prefix_cache = false;
+  ec.max_num_seqs = int32_t(prompts.size());
+  EngineSession m = open_engine(so, ec);
+  const int64_t V = m.config().vocab_size;
+  // Each sequence is one request that returns the logits of every position: its P prompt rows,
+  // then one per decode step. N decode steps feed N tokens: the request samples N + 1 (the last
+  // one's row is the P + N-th) and ignores eos, so every sequence runs them all.
+  std::vector<Request> reqs;
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    Request r;
+    r.prompt = prompts[s];
+    r.sampling.temperature = 0.f;
+    r.max_tokens = a.decode_steps + 1;
+    r.ignore_eos = true;
+    r.return_logits = true;
+    if (!forced.empty())
+      r.forced_tokens.assign(forced[s].begin(), forced[s].begin() + a.decode_steps);
+    reqs.push_back(std::move(r));
+  }
+  const std::vector<RequestOutput> outs = m.engine->generate(std::move(reqs));
   std::vector<std::vector<std::vector<float>>> rows(prompts.size());
   std::vector<std::vector<int32_t>> generated(prompts.size());
-  int64_t r = 0;
   for (size_t s = 0; s < prompts.size(); ++s) {
-    for (size_t j = 0; j < prompts[s].size(); ++j, ++r) {
-      const float* p = pre.data_as<float>() + r * V;
-      rows[s].emplace_back(p, p + V);
+    const RequestOutput& o = outs[s];
+    PA_CHECK(o.error.empty() && o.seqs.size() == 1, "logits: sequence ", s, " failed: ", o.error);
+    const std::vector<float>& flat = o.seqs[0].logits;
+    const size_t n = flat.size() / size_t(V);
+    PA_CHECK(n == prompts[s].size() + size_t(a.decode_steps), "logits: sequence ", s, " got ", n,
+             " logit rows, not ", prompts[s].size() + size_t(a.decode_steps),
+             " (the context ends before the decode steps do)");
+    for (size_t i = 0; i < n; ++i) {
+      rows[s].emplace_back(flat.begin() + ptrdiff_t(i * size_t(V)),
+                           flat.begin() + ptrdiff_t((i + 1) * size_t(V)));
     }
-  }
-  for (int32_t step = 0; step < a.decode_steps; ++step) {
-    std::vector<int32_t> next;
-    for (size_t s = 0; s < prompts.size(); ++s) {
-      generated[s].push_back(argmax(rows[s].back()));
-      next.push_back(forced.empty() ? generated[s].back() : forced[s][size_t(step)]);
-    }
-    const Tensor dec = m->decode(seqs, next);
-    for (size_t s = 0; s < prompts.size(); ++s) {
-      const float* p = dec.data_as<float>() + int64_t(s) * V;
-      rows[s].emplace_back(p, p + V);
-    }
+    // This model's greedy choice after each of the first N rows that end in a decode step.
+    for (int32_t step = 0; step < a.decode_steps; ++step)
+      generated[s].push_back(argmax(rows[s][prompts[s].size() - 1 + size_t(step)]));
   }
   if (!a.json) {
     for (size_t s = 0; s < prompts.size(); ++s) {
@@ -136,7 +140,7 @@ void run_logits(const LogitsArgs& a) {
     return;
   }
   std::printf("{\"model\":\"%s\",\"device\":\"%s\",\"vocab_size\":%lld,\"sequences\":[",
-              a.session.model.c_str(), device_name(m->model().device()).c_str(),
+              a.session.model.c_str(), device_name(m.engine->model().device()).c_str(),
               static_cast<long long>(V));
   for (size_t s = 0; s < prompts.size(); ++s) {
     std::printf("%s{\"prompt_ids\":", s ? "," : "");

@@ -74,7 +74,7 @@ void run_serve(ServeArgs a) {
   a.engine.enable_prefix_cache = !a.no_prefix_cache;
   a.engine.eos_token_ids = tok->eog_ids();
   if (a.engine.kv_cache_dtype == "fp8")
-    a.engine.kv_calibration_tokens = tok->encode(kv_calibration_text(), true, false);
+    a.engine.kv_calibration_tokens = kv_calibration_tokens(tok.get(), model->config().vocab_size);
   auto decode = [tok](const std::vector<int32_t>& ids) { return tok->decode(ids, true); };
   AsyncEngine engine(std::make_unique<Engine>(std::move(model), a.engine, decode));
 
@@ -117,7 +117,7 @@ void register_serve(CLI::App& app) {
                   "--max-num-seqs sequences at the longest context need, at most 512 MiB");
   cmd->add_option("--kv-cache-tokens", a->engine.kv_cache_tokens,
                   "KV cache budget in tokens (overrides --kv-cache-memory)");
-  cmd->add_option("--block-size", a->engine.block_size, "Tokens per KV page")
+  cmd->add_option("--page-size,--block-size", a->engine.page_size, "Tokens per KV page")
       ->capture_default_str();
   cmd->add_option("--kv-cache-dtype", a->engine.kv_cache_dtype, "auto | f32 | f16 | bf16 | fp8")
       ->capture_default_str();

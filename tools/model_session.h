@@ -1,17 +1,17 @@
-// A loaded model for the CLI's direct commands (generate, chat, logits, bench model): the model
-// file, its runner, a paged KV cache sized for the job, the tokenizer when the file has one, and a
-// chunked prefill / batched decode over any set of sequences. The engine proper (scheduler,
-// preemption, prefix cache) lives in src/engine; this is the small loop beside it.
+// The CLI's model options and loading: --model, --device, --kv-cache-dtype, and the engine that
+// the direct commands (generate, chat, logits, bench model) run their tokens through.
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "pagedattn/default_model.h"
+#include "pagedattn/engine.h"
 #include "pagedattn/kv_cache.h"
 #include "pagedattn/model.h"
 #include "pagedattn/tokenizer.h"
@@ -26,7 +26,7 @@ struct SessionOptions {
   std::string kv_cache_dtype = "auto";  // auto (the model's compute dtype) | fp8
   int64_t kv_tokens = 4096;             // cache capacity, in tokens (rounded up to pages)
   int32_t page_size = 16;
-  int32_t prefill_chunk = 2048;  // most prompt tokens per forward step (the engine's default)
+  int32_t prefill_chunk = 2048;  // most tokens per forward step (max_num_batched_tokens)
   bool quiet = false;            // no load summary on stderr
   bool exact_matmul = false;     // CPU: f32 activations against the dequantised weights
 };
@@ -42,39 +42,25 @@ std::unique_ptr<Model> load_model(const std::string& model, Device device);
 // needs one; called before anything is loaded.
 void require_tokenizer(const std::string& model, const char* command);
 
-class ModelSession {
- public:
-  // Loads the file and the tokenizer (absent for a folder without tokenizer.json), builds the
-  // runner and the cache, and calibrates fp8 scales when asked. Throws Error naming what failed.
-  explicit ModelSession(const SessionOptions& opt);
+// A model and the engine that runs it, for the CLI's direct commands (generate, chat, logits,
+// bench model): every token goes through Engine::step like the server's.
+struct EngineSession {
+  std::shared_ptr<const Tokenizer> tokenizer;  // null: the model has none (synthetic, bare folder)
+  std::unique_ptr<Engine> engine;
 
-  Model& model() { return *model_; }
-  KvCache& cache() { return *cache_; }
-  const ModelConfig& config() const { return model_->config(); }
-  bool has_tokenizer() const { return tokenizer_.has_value(); }
-  // Throws Error when the model has no tokenizer.
-  const Tokenizer& tokenizer() const;
-  // Token ids that end generation: the tokenizer's end-of-generation ids and the config's eos.
-  std::vector<int32_t> stop_ids() const;
-
-  // Runs the new tokens of each sequence through the cache, at most prefill_chunk tokens per step.
-  // Returns logits [seqs.size(), vocab] of each sequence's last new token (all_rows: of every new
-  // token, sequences in order, [sum of sizes, vocab]).
-  Tensor prefill(const std::vector<SeqId>& seqs, const std::vector<std::vector<int32_t>>& tokens,
-                 bool all_rows = false);
-  // One decode step: token[b] appended to seqs[b]. Returns logits [seqs.size(), vocab].
-  Tensor decode(const std::vector<SeqId>& seqs, const std::vector<int32_t>& tokens);
-  // The same step, greedy: returns the argmax of each sequence's logits [seqs.size()]
-  // (Model::forward_greedy: picked on the device on CUDA, only the ids downloaded).
-  std::vector<int32_t> decode_greedy(const std::vector<SeqId>& seqs,
-                                     const std::vector<int32_t>& tokens);
-
- private:
-  SessionOptions opt_;
-  std::unique_ptr<Model> model_;
-  std::unique_ptr<KvCache> cache_;
-  std::optional<Tokenizer> tokenizer_;
+  // Throws Error naming --model when the model has no tokenizer.
+  const Tokenizer& tok() const;
+  const ModelConfig& config() const { return engine->model().config(); }
 };
+
+// Loads --model and its tokenizer (when the file has one) and builds the engine on them: the KV
+// cache holds opt.kv_tokens tokens in opt.page_size pages, a step at most opt.prefill_chunk
+// tokens, the tokenizer's end-of-turn ids end generation, an fp8 cache is calibrated
+// (kv_calibration_tokens). `config` brings the rest (prefix cache, max_num_seqs, ...); `tune`, when
+// set, sees the runner before the engine is built. Prints the load summary on stderr unless
+// opt.quiet. Throws Error naming what failed.
+EngineSession open_engine(const SessionOptions& opt, EngineConfig config = {},
+                          const std::function<void(Model&)>& tune = {});
 
 // Registered from cli.h's register_generate.
 void register_logits(CLI::App& app);

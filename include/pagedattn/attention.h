@@ -36,8 +36,6 @@ struct QKVTensor {
   int32_t head_dim = 0;
 };
 
-enum class AttentionBackend : uint8_t { reference, cpu, cuda };
-
 // Checks every argument (host copies of the batch metadata) and throws Error naming the one at
 // fault: shapes that disagree, q_indptr not non-decreasing or not ending at num_tokens, a q_len
 // beyond kv_len, kv_len beyond the block table, a page id outside the pool, a head count that does

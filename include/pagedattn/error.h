@@ -17,6 +17,20 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A request that the engine refuses at its door (Engine::validate, before anything is queued): the
+// request field at fault (OpenAI's "param": prompt, n, max_tokens, stop, ...) and a reason code
+// (invalid_value, context_length_exceeded). The server answers it with a 400.
+class RequestError : public Error {
+ public:
+  RequestError(std::string param, std::string code, const std::string& message)
+      : Error(message), param_(std::move(param)), code_(std::move(code)) {}
+  const std::string& param() const { return param_; }
+  const std::string& code() const { return code_; }
+
+ private:
+  std::string param_, code_;
+};
+
 namespace detail {
 template <class... Args>
 std::string concat(Args&&... args) {

@@ -73,6 +73,8 @@ class KvCache {
   // Pages that append_slots(seq, n) would need to take from the allocator (CoW included).
   int32_t pages_needed(SeqId seq, int32_t n) const;
   bool can_append(SeqId seq, int32_t n) const;
+  // Pages an allocation can take now: the free ones and the cached ones it may evict.
+  int32_t num_available_pages() const;
   // Reserves slots for n new tokens at positions kv_len .. kv_len + n - 1, taking pages only when
   // the tail page overflows and copying a shared tail page first. `tokens` are their ids (n of
   // them), kept for prefix hashing. Returns the n slot ids. Throws Error (nothing changed) if the

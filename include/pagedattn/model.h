@@ -12,9 +12,11 @@
 
 namespace pagedattn {
 
-// One step's batch, built by the scheduler. Sequence b's new tokens are rows
-// q_indptr[b] .. q_indptr[b+1] of tokens/positions/slots; the cache already holds their slots
-// (KvCache::append_slots) and kv_len(seqs[b]) counts them.
+class Tokenizer;
+
+// One step's batch, built by the scheduler (a calibration pass builds its own). Sequence b's new
+// tokens are rows q_indptr[b] .. q_indptr[b+1] of tokens/positions/slots; the cache already holds
+// their slots (KvCache::append_slots) and kv_len(seqs[b]) counts them.
 struct ForwardBatch {
   std::vector<SeqId> seqs;          // [num_seqs]
   std::vector<int32_t> q_indptr;    // [num_seqs + 1]
@@ -49,15 +51,11 @@ class Model {
   virtual void set_exact_matmul(bool) {}
 };
 
-// Reserves slots for each sequence's new tokens (KvCache::append_slots) and builds the step's
-// batch: positions continue from each kv_len; logit rows are each sequence's last new token, or
-// every row with all_logits. Checks first that all the pages fit (Error, nothing reserved).
-ForwardBatch make_forward_batch(KvCache& cache, const std::vector<SeqId>& seqs,
-                                const std::vector<std::vector<int32_t>>& new_tokens,
-                                bool all_logits = false);
-
 // A short built-in English text for the fp8 calibration pass.
 std::string_view kv_calibration_text();
+// The calibration pass's tokens: the text through the tokenizer, or without one (a synthetic model)
+// a fixed pseudo-random stream of 256 ids below vocab_size.
+std::vector<int32_t> kv_calibration_tokens(const Tokenizer* tokenizer, int32_t vocab_size);
 // fp8 caches: sets every layer's scales from model.kv_absmax(tokens), scale = absmax * headroom /
 // 448 (the e4m3 maximum), so values up to headroom x the calibration maximum are representable.
 void calibrate_kv_scales(Model& model, KvCache& cache, const std::vector<int32_t>& tokens,

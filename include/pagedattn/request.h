@@ -54,6 +54,15 @@ struct Request {
   bool use_beam_search = false;
   int32_t beam_width = 0;
   float length_penalty = 1.f;  // beam score = sum_logprob / generated_len^length_penalty
+  // The logits of every position the request computes come back with its outputs
+  // (SequenceOutput::logits): each prompt token's row, then one row per generated token that is
+  // fed back (parity checks against another implementation). One sequence only (n = 1, no beam
+  // search or best_of); the steps download logits (never Model::forward_greedy).
+  bool return_logits = false;
+  // Teacher forcing: generated token i is forced_tokens[i] while there are any (the sampler's
+  // choice is dropped), so logits can be compared along another implementation's tokens. Needs
+  // return_logits.
+  std::vector<int32_t> forced_tokens;
 
   static constexpr int32_t kMaxSequences = 16;
   static constexpr int32_t kMaxBeamWidth = 8;
@@ -97,6 +106,12 @@ struct Sequence {
   std::string pending_bytes;       // decoded bytes of an incomplete UTF-8 character
   std::string new_text;            // text not yet handed out
   size_t tokens_sent = 0;          // generated tokens already handed out
+  // Request::return_logits: every computed position has a logit row; rows not yet handed out
+  // [rows, vocab] and the positions that already have one (a recompute after a preemption does
+  // not repeat them).
+  bool all_logit_rows = false;
+  std::vector<float> new_logits;
+  int32_t logit_positions_done = 0;
 
   explicit Sequence(const SamplingParams &params) : sampler(params), stop_matcher(params.stop) {}
 
@@ -113,6 +128,7 @@ struct SequenceOutput {
   std::string new_text;
   FinishReason finish = FinishReason::none;
   double cumulative_logprob = 0;  // of the sequence so far (see Sequence::cumulative_logprob)
+  std::vector<float> logits;  // Request::return_logits: new rows [rows, vocab], in position order
 };
 
 struct RequestOutput {

@@ -51,6 +51,9 @@ struct SchedulerConfig {
   // Pages kept free when admitting a waiting sequence (-1: 1% of the pool).
   int32_t watermark_pages = -1;
   bool enable_prefix_cache = true;
+  // Running decodes wait while a prefill can be scheduled (a batch's prefill runs apart from its
+  // decode steps: bench model times the two phases). Off: decodes first, the default.
+  bool prefill_first = false;
   // lookahead: admit only while the forecast peak of the running batch fits
   // (admission.h); immediate: admit as soon as the first chunk fits (grows into
   // preemptions when lengths do).
@@ -62,6 +65,9 @@ struct ScheduledSeq {
   Sequence *seq = nullptr;
   int32_t num_tokens = 0;  // tokens computed this step
   int32_t logit_row = -1;  // row of the step's logits to sample from, -1 when none (mid-prefill)
+  // Sequence::all_logit_rows: every token of this step has a logit row, rows
+  // first_logit_row .. first_logit_row + num_tokens - 1 (else the one at logit_row, if any).
+  int32_t first_logit_row = -1;
 };
 
 struct SchedulerOutput {

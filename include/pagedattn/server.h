@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "pagedattn/async_engine.h"
 #include "pagedattn/chat_template.h"
-#include "pagedattn/engine.h"
 
 namespace pagedattn {
 

@@ -113,10 +113,11 @@ class LLM:
 
     def __init__(self, model: Optional[str] = None, device: str = "auto", *,
                  kv_cache_dtype: str = "auto", kv_cache_tokens: Optional[int] = None,
-                 kv_cache_memory: Optional[float] = None, block_size: int = 16,
+                 kv_cache_memory: Optional[float] = None, page_size: int = 16,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  max_model_len: Optional[int] = None, enable_prefix_cache: bool = True,
-                 exact_matmul: bool = False, log_startup: bool = False) -> None:
+                 exact_matmul: bool = False, log_startup: bool = False,
+                 block_size: Optional[int] = None) -> None:
         o = _C.EngineOptions()
         o.device = str(device)
         o.kv_cache_dtype = kv_cache_dtype
@@ -126,7 +127,7 @@ class LLM:
                 o.kv_cache_memory_fraction = float(kv_cache_memory)
             else:
                 o.kv_cache_memory_mib = float(kv_cache_memory)
-        o.block_size = block_size
+        o.page_size = int(block_size if block_size is not None else page_size)  # the old name
         o.max_num_seqs = max_num_seqs
         o.max_num_batched_tokens = max_num_batched_tokens
         o.max_model_len = int(max_model_len or 0)

@@ -42,7 +42,7 @@ struct EngineOptions {
   int64_t kv_cache_tokens = 0;
   double kv_cache_memory_mib = 0;
   double kv_cache_memory_fraction = 0;
-  int32_t block_size = 16;
+  int32_t page_size = 16;
   int32_t max_num_seqs = 64;
   int32_t max_num_batched_tokens = 2048;
   int32_t max_model_len = 0;
@@ -79,7 +79,7 @@ class PyEngine {
     c.kv_cache_tokens = o.kv_cache_tokens;
     c.kv_cache_memory_mib = o.kv_cache_memory_mib;
     c.kv_cache_memory_fraction = o.kv_cache_memory_fraction;
-    c.block_size = o.block_size;
+    c.page_size = o.page_size;
     c.kv_cache_dtype = o.kv_cache_dtype;
     c.enable_prefix_cache = o.enable_prefix_cache;
     c.exact_matmul = o.exact_matmul;
@@ -89,7 +89,7 @@ class PyEngine {
     c.log_startup = o.log_startup;
     c.eos_token_ids = tok_->eog_ids();
     if (o.kv_cache_dtype == "fp8") {
-      c.kv_calibration_tokens = tok_->encode(kv_calibration_text(), true, false);
+      c.kv_calibration_tokens = kv_calibration_tokens(tok_.get(), model->config().vocab_size);
     }
     std::shared_ptr<Tokenizer> tok = tok_;
     auto decode = [tok](const std::vector<int32_t>& ids) { return tok->decode(ids, true); };
@@ -197,7 +197,7 @@ void bind_engine(nb::module_& m) {
       .def_rw("kv_cache_tokens", &EngineOptions::kv_cache_tokens)
       .def_rw("kv_cache_memory_mib", &EngineOptions::kv_cache_memory_mib)
       .def_rw("kv_cache_memory_fraction", &EngineOptions::kv_cache_memory_fraction)
-      .def_rw("block_size", &EngineOptions::block_size)
+      .def_rw("page_size", &EngineOptions::page_size)
       .def_rw("max_num_seqs", &EngineOptions::max_num_seqs)
       .def_rw("max_num_batched_tokens", &EngineOptions::max_num_batched_tokens)
       .def_rw("max_model_len", &EngineOptions::max_model_len)

@@ -1,8 +1,9 @@
 // AsyncEngine: the engine's loop on a background thread, fed through a locked
 // queue.
+#include "pagedattn/async_engine.h"
+
 #include <cstdio>
 
-#include "pagedattn/engine.h"
 #include "pagedattn/error.h"
 
 namespace pagedattn {
@@ -16,7 +17,7 @@ AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine) : engine_(std::move(eng
 AsyncEngine::~AsyncEngine() { stop(); }
 
 RequestId AsyncEngine::submit(Request req, OutputCallback on_output) {
-  engine_->validate(req);
+  engine_->validate(req);  // the engine's door, on the caller's thread: nothing queued on error
   const RequestId id = engine_->new_request_id();
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -70,7 +71,7 @@ void AsyncEngine::loop() {
     std::vector<RequestOutput> outs;
     for (auto &[req, id] : adds) {
       try {
-        engine_->add_request(std::move(req), id);
+        engine_->enqueue(std::move(req), id);  // validated in submit()
       } catch (const std::exception &e) {
         RequestOutput o;
         o.id = id;

@@ -63,8 +63,7 @@ Engine::Engine(std::unique_ptr<Model> model, const EngineConfig& config, DecodeF
   PA_CHECK(model_ != nullptr, "Engine: model is null");
   model_->set_exact_matmul(config.exact_matmul);
   const ModelConfig& mc = model_->config();
-  DType dtype = resolve_kv_dtype(config.kv_cache_dtype);
-  if (config.kv_cache_dtype == "auto" && model_->device() == Device::cuda) dtype = DType::bf16;
+  const DType dtype = resolve_kv_dtype(config.kv_cache_dtype, model_->device());
   // NOTE: an fp8 cache needs per-head scales from a calibration pass before its first write; a
   // default scale of 1 is the commonest source of garbage output with fp8 KV.
   PA_CHECK(
@@ -79,7 +78,7 @@ Engine::Engine(std::unique_ptr<Model> model, const EngineConfig& config, DecodeF
   kc.num_layers = mc.num_layers;
   kc.num_kv_heads = mc.num_kv_heads;
   kc.head_dim = mc.head_dim;
-  kc.page_size = config.block_size;
+  kc.page_size = config.page_size;
   if (config.kv_cache_tokens == 0 && config.kv_cache_memory_mib == 0 &&
       config.kv_cache_memory_fraction != 0) {
     const int64_t free_b = free_memory_bytes(model_->device());
@@ -106,6 +105,7 @@ Engine::Engine(std::unique_ptr<Model> model, const EngineConfig& config, DecodeF
   sc.max_num_seqs = config.max_num_seqs;
   sc.watermark_pages = config.watermark_pages;
   sc.enable_prefix_cache = config.enable_prefix_cache;
+  sc.prefill_first = config.prefill_first;
   sc.admission = config.admission;
   sc.victim = config.victim;
   scheduler_ = std::make_unique<Scheduler>(sc, *cache_);
@@ -132,46 +132,85 @@ int64_t Engine::kv_capacity_tokens() const {
   return int64_t(cache_->config().num_pages) * cache_->config().page_size;
 }
 
+namespace {
+
+// Throws RequestError(param, code, "add_request: " + parts) unless ok.
+template <class... Args>
+void check_request(bool ok, const char* param, const char* code, Args&&... parts) {
+  if (!ok)
+    throw RequestError(param, code, detail::concat("add_request: ", std::forward<Args>(parts)...));
+}
+constexpr const char* kInvalid = "invalid_value";
+constexpr const char* kContext = "context_length_exceeded";
+
+}  // namespace
+
 void Engine::validate(const Request& req) const {
   const int32_t vocab = model_->config().vocab_size;
-  PA_CHECK(!req.prompt.empty(), "add_request: prompt is empty");
+  check_request(!req.prompt.empty(), "prompt", kInvalid, "prompt is empty");
   for (size_t i = 0; i < req.prompt.size(); ++i)
-    PA_CHECK(req.prompt[i] >= 0 && req.prompt[i] < vocab, "add_request: prompt[", i,
-             "] = ", req.prompt[i], " is outside the vocabulary of ", vocab);
-  PA_CHECK(req.n >= 1 && req.n <= Request::kMaxSequences, "add_request: n must be in [1, ",
-           Request::kMaxSequences, "], got ", req.n);
-  PA_CHECK(req.max_tokens >= 1, "add_request: max_tokens must be >= 1, got ", req.max_tokens);
-  PA_CHECK(int64_t(req.prompt.size()) < max_model_len_, "add_request: prompt of ",
-           req.prompt.size(), " tokens does not leave room for output within max_model_len ",
-           max_model_len_);
-  PA_CHECK(int64_t(req.prompt.size()) < kv_capacity_tokens(), "add_request: prompt of ",
-           req.prompt.size(), " tokens does not fit in the KV cache (", kv_capacity_tokens(),
-           " tokens)");
-  PA_CHECK(req.best_of == 0 || (req.best_of >= req.n && req.best_of <= Request::kMaxSequences),
-           "add_request: best_of must be 0 or in [n = ", req.n, ", ", Request::kMaxSequences,
-           "], got ", req.best_of);
+    check_request(req.prompt[i] >= 0 && req.prompt[i] < vocab, "prompt", kInvalid, "prompt[", i,
+                  "] = ", req.prompt[i], " is outside the vocabulary of ", vocab);
+  // NOTE: the one place that says a prompt must fit: the context (room for one token of output)
+  // and the KV cache (the scheduler trusts it).
+  const int64_t len = int64_t(req.prompt.size());
+  check_request(len < max_model_len_, "prompt", kContext, "prompt of ", len,
+                " tokens does not leave room for output within max_model_len ", max_model_len_,
+                ": this model's maximum context length is ", max_model_len_, " tokens");
+  check_request(len < kv_capacity_tokens(), "prompt", kContext, "prompt of ", len,
+                " tokens does not fit in the KV cache (", kv_capacity_tokens(), " tokens)");
+  check_request(req.n >= 1 && req.n <= Request::kMaxSequences, "n", kInvalid, "n must be in [1, ",
+                Request::kMaxSequences, "], got ", req.n);
+  check_request(req.max_tokens >= 1, "max_tokens", kInvalid, "max_tokens must be >= 1, got ",
+                req.max_tokens);
+  check_request(req.best_of == 0 || (req.best_of >= req.n && req.best_of <= Request::kMaxSequences),
+                "best_of", kInvalid, "best_of must be 0 or in [n = ", req.n, ", ",
+                Request::kMaxSequences, "], got ", req.best_of);
   if (req.use_beam_search) {
-    PA_CHECK(req.beam_width >= 0, "add_request: beam_width must be >= 0, got ", req.beam_width);
-    PA_CHECK(req.width() >= req.n && req.width() <= Request::kMaxBeamWidth,
-             "add_request: beam_width must be in [n = ", req.n, ", ", Request::kMaxBeamWidth,
-             "], got ", req.width());
-    PA_CHECK(std::isfinite(req.length_penalty), "add_request: length_penalty must be finite");
+    check_request(req.beam_width >= 0, "beam_width", kInvalid, "beam_width must be >= 0, got ",
+                  req.beam_width);
+    check_request(req.width() >= req.n && req.width() <= Request::kMaxBeamWidth, "beam_width",
+                  kInvalid, "beam_width must be in [n = ", req.n, ", ", Request::kMaxBeamWidth,
+                  "], got ", req.width());
+    check_request(std::isfinite(req.length_penalty), "length_penalty", kInvalid,
+                  "length_penalty must be finite");
   }
-  validate_sampling_params(req.sampling);
-  PA_CHECK(req.sampling.stop.empty() || decode_, "add_request: stop strings need a tokenizer");
+  try {
+    validate_sampling_params(req.sampling);
+  } catch (const RequestError&) {
+    throw;
+  } catch (const Error& e) {
+    // "sampling: <field> ...": the field names the parameter.
+    std::string what = e.what(), param = "sampling";
+    const std::string prefix = "sampling: ";
+    if (what.rfind(prefix, 0) == 0)
+      param = what.substr(prefix.size(), what.find(' ', prefix.size()) - prefix.size());
+    throw RequestError(param, kInvalid, "add_request: " + what);
+  }
+  check_request(req.sampling.stop.empty() || decode_, "stop", kInvalid,
+                "stop strings need a tokenizer");
   for (const std::string& s : req.sampling.stop)
-    PA_CHECK(!s.empty(), "add_request: stop strings must not be empty");
+    check_request(!s.empty(), "stop", kInvalid, "stop strings must not be empty");
   for (int32_t t : req.sampling.stop_token_ids)
-    PA_CHECK(t >= 0 && t < vocab, "add_request: stop_token_ids entry ", t,
-             " is outside the vocabulary");
+    check_request(t >= 0 && t < vocab, "stop_token_ids", kInvalid, "stop_token_ids entry ", t,
+                  " is outside the vocabulary");
   for (const auto& [t, b] : req.sampling.logit_bias)
-    PA_CHECK(t < vocab, "add_request: logit_bias token ", t, " is outside the vocabulary of ",
-             vocab);
+    check_request(t < vocab, "logit_bias", kInvalid, "logit_bias token ", t,
+                  " is outside the vocabulary of ", vocab);
+  if (req.return_logits) {
+    check_request(req.num_sequences() == 1 && !req.use_beam_search, "return_logits", kInvalid,
+                  "return_logits needs one sequence (n = 1, no beam search or best_of)");
+  }
+  check_request(req.forced_tokens.empty() || req.return_logits, "forced_tokens", kInvalid,
+                "forced_tokens needs return_logits");
+  for (size_t i = 0; i < req.forced_tokens.size(); ++i)
+    check_request(req.forced_tokens[i] >= 0 && req.forced_tokens[i] < vocab, "forced_tokens",
+                  kInvalid, "forced_tokens[", i, "] = ", req.forced_tokens[i],
+                  " is outside the vocabulary of ", vocab);
   if (req.sampling.json_object) {
-    PA_CHECK(decode_, "add_request: json_object needs a tokenizer");
-    PA_CHECK(!req.holds_output(),
-             "add_request: json_object cannot be used with beam search or "
-             "best_of > n");
+    check_request(bool(decode_), "response_format", kInvalid, "json_object needs a tokenizer");
+    check_request(!req.holds_output(), "response_format", kInvalid,
+                  "json_object cannot be used with beam search or best_of > n");
   }
 }
 
@@ -186,6 +225,10 @@ const std::vector<std::string>& Engine::token_bytes() {
 
 RequestId Engine::add_request(Request req, RequestId id) {
   validate(req);
+  return enqueue(std::move(req), id);
+}
+
+RequestId Engine::enqueue(Request req, RequestId id) {
   if (id < 0) id = new_request_id();
   PA_CHECK(!requests_.count(id), "add_request: id ", id, " is already in use");
   auto rs = std::make_unique<RequestState>();
@@ -201,6 +244,7 @@ RequestId Engine::add_request(Request req, RequestId id) {
   auto seq = make_sequence(rs->req, rs->base_seed, id, 0);
   seq->tokens = rs->req.prompt;
   seq->prompt_len = int32_t(seq->tokens.size());
+  seq->all_logit_rows = rs->req.return_logits;
   seq->max_length =
       int32_t(std::min<int64_t>(int64_t(seq->prompt_len) + rs->req.max_tokens, max_model_len_));
   // NOTE: forks and beams multiply a request's growth after its prompt; their forecast is an
@@ -210,7 +254,7 @@ RequestId Engine::add_request(Request req, RequestId id) {
   // NOTE: 2^24 orders per request leave room for every beam a request can fork.
   seq->order = (arrivals_ << 24);
   rs->base_order = seq->order;
-  scheduler_->add_waiting(seq.get());  // the last check: nothing is changed when it throws
+  scheduler_->add_waiting(seq.get());
   ++arrivals_;
   counters_->prompt_tokens += int64_t(rs->req.prompt.size());
   rs->seqs.push_back(std::move(seq));
@@ -228,6 +272,11 @@ void Engine::cancel(RequestId id, const std::string& error) {
   for (auto& s : rs.seqs)
     if (!s->finished()) finish_seq(*s, FinishReason::cancelled);
   pending_final_.push_back(id);
+}
+
+bool Engine::is_stop_token(int32_t token, const std::vector<int32_t>& stop_token_ids) const {
+  return std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end() ||
+         std::find(stop_token_ids.begin(), stop_token_ids.end(), token) != stop_token_ids.end();
 }
 
 bool Engine::has_work() const { return scheduler_->has_work() || !pending_final_.empty(); }
@@ -322,7 +371,10 @@ void Engine::sample_scheduled(const SchedulerOutput& out, const Tensor& logits,
         }
         r = masked;
       }
-      const int32_t token = q.sampler.sample(r, q.tokens, size_t(q.prompt_len));
+      const std::vector<int32_t>& forced = rs.req.forced_tokens;
+      const size_t g = size_t(q.num_generated());
+      const int32_t token =
+          g < forced.size() ? forced[g] : q.sampler.sample(r, q.tokens, size_t(q.prompt_len));
       if (rs.track_logprobs) q.cumulative_logprob += beam::token_logprob(row, token);
       if (q.json) q.json->feed(token_bytes()[size_t(token)]);
       append_token(rs, q, token);
@@ -334,8 +386,11 @@ void Engine::sample_scheduled(const SchedulerOutput& out, const Tensor& logits,
 }
 
 bool Engine::greedy_step(const SchedulerOutput& out) const {
-  for (const ScheduledSeq& s : out.scheduled)
+  if (!config_.device_greedy) return false;
+  for (const ScheduledSeq& s : out.scheduled) {
+    if (s.first_logit_row >= 0) return false;  // its rows are wanted
     if (s.logit_row >= 0 && !requests_.at(s.seq->request_id)->plain_greedy()) return false;
+  }
   return true;
 }
 
@@ -347,6 +402,61 @@ void Engine::append_greedy(const SchedulerOutput& out, const std::vector<int32_t
     touched.push_back(seq.request_id);
     append_token(*requests_.at(seq.request_id), seq, ids[size_t(s.logit_row)]);
   }
+}
+
+void Engine::keep_logit_rows(const ScheduledSeq& s, const Tensor& logits) {
+  Sequence& seq = *s.seq;
+  const int64_t vocab = logits.dim(1);
+  for (int32_t i = 0; i < s.num_tokens; ++i) {
+    const int32_t position = seq.num_computed + i;      // before commit: the step's first token
+    if (position < seq.logit_positions_done) continue;  // recomputed after a preemption
+    const float* row = logits.data_as<float>() + int64_t(s.first_logit_row + i) * vocab;
+    seq.new_logits.insert(seq.new_logits.end(), row, row + vocab);
+    seq.logit_positions_done = position + 1;
+  }
+}
+
+std::vector<RequestOutput> Engine::generate(std::vector<Request> requests) {
+  PA_CHECK(requests_.empty(), "generate: the engine has ", requests_.size(),
+           " requests in flight (step() them to the end first)");
+  for (const Request& r : requests) validate(r);
+  std::vector<RequestId> ids;
+  std::map<RequestId, RequestOutput> done;
+  for (Request& r : requests) {
+    ids.push_back(enqueue(std::move(r), -1));
+    done[ids.back()].id = ids.back();
+  }
+  while (has_work()) {
+    for (RequestOutput& o : step()) {
+      RequestOutput& d = done.at(o.id);
+      for (SequenceOutput& so : o.seqs) {
+        auto it = std::find_if(d.seqs.begin(), d.seqs.end(),
+                               [&](const SequenceOutput& x) { return x.index == so.index; });
+        if (it == d.seqs.end()) {
+          d.seqs.push_back(std::move(so));
+          continue;
+        }
+        it->new_tokens.insert(it->new_tokens.end(), so.new_tokens.begin(), so.new_tokens.end());
+        it->new_text += so.new_text;
+        it->logits.insert(it->logits.end(), so.logits.begin(), so.logits.end());
+        it->finish = so.finish;
+        it->cumulative_logprob = so.cumulative_logprob;
+      }
+      d.prompt_tokens = o.prompt_tokens;
+      d.cached_tokens = o.cached_tokens;
+      d.completion_tokens = o.completion_tokens;
+      d.finished = o.finished;
+      d.error = o.error;
+    }
+  }
+  std::vector<RequestOutput> results;
+  for (RequestId id : ids) {
+    RequestOutput& d = done.at(id);
+    std::sort(d.seqs.begin(), d.seqs.end(),
+              [](const SequenceOutput& a, const SequenceOutput& b) { return a.index < b.index; });
+    results.push_back(std::move(d));
+  }
+  return results;
 }
 
 RequestOutput Engine::collect(RequestState& rs) {
@@ -361,7 +471,8 @@ RequestOutput Engine::collect(RequestState& rs) {
     o.completion_tokens += s.num_generated();
     all_finished = all_finished && s.finished();
     const bool report_finish = s.finished() && !rs.finish_sent[size_t(s.index)];
-    if (s.tokens_sent == size_t(s.num_generated()) && s.new_text.empty() && !report_finish)
+    if (s.tokens_sent == size_t(s.num_generated()) && s.new_text.empty() && s.new_logits.empty() &&
+        !report_finish)
       continue;
     SequenceOutput so;
     so.index = s.index;
@@ -369,6 +480,8 @@ RequestOutput Engine::collect(RequestState& rs) {
     so.new_text = std::move(s.new_text);
     s.new_text.clear();
     s.tokens_sent = size_t(s.num_generated());
+    so.logits = std::move(s.new_logits);
+    s.new_logits.clear();
     so.finish = s.finish;
     so.cumulative_logprob = s.cumulative_logprob;
     if (report_finish) rs.finish_sent[size_t(s.index)] = true;
@@ -422,6 +535,7 @@ std::vector<RequestOutput> Engine::step() {
       for (const ScheduledSeq& s : out.scheduled) {
         RequestState& rs = *requests_.at(s.seq->request_id);
         if (rs.cached_tokens < 0) rs.cached_tokens = s.seq->num_computed;
+        if (s.first_logit_row >= 0) keep_logit_rows(s, logits);
       }
       scheduler_->commit(out);
       if (greedy)

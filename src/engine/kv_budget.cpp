@@ -9,8 +9,8 @@
 
 namespace pagedattn {
 
-DType resolve_kv_dtype(const std::string &name) {
-  if (name == "auto") return DType::f32;
+DType resolve_kv_dtype(const std::string &name, Device device) {
+  if (name == "auto") return device == Device::cuda ? DType::bf16 : DType::f32;
   try {
     return parse_dtype(name);
   } catch (const Error &) {
@@ -19,8 +19,8 @@ DType resolve_kv_dtype(const std::string &name) {
 }
 
 int32_t kv_num_pages(const EngineConfig &config, const ModelConfig &model, DType kv_dtype) {
-  PA_CHECK(config.block_size >= 1 && config.block_size <= 1024,
-           "Engine: block_size must be in [1, 1024], got ", config.block_size);
+  PA_CHECK(config.page_size >= 1 && config.page_size <= 1024,
+           "Engine: page_size must be in [1, 1024], got ", config.page_size);
   PA_CHECK(config.kv_cache_tokens >= 0, "Engine: kv_cache_tokens must be >= 0, got ",
            config.kv_cache_tokens);
   PA_CHECK(std::isfinite(config.kv_cache_memory_mib) && config.kv_cache_memory_mib >= 0,
@@ -32,14 +32,14 @@ int32_t kv_num_pages(const EngineConfig &config, const ModelConfig &model, DType
   PA_CHECK(model.num_layers > 0 && model.num_kv_heads > 0 && model.head_dim > 0,
            "Engine: model config has no layers, KV heads or head_dim");
   int64_t pages = 0;
-  const int64_t bs = config.block_size;
+  const int64_t bs = config.page_size;
   if (config.kv_cache_tokens > 0) {
     pages = (config.kv_cache_tokens + bs - 1) / bs;
   } else {
     const double mib =
         config.kv_cache_memory_mib > 0 ? config.kv_cache_memory_mib : EngineConfig::kDefaultKvMiB;
     const double page_bytes = 2.0 * model.num_layers * model.num_kv_heads * model.head_dim *
-                              double(config.block_size) * double(dtype_size(kv_dtype));
+                              double(config.page_size) * double(dtype_size(kv_dtype));
     pages = int64_t(std::floor(mib * 1024.0 * 1024.0 / page_bytes));
     PA_CHECK(pages >= 1, "Engine: kv_cache_memory of ", mib, " MiB holds no page of ", page_bytes,
              " bytes");

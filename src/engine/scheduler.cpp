@@ -31,9 +31,8 @@ void Scheduler::add_waiting(Sequence *seq) {
   PA_CHECK(seq != nullptr, "Scheduler::add_waiting: seq is null");
   PA_CHECK(seq->cache_seq < 0, "Scheduler::add_waiting: seq already holds cache state");
   PA_CHECK(seq->num_tokens() >= 1, "Scheduler::add_waiting: seq has no tokens");
-  const int64_t capacity = int64_t(cache_.config().num_pages) * cache_.config().page_size;
-  PA_CHECK(seq->num_tokens() < capacity, "Scheduler::add_waiting: prompt of ", seq->num_tokens(),
-           " tokens does not fit in the KV cache (", capacity, " tokens)");
+  // NOTE: whether a prompt fits is the engine's check (Engine::validate); one that cannot fit
+  // anyway comes out of schedule() as out_of_memory.
   PA_CHECK(!waiting_.count(seq->order) && !running_.count(seq->order),
            "Scheduler::add_waiting: order ", seq->order, " already queued");
   seq->num_computed = 0;
@@ -61,7 +60,7 @@ void Scheduler::remove(Sequence *seq) {
   }
 }
 
-int32_t Scheduler::available_pages() const { return cache_.allocator().num_available(); }
+int32_t Scheduler::available_pages() const { return cache_.num_available_pages(); }
 
 void Scheduler::preempt(Sequence *seq, SchedulerOutput &out) {
   // Its full pages go back to the prefix cache (deepest first, so the LRU evicts them before
@@ -104,7 +103,11 @@ void Scheduler::append(Sequence *seq, int32_t n, SchedulerOutput &out) {
   }
   b.q_indptr.push_back(int32_t(b.tokens.size()));
   ScheduledSeq s{seq, n, -1};
-  if (start + n == seq->num_tokens()) {
+  if (seq->all_logit_rows) {
+    s.first_logit_row = int32_t(b.logit_rows.size());
+    for (int32_t i = n; i >= 1; --i) b.logit_rows.push_back(int32_t(b.tokens.size()) - i);
+    if (start + n == seq->num_tokens()) s.logit_row = int32_t(b.logit_rows.size()) - 1;
+  } else if (start + n == seq->num_tokens()) {
     s.logit_row = int32_t(b.logit_rows.size());
     b.logit_rows.push_back(int32_t(b.tokens.size()) - 1);
   }
@@ -118,7 +121,7 @@ GrowthForecast Scheduler::forecast(const Sequence &seq) const {
   if (seq.cache_seq >= 0) {
     const std::span<const int32_t> table = cache_.block_table(seq.cache_seq);
     f.held_pages = int32_t(table.size());
-    for (int32_t page : table) f.freed_pages += cache_.allocator().refcount(page) == 1;
+    for (int32_t page : table) f.freed_pages += cache_.refcount(page) == 1;
   }
   if (seq.max_length <= 0) {  // end unknown: it keeps what it will hold after this step, forever
     f.final_kv = f.num_tokens;
@@ -274,12 +277,23 @@ SchedulerOutput Scheduler::schedule() {
     budget -= n;
   };
 
-  for (Sequence *s : decodes) schedule_running(s, true);
-  for (Sequence *s : prefills) schedule_running(s, false);
-
-  while (!waiting_.empty() && budget > 0 && int32_t(running_.size()) < config_.max_num_seqs &&
-         int32_t(out.scheduled.size()) < config_.max_num_seqs) {
-    if (!admit_one(budget, out)) break;
+  auto admit_waiting = [&] {
+    while (!waiting_.empty() && budget > 0 && int32_t(running_.size()) < config_.max_num_seqs &&
+           int32_t(out.scheduled.size()) < config_.max_num_seqs) {
+      if (!admit_one(budget, out)) break;
+    }
+  };
+  if (config_.prefill_first) {
+    for (Sequence *s : prefills) schedule_running(s, false);
+    admit_waiting();
+    // NOTE: decodes run when no prefill could, so a waiting request held back for pages never
+    // stalls the running ones.
+    if (out.scheduled.empty())
+      for (Sequence *s : decodes) schedule_running(s, true);
+  } else {
+    for (Sequence *s : decodes) schedule_running(s, true);
+    for (Sequence *s : prefills) schedule_running(s, false);
+    admit_waiting();
   }
   if (out.scheduled.empty()) out.batch.q_indptr.assign(1, 0);
   return out;

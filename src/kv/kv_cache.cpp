@@ -5,14 +5,16 @@
 #include <cmath>
 #include <unordered_map>
 
+#include "page_hash.h"
 #include "pagedattn/error.h"
-#include "sha256.h"
 
 namespace pagedattn {
 
 namespace {
 
-struct Sequence {
+// One sequence as the cache sees it: its pages, token ids and prefix hashes (the engine's
+// Sequence, request.h, is the request's view).
+struct SeqPages {
   std::string salt;
   std::vector<int32_t> block_table;  // [ceil(kv_len / page_size)] physical page ids
   std::vector<int32_t> tokens;       // [kv_len] token ids of the reserved positions
@@ -26,7 +28,7 @@ struct KvCache::Impl {
   BlockAllocator alloc;
   std::vector<Tensor> k_pools, v_pools;    // [num_layers] of [num_pages][H][page_size][D]
   std::vector<Tensor> k_scales, v_scales;  // [num_layers] of [H] f32 on the pools' device (fp8)
-  std::unordered_map<SeqId, Sequence> seqs;
+  std::unordered_map<SeqId, SeqPages> seqs;
   SeqId next_id = 0;
   std::vector<PageHash> page_hash;  // [num_pages], valid where has_hash
   std::vector<uint8_t> has_hash;    // [num_pages]
@@ -35,20 +37,20 @@ struct KvCache::Impl {
 
   explicit Impl(const KvCacheConfig& c) : cfg(c), alloc(c.num_pages) {}
 
-  Sequence& find(SeqId seq, const char* op) {
+  SeqPages& find(SeqId seq, const char* op) {
     auto it = seqs.find(seq);
     PA_CHECK(it != seqs.end(), op, ": unknown seq ", seq);
     return it->second;
   }
-  const Sequence& find(SeqId seq, const char* op) const {
+  const SeqPages& find(SeqId seq, const char* op) const {
     auto it = seqs.find(seq);
     PA_CHECK(it != seqs.end(), op, ": unknown seq ", seq);
     return it->second;
   }
 
-  int32_t kv_len(const Sequence& s) const { return int32_t(s.tokens.size()); }
+  int32_t kv_len(const SeqPages& s) const { return int32_t(s.tokens.size()); }
 
-  int64_t pages_needed(const Sequence& s, int64_t n) const {
+  int64_t pages_needed(const SeqPages& s, int64_t n) const {
     if (n == 0) return 0;
     const int64_t ps = cfg.page_size, len = kv_len(s);
     int64_t need = (len + n + ps - 1) / ps - int64_t(s.block_table.size());
@@ -133,14 +135,14 @@ const KvCacheConfig& KvCache::config() const { return impl_->cfg; }
 
 SeqId KvCache::create_sequence(const std::string& cache_salt) {
   const SeqId id = impl_->next_id;
-  impl_->seqs.emplace(id, Sequence{cache_salt, {}, {}, {}});
+  impl_->seqs.emplace(id, SeqPages{cache_salt, {}, {}, {}});
   ++impl_->next_id;
   return id;
 }
 
 int32_t KvCache::attach_prefix(SeqId seq, std::span<const int32_t> tokens) {
   Impl& m = *impl_;
-  Sequence& s = m.find(seq, "attach_prefix");
+  SeqPages& s = m.find(seq, "attach_prefix");
   PA_CHECK(s.tokens.empty(), "attach_prefix: seq ", seq, " must be empty, has kv_len ",
            s.tokens.size());
   if (!m.cfg.enable_prefix_cache) return 0;
@@ -174,20 +176,22 @@ int32_t KvCache::attach_prefix(SeqId seq, std::span<const int32_t> tokens) {
 }
 
 int32_t KvCache::pages_needed(SeqId seq, int32_t n) const {
-  const Sequence& s = impl_->find(seq, "pages_needed");
+  const SeqPages& s = impl_->find(seq, "pages_needed");
   PA_CHECK(n >= 0, "pages_needed: n must be >= 0, got ", n);
   return int32_t(std::min<int64_t>(impl_->pages_needed(s, n), INT32_MAX));
 }
 
+int32_t KvCache::num_available_pages() const { return impl_->alloc.num_available(); }
+
 bool KvCache::can_append(SeqId seq, int32_t n) const {
-  const Sequence& s = impl_->find(seq, "can_append");
+  const SeqPages& s = impl_->find(seq, "can_append");
   PA_CHECK(n >= 0, "can_append: n must be >= 0, got ", n);
   return impl_->pages_needed(s, n) <= impl_->alloc.num_available();
 }
 
 std::vector<int32_t> KvCache::append_slots(SeqId seq, std::span<const int32_t> tokens) {
   Impl& m = *impl_;
-  Sequence& s = m.find(seq, "append_slots");
+  SeqPages& s = m.find(seq, "append_slots");
   const int32_t unscaled = m.first_unscaled_layer();
   PA_CHECK(unscaled < 0, "append_slots: the fp8 cache has no scales for layer ", unscaled,
            " (call set_scales for every layer before any write)");
@@ -220,7 +224,7 @@ std::vector<int32_t> KvCache::append_slots(SeqId seq, std::span<const int32_t> t
 
 void KvCache::commit(SeqId seq) {
   Impl& m = *impl_;
-  Sequence& s = m.find(seq, "commit");
+  SeqPages& s = m.find(seq, "commit");
   if (!m.cfg.enable_prefix_cache) return;
   const size_t ps = size_t(m.cfg.page_size);
   const size_t full = s.tokens.size() / ps;
@@ -246,8 +250,8 @@ void KvCache::commit(SeqId seq) {
 
 SeqId KvCache::fork(SeqId parent) {
   Impl& m = *impl_;
-  const Sequence& p = m.find(parent, "fork");
-  Sequence child = p;
+  const SeqPages& p = m.find(parent, "fork");
+  SeqPages child = p;
   for (int32_t page : child.block_table) m.alloc.incref(page);
   const SeqId id = m.next_id++;
   m.seqs.emplace(id, std::move(child));
@@ -256,7 +260,7 @@ SeqId KvCache::fork(SeqId parent) {
 
 void KvCache::free_sequence(SeqId seq) {
   Impl& m = *impl_;
-  Sequence& s = m.find(seq, "free_sequence");
+  SeqPages& s = m.find(seq, "free_sequence");
   // Deepest page first: it reaches the LRU list before its parents and is evicted before them.
   for (auto it = s.block_table.rbegin(); it != s.block_table.rend(); ++it) m.release(*it);
   m.seqs.erase(seq);

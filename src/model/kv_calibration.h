@@ -1,10 +1,12 @@
 // The private cache of an fp8 calibration pass (Model::kv_absmax): room for one sequence of the
-// calibration tokens in 16-token pages, no prefix cache.
+// calibration tokens in 16-token pages, no prefix cache; and the pass's one step.
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "pagedattn/kv_cache.h"
+#include "pagedattn/model.h"
 #include "pagedattn/model_file.h"
 
 namespace pagedattn {
@@ -21,6 +23,18 @@ inline KvCacheConfig calibration_cache_config(const ModelConfig& c, size_t num_t
   kc.device = device;
   kc.enable_prefix_cache = false;
   return kc;
+}
+
+// The pass's step: the tokens as one fresh sequence of `cache` (sized by calibration_cache_config),
+// no logit rows.
+inline ForwardBatch calibration_batch(KvCache& cache, const std::vector<int32_t>& tokens) {
+  ForwardBatch b;
+  b.seqs = {cache.create_sequence()};
+  b.tokens = tokens;
+  b.slots = cache.append_slots(b.seqs[0], tokens);
+  b.q_indptr = {0, int32_t(tokens.size())};
+  for (size_t i = 0; i < tokens.size(); ++i) b.positions.push_back(int32_t(i));
+  return b;
 }
 
 }  // namespace pagedattn

@@ -383,29 +383,18 @@ ParsedRequest parse_request(const std::string& body, bool chat, const ServerConf
     len = std::max(len, int64_t(ids.size()));
   }
   r.prompt = p.prompts[0];
+  // NOTE: whether the prompt fits the context and the KV cache is the engine's check
+  // (Engine::validate, at submit); the room left decides max_tokens here.
   const int64_t ctx = engine.max_model_len();
-  if (len >= ctx)
-    throw ApiError(400,
-                   "This model's maximum context length is " + std::to_string(ctx) +
-                       " tokens, but the " + prompt_field + " has " + std::to_string(len) +
-                       " tokens",
-                   prompt_field, "context_length_exceeded");
-  if (len >= engine.kv_capacity_tokens())
-    throw ApiError(400,
-                   std::string(prompt_field) + " of " + std::to_string(len) +
-                       " tokens does not fit in the KV cache (" +
-                       std::to_string(engine.kv_capacity_tokens()) + " tokens)",
-                   prompt_field, "context_length_exceeded");
-
   const char* max_name =
       (chat && field(j, "max_completion_tokens")) ? "max_completion_tokens" : "max_tokens";
-  const int64_t room = ctx - len;
+  const int64_t room = std::max<int64_t>(ctx - len, 1);  // a prompt that fills it is refused
   if (field(j, max_name)) {
     const int64_t mt = get_int(j, max_name, 0, std::numeric_limits<int64_t>::min(), INT64_MAX);
     if (mt <= 0)
       throw ApiError(400, std::string(max_name) + " must be at least 1, got " + std::to_string(mt),
                      max_name, "invalid_value");
-    if (mt > room)
+    if (len < ctx && mt > room)
       throw ApiError(400,
                      "This model's maximum context length is " + std::to_string(ctx) +
                          " tokens; the prompt has " + std::to_string(len) + " and " + max_name +
@@ -415,16 +404,15 @@ ParsedRequest parse_request(const std::string& body, bool chat, const ServerConf
   } else {
     r.max_tokens = int32_t(std::min<int64_t>(chat ? config.default_chat_max_tokens : 16, room));
   }
-  try {
-    for (const std::vector<int32_t>& ids : p.prompts) {
-      r.prompt = ids;
-      engine.validate(r);
-    }
-    r.prompt = p.prompts[0];
-  } catch (const Error& e) {
-    throw ApiError(400, e.what(), "", "invalid_value");
-  }
   return p;
+}
+
+ApiError request_error(const RequestError& e, bool chat) {
+  std::string message = e.what();
+  const std::string op = "add_request: ";
+  if (message.rfind(op, 0) == 0) message.erase(0, op.size());
+  const std::string param = chat && e.param() == "prompt" ? "messages" : e.param();
+  return ApiError(400, message, param, e.code());
 }
 
 }  // namespace pagedattn::api

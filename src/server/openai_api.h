@@ -47,9 +47,13 @@ struct ParsedRequest {
 // The most prompts one /v1/completions request may list.
 constexpr size_t kMaxPrompts = 64;
 
-// Parses and checks a /v1/completions (chat = false) or /v1/chat/completions body. Throws ApiError
-// naming the field at fault; nothing is submitted.
+// Parses a /v1/completions (chat = false) or /v1/chat/completions body: JSON types, ranges and what
+// the API itself refuses. Throws ApiError naming the field at fault; nothing is submitted. The
+// request's own checks (its prompt fitting the context and the KV cache, ...) are the engine's, at
+// submit (Engine::validate's RequestError, answered with request_error).
 ParsedRequest parse_request(const std::string& body, bool chat, const ServerConfig& config,
                             const TextCodec& codec, const Engine& engine);
+// The 400 for a request the engine refused (chat requests name their prompt "messages").
+ApiError request_error(const RequestError& e, bool chat);
 
 }  // namespace pagedattn::api

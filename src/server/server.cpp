@@ -341,6 +341,10 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
         if (o.finished) st->done = true;
         st->cv.notify_all();
       }));
+    } catch (const RequestError& e) {  // the engine refused it: nothing queued
+      for (RequestId id : ids) engine.cancel(id);
+      send_error(res, api::request_error(e, chat));
+      return;
     } catch (const Error& e) {
       for (RequestId id : ids) engine.cancel(id);
       send_error(res, ApiError(503, e.what(), "", "unavailable", "server_error"));

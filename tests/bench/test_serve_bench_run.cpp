@@ -44,7 +44,7 @@ sb::RunConfig config(const std::string& mode) {
   sb::RunConfig rc;
   rc.mode = mode;
   rc.kv_budget_tokens = 160;
-  rc.block_size = 8;
+  rc.page_size = 8;
   rc.max_num_seqs = 8;
   rc.max_num_batched_tokens = 64;
   rc.batch_timeout_s = 0.01;

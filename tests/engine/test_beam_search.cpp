@@ -29,7 +29,7 @@ struct Seq {
 EngineConfig config(int64_t kv_tokens, int32_t block = 4) {
   EngineConfig c;
   c.kv_cache_tokens = kv_tokens;
-  c.block_size = block;
+  c.page_size = block;
   c.max_num_batched_tokens = 256;
   c.max_num_seqs = 32;
   c.log_startup = false;

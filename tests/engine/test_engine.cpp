@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fake_model.h"
+#include "pagedattn/async_engine.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/error.h"
 
@@ -30,7 +31,7 @@ struct Result {
 EngineConfig small_config(int64_t kv_tokens, int32_t block = 4, int32_t budget = 32) {
   EngineConfig c;
   c.kv_cache_tokens = kv_tokens;
-  c.block_size = block;
+  c.page_size = block;
   c.max_num_batched_tokens = budget;
   c.max_num_seqs = 16;
   c.log_startup = false;
@@ -437,7 +438,7 @@ TEST(Engine, BadRequestsThrowAndQueueNothing) {
 TEST(Engine, KvBudgetFromMemoryAndTokens) {
   ModelConfig mc = FakeModel().config();  // 2 layers x 2 heads x 4 dims: 128 bytes/token at f32
   EngineConfig c;
-  c.block_size = 16;
+  c.page_size = 16;
   c.kv_cache_memory_mib = 1;
   EXPECT_EQ(kv_num_pages(c, mc, DType::f32), 1024 * 1024 / (128 * 16));
   EXPECT_EQ(kv_num_pages(c, mc, DType::f16), 2 * 1024 * 1024 / (128 * 16));
@@ -446,7 +447,7 @@ TEST(Engine, KvBudgetFromMemoryAndTokens) {
   c.kv_cache_tokens = -1;
   EXPECT_THROW(kv_num_pages(c, mc, DType::f32), Error);
   c.kv_cache_tokens = 0;
-  c.block_size = 0;
+  c.page_size = 0;
   EXPECT_THROW(kv_num_pages(c, mc, DType::f32), Error);
   EXPECT_THROW(resolve_kv_dtype("int3"), Error);
   EXPECT_EQ(resolve_kv_dtype("auto"), DType::f32);

@@ -44,7 +44,7 @@ std::unique_ptr<Engine> make_engine(int64_t kv_tokens, int32_t budget, bool pref
   EngineConfig c;
   c.admission = admission;
   c.kv_cache_tokens = kv_tokens;
-  c.block_size = 16;
+  c.page_size = 16;
   c.max_num_batched_tokens = budget;
   c.enable_prefix_cache = prefix;
   c.watermark_pages = 0;

@@ -61,7 +61,7 @@ TEST(KvMemory, EngineSizedFromAFractionOfFreeMemory) {
   // 2 layers x 2 heads x 4 dims x K and V at f32 = 128 bytes per token; pages of 16 tokens.
   const double fraction = 1e-5;
   EngineConfig c;
-  c.block_size = 16;
+  c.page_size = 16;
   c.kv_cache_memory_fraction = fraction;
   c.log_startup = false;
   const double free_before = double(free_memory_bytes(Device::cpu));
@@ -88,7 +88,7 @@ TEST(KvMemory, EngineSizedFromAFractionOfFreeMemory) {
 TEST(KvMemory, DefaultBudgetFromContextAndMaxNumSeqs) {
   ModelConfig mc = FakeModel().config();  // 128 bytes per token at f32
   EngineConfig c;
-  c.block_size = 16;
+  c.page_size = 16;
   c.max_model_len = 100;  // 7 pages a sequence
   c.max_num_seqs = 3;
   EXPECT_EQ(kv_num_pages(c, mc, DType::f32), 21);

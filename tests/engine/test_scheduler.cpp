@@ -197,15 +197,22 @@ TEST(Scheduler, SequenceLargerThanTheCacheFinishesInsteadOfLooping) {
   EXPECT_EQ(h.cache.stats().pages_used, 0);
 }
 
-TEST(Scheduler, RejectsPromptsThatCanNeverFit) {
+// Whether a prompt fits is the engine's check
+// (EngineModes.PromptThatCanNeverFitIsRefusedAtTheDoor); one that reaches the scheduler anyway
+// comes out as out of memory, holding nothing.
+TEST(Scheduler, PromptsThatCanNeverFitComeOutAsOutOfMemory) {
   Harness h(scheduler_kv_config(2, 4), SchedulerConfig{});
-  try {
-    h.add(8);
-    FAIL() << "expected Error";
-  } catch (const Error &e) {
-    EXPECT_EQ(std::string(e.what()).rfind("Scheduler::add_waiting: prompt", 0), 0u) << e.what();
+  Sequence *a = h.add(9);
+  std::vector<Sequence *> oom;
+  for (int step = 0; step < 3 && h.sched.has_work(); ++step) {
+    const SchedulerOutput out = h.step();  // the 8 tokens that fit, then nothing more can
+    oom.insert(oom.end(), out.out_of_memory.begin(), out.out_of_memory.end());
   }
+  ASSERT_EQ(oom.size(), 1u);
+  EXPECT_EQ(oom[0], a);
+  EXPECT_FALSE(h.sched.has_work());
   EXPECT_EQ(h.sched.num_waiting(), 0);
+  EXPECT_EQ(h.cache.stats().pages_used, 0);
 }
 
 TEST(Scheduler, PrefixHitSkipsCachedPages) {

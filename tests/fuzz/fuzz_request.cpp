@@ -27,7 +27,7 @@ struct Fixture {
   Fixture() {
     EngineConfig ec;
     ec.kv_cache_tokens = 1024;
-    ec.block_size = 16;
+    ec.page_size = 16;
     ec.log_startup = false;
     engine = std::make_unique<Engine>(
         std::make_unique<fakes::FakeModel>(tok.vocab_size(), std::vector<int32_t>{tok.eos_id()},
@@ -51,9 +51,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const api::ParsedRequest p = api::parse_request(body, chat, fx->config, fx->codec, *fx->engine);
     if (p.req.prompt.empty() || p.req.max_tokens < 1) PA_FUZZ_FINDING();
-    fx->engine->validate(p.req);
+    for (const std::vector<int32_t>& ids : p.prompts) {  // what submit checks, prompt by prompt
+      Request r = p.req;
+      r.prompt = ids;
+      fx->engine->validate(r);
+    }
   } catch (const api::ApiError& e) {
     if (e.status < 400 || e.status >= 500) PA_FUZZ_FINDING();  // a client error is a 4xx
+  } catch (const RequestError& e) {
+    if (api::request_error(e, chat).status != 400) PA_FUZZ_FINDING();  // the engine's refusal
   }
   return 0;
 }

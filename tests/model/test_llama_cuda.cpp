@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "model/step_batch.h"
 #include "gpu_skip.h"
 #include "pagedattn/error.h"
 #include "pagedattn/llama.h"
@@ -79,8 +80,8 @@ TEST_P(LlamaCudaParity, RaggedPrefillThenGreedyDecode) {
   int clear = 0, compared = 0;
   double worst = 0;
   for (int step = 0; step <= 8; ++step) {
-    const ForwardBatch cb = make_forward_batch(cpu_cache, cs, toks);
-    const ForwardBatch gb = make_forward_batch(gpu_cache, gs, toks);
+    const ForwardBatch cb = make_step_batch(cpu_cache, cs, toks);
+    const ForwardBatch gb = make_step_batch(gpu_cache, gs, toks);
     ASSERT_EQ(cb.slots, gb.slots);
     const Tensor cl = cpu.forward(cb, cpu_cache);
     const Tensor gl = gpu->forward(gb, gpu_cache);
@@ -139,7 +140,7 @@ TEST(LlamaCuda, GreedyDecodeAloneEqualsInABatchOfEight) {
   std::vector<std::vector<int32_t>> fed(kSeqs);                    // [seq][step]
   std::vector<std::vector<int32_t>> work = prompts;
   for (int step = 0; step <= kSteps; ++step) {
-    const Tensor l = gpu->forward(make_forward_batch(batch_cache, seqs, work), batch_cache);
+    const Tensor l = gpu->forward(make_step_batch(batch_cache, seqs, work), batch_cache);
     for (int s = 0; s < kSeqs; ++s) {
       batch_cache.commit(seqs[size_t(s)]);
       const float* row = l.data_as<float>() + int64_t(s) * V;
@@ -156,7 +157,7 @@ TEST(LlamaCuda, GreedyDecodeAloneEqualsInABatchOfEight) {
     const SeqId a = alone_cache.create_sequence();
     std::vector<std::vector<int32_t>> w = {prompts[size_t(s)]};
     for (int step = 0; step <= kSteps; ++step) {
-      const Tensor l = gpu->forward(make_forward_batch(alone_cache, {a}, w), alone_cache);
+      const Tensor l = gpu->forward(make_step_batch(alone_cache, {a}, w), alone_cache);
       alone_cache.commit(a);
       const RowCheck rc =
           check_row(batch_rows[size_t(s)][size_t(step)].data(), l.data_as<float>(), V);
@@ -187,8 +188,8 @@ TEST(LlamaCuda, AllLogitRowsMatchCpu) {
   KvCache gpu_cache(cache_config(cpu.config(), Device::cuda));
   std::vector<int32_t> t(50);
   for (size_t i = 0; i < t.size(); ++i) t[i] = int32_t((i * 37 + 11) % 300);
-  const ForwardBatch cb = make_forward_batch(cpu_cache, {cpu_cache.create_sequence()}, {t}, true);
-  const ForwardBatch gb = make_forward_batch(gpu_cache, {gpu_cache.create_sequence()}, {t}, true);
+  const ForwardBatch cb = make_step_batch(cpu_cache, {cpu_cache.create_sequence()}, {t}, true);
+  const ForwardBatch gb = make_step_batch(gpu_cache, {gpu_cache.create_sequence()}, {t}, true);
   const Tensor cl = cpu.forward(cb, cpu_cache), gl = gpu.forward(gb, gpu_cache);
   ASSERT_EQ(gl.dim(0), 50);
   for (int64_t r = 0; r < 50; ++r) {
@@ -219,10 +220,10 @@ TEST(LlamaCuda, BadBatchRaisesTheCpuErrors) {
   KvCache cpu_cache(cache_config(cpu.config(), Device::cpu));
   KvCache gpu_cache(cache_config(cpu.config(), Device::cuda));
   const std::vector<std::vector<int32_t>> toks = {{1, 2, 3}, {4, 5}};
-  const ForwardBatch cb = make_forward_batch(
-      cpu_cache, {cpu_cache.create_sequence(), cpu_cache.create_sequence()}, toks);
-  const ForwardBatch gb = make_forward_batch(
-      gpu_cache, {gpu_cache.create_sequence(), gpu_cache.create_sequence()}, toks);
+  const ForwardBatch cb =
+      make_step_batch(cpu_cache, {cpu_cache.create_sequence(), cpu_cache.create_sequence()}, toks);
+  const ForwardBatch gb =
+      make_step_batch(gpu_cache, {gpu_cache.create_sequence(), gpu_cache.create_sequence()}, toks);
   using Edit = void (*)(ForwardBatch&);
   const std::vector<std::pair<std::string, Edit>> edits = {
       {"batch.positions[", [](ForwardBatch& b) { b.positions[1] += 1; }},
@@ -248,7 +249,7 @@ TEST(LlamaCuda, BadBatchRaisesTheCpuErrors) {
   KvCacheConfig f32 = cache_config(cpu.config(), Device::cuda);
   f32.dtype = DType::f32;
   KvCache f32_cache(f32);
-  const ForwardBatch fb = make_forward_batch(f32_cache, {f32_cache.create_sequence()}, {{1}});
+  const ForwardBatch fb = make_step_batch(f32_cache, {f32_cache.create_sequence()}, {{1}});
   EXPECT_NE(forward_error(gpu, fb, f32_cache).find("cache dtype is f32"), std::string::npos);
 }
 

@@ -13,6 +13,7 @@
 #include "pagedattn/kv_cache.h"
 #include "pagedattn/llama.h"
 #include "pagedattn/tokenizer.h"
+#include "step_batch.h"
 #include "test_llama_oracle.h"
 
 using namespace pagedattn;
@@ -73,8 +74,8 @@ TEST_F(DefaultModel, LogitsMatchNaiveOracle) {
   const SeqId s = cache.create_sequence();
   // Prefill all but the last token, then decode the last: both paths through the cache.
   std::vector<int32_t> head(ids.begin(), ids.end() - 1);
-  Tensor pre = model.forward(make_forward_batch(cache, {s}, {head}, true), cache);
-  Tensor dec = model.forward(make_forward_batch(cache, {s}, {{ids.back()}}), cache);
+  Tensor pre = model.forward(make_step_batch(cache, {s}, {head}, true), cache);
+  Tensor dec = model.forward(make_step_batch(cache, {s}, {{ids.back()}}), cache);
   const auto want = test::NaiveLlama(*file).logits(ids);
   const int64_t V = file->config.vocab_size;
   for (size_t r = 0; r < ids.size(); ++r) {
@@ -98,7 +99,7 @@ TEST_F(DefaultModel, GreedyKnowsTheCapitalOfFrance) {
   std::vector<int32_t> out;
   std::vector<int32_t> next = ids;
   for (int i = 0; i < 6; ++i) {
-    Tensor l = model->forward(make_forward_batch(cache, {s}, {next}), cache);
+    Tensor l = model->forward(make_step_batch(cache, {s}, {next}), cache);
     const float* row = l.data_as<float>();
     const int32_t t = int32_t(std::max_element(row, row + V) - row);
     out.push_back(t);

@@ -1,5 +1,5 @@
 // LlamaModel with reduced-precision KV caches (bf16, fp8 with calibrated scales) and the
-// make_forward_batch helper.
+// make_step_batch test helper.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 #include "pagedattn/error.h"
 #include "pagedattn/kv_cache.h"
 #include "pagedattn/llama.h"
+#include "step_batch.h"
 #include "test_llama_oracle.h"
 #include "tiny_models.h"
 
@@ -33,7 +34,7 @@ std::vector<int32_t> tokens(int n, uint64_t seed) {
 double prefill_error(LlamaModel& model, const ModelFile& file, KvCache& cache,
                      const std::vector<int32_t>& toks) {
   const SeqId s = cache.create_sequence();
-  Tensor l = model.forward(make_forward_batch(cache, {s}, {toks}, true), cache);
+  Tensor l = model.forward(make_step_batch(cache, {s}, {toks}, true), cache);
   const auto want = test::NaiveLlama(file).logits(toks);
   double worst = 0.0;
   for (size_t r = 0; r < want.size(); ++r) {
@@ -48,26 +49,26 @@ double prefill_error(LlamaModel& model, const ModelFile& file, KvCache& cache,
   return worst;
 }
 
-TEST(LlamaKv, MakeForwardBatchLaysOutRaggedSteps) {
+TEST(LlamaKv, StepBatchHelperLaysOutRaggedSteps) {
   const ModelConfig cfg = small_config();
   KvCache cache(cache_config(cfg, DType::f32, 8));
   const SeqId a = cache.create_sequence(), b = cache.create_sequence();
-  ForwardBatch first = make_forward_batch(cache, {a, b}, {{1, 2, 3}, {4}});
+  ForwardBatch first = make_step_batch(cache, {a, b}, {{1, 2, 3}, {4}});
   EXPECT_EQ(first.q_indptr, (std::vector<int32_t>{0, 3, 4}));
   EXPECT_EQ(first.positions, (std::vector<int32_t>{0, 1, 2, 0}));
   EXPECT_EQ(first.logit_rows, (std::vector<int32_t>{2, 3}));
   EXPECT_EQ(cache.kv_len(a), 3);
-  ForwardBatch next = make_forward_batch(cache, {b, a}, {{5, 6}, {7}}, true);
+  ForwardBatch next = make_step_batch(cache, {b, a}, {{5, 6}, {7}}, true);
   EXPECT_EQ(next.positions, (std::vector<int32_t>{1, 2, 3}));
   EXPECT_EQ(next.logit_rows, (std::vector<int32_t>{0, 1, 2}));
   const auto table = cache.block_table(a);
   EXPECT_EQ(next.slots[2], table[0] * 8 + 3);
   // Too many pages: Error, and nothing reserved for either sequence.
   std::vector<int32_t> big(8 * 7, 1);
-  EXPECT_THROW(make_forward_batch(cache, {a, b}, {{1}, big}), Error);
+  EXPECT_THROW(make_step_batch(cache, {a, b}, {{1}, big}), Error);
   EXPECT_EQ(cache.kv_len(a), 4);
   EXPECT_EQ(cache.kv_len(b), 3);
-  EXPECT_THROW(make_forward_batch(cache, {a}, {}), Error);
+  EXPECT_THROW(make_step_batch(cache, {a}, {}), Error);
 }
 
 TEST(LlamaKv, Bf16CacheStaysCloseToOracle) {
@@ -88,7 +89,7 @@ TEST(LlamaKv, CalibrationMeasuresAbsMaxOfStoredKv) {
   // The same numbers read back from an f32 cache after a prefill.
   KvCache cache(cache_config(cfg, DType::f32, 8));
   const SeqId s = cache.create_sequence();
-  model.forward(make_forward_batch(cache, {s}, {toks}), cache);
+  model.forward(make_step_batch(cache, {s}, {toks}), cache);
   const auto table = cache.block_table(s);
   for (int32_t l = 0; l < 2; ++l) {
     const PagedKVView v = cache.layer_view(l);

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../model/step_batch.h"
 #include "gpu_skip.h"
 #include "pagedattn/error.h"
 #include "pagedattn/llama.h"
@@ -59,7 +60,7 @@ std::vector<float> run(Model& m) {
   }
   std::vector<float> out;
   for (int step = 0; step < 4; ++step) {
-    const Tensor l = m.forward(make_forward_batch(cache, seqs, toks), cache);
+    const Tensor l = m.forward(make_step_batch(cache, seqs, toks), cache);
     EXPECT_EQ(l.shape(), (std::vector<int64_t>{3, m.config().vocab_size}));
     out.insert(out.end(), l.data_as<float>(), l.data_as<float>() + l.numel());
     for (SeqId s : seqs) cache.commit(s);
@@ -133,7 +134,7 @@ std::vector<float> decode_run(Model& m, KvCache& cache, int seqs, int steps) {
   }
   std::vector<float> out;
   for (int step = 0; step <= steps; ++step) {  // step 0: the prefill
-    const Tensor l = m.forward(make_forward_batch(cache, ids, toks), cache);
+    const Tensor l = m.forward(make_step_batch(cache, ids, toks), cache);
     if (step > 0) out.insert(out.end(), l.data_as<float>(), l.data_as<float>() + l.numel());
     for (SeqId s : ids) cache.commit(s);
     for (int s = 0; s < seqs; ++s) toks[size_t(s)] = {int32_t((step * 7 + s * 3) % 300)};
@@ -226,7 +227,7 @@ TEST(LlamaCudaSynthetic, HeldLogitsAreNotOverwritten) {
   std::vector<std::vector<float>> copies;
   std::vector<std::vector<int32_t>> toks = {{1, 2, 3, 4}};
   for (int step = 0; step < 6; ++step) {  // more steps than there are pinned buffers
-    held.push_back(m.forward(make_forward_batch(cache, {s}, toks), cache));
+    held.push_back(m.forward(make_step_batch(cache, {s}, toks), cache));
     cache.commit(s);
     copies.emplace_back(held.back().data_as<float>(), held.back().data_as<float>() + 300);
     toks = {{int32_t(10 + step)}};
@@ -238,7 +239,7 @@ TEST(LlamaCudaSynthetic, HeldLogitsAreNotOverwritten) {
     }
   }
   held.clear();  // every buffer free again: the next result reuses one
-  EXPECT_EQ(m.forward(make_forward_batch(cache, {s}, toks), cache).dim(0), 1);
+  EXPECT_EQ(m.forward(make_step_batch(cache, {s}, toks), cache).dim(0), 1);
 }
 
 // Per row of logits [rows, V], sampling.h's argmax.
@@ -275,7 +276,7 @@ TEST(LlamaCudaSynthetic, ForwardGreedyIsTheHostArgmaxOfForward) {
   }
   int64_t rows = 0, ties = 0;
   for (int step = 0; step < 5; ++step) {
-    const ForwardBatch b = make_forward_batch(cache, seqs, toks, /*all_logits=*/step == 0);
+    const ForwardBatch b = make_step_batch(cache, seqs, toks, /*all_logits=*/step == 0);
     const std::vector<int32_t> ids = m.forward_greedy(b, cache);
     const Tensor logits = m.forward(b, cache);
     ASSERT_EQ(ids.size(), b.logit_rows.size());
@@ -298,7 +299,7 @@ TEST(LlamaCudaSynthetic, ForwardGreedyIsTheHostArgmaxOfForward) {
   std::printf("forward_greedy: %lld of %lld rows had their maximum tied\n", (long long)ties,
               (long long)rows);
   // No logit rows: no ids (and nothing to download).
-  ForwardBatch b = make_forward_batch(cache, seqs, toks);
+  ForwardBatch b = make_step_batch(cache, seqs, toks);
   b.logit_rows.clear();
   EXPECT_TRUE(m.forward_greedy(b, cache).empty());
 }
@@ -431,7 +432,7 @@ TEST(LlamaCudaSynthetic, SmolLM2PresetRunsOnTheDevice) {
   const SeqId s = cache.create_sequence();
   std::vector<int32_t> prompt(40);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t(i * 997 % 49152);
-  const Tensor l = m->forward(make_forward_batch(cache, {s}, {prompt}), cache);
+  const Tensor l = m->forward(make_step_batch(cache, {s}, {prompt}), cache);
   ASSERT_EQ(l.shape(), (std::vector<int64_t>{1, 49152}));
   for (int64_t i = 0; i < l.numel(); ++i) ASSERT_TRUE(std::isfinite(l.data_as<float>()[i]));
 }

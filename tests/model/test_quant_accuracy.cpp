@@ -14,6 +14,7 @@
 #include "pagedattn/kv_cache.h"
 #include "pagedattn/llama.h"
 #include "pagedattn/tokenizer.h"
+#include "step_batch.h"
 
 using namespace pagedattn;
 
@@ -85,8 +86,8 @@ TEST(Int8Activations, CloseToTheExactPath) {
     const SeqId sf = cf.create_sequence(), se = ce.create_sequence();
     std::vector<int32_t> next = tok.encode(prompt, true, false);
     for (int step = 0; step < 10; ++step) {
-      const Tensor lf = fast.forward(make_forward_batch(cf, {sf}, {next}), cf);
-      const Tensor le = exact.forward(make_forward_batch(ce, {se}, {next}), ce);
+      const Tensor lf = fast.forward(make_step_batch(cf, {sf}, {next}), cf);
+      const Tensor le = exact.forward(make_step_batch(ce, {se}, {next}), ce);
       const float* a = lf.data_as<float>();
       const float* b = le.data_as<float>();
       double err = 0;

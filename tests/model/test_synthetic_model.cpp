@@ -15,6 +15,7 @@
 #include "pagedattn/llama.h"
 #include "pagedattn/sampling.h"
 #include "pagedattn/synthetic_model.h"
+#include "step_batch.h"
 
 using namespace pagedattn;
 
@@ -126,7 +127,7 @@ TEST(SyntheticCpu, TinyPresetRunsAndRepeats) {
   for (Model* m : {a.get(), b.get()}) {
     KvCache cache(cpu_cache_config(*m, 8));
     const SeqId s = cache.create_sequence();
-    const Tensor l = m->forward(make_forward_batch(cache, {s}, {{1, 2, 3, 500}}), cache);
+    const Tensor l = m->forward(make_step_batch(cache, {s}, {{1, 2, 3, 500}}), cache);
     ASSERT_EQ(l.shape(), (std::vector<int64_t>{1, 512}));
     logits.emplace_back(l.data_as<float>(), l.data_as<float>() + l.numel());
   }
@@ -152,7 +153,7 @@ TEST(SyntheticCpu, ForwardGreedyIsTheArgmaxOfForward) {
     toks.push_back(t);
   }
   for (int step = 0; step < 4; ++step) {
-    const ForwardBatch b = make_forward_batch(cache, seqs, toks, /*all_logits=*/step == 0);
+    const ForwardBatch b = make_step_batch(cache, seqs, toks, /*all_logits=*/step == 0);
     const std::vector<int32_t> ids = m->forward_greedy(b, cache);
     const Tensor logits = m->forward(b, cache);
     ASSERT_EQ(ids.size(), b.logit_rows.size());
@@ -168,7 +169,7 @@ TEST(SyntheticCpu, ForwardGreedyIsTheArgmaxOfForward) {
       toks[s] = {ids[size_t(it - b.logit_rows.begin())]};
     }
   }
-  ForwardBatch b = make_forward_batch(cache, seqs, toks);
+  ForwardBatch b = make_step_batch(cache, seqs, toks);
   b.logit_rows.clear();
   EXPECT_TRUE(m->forward_greedy(b, cache).empty());
 }

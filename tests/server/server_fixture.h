@@ -46,7 +46,7 @@ class FakeServer {
     fake = model.get();
     EngineConfig ec;
     ec.kv_cache_tokens = 2048;
-    ec.block_size = 16;
+    ec.page_size = 16;
     ec.max_num_batched_tokens = 256;
     ec.enable_prefix_cache = prefix_cache;
     ec.log_startup = false;

@@ -103,7 +103,7 @@ class Soak : public ::testing::Test {
     fake_ = model.get();
     EngineConfig ec;
     ec.kv_cache_tokens = kKvTokens;
-    ec.block_size = 16;
+    ec.page_size = 16;
     ec.max_num_batched_tokens = 128;
     ec.max_num_seqs = 8;
     ec.watermark_pages = 0;

@@ -19,9 +19,8 @@ Model::KvAbsMax LlamaModelCuda::kv_absmax(const std::vector<int32_t>& tokens) {
   const ModelConfig& c = config();
   const KvCacheConfig kc = calibration_cache_config(c, tokens.size(), Device::cuda, DType::bf16);
   KvCache cache(kc);
-  const SeqId seq = cache.create_sequence();
-  ForwardBatch b = make_forward_batch(cache, {seq}, {tokens});
-  b.logit_rows.clear();
+  const ForwardBatch b = calibration_batch(cache, tokens);
+  const SeqId seq = b.seqs[0];
   forward(b, cache);  // no logit rows: returns once the device is done
 
   // Pools: [num_pages, num_kv_heads, page_size, head_dim] bf16.

@@ -1,70 +1,21 @@
-// Step batches for simple drivers (CLI, tests, benchmarks), Model's default greedy step and the fp8
-// KV calibration pass.
+// The fp8 KV calibration pass: the CPU runner's absolute maxima of K and V, the built-in text, its
+// tokens, and the scales set from them.
+#include "kv_calibration.h"
+
 #include <algorithm>
 #include <cmath>
+#include <random>
 
-#include "kv_calibration.h"
 #include "pagedattn/error.h"
 #include "pagedattn/llama.h"
-#include "pagedattn/sampling.h"
+#include "pagedattn/tokenizer.h"
 
 namespace pagedattn {
-
-ForwardBatch make_forward_batch(KvCache& cache, const std::vector<SeqId>& seqs,
-                                const std::vector<std::vector<int32_t>>& new_tokens,
-                                bool all_logits) {
-  PA_CHECK(seqs.size() == new_tokens.size(), "make_forward_batch: ", seqs.size(),
-           " seqs but new_tokens for ", new_tokens.size());
-  int64_t pages = 0;
-  for (size_t s = 0; s < seqs.size(); ++s) {
-    PA_CHECK(cache.has_sequence(seqs[s]), "make_forward_batch: seqs[", s, "] = ", seqs[s],
-             " is not in the cache");
-    pages += cache.pages_needed(seqs[s], int32_t(new_tokens[s].size()));
-  }
-  const KvCacheStats st = cache.stats();
-  PA_CHECK(pages <= int64_t(st.pages_free) + st.pages_cached,
-           "make_forward_batch: new_tokens need ", pages, " pages but only ",
-           st.pages_free + st.pages_cached, " are available");
-  ForwardBatch b;
-  b.seqs = seqs;
-  b.q_indptr.push_back(0);
-  for (size_t s = 0; s < seqs.size(); ++s) {
-    const int32_t start = cache.kv_len(seqs[s]);
-    const std::vector<int32_t> slots = cache.append_slots(seqs[s], new_tokens[s]);
-    for (size_t j = 0; j < new_tokens[s].size(); ++j) {
-      if (all_logits || j + 1 == new_tokens[s].size()) {
-        b.logit_rows.push_back(int32_t(b.tokens.size()));
-      }
-      b.tokens.push_back(new_tokens[s][j]);
-      b.positions.push_back(start + int32_t(j));
-      b.slots.push_back(slots[j]);
-    }
-    b.q_indptr.push_back(int32_t(b.tokens.size()));
-  }
-  return b;
-}
-
-std::vector<int32_t> Model::forward_greedy(const ForwardBatch& batch, KvCache& cache) {
-  const Tensor logits = forward(batch, cache);  // [R, vocab]
-  const int64_t rows = logits.dim(0), vocab = logits.dim(1);
-  std::vector<int32_t> ids(static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r) {
-    ids[size_t(r)] =
-        argmax(std::span<const float>(logits.data_as<float>() + r * vocab, size_t(vocab)));
-  }
-  return ids;
-}
-
-Model::KvAbsMax Model::kv_absmax(const std::vector<int32_t>&) {
-  fail("kv_absmax: this model runner has no calibration pass");
-}
 
 Model::KvAbsMax LlamaModel::kv_absmax(const std::vector<int32_t>& tokens) {
   PA_CHECK(!tokens.empty(), "kv_absmax: tokens are empty");
   KvCache cache(calibration_cache_config(config_, tokens.size(), Device::cpu, DType::f32));
-  const SeqId seq = cache.create_sequence();
-  ForwardBatch b = make_forward_batch(cache, {seq}, {tokens});
-  b.logit_rows.clear();
+  const ForwardBatch b = calibration_batch(cache, tokens);
   KvAbsMax m;
   const size_t n = size_t(config_.num_layers) * size_t(config_.num_kv_heads);
   m.k.assign(n, 0.f);
@@ -103,6 +54,17 @@ std::string_view kv_calibration_text() {
          "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n"
          "    return a\n\nParis is the capital of France; Tokyo, of Japan; Brasília, of Brazil. "
          "The weather today is sunny with a light breeze, and the market opens at 9:30 AM.";
+}
+
+std::vector<int32_t> kv_calibration_tokens(const Tokenizer* tokenizer, int32_t vocab_size) {
+  if (tokenizer) return tokenizer->encode(kv_calibration_text(), true, false);
+  PA_CHECK(vocab_size > 0, "kv_calibration_tokens: vocab_size must be positive, got ", vocab_size);
+  // NOTE: a model without a tokenizer (a synthetic one, a bare test folder) still needs scales
+  // from real activations: a fixed pseudo-random stream gives repeatable ones.
+  std::mt19937 g(1234);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 256; ++i) ids.push_back(int32_t(g() % uint32_t(vocab_size)));
+  return ids;
 }
 
 void calibrate_kv_scales(Model& model, KvCache& cache, const std::vector<int32_t>& tokens,

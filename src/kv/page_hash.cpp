@@ -1,4 +1,4 @@
-#include "sha256.h"
+#include "page_hash.h"
 
 #include <openssl/evp.h>
 

@@ -1,4 +1,4 @@
-// SHA-256 (OpenSSL libcrypto, EVP API) and the chained prefix hash of a full KV page.
+// SHA-256 (OpenSSL libcrypto, EVP API) and the chained prefix hash of a full KV page (page_hash).
 #pragma once
 
 #include <cstddef>

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "kv/sha256.h"
+#include "kv/page_hash.h"
 
 using namespace pagedattn;
 

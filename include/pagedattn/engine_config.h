@@ -1,0 +1,53 @@
+// What an Engine is built with: its KV budget and dtype, the scheduler's limits and policies, and
+// the tokenizer's decode function.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "pagedattn/scheduler.h"
+
+namespace pagedattn {
+
+// Token ids -> bytes, concatenative (byte-level BPE: decode(a + b) == decode(a)
+// + decode(b)), special tokens skipped. Without one, outputs carry token ids
+// only and stop strings are refused.
+using DecodeFn = std::function<std::string(const std::vector<int32_t>&)>;
+
+struct EngineConfig {
+  // KV budget, first that is set: tokens, MiB, a fraction of free memory (the device's after the
+  // weights are loaded; on the CPU, MemAvailable); else what the longest context takes for every
+  // sequence at once (max_model_len x max_num_seqs tokens), at most kDefaultKvMiB.
+  int64_t kv_cache_tokens = 0;
+  double kv_cache_memory_mib = 0;
+  double kv_cache_memory_fraction = 0;  // (0, 1]; 0: off
+  int32_t page_size = 16;
+  std::string kv_cache_dtype = "auto";  // auto (f32 on the CPU) | f32 | f16 | bf16 | fp8
+  // fp8: the tokens of the calibration pass that sets the per-head scales (kv_calibration_text()).
+  std::vector<int32_t> kv_calibration_tokens;
+  // Ids that end generation besides the model's eos (the tokenizer's end-of-turn tokens).
+  std::vector<int32_t> eos_token_ids;
+  bool enable_prefix_cache = true;
+  int32_t max_num_batched_tokens = 2048;
+  int32_t max_num_seqs = 64;
+  int32_t watermark_pages = -1;  // -1: 1% of the pool
+  // The scheduler's admission and preemption victims (scheduler.h).
+  AdmissionPolicy admission = AdmissionPolicy::lookahead;
+  VictimPolicy victim = VictimPolicy::least_work;
+  int32_t max_model_len = 0;  // 0: the model's max_position_embeddings
+  bool log_startup = true;    // print the cache's capacity to stderr
+  // CPU: f32 activations against the dequantised weights (Model::set_exact_matmul) instead of
+  // int8 activation blocks.
+  bool exact_matmul = false;
+  // Plain greedy steps take their ids from Model::forward_greedy (picked where the logits are);
+  // false: every step downloads its logits and picks on the host (the path of sampling).
+  bool device_greedy = true;
+  // SchedulerConfig::prefill_first: running decodes wait while a prefill can be scheduled.
+  bool prefill_first = false;
+
+  static constexpr double kDefaultKvMiB = 512;
+};
+
+}  // namespace pagedattn

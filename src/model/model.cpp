@@ -1,0 +1,26 @@
+// The Model interface's defaults: a greedy step through forward() and no calibration pass.
+#include "pagedattn/model.h"
+
+#include <span>
+
+#include "pagedattn/error.h"
+#include "pagedattn/sampling.h"
+
+namespace pagedattn {
+
+std::vector<int32_t> Model::forward_greedy(const ForwardBatch& batch, KvCache& cache) {
+  const Tensor logits = forward(batch, cache);  // [R, vocab]
+  const int64_t rows = logits.dim(0), vocab = logits.dim(1);
+  std::vector<int32_t> ids(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    ids[size_t(r)] =
+        argmax(std::span<const float>(logits.data_as<float>() + r * vocab, size_t(vocab)));
+  }
+  return ids;
+}
+
+Model::KvAbsMax Model::kv_absmax(const std::vector<int32_t>&) {
+  fail("kv_absmax: this model runner has no calibration pass");
+}
+
+}  // namespace pagedattn
