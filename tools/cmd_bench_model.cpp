@@ -33,7 +33,6 @@ struct BenchModelArgs {
   int32_t prefill_chunk = 0;       // most prompt tokens per forward step; 0: the session's
   bool host_argmax = false;        // decode steps download logits and pick tokens on the host
   bool no_cuda_graphs = false;     // CUDA: LlamaModelCuda::set_cuda_graphs(false)
-  int32_t skinny_max_tokens = -1;  // CUDA: LlamaModelCuda::set_skinny_gemm_max_tokens; -1: default
 };
 
 double since(std::chrono::steady_clock::time_point t0) {
@@ -130,9 +129,9 @@ void print_result(const BenchModelArgs& a, const SessionOptions& so, const Engin
       std::printf(
           ",\"gpu\":\"%s\",\"copy_gbps\":%.1f,\"weight_bytes_per_step\":%zu,"
           "\"kv_bytes_per_step\":%.0f,\"floor_ms_per_step\":%.3f,\"pct_of_floor\":%.1f,"
-          "\"skinny_max_tokens\":%d,\"cuda_graphs\":%s",
+          "\"cuda_graphs\":%s",
           floor->copy.device.c_str(), floor->copy.gbps, floor->weight_bytes, r.kv_bytes_mean,
-          floor_ms, pct, a.skinny_max_tokens < 0 ? 0 : a.skinny_max_tokens,
+          floor_ms, pct,
           a.no_cuda_graphs ? "false" : "true");
     }
     std::printf("}\n");
@@ -196,7 +195,6 @@ void run_bench_model(const BenchModelArgs& a) {
     const ModelConfig& c = model.config();
     floor->weight_bytes = cuda_model->step_weight_bytes();
     if (a.no_cuda_graphs) cuda_model->set_cuda_graphs(false);
-    if (a.skinny_max_tokens >= 0) cuda_model->set_skinny_gemm_max_tokens(a.skinny_max_tokens);
     const DType kv = resolve_kv_dtype(so.kv_cache_dtype, Device::cuda);
     floor->kv_token_bytes =
         size_t(c.num_layers) * 2 * size_t(c.num_kv_heads) * size_t(c.head_dim) * dtype_size(kv);
@@ -244,9 +242,6 @@ void register_bench_model(CLI::App& bench) {
   cmd->add_option("--prefill-chunk", args->prefill_chunk,
                   "Most prompt tokens per prefill forward step (default 2048, the engine's "
                   "max_num_batched_tokens)");
-  cmd->add_option("--skinny-max-tokens", args->skinny_max_tokens,
-                  "CUDA: matrix products of at most this many token rows use the skinny GEMM "
-                  "(default 0: cuBLAS for all)");
   add_session_options(*cmd, args->session);
   cmd->callback([args] {
     run_bench_model(*args);

@@ -61,11 +61,8 @@ class LlamaModelCuda : public Model {
   // floor of a decode step.
   size_t step_weight_bytes() const;
 
-  // Every matrix product goes to cuBLAS. The project's skinny GEMM for decode steps lives in the
-  // kernel lab (kernels_dev/skinny_gemm.cu) until a version beats cuBLAS; this accepts 0 (cuBLAS)
-  // and throws Error for anything else (the `bench model --skinny-max-tokens` flag's old knob).
-  void set_skinny_gemm_max_tokens(int32_t max_tokens);
-
+  // Every matrix product goes to cuBLAS (the project's skinny GEMM for decode steps lives in the
+  // kernel lab, kernels_dev/skinny_gemm.cu, until a version beats cuBLAS).
   // Decode steps (one new token per sequence) replay CUDA graphs: a step's launches are captured
   // the second time in a row they occur (same batch size, scratch buffers and attention launch
   // shapes) and replayed while they recur, so the host's launch calls leave the step (they bound

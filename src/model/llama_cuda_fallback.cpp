@@ -37,10 +37,6 @@ void LlamaModelCuda::validate(const ForwardBatch&, const KvCache&) const {
 
 size_t LlamaModelCuda::weight_bytes() const { return 0; }
 size_t LlamaModelCuda::step_weight_bytes() const { return 0; }
-void LlamaModelCuda::set_skinny_gemm_max_tokens(int32_t max_tokens) {
-  PA_CHECK(max_tokens == 0, "LlamaModelCuda: skinny GEMM token limit ", max_tokens,
-           ": the skinny GEMM is not in the library, only 0 (cuBLAS) is accepted");
-}
 void LlamaModelCuda::set_cuda_graphs(bool) {}
 Model::KvAbsMax LlamaModelCuda::kv_absmax(const std::vector<int32_t>&) {
   fail("LlamaModelCuda::kv_absmax: pagedattn was built without CUDA support");

@@ -103,24 +103,6 @@ TEST_P(LlamaCudaSynthetic, FiniteRepeatableAndEqualToTheHashedFile) {
   EXPECT_LT(err, 2e-2);
 }
 
-// The skinny GEMM is the lab's (kernels_dev/skinny_gemm.cu, checked there against a
-// double-precision product): the library's model takes cuBLAS only, and says so when asked for it.
-TEST_P(LlamaCudaSynthetic, SkinnyGemmIsNotInTheLibrary) {
-  PA_SKIP_WITHOUT_GPU();
-  const ModelConfig cfg = tiny_config(GetParam());
-  LlamaModelCuda a(cfg, 5), b(cfg, 5);
-  b.set_skinny_gemm_max_tokens(0);  // cuBLAS: accepted, and the same logits
-  const std::vector<float> la = run(a), lb = run(b);
-  EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * 4), 0);
-  try {
-    b.set_skinny_gemm_max_tokens(64);
-    ADD_FAILURE() << "set_skinny_gemm_max_tokens(64) did not throw";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("kernels_dev/skinny_gemm.cu"), std::string::npos)
-        << e.what();
-  }
-}
-
 // `steps` decode steps of `seqs` sequences (prompts of different lengths, so they cross page
 // boundaries at different steps) on `cache`: every step's logits, concatenated.
 std::vector<float> decode_run(Model& m, KvCache& cache, int seqs, int steps) {

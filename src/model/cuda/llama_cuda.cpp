@@ -310,12 +310,6 @@ LlamaModelCuda::GraphStats LlamaModelCuda::cuda_graph_stats() const {
   return GraphStats{impl_->graphs.captures(), impl_->graphs.replays()};
 }
 
-void LlamaModelCuda::set_skinny_gemm_max_tokens(int32_t max_tokens) {
-  PA_CHECK(max_tokens == 0, kOp, ": skinny GEMM token limit ", max_tokens,
-           ": the skinny GEMM is not in the library (it is slower than cuBLAS; its lab is "
-           "kernels_dev/skinny_gemm.cu), only 0 (cuBLAS) is accepted");
-}
-
 void LlamaModelCuda::validate(const ForwardBatch& b, const KvCache& cache) const {
   constexpr const char* op = "LlamaModelCuda::forward";
   const ModelConfig& config = impl_->config;
