@@ -6,10 +6,12 @@
 # cores, once). Then, in interleaved rounds (pagedattn, llama.cpp, pagedattn, ...), both run:
 #   prefill of a 512-token prompt, decode of 128 tokens for 1 sequence and for 8 sequences,
 #   and the peak resident memory of a single-sequence run (GNU time's maximum RSS).
+# Both keep K/V in f16: llama.cpp's default cache type, and pagedattn's --kv-cache-dtype f16
+# (--kv-cache-dtype auto|f32|bf16 compares another pagedattn cache against it).
 # It prints every round, the medians and the ratios pagedattn / llama.cpp. Not part of make test.
 #
 # Usage: scripts/compare-llamacpp.sh [--model FILE] [--threads N] [--rounds N] [--build DIR]
-#                                    [--llamacpp-version V] [--build-only]
+#                                    [--llamacpp-version V] [--kv-cache-dtype T] [--build-only]
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,6 +24,7 @@ LLAMA_VERSION=0.3.16
 BUILD_ONLY=0
 PROMPT=512
 DECODE=128
+KV_DTYPE=f16
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL="$2"; shift 2 ;;
@@ -29,6 +32,7 @@ while [ $# -gt 0 ]; do
     --rounds) ROUNDS="$2"; shift 2 ;;
     --build) BUILD="$2"; shift 2 ;;
     --llamacpp-version) LLAMA_VERSION="$2"; shift 2 ;;
+    --kv-cache-dtype) KV_DTYPE="$2"; shift 2 ;;
     --build-only) BUILD_ONLY=1; shift ;;
     *) echo "compare-llamacpp: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -66,14 +70,14 @@ export PAGEDATTN_NUM_THREADS=$THREADS
 # Each function prints one number.
 pa_prefill() {
   "$PA" bench model --device cpu --model "$MODEL" --batch 1 --prompt-len $PROMPT \
-    --decode-steps 1 --json | python3 -c 'import json,sys
+    --decode-steps 1 --kv-cache-dtype "$KV_DTYPE" --json | python3 -c 'import json,sys
 for l in sys.stdin:
     l=l.strip()
     if l.startswith("{"): print(json.loads(l)["prefill_tokens_per_s"])'
 }
 pa_decode() {  # $1: sequences
   "$PA" bench model --device cpu --model "$MODEL" --batch "$1" --prompt-len $PROMPT \
-    --decode-steps $DECODE --json | python3 -c 'import json,sys
+    --decode-steps $DECODE --kv-cache-dtype "$KV_DTYPE" --json | python3 -c 'import json,sys
 for l in sys.stdin:
     l=l.strip()
     if l.startswith("{"): print(json.loads(l)["decode_tokens_per_s"])'
@@ -105,7 +109,7 @@ peak_rss_mib() {  # the command's maximum resident set, MiB
 }
 pa_rss() {
   peak_rss_mib "$PA" bench model --device cpu --model "$MODEL" --batch 1 --prompt-len $PROMPT \
-    --decode-steps $DECODE
+    --decode-steps $DECODE --kv-cache-dtype "$KV_DTYPE"
 }
 ll_rss() {
   peak_rss_mib "$LBB" -m "$MODEL" -t "$THREADS" -c $((PROMPT + DECODE + 16)) -npp $PROMPT \
@@ -114,7 +118,7 @@ ll_rss() {
 
 declare -A R
 metrics="prefill decode1 decode8 rss"
-echo "compare-llamacpp: $MODEL, $THREADS threads, $ROUNDS rounds, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "compare-llamacpp: $MODEL, $THREADS threads, $ROUNDS rounds, pagedattn KV $KV_DTYPE, load $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq 1 "$ROUNDS"); do
   R[pa_prefill]+="$(pa_prefill) "; R[ll_prefill]+="$(ll_prefill) "
   R[pa_decode1]+="$(pa_decode 1) "; R[ll_decode1]+="$(ll_decode1) "

@@ -1,10 +1,13 @@
 // The fused CPU kernel is batch-invariant, bit for bit: a query's output is the same computed in a
 // decode step (q_len 1), inside a prefill of the whole sequence, inside a chunk, and beside other
 // sequences (the scores of a transposed tile are reduced like the per-key dot products, and key
-// tiles start at fixed positions).
+// tiles start at fixed positions), and a decode item split into per-chunk parts across the pool's
+// threads gives the output of the same item walked whole.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -22,17 +25,20 @@ struct Case {
 class CpuAttentionInvariance : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CpuAttentionInvariance, QueryOutputIndependentOfBatchShape) {
-  const int32_t D = GetParam().head_dim, Hq = 9, Hk = 3, P = 16, L = 150;
-  const int32_t pages = (L + P - 1) / P + 4;
+  // NOTE: L spans three softmax chunks (kChunk = 256 keys), so a lone decode query is split.
+  const int32_t D = GetParam().head_dim, Hq = 9, Hk = 3, P = 16, L = 600;
+  const int32_t seq_pages = (L + P - 1) / P, pages = seq_pages + 8;
   std::mt19937_64 g(3);
   std::normal_distribution<float> n(0.f, 1.f);
   std::vector<float> k(size_t(pages) * Hk * P * D), v(k.size()), q(size_t(L) * Hq * D);
   for (auto* b : {&k, &v, &q})
     for (float& x : *b) x = n(g);
   // The sequence's pages in shuffled order; a second sequence uses the last pages.
-  std::vector<int32_t> table = {3, 0, 7, 1, 9, 2, 4, 8, 5, 6};
-  table.resize(size_t((L + P - 1) / P));
-  const std::vector<int32_t> other_table = {10, 11, 12, 13};
+  std::vector<int32_t> table(static_cast<size_t>(seq_pages));
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), std::mt19937(7));
+  std::vector<int32_t> other_table(8);
+  std::iota(other_table.begin(), other_table.end(), seq_pages);
   PagedKVView kv{k.data(), v.data(), DType::f32, pages, Hk, P, D};
   AttentionOptions opt;
   opt.window = GetParam().window;
@@ -67,16 +73,19 @@ TEST_P(CpuAttentionInvariance, QueryOutputIndependentOfBatchShape) {
   };
   const std::vector<float> prefill = run(0, L, 0);
   const size_t row = size_t(Hq) * D;
-  for (int32_t p : {0, 1, 15, 16, 63, 64, 65, 100, 149}) {
-    const std::vector<float> one = run(p, 1, 0);
+  for (int32_t p : {0, 1, 15, 16, 63, 64, 65, 100, 149, 255, 256, 257, 400, 511, 512, 599}) {
+    const std::vector<float> one = run(p, 1, 0);  // 3 items: split past position 255
     EXPECT_EQ(std::memcmp(one.data(), prefill.data() + size_t(p) * row, row * 4), 0)
         << "decode of position " << p << " differs from the prefill's row";
     const std::vector<float> beside = run(p, 1, 5);
     EXPECT_EQ(std::memcmp(beside.data(), one.data(), row * 4), 0)
         << "position " << p << " beside another sequence";
+    const std::vector<float> many = run(p, 1, 100);  // 18 items: never split
+    EXPECT_EQ(std::memcmp(many.data(), one.data(), row * 4), 0)
+        << "position " << p << " beside a prefill of 100 tokens";
   }
-  const std::vector<float> chunk = run(40, 70, 3);  // a chunked prefill beside another prefill
-  EXPECT_EQ(std::memcmp(chunk.data(), prefill.data() + 40 * row, chunk.size() * 4), 0)
+  const std::vector<float> chunk = run(240, 70, 3);  // a chunked prefill beside another prefill
+  EXPECT_EQ(std::memcmp(chunk.data(), prefill.data() + 240 * row, chunk.size() * 4), 0)
       << "a chunk differs from the prefill's rows";
 }
 

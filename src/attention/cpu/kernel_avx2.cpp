@@ -9,6 +9,10 @@
 #include "cpu/kernel_types.h"
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 // NOTE: every header is included above the pragma, so only this file's own functions are
 // compiled for the wider ISA; the namespace keeps its template instances apart from the others.
 #pragma GCC push_options
@@ -16,7 +20,9 @@
 namespace pagedattn::cpu {
 namespace avx2 {
 #define PA_VEC_BYTES 32
+#define PA_HAVE_F16C 1
 #include "cpu/kernel_body.inc"
+#undef PA_HAVE_F16C
 #undef PA_VEC_BYTES
 }  // namespace avx2
 }  // namespace pagedattn::cpu

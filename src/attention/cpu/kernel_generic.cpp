@@ -10,7 +10,9 @@
 namespace pagedattn::cpu {
 namespace generic {
 #define PA_VEC_BYTES 16
+#define PA_HAVE_F16C 0
 #include "cpu/kernel_body.inc"
+#undef PA_HAVE_F16C
 #undef PA_VEC_BYTES
 }  // namespace generic
 

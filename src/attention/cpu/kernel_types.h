@@ -22,6 +22,13 @@ constexpr int kLanes = 16;  // accumulator width of the inner loops; rows are pa
 // Items with at least this many query vectors compute logits from a transposed K tile (a
 // broadcast-FMA over the tile's keys, no horizontal sums); fewer use one dot product per key.
 constexpr int kTransposeMinVectors = 16;
+// Keys per softmax chunk, a multiple of kTile. Every query vector runs its online softmax over the
+// chunks [c * kChunk, (c + 1) * kChunk) of absolute positions separately and folds the chunk
+// states in order of c (merge_state). NOTE: the chunks are fixed by position, so a decode item
+// may be split into one part per chunk, run on several threads and folded afterwards, with the
+// same result bit for bit as one thread walking all chunks: the result depends neither on the
+// thread count nor on how the batch was planned.
+constexpr int kChunk = 256;
 
 // Where K/V rows come from.
 struct KvSource {
@@ -63,19 +70,42 @@ struct WorkItem {
   int32_t kv_head = 0;
   int32_t row_begin = 0;
   int32_t row_end = 0;
+  // A part of a split item (chunk >= 0): only the keys of chunk `chunk`, and the chunk's raw
+  // softmax state goes to the call's workspace at float offset `state` instead of to `out`.
+  int32_t chunk = -1;
+  int64_t state = 0;
 };
+
+// An item split into parts for chunks first_chunk .. first_chunk + num_chunks - 1, whose raw
+// states lie one after another in the workspace from float offset `state`.
+struct SplitItem {
+  WorkItem whole;
+  int32_t first_chunk = 0;
+  int32_t num_chunks = 0;
+  int64_t state = 0;
+};
+
+// Raw softmax state of M query vectors in a workspace: [M][Dp] o, then [M] m, then [M] l.
+inline int64_t state_floats(int32_t M, int32_t Dp) { return int64_t(M) * (Dp + 2); }
+
+// Folds the chunk state (m2, l2, o2) into the running state (m, l, o); o rows of dp floats. An
+// empty state (m = -inf, l = 0, o = 0) on either side is taken over exactly. Out of line and
+// compiled once for every ISA, so the in-item fold and the fold of split parts are the same
+// arithmetic.
+void merge_state(float& m, float& l, float* o, float m2, float l2, const float* o2, int dp);
 
 // Per-thread buffers, grown on demand and reused across items and calls.
 struct Scratch {
-  std::vector<float> q;     // [M][Dp] queries of the item, scaled
-  std::vector<float> o;     // [M][Dp] running output
-  std::vector<float> k, v;  // [kTile][Dp] a tile of K/V dequantised to f32
-  std::vector<float> kt;    // [Dp][kTile] the K tile transposed (many query vectors)
-  std::vector<float> s;     // [M][kTile] logits, then weights
-  std::vector<float> m, l;  // [M] running max and sum
+  std::vector<float> q;           // [M][Dp] queries of the item, scaled
+  std::vector<float> o;           // [M][Dp] running output
+  std::vector<float> k, v;        // [kTile][Dp] a tile of K/V dequantised to f32
+  std::vector<float> kt;          // [Dp][kTile] the K tile transposed (many query vectors)
+  std::vector<float> s;           // [M][kTile] logits, then weights
+  std::vector<float> m, l;        // [M] running max and sum of the current chunk
+  std::vector<float> fo, fm, fl;  // [M][Dp], [M], [M]: the chunks folded so far
 };
 
-using ItemFn = void (*)(const KernelParams&, const WorkItem&, Scratch&);
+using ItemFn = void (*)(const KernelParams&, const WorkItem&, Scratch&, float* workspace);
 
 // The instantiation for the parameters' KV dtype and head dim, per ISA. The avx2/avx512 versions
 // return nullptr when they were not compiled in.
@@ -83,11 +113,21 @@ ItemFn select_item_fn_generic(const KernelParams& p);
 ItemFn select_item_fn_avx2(const KernelParams& p);
 ItemFn select_item_fn_avx512(const KernelParams& p);
 
+// The items of a call: every (sequence, KV head, block of query rows), longest work first; when
+// they are fewer than the pool needs, items of several chunks are split into one part per chunk.
+struct Plan {
+  std::vector<WorkItem> items;
+  std::vector<SplitItem> split;
+  int64_t workspace = 0;  // floats of raw states
+};
+Plan plan_items(const KernelParams& p, int32_t num_seqs, int32_t num_kv_heads);
 // Runs the planned items on the thread pool with the given kernel variant (best: the widest this
-// CPU supports; PAGEDATTN_CPU_ISA=generic|avx2 caps it).
-void run_items(const KernelParams& p, const std::vector<WorkItem>& items, CpuIsa isa);
-// The items of a call: every (sequence, KV head, block of query rows), longest work first.
-std::vector<WorkItem> plan_items(const KernelParams& p, int32_t num_seqs, int32_t num_kv_heads);
+// CPU supports; PAGEDATTN_CPU_ISA=generic|avx2 caps it), then folds the split ones.
+void run_items(const KernelParams& p, const Plan& plan, CpuIsa isa);
+// Writes out = o / l (times the V scale for fp8) for the M vectors of item it; a vector that saw
+// no key gets zeros.
+void write_output(const KernelParams& p, const WorkItem& it, const float* o, const float* l,
+                  int32_t Dp);
 
 // fp8 e4m3 byte -> f32 (unscaled), all 256 values.
 const float* fp8_table();

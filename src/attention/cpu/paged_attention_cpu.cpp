@@ -2,7 +2,9 @@
 // widest kernel variant this CPU supports. Also the dense no-paging baseline (same kernel body).
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <numeric>
 #include <string_view>
 #include <vector>
@@ -21,6 +23,8 @@ namespace {
 // Query vectors (rows x heads of a GQA group) per work item: enough to reuse each K/V tile many
 // times, few enough that the item's queries and outputs stay in L2.
 constexpr int32_t kTargetVectors = 64;
+// Below this many items per pool thread, items of several chunks are split into per-chunk parts.
+constexpr int64_t kMinItemsPerThread = 4;
 
 // Widest variant this CPU supports: 0 generic, 1 avx2, 2 avx512 (PAGEDATTN_CPU_ISA=generic|avx2
 // caps it).
@@ -74,39 +78,119 @@ const float* fp8_table() {
   return table.data();
 }
 
-std::vector<WorkItem> plan_items(const KernelParams& p, int32_t num_seqs, int32_t num_kv_heads) {
+void merge_state(float& m, float& l, float* o, float m2, float l2, const float* o2, int dp) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  if (m2 == kNegInf) return;  // an empty chunk changes nothing
+  const float m_new = std::max(m, m2);
+  const float a = m == kNegInf ? 0.f : std::exp(m - m_new), b = std::exp(m2 - m_new);
+  // NOTE: explicit fused multiply-adds, so no compiler contracts this differently in one caller
+  // than in another; with a = 0 and b = 1 (the first chunk) the state is copied exactly.
+  l = std::fma(l, a, l2 * b);
+  for (int d = 0; d < dp; ++d) o[d] = std::fma(o[d], a, o2[d] * b);
+  m = m_new;
+}
+
+void write_output(const KernelParams& p, const WorkItem& it, const float* o, const float* l,
+                  int32_t Dp) {
+  const int32_t g = it.kv_head, G = p.group, D = p.head_dim, q0 = p.q_indptr[it.seq];
+  const int32_t M = (it.row_end - it.row_begin) * G;
+  const float vscale = p.kv.dtype == DType::fp8_e4m3 ? p.v_scale[g] : 1.f;
+  for (int32_t m = 0; m < M; ++m) {
+    const int64_t dst = (int64_t(q0 + it.row_begin + m / G) * p.num_q_heads + g * G + m % G) * D;
+    const float inv = l[m] > 0.f ? vscale / l[m] : 0.f;
+    const float* om = o + int64_t(m) * Dp;
+    for (int d = 0; d < D; ++d) store_from_f32(p.out, p.out_dtype, dst + d, om[d] * inv);
+  }
+}
+
+Plan plan_items(const KernelParams& p, int32_t num_seqs, int32_t num_kv_heads) {
   const int32_t rows_per_item = std::max<int32_t>(1, kTargetVectors / p.group);
   std::vector<WorkItem> items;
   std::vector<int64_t> cost;
+  std::vector<std::pair<int32_t, int32_t>> keys_of;  // [first tile's key, end) of each item
   for (int32_t b = 0; b < num_seqs; ++b) {
     const int32_t q_len = p.q_indptr[b + 1] - p.q_indptr[b], L = p.kv_len[b];
     for (int32_t r0 = 0; r0 < q_len; r0 += rows_per_item) {
       const int32_t r1 = std::min(q_len, r0 + rows_per_item);
-      // Keys the item visits (causal: up to its last row's position).
-      const int64_t keys = p.causal ? int64_t(L) - q_len + r1 : L;
+      // Keys the item visits (causal: up to its last row's position; window: from its first's).
+      const int32_t hi = p.causal ? L - q_len + r1 : L;
+      const int32_t first = p.window > 0 ? std::max(0, L - q_len + r0 - p.window + 1) : 0;
+      const int32_t lo = first / kTile * kTile;
       for (int32_t g = 0; g < num_kv_heads; ++g) {
         items.push_back({b, g, r0, r1});
-        cost.push_back(keys * (r1 - r0));
+        cost.push_back(int64_t(hi) * (r1 - r0));
+        keys_of.push_back({lo, hi});
       }
     }
+  }
+  Plan plan;
+  const int64_t threads = ThreadPool::global().num_threads();
+  if (threads > 1 && int64_t(items.size()) < kMinItemsPerThread * threads) {
+    // Too few items to keep the pool busy (decode of a few sequences): one part per chunk.
+    const int32_t Dp = (p.head_dim + kLanes - 1) / kLanes * kLanes;
+    std::vector<WorkItem> parts;
+    std::vector<int64_t> part_cost;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const auto [lo, hi] = keys_of[i];
+      const int32_t c0 = lo / kChunk, c1 = hi <= lo ? c0 : (hi - 1) / kChunk + 1;
+      const WorkItem& it = items[i];
+      if (c1 - c0 < 2) {
+        parts.push_back(it);
+        part_cost.push_back(cost[i]);
+        continue;
+      }
+      const int32_t M = (it.row_end - it.row_begin) * p.group;
+      plan.split.push_back({it, c0, c1 - c0, plan.workspace});
+      for (int32_t c = c0; c < c1; ++c) {
+        WorkItem part = it;
+        part.chunk = c;
+        part.state = plan.workspace;
+        plan.workspace += state_floats(M, Dp);
+        parts.push_back(part);
+        const int32_t keys = std::min(hi, (c + 1) * kChunk) - std::max(lo, c * kChunk);
+        part_cost.push_back(int64_t(keys) * (it.row_end - it.row_begin));
+      }
+    }
+    items = std::move(parts);
+    cost = std::move(part_cost);
   }
   // Longest first, so the dynamic hand-out of the pool ends with short items.
   std::vector<size_t> order(items.size());
   std::iota(order.begin(), order.end(), size_t(0));
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return cost[a] > cost[b]; });
-  std::vector<WorkItem> sorted;
-  sorted.reserve(items.size());
-  for (size_t i : order) sorted.push_back(items[i]);
-  return sorted;
+  plan.items.reserve(items.size());
+  for (size_t i : order) plan.items.push_back(items[i]);
+  return plan;
 }
 
-void run_items(const KernelParams& p, const std::vector<WorkItem>& items, CpuIsa isa) {
+void run_items(const KernelParams& p, const Plan& plan, CpuIsa isa) {
   const ItemFn fn = item_fn(p, isa);
   PA_CHECK(fn != nullptr, "paged_attention: this build or CPU has no such kernel variant");
-  parallel_for(int64_t(items.size()), [&](int64_t i) {
+  thread_local std::vector<float> workspace;
+  if (workspace.size() < size_t(plan.workspace)) workspace.resize(size_t(plan.workspace));
+  float* ws = workspace.data();
+  parallel_for(int64_t(plan.items.size()), [&](int64_t i) {
     thread_local Scratch scratch;
-    fn(p, items[size_t(i)], scratch);
+    fn(p, plan.items[size_t(i)], scratch, ws);
+  });
+  if (plan.split.empty()) return;
+  // Each split item: its parts' states folded in order of chunk, as attend_item folds them.
+  const int32_t Dp = (p.head_dim + kLanes - 1) / kLanes * kLanes;
+  parallel_for(int64_t(plan.split.size()), [&](int64_t i) {
+    const SplitItem& sp = plan.split[size_t(i)];
+    const int32_t M = (sp.whole.row_end - sp.whole.row_begin) * p.group;
+    thread_local std::vector<float> o, m, l;
+    o.assign(size_t(M) * Dp, 0.f);
+    m.assign(size_t(M), -std::numeric_limits<float>::infinity());
+    l.assign(size_t(M), 0.f);
+    for (int32_t c = 0; c < sp.num_chunks; ++c) {
+      const float* st = ws + sp.state + c * state_floats(M, Dp);
+      for (int32_t v = 0; v < M; ++v)
+        merge_state(m[size_t(v)], l[size_t(v)], &o[size_t(v) * Dp], st[int64_t(M) * Dp + v],
+                    st[int64_t(M) * (Dp + 1) + v], st + int64_t(v) * Dp, Dp);
+    }
+    write_output(p, sp.whole, o.data(), l.data(), Dp);
   });
 }
 
