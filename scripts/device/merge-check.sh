@@ -28,7 +28,7 @@ step build 240 build.log env BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh
   step pybuild 90 build.log env BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh _C \
   pagedattn_python_files || tail -10 "$OUT/build.log"
 if [[ -f "$BUILD_DIR/deps-env.sh" ]]; then source "$BUILD_DIR/deps-env.sh"; fi
-step gpu 150 test_gpu.log "$BUILD_DIR/tests/test_gpu"
+step gpu 200 test_gpu.log "$BUILD_DIR/tests/test_gpu"
 tail -4 "$OUT/test_gpu.log"
 grep -E "^\[  FAILED" "$OUT/test_gpu.log" | head -20
 [[ -n "${SKIP_PYTHON:-}" ]] ||
