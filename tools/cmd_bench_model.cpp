@@ -187,6 +187,9 @@ void run_bench_model(const BenchModelArgs& a) {
   ec.max_num_seqs = max_batch;
   ec.prefill_first = true;
   ec.device_greedy = !a.host_argmax;
+  // NOTE: the context the benchmark asks for, even past the model's trained length (synthetic
+  // weights at --prompt-len 32768): it measures speed, not quality.
+  ec.max_model_len = a.prompt_len + a.decode_steps + 1;
   // NOTE: the runner's knobs are set before the engine is built (its steps use them).
   auto tune = [&](Model& model) {
     if (!floor) return;

@@ -7,6 +7,7 @@
 #   scripts/device/merge-check.sh
 #   BUDGET=300 scripts/device/merge-check.sh      # seconds for the whole call (default 420)
 #   SKIP_PYTHON=1 scripts/device/merge-check.sh   # without the Python package's tests
+#   SKIP_GPU_TESTS=1 scripts/device/merge-check.sh  # without the GPU test suite
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out/merge}
@@ -28,7 +29,8 @@ step build 240 build.log env BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh
   step pybuild 90 build.log env BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh _C \
   pagedattn_python_files || tail -10 "$OUT/build.log"
 if [[ -f "$BUILD_DIR/deps-env.sh" ]]; then source "$BUILD_DIR/deps-env.sh"; fi
-step gpu 200 test_gpu.log "$BUILD_DIR/tests/test_gpu"
+[[ -n "${SKIP_GPU_TESTS:-}" ]] ||
+  step gpu 200 test_gpu.log "$BUILD_DIR/tests/test_gpu"
 tail -4 "$OUT/test_gpu.log"
 grep -E "^\[  FAILED" "$OUT/test_gpu.log" | head -20
 [[ -n "${SKIP_PYTHON:-}" ]] ||
