@@ -26,7 +26,7 @@ step build 240 build.log env BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh
   test_gpu || tail -30 "$OUT/build.log"
 # NOTE: a separate step: without nanobind on the machine the extension's targets do not exist.
 [[ -n "${SKIP_PYTHON:-}" ]] ||
-  step pybuild 90 build.log env BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh _C \
+  step pybuild 90 build.log env BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh _C _C_stub \
   pagedattn_python_files || tail -10 "$OUT/build.log"
 if [[ -f "$BUILD_DIR/deps-env.sh" ]]; then source "$BUILD_DIR/deps-env.sh"; fi
 [[ -n "${SKIP_GPU_TESTS:-}" ]] ||
