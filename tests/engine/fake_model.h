@@ -10,6 +10,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -50,7 +51,7 @@ class FakeModel : public Model {
     PA_CHECK(b.positions.size() == b.tokens.size() && b.slots.size() == b.tokens.size(),
              "FakeModel: positions/slots size");
     ++num_forward_calls;
-    if (step_delay.count() > 0) std::this_thread::sleep_for(step_delay);
+    if (const auto delay = step_delay.load(); delay.count() > 0) std::this_thread::sleep_for(delay);
     batch_tokens.push_back(int32_t(b.tokens.size()));
     batch_seqs.push_back(int32_t(num_seqs));
     const int32_t ps = cache.config().page_size;
@@ -157,9 +158,10 @@ class FakeModel : public Model {
     return out;
   }
 
-  int32_t eos_every = 0;
+  // NOTE: atomic: server tests change these while the engine's thread runs forward().
+  std::atomic<int32_t> eos_every{0};
   float eos_logit = -10.f;                  // the eos logits where eos_every does not favour them
-  std::chrono::microseconds step_delay{0};  // makes each forward call slow (streaming tests)
+  std::atomic<std::chrono::microseconds> step_delay{std::chrono::microseconds(0)};  // slow steps
   int64_t num_forward_calls = 0;            // every step (forward_greedy runs forward)
   int64_t num_greedy_calls = 0;             // the steps that took forward_greedy
   std::vector<int32_t> batch_tokens;        // tokens per forward call

@@ -16,9 +16,14 @@ using namespace pagedattn;
 namespace {
 
 std::string regression(const std::string& name) {
-  // tests/server/<this file> -> tests/fuzz/regressions/request/<name>
-  const auto p = std::filesystem::path(__FILE__).parent_path().parent_path() / "fuzz" /
-                 "regressions" / "request" / name;
+  // tests/server/<this file> -> tests/fuzz/regressions/request/<name> (PAGEDATTN_TESTS_DIR: a
+  // build whose __FILE__ is relative to another folder says where tests/ is)
+#ifdef PAGEDATTN_TESTS_DIR
+  const auto tests = std::filesystem::path(PAGEDATTN_TESTS_DIR);
+#else
+  const auto tests = std::filesystem::path(__FILE__).parent_path().parent_path();
+#endif
+  const auto p = tests / "fuzz" / "regressions" / "request" / name;
   std::ifstream in(p, std::ios::binary);
   EXPECT_TRUE(in) << p;
   return {std::istreambuf_iterator<char>(in), {}};

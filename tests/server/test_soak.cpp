@@ -286,7 +286,7 @@ void Soak::one_request(std::mt19937& rng, Tally& tally) {
     };
     auto c = client();
     c->send(req);
-    c->stop();
+    c.reset();  // hangs up (the destructor closes the socket)
     tally.add("cancelled");
   } else if (kind < 95) {  // half a request, then the socket closes
     half_request_and_close(port_, body.dump());
