@@ -29,9 +29,12 @@ step build 240 build.log env BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh
 if [[ -f "$BUILD_DIR/deps-env.sh" ]]; then source "$BUILD_DIR/deps-env.sh"; fi
 bin="$BUILD_DIR/pagedattn"
 
-step tptests 120 tests.log "$BUILD_DIR/tests/test_gpu" --gtest_filter='TensorParallel*:LlamaCuda*'
+step tptests 120 tests.log "$BUILD_DIR/tests/test_gpu" --gtest_filter='TensorParallel*'
 tail -4 "$OUT/tests.log"
 grep -E "^\[  FAILED|Failure|error" "$OUT/tests.log" | head -20
+
+step parity 150 parity.log python3 scripts/device/tp_parity.py "$bin" --tp 2
+tail -3 "$OUT/parity.log"
 
 for tp in 1 2; do
   step "8b-tp$tp" 90 bench.log "$bin" bench model --model synthetic:llama3-8b --device cuda \
@@ -41,10 +44,11 @@ grep '^{' "$OUT/bench.log"
 
 # A rank dies mid-run: the leader must stop with an error naming it, within seconds.
 kill_test() {
-  "$bin" bench model --model synthetic:llama3-8b --device cuda --batch 32 --prompt-len 512 \
-    --decode-steps 100000 --tensor-parallel 2 >"$OUT/kill.out" 2>&1 &
+  "$bin" bench model --model synthetic:llama3-8b --device cuda --batch 8 --prompt-len 512 \
+    --decode-steps 8000 --tensor-parallel 2 >"$OUT/kill.out" 2>&1 &
   local leader=$! t0
-  sleep 25
+  sleep 20
+  grep -q "kv cache" "$OUT/kill.out" || { echo "the run had not started decoding:"; cat "$OUT/kill.out"; }
   pkill -9 -f 'tp-worker --rank 1' && echo "killed rank 1 at $(date +%T)"
   t0=$(date +%s)
   for _ in $(seq 1 60); do kill -0 "$leader" 2>/dev/null || break; sleep 0.5; done
@@ -62,6 +66,8 @@ export bin OUT
 step kill 70 kill.log bash -c kill_test
 cat "$OUT/kill.log"
 
+# Nothing of a finished run may stay behind (a leftover rank holds its GPU's memory).
+pgrep -af 'pagedattn' | grep -v tensor-parallel.sh || echo "no pagedattn process left"
 [[ -n "${SKIP_70B:-}" ]] ||
   step 70b 150 bench70.log "$bin" bench model --model synthetic:llama3-70b --device cuda \
     --batch 1,32 --prompt-len 512 --decode-steps 16 --tensor-parallel 2

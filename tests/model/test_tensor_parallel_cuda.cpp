@@ -141,6 +141,9 @@ void expect_two_ranks_match_one(const ModelConfig& c, float tol) {
           f(r);
         } catch (const std::exception& e) {
           err[r] = e.what();
+          // The other rank may be waiting in a collective for this one: end the group.
+          for (auto& c : comm)
+            if (c) c->abort();
         }
       });
     }
@@ -151,6 +154,9 @@ void expect_two_ranks_match_one(const ModelConfig& c, float tol) {
     comm[r] = std::make_unique<cuda::NcclComm>(id, 2, r);
     model[r] = std::make_unique<LlamaModelCuda>(c, 21, TpShard{r, 2}, comm[r].get());
     cache[r] = std::make_unique<KvCache>(cache_for(c, model[r]->num_local_kv_heads()));
+    // NOTE: two ranks in one process: plain launches (the process-level runs, one rank per
+    // process as the CLI starts them, replay CUDA graphs: scripts/device/tensor-parallel.sh).
+    model[r]->set_cuda_graphs(false);
   });
   const auto got = play(s, *cache[0], [&](const ForwardBatch& b) {
     Tensor logits;
