@@ -71,6 +71,12 @@ class LlamaModelCuda : public Model {
   // or null when there are no logit rows (then the step has been synchronised). Every rank of a
   // tensor-parallel group calls it with the same batch.
   const float* forward_device(const ForwardBatch& batch, KvCache& cache);
+  // The rest of forward / forward_greedy after forward_device: the logits [rows, vocab] to the host,
+  // or each row's argmax id (only the ids downloaded). Both block until the step is done.
+  Tensor download_logits(const float* device_logits, int64_t rows);
+  std::vector<int32_t> download_greedy(const float* device_logits, int32_t rows);
+  // Whether every step enqueued so far has finished (never blocks).
+  bool idle() const;
 
   // Bytes of the device weights (bf16 matrices, f32 norms and biases).
   size_t weight_bytes() const;
@@ -85,7 +91,7 @@ class LlamaModelCuda : public Model {
   // the second time in a row they occur (same batch size, scratch buffers and attention launch
   // shapes) and replayed while they recur, so the host's launch calls leave the step (they bound
   // small models' steps). On by default. Results are the same
-  // bits either way.
+  // bits either way. PAGEDATTN_CUDA_GRAPHS=0 in the environment starts with them off.
   void set_cuda_graphs(bool enabled);
   bool cuda_graphs() const;
   // Tensor parallelism: the median seconds of the collectives of one step of `tokens` tokens and

@@ -33,13 +33,17 @@ step tptests 120 tests.log "$BUILD_DIR/tests/test_gpu" --gtest_filter='TensorPar
 tail -4 "$OUT/tests.log"
 grep -E "^\[  FAILED|Failure|error" "$OUT/tests.log" | head -20
 
-step parity 150 parity.log python3 scripts/device/tp_parity.py "$bin" --tp 2
-tail -3 "$OUT/parity.log"
+step parity 100 parity.log python3 scripts/device/tp_parity.py "$bin" --tp 2
+step parity-nographs 100 parity.log env PAGEDATTN_CUDA_GRAPHS=0 python3 \
+  scripts/device/tp_parity.py "$bin" --tp 2
+tail -6 "$OUT/parity.log"
 
 for tp in 1 2; do
   step "8b-tp$tp" 90 bench.log "$bin" bench model --model synthetic:llama3-8b --device cuda \
     --batch 1,32,64 --prompt-len 512 --decode-steps 32 --tensor-parallel "$tp" --json
 done
+step 8b-tp2-nographs 90 bench.log "$bin" bench model --model synthetic:llama3-8b --device cuda \
+  --batch 1,32,64 --prompt-len 512 --decode-steps 32 --tensor-parallel 2 --json --no-cuda-graphs
 grep '^{' "$OUT/bench.log"
 
 # A rank dies mid-run: the leader must stop with an error naming it, within seconds.

@@ -27,6 +27,13 @@ LlamaModelCuda::LlamaModelCuda(const ModelConfig&, uint64_t, TpShard, cuda::Nccl
 }
 LlamaModelCuda::~LlamaModelCuda() = default;
 int32_t LlamaModelCuda::num_local_kv_heads() const { return 0; }
+Tensor LlamaModelCuda::download_logits(const float*, int64_t) {
+  fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
+}
+std::vector<int32_t> LlamaModelCuda::download_greedy(const float*, int32_t) {
+  fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
+}
+bool LlamaModelCuda::idle() const { return true; }
 const float* LlamaModelCuda::forward_device(const ForwardBatch&, KvCache&) {
   fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
 }

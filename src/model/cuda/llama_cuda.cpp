@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
@@ -236,6 +237,8 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
     for (const SyntheticTensor& t : synthetic_tensors(c)) synthetic.emplace(t.name, t);
   }
   inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling);
+  if (const char* g = std::getenv("PAGEDATTN_CUDA_GRAPHS"); g && std::string(g) == "0")
+    use_graphs = false;  // a check of the plain launches against the graphs' results
   check_cublas(cublasCreate(&cublas), "cublasCreate");
   check_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
   check_cublas(cublasSetStream(cublas, stream), "cublasSetStream");
@@ -561,13 +564,20 @@ const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& 
     launch();
   }
   if (R > 0) return dl;  // the caller's download (or argmax) follows on the same stream
-  check_cuda(cudaStreamSynchronize(st), "forward");
+  // NOTE: a tensor-parallel rank's caller waits itself, watching the group while it does.
+  if (!m.comm) check_cuda(cudaStreamSynchronize(st), "forward");
   return nullptr;
 }
 
-Tensor LlamaModelCuda::forward(const ForwardBatch& batch, KvCache& cache) {
-  const float* dl = forward_device(batch, cache);
-  const int64_t R = int64_t(batch.logit_rows.size()), V = impl_->config.vocab_size;
+bool LlamaModelCuda::idle() const {
+  const cudaError_t e = cudaStreamQuery(impl_->stream);
+  if (e == cudaErrorNotReady) return false;
+  check_cuda(e, "forward");
+  return true;
+}
+
+Tensor LlamaModelCuda::download_logits(const float* dl, int64_t R) {
+  const int64_t V = impl_->config.vocab_size;
   if (!dl) return Tensor::empty({R, V}, DType::f32);
   Tensor logits = impl_->host_logits(R, V);
   check_cuda(cudaMemcpy(logits.data(), dl, logits.nbytes(), cudaMemcpyDeviceToHost),
@@ -575,9 +585,7 @@ Tensor LlamaModelCuda::forward(const ForwardBatch& batch, KvCache& cache) {
   return logits;
 }
 
-std::vector<int32_t> LlamaModelCuda::forward_greedy(const ForwardBatch& batch, KvCache& cache) {
-  const float* dl = forward_device(batch, cache);
-  const int32_t R = int32_t(batch.logit_rows.size());
+std::vector<int32_t> LlamaModelCuda::download_greedy(const float* dl, int32_t R) {
   std::vector<int32_t> ids(static_cast<size_t>(R));
   if (!dl) return ids;
   // NOTE: R ids instead of R x vocab logits: at batch 32 with a 128K vocabulary the logits are
@@ -587,6 +595,14 @@ std::vector<int32_t> LlamaModelCuda::forward_greedy(const ForwardBatch& batch, K
   check_cuda(cudaMemcpy(ids.data(), d_ids, size_t(R) * 4, cudaMemcpyDeviceToHost),
              "token ids download");
   return ids;
+}
+
+Tensor LlamaModelCuda::forward(const ForwardBatch& batch, KvCache& cache) {
+  return download_logits(forward_device(batch, cache), int64_t(batch.logit_rows.size()));
+}
+
+std::vector<int32_t> LlamaModelCuda::forward_greedy(const ForwardBatch& batch, KvCache& cache) {
+  return download_greedy(forward_device(batch, cache), int32_t(batch.logit_rows.size()));
 }
 
 }  // namespace pagedattn

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -86,6 +87,12 @@ class Leader final : public TensorParallelModel {
 
   ~Leader() override {
     link_->close();  // shutdown to every rank
+    if (!health().empty()) {
+      // NOTE: a collective of a failed group may never finish; freeing device memory would wait
+      // for it. The process's CUDA context goes with the process.
+      (void)shard_.release();
+      (void)comm_.release();
+    }
     shard_.reset();
     comm_.reset();
     for (pid_t pid : children_) {
@@ -116,12 +123,18 @@ class Leader final : public TensorParallelModel {
 
   Tensor forward(const ForwardBatch& batch, KvCache& cache) override {
     send_step(batch, cache);
-    return guarded([&] { return shard_->forward(batch, cache); });
+    return guarded([&] {
+      const float* dl = run_step(batch, cache);
+      return shard_->download_logits(dl, int64_t(batch.logit_rows.size()));
+    });
   }
 
   std::vector<int32_t> forward_greedy(const ForwardBatch& batch, KvCache& cache) override {
     send_step(batch, cache);
-    return guarded([&] { return shard_->forward_greedy(batch, cache); });
+    return guarded([&] {
+      const float* dl = run_step(batch, cache);
+      return shard_->download_greedy(dl, int32_t(batch.logit_rows.size()));
+    });
   }
 
   KvAbsMax kv_absmax(const std::vector<int32_t>&) override {
@@ -182,6 +195,18 @@ class Leader final : public TensorParallelModel {
       fail_group(std::string("rank 0 failed: ") + e.what());
       throw;
     }
+  }
+
+  // Enqueues rank 0's part of the step and waits for it without blocking in CUDA: a collective
+  // whose peer has died may never finish, so the wait watches the group and gives up when the
+  // watcher has failed it.
+  const float* run_step(const ForwardBatch& batch, KvCache& cache) {
+    const float* dl = shard_->forward_device(batch, cache);
+    while (!shard_->idle()) {
+      throw_if_failed();
+      std::this_thread::yield();
+    }
+    return dl;
   }
 
   void send_step(const ForwardBatch& batch, KvCache& cache) {
@@ -273,13 +298,21 @@ int run_tensor_parallel_worker(const TensorParallelOptions& o) {
       if (model->cuda_graphs() != m.cuda_graphs) model->set_cuda_graphs(m.cuda_graphs);
       model->validate(m.batch, *cache);
       model->forward_device(m.batch, *cache);
-      PA_CHECK(cudaDeviceSynchronize() == cudaSuccess, kOp, ": rank ", o.rank, " step failed");
-      PA_CHECK(!c->aborted(), kOp, ": the group was stopped");
+      // NOTE: polled, not synchronized: when the group fails mid-collective the step may never
+      // finish; the watcher has aborted the communicator and this rank leaves.
+      while (!model->idle()) {
+        if (c->aborted()) {
+          std::fprintf(stderr, "pagedattn: rank %d: the group was stopped mid-step\n", o.rank);
+          std::_Exit(1);
+        }
+        std::this_thread::yield();
+      }
     }
     link->close();
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pagedattn: rank %d: %s\n", o.rank, e.what());
+    std::fflush(stderr);
     if (link) {
       const std::string msg = e.what();
       try {
