@@ -117,7 +117,10 @@ TEST(TensorParallelCuda, WorldOfOneIsBitIdentical) {
   }
 }
 
-// Two ranks on GPUs 0 and 1 against the plain runner on GPU 0.
+// Two ranks on GPUs 0 and 1 against the plain runner on GPU 0. The ranks' products sum in
+// another order (and cuBLAS picks other kernels for the narrower matrices), which moves the bf16
+// roundings of the activations: logits agree within bf16's relative step (2^-7), greedy tokens
+// exactly.
 void expect_two_ranks_match_one(const ModelConfig& c, float tol) {
   const Script s = make_script(c.vocab_size, 9);
   cudaSetDevice(0);
@@ -198,7 +201,7 @@ TEST(TensorParallelCuda, TwoRanksMatchOneGpu) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
   for (const char* variant : {"llama", "qwen2", "qwen3", "mistral"}) {
     SCOPED_TRACE(variant);
-    expect_two_ranks_match_one(gpu_config(variant), 2e-3f);
+    expect_two_ranks_match_one(gpu_config(variant), 1e-2f);
   }
 }
 
@@ -208,7 +211,7 @@ TEST(TensorParallelCuda, TwoRanksMatchOneGpuAtLlama3_8bShapes) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
   ModelConfig c = synthetic_model_config("synthetic:llama3-8b");
   c.num_layers = 4;  // the shapes of every layer; four of them keep the test short
-  expect_two_ranks_match_one(c, 2e-3f);
+  expect_two_ranks_match_one(c, 1e-2f);
 }
 
 #else

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -172,7 +173,10 @@ class Leader final : public TensorParallelModel {
     PA_CHECK(f.empty(), kOp, ": the group has failed: ", f);
   }
 
-  // Ends the group: every pending collective returns, the other ranks are told to stop.
+  // Ends the group: the step in progress gives up (run_step polls), every later one throws, and
+  // the other ranks are told to stop when this runner goes.
+  // NOTE: no ncclCommAbort here: it can block while a collective waits for a dead peer, and this
+  // runs on the link's watcher thread, which close() joins.
   void fail_group(const std::string& why) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -180,7 +184,6 @@ class Leader final : public TensorParallelModel {
       failure_ = why;
     }
     std::fprintf(stderr, "pagedattn: tensor parallel: %s; the group is stopped\n", why.c_str());
-    if (comm_) comm_->abort();
   }
 
   // Runs rank 0's part of a step; any failure (here or, through the watcher, on another rank)
@@ -249,7 +252,7 @@ std::unique_ptr<Model> create_tensor_parallel_model(const std::string& model,
 }
 
 int run_tensor_parallel_worker(const TensorParallelOptions& o) {
-  std::unique_ptr<tp::WorkerLink> link;
+  std::unique_ptr<tp::WorkerLink> link;  // declared first: destroyed last
   std::unique_ptr<cuda::NcclComm> comm;
   try {
     PA_CHECK(o.rank >= 1 && o.rank < o.world_size, kOp, ": --rank ", o.rank,
@@ -264,9 +267,10 @@ int run_tensor_parallel_worker(const TensorParallelOptions& o) {
     set_device(o.rank, o.cuda_device);
     comm = std::make_unique<cuda::NcclComm>(to_id(im.nccl_id), o.world_size, o.rank);
     cuda::NcclComm* c = comm.get();
-    link->watch([c](const std::string& why) {
+    auto group_failed = std::make_shared<std::atomic<bool>>(false);
+    link->watch([group_failed](const std::string& why) {
       std::fprintf(stderr, "pagedattn: tensor parallel: %s\n", why.c_str());
-      c->abort();
+      *group_failed = true;
     });
     std::unique_ptr<LlamaModelCuda> model = load_shard(im.model, TpShard{o.rank, o.world_size}, c);
     std::unique_ptr<KvCache> cache;
@@ -301,7 +305,7 @@ int run_tensor_parallel_worker(const TensorParallelOptions& o) {
       // NOTE: polled, not synchronized: when the group fails mid-collective the step may never
       // finish; the watcher has aborted the communicator and this rank leaves.
       while (!model->idle()) {
-        if (c->aborted()) {
+        if (group_failed->load()) {
           std::fprintf(stderr, "pagedattn: rank %d: the group was stopped mid-step\n", o.rank);
           std::_Exit(1);
         }
