@@ -32,6 +32,7 @@ namespace pagedattn {
 namespace {
 
 constexpr const char* kOp = "tensor parallel";
+constexpr double kExitGraceSeconds = 5;  // a failed group's rank 0 exits this long after
 
 void set_device(int32_t rank, int32_t wanted) {
   int count = 0;
@@ -184,6 +185,16 @@ class Leader final : public TensorParallelModel {
       failure_ = why;
     }
     std::fprintf(stderr, "pagedattn: tensor parallel: %s; the group is stopped\n", why.c_str());
+    // NOTE: a collective waiting for a dead peer never finishes, and every later CUDA call that
+    // synchronizes (freeing the cache's pools, for one) would wait for it: the process cannot
+    // outlive the group cleanly. It reports the failure (Model::health, /health of a server, the
+    // errors of the requests in flight) for kExitGraceSeconds, then exits with status 1.
+    std::thread([why] {
+      std::this_thread::sleep_for(std::chrono::duration<double>(kExitGraceSeconds));
+      std::fprintf(stderr, "pagedattn: tensor parallel: exiting: %s\n", why.c_str());
+      std::fflush(stderr);
+      std::_Exit(1);
+    }).detach();
   }
 
   // Runs rank 0's part of a step; any failure (here or, through the watcher, on another rank)
