@@ -51,6 +51,8 @@ void run_serve(ServeArgs a) {
   }
   PA_CHECK(a.tensor_parallel == 1 || a.tp.world_size == 1, "serve: give --tensor-parallel (",
            "workers spawned here) or --world-size (ranks started by a launcher), not both");
+  PA_CHECK(a.tp.world_size == 1 || !a.tp.init_addr.empty(), "serve: --world-size ",
+           a.tp.world_size, " needs --init-addr host:port (where rank 0 listens for the others)");
   require_tokenizer(a.model, "serve");
   PA_CHECK(std::filesystem::exists(a.model), "serve: --model '", a.model,
            "' does not exist (fetch the default model with scripts/fetch-default-model.sh)");
@@ -80,8 +82,6 @@ void run_serve(ServeArgs a) {
       model = load_model(a.model, device, a.tensor_parallel);
     } else if (a.tp.world_size > 1) {
       PA_CHECK(device == Device::cuda, "serve: --world-size needs --device cuda");
-      PA_CHECK(!a.tp.init_addr.empty(), "serve: --world-size ", a.tp.world_size,
-               " needs --init-addr host:port (where this rank 0 listens for the others)");
       model = create_tensor_parallel_model(a.model, a.tp);
     } else {
       const ModelFile file = load_model_file(a.model, weight_format_for(device));

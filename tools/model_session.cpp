@@ -140,6 +140,8 @@ void register_tp_worker(CLI::App& app) {
   cmd->add_option("--world-size", o->world_size, "Ranks in the group")->required();
   cmd->add_option("--init-addr", o->init_addr, "host:port where rank 0 listens")->required();
   cmd->add_option("--cuda-device", o->cuda_device, "CUDA device (default: rank % devices)");
+  cmd->add_option("--connect-timeout", o->connect_timeout_s, "Seconds to reach rank 0")
+      ->capture_default_str();
   cmd->callback([o] { set_exit_code(run_tensor_parallel_worker(*o)); });
 }
 

@@ -53,7 +53,7 @@ kill_test() {
   local leader=$! t0
   sleep 20
   grep -q "kv cache" "$OUT/kill.out" || { echo "the run had not started decoding:"; cat "$OUT/kill.out"; }
-  pkill -9 -f 'tp-worker --rank 1' && echo "killed rank 1 at $(date +%T)"
+  pkill -9 -f 'tp-worke[r] --rank 1' && echo "killed rank 1 at $(date +%T)"
   t0=$(date +%s)
   for _ in $(seq 1 60); do kill -0 "$leader" 2>/dev/null || break; sleep 0.5; done
   if kill -0 "$leader" 2>/dev/null; then

@@ -97,13 +97,14 @@ TEST(SyntheticPresets, AnUnknownNameListsTheKnownOnes) {
         +[] { create_synthetic_model("synthetic:nope", Device::cpu); }}) {
     const std::string e = error_of(f);
     ASSERT_FALSE(e.empty()) << "no Error";
-    for (const char* name : {"synthetic:llama3-8b", "synthetic:smollm2-135m", "synthetic:tiny"}) {
+    for (const char* name : {"synthetic:llama3-8b", "synthetic:llama3-70b", "synthetic:smollm2-135m",
+                             "synthetic:tiny"}) {
       EXPECT_NE(e.find(name), std::string::npos) << e;
     }
   }
   EXPECT_NE(error_of(+[] {
-              synthetic_model_config("synthetic:llama3-70b");
-            }).find("'synthetic:llama3-70b' is not a known preset"),
+              synthetic_model_config("synthetic:llama3-405b");
+            }).find("'synthetic:llama3-405b' is not a known preset"),
             std::string::npos);
 }
 

@@ -69,6 +69,12 @@ class Leader final : public TensorParallelModel {
     std::string why;
     PA_CHECK(cuda::nccl_available(&why), kOp, ": ", why);
     if (is_synthetic_model(model)) tp_slices(synthetic_model_config(model), TpShard{0, world_});
+    if (!o.worker_argv.empty()) {  // every rank on this host: one GPU each
+      int count = 0;
+      if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+      PA_CHECK(count >= world_, kOp, ": ", world_, " ranks on this host need ", world_,
+               " CUDA devices, ", count, " visible");
+    }
     const std::string addr = o.init_addr.empty() ? "127.0.0.1:0" : o.init_addr;
     link_ = std::make_unique<tp::LeaderLink>(addr);
     const std::string worker_addr =
