@@ -121,7 +121,9 @@ TEST(TensorParallelCuda, WorldOfOneIsBitIdentical) {
 // another order (and cuBLAS picks other kernels for the narrower matrices), which moves the bf16
 // roundings of the activations: logits agree within bf16's relative step (2^-7), greedy tokens
 // exactly.
-void expect_two_ranks_match_one(const ModelConfig& c, float tol) {
+// from_file: the ranks slice a host file of the same weights (the loader's path for checkpoints)
+// instead of filling their slices on the device.
+void expect_two_ranks_match_one(const ModelConfig& c, float tol, bool from_file = false) {
   const Script s = make_script(c.vocab_size, 9);
   cudaSetDevice(0);
   std::vector<std::vector<std::vector<float>>> want;
@@ -153,9 +155,12 @@ void expect_two_ranks_match_one(const ModelConfig& c, float tol) {
     for (auto& th : t) th.join();
     for (int r = 0; r < 2; ++r) ASSERT_EQ(err[r], "") << "rank " << r;
   };
+  const ModelFile file = from_file ? make_hashed_synthetic_model_file(c, 21) : ModelFile{};
   on_each_rank([&](int r) {
     comm[r] = std::make_unique<cuda::NcclComm>(id, 2, r);
-    model[r] = std::make_unique<LlamaModelCuda>(c, 21, TpShard{r, 2}, comm[r].get());
+    model[r] = from_file
+                   ? std::make_unique<LlamaModelCuda>(file, TpShard{r, 2}, comm[r].get())
+                   : std::make_unique<LlamaModelCuda>(c, 21, TpShard{r, 2}, comm[r].get());
     cache[r] = std::make_unique<KvCache>(cache_for(c, model[r]->num_local_kv_heads()));
     // NOTE: two ranks in one process: plain launches (the process-level runs, one rank per
     // process as the CLI starts them, replay CUDA graphs: scripts/device/tensor-parallel.sh).
@@ -202,6 +207,16 @@ TEST(TensorParallelCuda, TwoRanksMatchOneGpu) {
   for (const char* variant : {"llama", "qwen2", "qwen3", "mistral"}) {
     SCOPED_TRACE(variant);
     expect_two_ranks_match_one(gpu_config(variant), 1e-2f);
+  }
+}
+
+TEST(TensorParallelCuda, TwoRanksSlicingAFileMatchOneGpu) {
+  PA_SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_NCCL();
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  for (const char* variant : {"llama", "qwen2", "qwen3"}) {
+    SCOPED_TRACE(variant);
+    expect_two_ranks_match_one(gpu_config(variant), 1e-2f, /*from_file=*/true);
   }
 }
 
