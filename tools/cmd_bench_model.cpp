@@ -16,6 +16,7 @@
 #include "cli.h"
 #include "cuda_bandwidth.h"
 #include "model_session.h"
+#include "pagedattn/tensor_parallel.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/error.h"
 #include "pagedattn/llama_cuda.h"
@@ -63,6 +64,7 @@ struct BatchResult {
   double prefill_s = 0;
   double decode_s = 0;  // the greedy decode steps: forward and argmax (on the device on CUDA)
   double floor_s = 0, kv_bytes_mean = 0;  // CUDA
+  double collective_ms = -1;               // tensor parallel: collectives of one decode step
 };
 
 // Prefills `batch` random prompts of prompt_len tokens, then runs decode_steps greedy steps, all
@@ -134,6 +136,10 @@ void print_result(const BenchModelArgs& a, const SessionOptions& so, const Engin
           floor_ms, pct,
           a.no_cuda_graphs ? "false" : "true");
     }
+    if (r.collective_ms >= 0) {
+      std::printf(",\"tensor_parallel\":%d,\"collective_ms_per_step\":%.3f",
+                  so.tensor_parallel, r.collective_ms);
+    }
     std::printf("}\n");
   } else {
     std::printf(
@@ -144,6 +150,10 @@ void print_result(const BenchModelArgs& a, const SessionOptions& so, const Engin
     if (floor) {
       std::printf("; floor %.3f ms/step (%.2f GB weights + %.3f GB K/V): %.1f%% of floor", floor_ms,
                   double(floor->weight_bytes) / 1e9, r.kv_bytes_mean / 1e9, pct);
+    }
+    if (r.collective_ms >= 0) {
+      std::printf("; %d GPUs, collectives alone %.3f ms/step", so.tensor_parallel,
+                  r.collective_ms);
     }
     std::printf("\n");
   }
@@ -191,16 +201,21 @@ void run_bench_model(const BenchModelArgs& a) {
   // weights at --prompt-len 32768): it measures speed, not quality.
   ec.max_model_len = a.prompt_len + a.decode_steps + 1;
   // NOTE: the runner's knobs are set before the engine is built (its steps use them).
+  TensorParallelModel* tp_runner = nullptr;  // owned by the engine below
   auto tune = [&](Model& model) {
     if (!floor) return;
-    auto* cuda_model = dynamic_cast<LlamaModelCuda*>(&model);
+    // NOTE: with tensor parallelism every rank reads its own slice at once: the floor is one
+    // rank's bytes (rank 0's; every rank holds the same amount but the vocabulary's remainder).
+    auto* tp_model = dynamic_cast<TensorParallelModel*>(&model);
+    tp_runner = tp_model;
+    auto* cuda_model = tp_model ? &tp_model->shard() : dynamic_cast<LlamaModelCuda*>(&model);
     PA_CHECK(cuda_model, "bench model: the CUDA runner is not LlamaModelCuda");
     const ModelConfig& c = model.config();
     floor->weight_bytes = cuda_model->step_weight_bytes();
     if (a.no_cuda_graphs) cuda_model->set_cuda_graphs(false);
     const DType kv = resolve_kv_dtype(so.kv_cache_dtype, Device::cuda);
-    floor->kv_token_bytes =
-        size_t(c.num_layers) * 2 * size_t(c.num_kv_heads) * size_t(c.head_dim) * dtype_size(kv);
+    floor->kv_token_bytes = size_t(c.num_layers) * 2 * size_t(cuda_model->num_local_kv_heads()) *
+                            size_t(c.head_dim) * dtype_size(kv);
   };
   EngineSession session = open_engine(so, ec, tune);
   Engine& m = *session.engine;
@@ -217,6 +232,7 @@ void run_bench_model(const BenchModelArgs& a) {
     }
     BatchResult r = run_batch(m, B, a.prompt_len, a.decode_steps, gen);
     if (floor) r.floor_s = floor->seconds(B, a.prompt_len, a.decode_steps, &r.kv_bytes_mean);
+    if (tp_runner) r.collective_ms = 1e3 * tp_runner->collective_seconds(B, B, 20);
     print_result(a, so, m, r, floor.get());
   }
 }

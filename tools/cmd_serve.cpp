@@ -18,6 +18,7 @@
 #include "pagedattn/error.h"
 #include "pagedattn/model.h"
 #include "pagedattn/server.h"
+#include "pagedattn/tensor_parallel.h"
 #include "pagedattn/tokenizer.h"
 
 namespace pagedattn::tools {
@@ -32,6 +33,8 @@ struct ServeArgs {
   EngineConfig engine;
   bool no_prefix_cache = false;
   std::string kv_cache_memory;  // MiB, a fraction or a percentage of free memory
+  int32_t tensor_parallel = 1;  // GPUs on this host, workers spawned
+  TensorParallelOptions tp;     // --rank / --world-size / --init-addr: an external launcher's
 };
 
 Device pick_device(const std::string& d) {
@@ -42,6 +45,14 @@ Device pick_device(const std::string& d) {
 }
 
 void run_serve(ServeArgs a) {
+  if (a.tp.rank > 0) {  // a worker rank started by a launcher: it follows rank 0, serves nothing
+    set_exit_code(run_tensor_parallel_worker(a.tp));
+    return;
+  }
+  PA_CHECK(a.tensor_parallel == 1 || a.tp.world_size == 1, "serve: give --tensor-parallel (",
+           "workers spawned here) or --world-size (ranks started by a launcher), not both");
+  PA_CHECK(a.tp.world_size == 1 || !a.tp.init_addr.empty(), "serve: --world-size ",
+           a.tp.world_size, " needs --init-addr host:port (where rank 0 listens for the others)");
   require_tokenizer(a.model, "serve");
   PA_CHECK(std::filesystem::exists(a.model), "serve: --model '", a.model,
            "' does not exist (fetch the default model with scripts/fetch-default-model.sh)");
@@ -67,8 +78,15 @@ void run_serve(ServeArgs a) {
   std::unique_ptr<Model> model;
   {
     const Device device = pick_device(a.device);
-    const ModelFile file = load_model_file(a.model, weight_format_for(device));
-    model = create_model(file, device);
+    if (a.tensor_parallel > 1) {
+      model = load_model(a.model, device, a.tensor_parallel);
+    } else if (a.tp.world_size > 1) {
+      PA_CHECK(device == Device::cuda, "serve: --world-size needs --device cuda");
+      model = create_tensor_parallel_model(a.model, a.tp);
+    } else {
+      const ModelFile file = load_model_file(a.model, weight_format_for(device));
+      model = create_model(file, device);
+    }
   }
   auto tok = std::make_shared<Tokenizer>(load_tokenizer(a.model));
   a.engine.enable_prefix_cache = !a.no_prefix_cache;
@@ -107,6 +125,19 @@ void register_serve(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server");
   cmd->add_option("--model", a->model, "GGUF file or Hugging Face folder")->capture_default_str();
   cmd->add_option("--device", a->device, "auto | cpu | cuda")->capture_default_str();
+  cmd->add_option("--tensor-parallel", a->tensor_parallel,
+                 "Split the model over this many GPUs of this host, one process each (NCCL)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cmd->add_option("--world-size", a->tp.world_size,
+                  "Ranks of a tensor-parallel group started by a launcher (several hosts)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--rank", a->tp.rank, "This process's rank in that group (0 serves)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--init-addr", a->tp.init_addr,
+                  "host:port where rank 0 listens for the other ranks");
+  cmd->add_option("--cuda-device", a->tp.cuda_device, "CUDA device of this rank (default: rank % "
+                  "devices)");
   cmd->add_option("--served-model-name", a->served_model_name,
                   "Model id in the API (default: the file's stem)");
   cmd->add_option("--host", a->server.host, "Address to listen on")->capture_default_str();

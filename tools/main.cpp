@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "cli.h"
+#include "model_session.h"
 
 namespace pagedattn::tools {
 namespace {
@@ -24,6 +25,7 @@ int main(int argc, char** argv) {
   t::register_generate(app, *bench);
   t::register_bench_serve(*bench);
   t::register_serve(app);
+  t::register_tp_worker(app);
 
   try {
     app.parse(argc, argv);

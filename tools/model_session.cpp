@@ -4,9 +4,11 @@
 #include <filesystem>
 #include <iostream>
 
+#include "cli.h"
 #include "pagedattn/error.h"
 #include "pagedattn/model_file.h"
 #include "pagedattn/synthetic_model.h"
+#include "pagedattn/tensor_parallel.h"
 
 namespace pagedattn::tools {
 
@@ -17,7 +19,21 @@ Device resolve_device(const std::string& name) {
   return cuda_device_count() > 0 ? Device::cuda : Device::cpu;
 }
 
-std::unique_ptr<Model> load_model(const std::string& model, Device device) {
+std::vector<std::string> tp_worker_argv() { return {"/proc/self/exe", "tp-worker"}; }
+
+std::unique_ptr<Model> load_model(const std::string& model, Device device,
+                                  int32_t tensor_parallel) {
+  PA_CHECK(tensor_parallel >= 1, "--tensor-parallel must be at least 1, got ", tensor_parallel);
+  if (tensor_parallel > 1) {
+    PA_CHECK(device == Device::cuda, "--tensor-parallel ", tensor_parallel,
+             " needs --device cuda (one GPU per rank)");
+    PA_CHECK(is_synthetic_model(model) || std::filesystem::exists(model), "--model: '", model,
+             "' does not exist");
+    TensorParallelOptions o;
+    o.world_size = tensor_parallel;
+    o.worker_argv = tp_worker_argv();
+    return create_tensor_parallel_model(model, o);
+  }
   if (is_synthetic_model(model)) return create_synthetic_model(model, device);
   PA_CHECK(std::filesystem::exists(model), "--model: '", model,
            "' does not exist (fetch the default model with scripts/fetch-default-model.sh)");
@@ -34,7 +50,7 @@ void require_tokenizer(const std::string& model, const char* command) {
 void add_session_options(CLI::App& cmd, SessionOptions& opt) {
   cmd.add_option("--model", opt.model,
                  "A .gguf file, a Hugging Face folder or synthetic:NAME (random weights, no "
-                 "tokenizer: synthetic:llama3-8b, synthetic:smollm2-135m, synthetic:tiny)")
+                 "tokenizer: synthetic:llama3-8b, synthetic:llama3-70b, synthetic:smollm2-135m, synthetic:tiny)")
       ->capture_default_str();
   cmd.add_option("--device", opt.device, "auto (cuda when a CUDA device is usable), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
@@ -42,6 +58,10 @@ void add_session_options(CLI::App& cmd, SessionOptions& opt) {
   cmd.add_option("--kv-cache-dtype", opt.kv_cache_dtype,
                  "auto (the compute dtype), fp8 (e4m3, calibrated scales), f32, f16 or bf16")
       ->check(CLI::IsMember({"auto", "fp8", "f32", "f16", "bf16"}))
+      ->capture_default_str();
+  cmd.add_option("--tensor-parallel", opt.tensor_parallel,
+                 "CUDA: split the model over this many GPUs, one process each (NCCL)")
+      ->check(CLI::Range(1, 64))
       ->capture_default_str();
   cmd.add_flag("--exact-matmul", opt.exact_matmul,
                "CPU: f32 activations against the dequantised weights instead of int8 activation "
@@ -72,7 +92,8 @@ EngineSession open_engine(const SessionOptions& opt, EngineConfig config,
   PA_CHECK(opt.page_size > 0 && opt.kv_tokens > 0 && opt.prefill_chunk > 0,
            "open_engine: page_size, kv_tokens and prefill_chunk must be positive");
   const auto t0 = std::chrono::steady_clock::now();
-  std::unique_ptr<Model> model = load_model(opt.model, resolve_device(opt.device));
+  std::unique_ptr<Model> model =
+      load_model(opt.model, resolve_device(opt.device), opt.tensor_parallel);
   if (tune) tune(*model);
   EngineSession s;
   if (expects_tokenizer(opt.model))
@@ -109,6 +130,19 @@ EngineSession open_engine(const SessionOptions& opt, EngineConfig config,
               << dtype_name(kc.dtype) << ", " << mib << " MiB\n";
   }
   return s;
+}
+
+void register_tp_worker(CLI::App& app) {
+  auto o = std::make_shared<TensorParallelOptions>();
+  CLI::App* cmd = app.add_subcommand("tp-worker", "");  // hidden: started by rank 0 or a launcher
+  cmd->group("");
+  cmd->add_option("--rank", o->rank, "This process's rank (1 .. world size - 1)")->required();
+  cmd->add_option("--world-size", o->world_size, "Ranks in the group")->required();
+  cmd->add_option("--init-addr", o->init_addr, "host:port where rank 0 listens")->required();
+  cmd->add_option("--cuda-device", o->cuda_device, "CUDA device (default: rank % devices)");
+  cmd->add_option("--connect-timeout", o->connect_timeout_s, "Seconds to reach rank 0")
+      ->capture_default_str();
+  cmd->callback([o] { set_exit_code(run_tensor_parallel_worker(*o)); });
 }
 
 }  // namespace pagedattn::tools

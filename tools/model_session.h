@@ -29,6 +29,7 @@ struct SessionOptions {
   int32_t prefill_chunk = 2048;  // most tokens per forward step (max_num_batched_tokens)
   bool quiet = false;            // no load summary on stderr
   bool exact_matmul = false;     // CPU: f32 activations against the dequantised weights
+  int32_t tensor_parallel = 1;   // CUDA: GPUs (processes) the model is split over
 };
 
 // Adds --model, --device, --kv-cache-dtype and --exact-matmul to a command.
@@ -37,7 +38,15 @@ void add_session_options(CLI::App& cmd, SessionOptions& opt);
 Device resolve_device(const std::string& name);
 // The runner of --model on device: a .gguf file, a Hugging Face folder or synthetic:NAME
 // (synthetic_model.h). Throws Error naming what is wrong (a missing path, an unknown preset).
-std::unique_ptr<Model> load_model(const std::string& model, Device device);
+// tensor_parallel > 1 (CUDA): rank 0 of a group whose other ranks this process spawns (the hidden
+// `tp-worker` command), each on its own GPU (tensor_parallel.h).
+std::unique_ptr<Model> load_model(const std::string& model, Device device,
+                                  int32_t tensor_parallel = 1);
+// The worker command rank 0 spawns: this executable's `tp-worker`.
+std::vector<std::string> tp_worker_argv();
+// `pagedattn tp-worker --rank R --world-size N --init-addr HOST:PORT [--cuda-device D]`: one rank
+// of a tensor-parallel group (spawned by rank 0, or started by a launcher on another host).
+void register_tp_worker(CLI::App& app);
 // Throws Error when --model cannot have a tokenizer (a synthetic model), naming the command that
 // needs one; called before anything is loaded.
 void require_tokenizer(const std::string& model, const char* command);

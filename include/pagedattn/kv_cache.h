@@ -37,6 +37,14 @@ struct KvCacheConfig {
   DType dtype = DType::f32;  // f32 | f16 | bf16 | fp8_e4m3
   Device device = Device::cpu;
   bool enable_prefix_cache = true;
+  // Keep a log of the copy-on-write page copies (take_page_copies): a tensor-parallel leader
+  // replays them on the other ranks' pools.
+  bool record_page_copies = false;
+};
+
+// Slots [0, filled) of every head of page src copied into page dst, in every layer's K and V.
+struct PageCopy {
+  int32_t dst = 0, src = 0, filled = 0;
 };
 
 struct KvCacheStats {
@@ -103,6 +111,11 @@ class KvCache {
   void set_scales(int32_t layer, std::span<const float> k_scale, std::span<const float> v_scale);
   // True when writes are allowed: a non-fp8 cache, or an fp8 cache with every layer's scales set.
   bool scales_set() const;
+  // The copy-on-write copies made since the last call (config.record_page_copies; else empty).
+  std::vector<PageCopy> take_page_copies();
+  // Makes one such copy in the pools (a follower's cache, which has no sequences). Error for pages
+  // outside the pool or filled outside [0, page_size].
+  void copy_page_prefix(const PageCopy& copy);
 
   KvCacheStats stats() const;
   int32_t refcount(int32_t page) const;

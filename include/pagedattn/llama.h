@@ -67,7 +67,6 @@ class LlamaModel : public Model {
     std::vector<float> x, h, q, k, v, attn, gate, up;
     cpu::MatmulInput in;  // the activations of the current products
     std::vector<float> rope_cos, rope_sin;  // [num_tokens, head_dim / 2]
-    std::vector<int32_t> kv_len, block_table;
   };
 
   void run_layer(const Layer& w, int32_t layer, int32_t num_tokens, const BatchLayout& layout,

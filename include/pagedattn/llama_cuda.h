@@ -24,8 +24,13 @@
 #include <vector>
 
 #include "pagedattn/model.h"
+#include "pagedattn/tensor_parallel.h"
 
 namespace pagedattn {
+
+namespace cuda {
+class NcclComm;
+}
 
 class LlamaModelCuda : public Model {
  public:
@@ -37,6 +42,11 @@ class LlamaModelCuda : public Model {
   // LlamaModelCuda(make_hashed_synthetic_model_file(config, seed)). Validates the config like
   // LlamaModel ("LlamaModelCuda: ...").
   LlamaModelCuda(const ModelConfig& config, uint64_t seed);
+  // One rank's shard of either (tensor_parallel.h): only its slice of every weight is uploaded (or
+  // filled); forward runs the group's collectives on `comm` (this process's rank; the current CUDA
+  // device is the rank's). The cache must hold the rank's KV heads (num_local_kv_heads).
+  LlamaModelCuda(const ModelFile& file, TpShard shard, cuda::NcclComm* comm);
+  LlamaModelCuda(const ModelConfig& config, uint64_t seed, TpShard shard, cuda::NcclComm* comm);
   ~LlamaModelCuda() override;
   LlamaModelCuda(const LlamaModelCuda&) = delete;
   LlamaModelCuda& operator=(const LlamaModelCuda&) = delete;
@@ -54,6 +64,20 @@ class LlamaModelCuda : public Model {
   // rules and messages, prefixed "LlamaModelCuda::forward"; the cache must be a CUDA one).
   void validate(const ForwardBatch& batch, const KvCache& cache) const;
 
+  // KV heads in this runner's cache: all of them, or a tensor-parallel rank's.
+  int32_t num_local_kv_heads() const;
+
+  // forward's work up to the logits, which stay on the device: returns them [R, vocab] f32 there,
+  // or null when there are no logit rows (then the step has been synchronised). Every rank of a
+  // tensor-parallel group calls it with the same batch.
+  const float* forward_device(const ForwardBatch& batch, KvCache& cache);
+  // The rest of forward / forward_greedy after forward_device: the logits [rows, vocab] to the host,
+  // or each row's argmax id (only the ids downloaded). Both block until the step is done.
+  Tensor download_logits(const float* device_logits, int64_t rows);
+  std::vector<int32_t> download_greedy(const float* device_logits, int32_t rows);
+  // Whether every step enqueued so far has finished (never blocks).
+  bool idle() const;
+
   // Bytes of the device weights (bf16 matrices, f32 norms and biases).
   size_t weight_bytes() const;
   // Of those, the bytes every forward step reads in full: all but the embedding table when the
@@ -67,8 +91,13 @@ class LlamaModelCuda : public Model {
   // the second time in a row they occur (same batch size, scratch buffers and attention launch
   // shapes) and replayed while they recur, so the host's launch calls leave the step (they bound
   // small models' steps). On by default. Results are the same
-  // bits either way.
+  // bits either way. PAGEDATTN_CUDA_GRAPHS=0 in the environment starts with them off.
   void set_cuda_graphs(bool enabled);
+  bool cuda_graphs() const;
+  // Tensor parallelism: the median seconds of the collectives of one step of `tokens` tokens and
+  // `logit_rows` logit rows, run alone `reps` times (every rank must call it with the same
+  // arguments). 0 without a communicator.
+  double time_collectives(int32_t tokens, int32_t logit_rows, int32_t reps);
   struct GraphStats {
     size_t captures = 0;  // graphs captured
     size_t replays = 0;   // steps run from an already captured graph
@@ -78,9 +107,6 @@ class LlamaModelCuda : public Model {
   struct Impl;
 
  private:
-  // forward's work up to the logits, which stay on the device: returns them [R, vocab] f32 there,
-  // or null when there are no logit rows (then the step has been synchronised).
-  const float* forward_device(const ForwardBatch& batch, KvCache& cache);
 
   std::unique_ptr<Impl> impl_;
 };

@@ -3,9 +3,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
+#include "pagedattn/paged_kv.h"
 #include "pagedattn/kv_cache.h"
 #include "pagedattn/model_file.h"
 #include "pagedattn/tensor.h"
@@ -14,9 +16,12 @@ namespace pagedattn {
 
 class Tokenizer;
 
-// One step's batch, built by the scheduler (a calibration pass builds its own). Sequence b's new
-// tokens are rows q_indptr[b] .. q_indptr[b+1] of tokens/positions/slots; the cache already holds
-// their slots (KvCache::append_slots) and kv_len(seqs[b]) counts them.
+// One step's batch, built once by the scheduler (a calibration pass builds its own) and trusted by
+// the runners. Sequence b's new tokens are rows q_indptr[b] .. q_indptr[b+1] of
+// tokens/positions/slots; the cache already holds their slots (KvCache::append_slots), and the
+// attention layout (kv_len, padded block tables) is the cache's as it stands after those appends
+// (set_attention_layout). A runner reads nothing else of the cache's bookkeeping, only its pools:
+// so a tensor-parallel worker, whose cache has no sequences, runs the leader's batch as it is.
 struct ForwardBatch {
   std::vector<SeqId> seqs;          // [num_seqs]
   std::vector<int32_t> q_indptr;    // [num_seqs + 1]
@@ -24,7 +29,21 @@ struct ForwardBatch {
   std::vector<int32_t> positions;   // [num_tokens]
   std::vector<int32_t> slots;       // [num_tokens]
   std::vector<int32_t> logit_rows;  // token rows whose logits are wanted (usually each seq's last)
+  std::vector<int32_t> kv_len;       // [num_seqs] tokens in the cache, the new ones included
+  std::vector<int32_t> block_table;  // [num_seqs, max_pages] page ids, padded with 0
+  int32_t max_pages = 0;             // >= 1 once the layout is set
 };
+
+// Fills batch.kv_len / block_table / max_pages from the cache (after append_slots). Error when a
+// sequence of the batch is not in the cache.
+void set_attention_layout(ForwardBatch& batch, const KvCache& cache);
+// The batch's layout as the attention operator takes it (pointers into the batch).
+BatchLayout attention_layout(const ForwardBatch& batch);
+// Checks a batch on its own and against a cache of page_size x num_pages and a model of vocab_size:
+// index arrays consistent, tokens in the vocabulary, positions kv_len - q_len + j, slots where the
+// block table puts those positions, page ids inside the pool. Error messages start with `op`.
+void check_forward_batch(const ForwardBatch& batch, int32_t vocab_size, int32_t page_size,
+                         int32_t num_pages, const char* op);
 
 class Model {
  public:
@@ -49,6 +68,12 @@ class Model {
   // CPU: f32 activations against the dequantised weights instead of int8 activation blocks
   // (slower, no activation rounding). Runners without that choice ignore it.
   virtual void set_exact_matmul(bool) {}
+  // The cache this runner needs, from the engine's choice: a tensor-parallel runner keeps only its
+  // rank's KV heads and asks for a log of page copies to replay on the other ranks.
+  virtual void adapt_cache_config(KvCacheConfig&) const {}
+  // Empty while the runner can run; else why it cannot (a tensor-parallel rank has failed).
+  // Callable from any thread.
+  virtual std::string health() const { return ""; }
 };
 
 // A short built-in English text for the fp8 calibration pass.

@@ -79,6 +79,10 @@ Engine::Engine(std::unique_ptr<Model> model, const EngineConfig& config, DecodeF
   kc.num_kv_heads = mc.num_kv_heads;
   kc.head_dim = mc.head_dim;
   kc.page_size = config.page_size;
+  model_->adapt_cache_config(kc);
+  // The pages' bytes are this process's: a tensor-parallel rank holds only its KV heads.
+  ModelConfig page_shape = mc;
+  page_shape.num_kv_heads = kc.num_kv_heads;
   if (config.kv_cache_tokens == 0 && config.kv_cache_memory_mib == 0 &&
       config.kv_cache_memory_fraction != 0) {
     const int64_t free_b = free_memory_bytes(model_->device());
@@ -90,9 +94,9 @@ Engine::Engine(std::unique_ptr<Model> model, const EngineConfig& config, DecodeF
       std::fprintf(stderr, "pagedattn: KV budget %.0f%% of %.1f MiB free = %.1f MiB\n",
                    config.kv_cache_memory_fraction * 100, double(free_b) / (1024.0 * 1024.0),
                    sized.kv_cache_memory_mib);
-    kc.num_pages = kv_num_pages(sized, mc, dtype);
+    kc.num_pages = kv_num_pages(sized, page_shape, dtype);
   } else {
-    kc.num_pages = kv_num_pages(config, mc, dtype);
+    kc.num_pages = kv_num_pages(config, page_shape, dtype);
   }
   kc.dtype = dtype;
   kc.device = model_->device();
@@ -114,7 +118,7 @@ Engine::Engine(std::unique_ptr<Model> model, const EngineConfig& config, DecodeF
 
   if (config.log_startup) {
     const int64_t tokens = kv_capacity_tokens();
-    const double mib = double(tokens) * 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim *
+    const double mib = double(tokens) * 2 * mc.num_layers * kc.num_kv_heads * mc.head_dim *
                        double(dtype_size(dtype)) / (1024.0 * 1024.0);
     std::fprintf(stderr,
                  "pagedattn: KV cache: %d pages x %d tokens = %lld tokens "

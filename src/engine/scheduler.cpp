@@ -296,6 +296,7 @@ SchedulerOutput Scheduler::schedule() {
     admit_waiting();
   }
   if (out.scheduled.empty()) out.batch.q_indptr.assign(1, 0);
+  set_attention_layout(out.batch, cache_);  // after every append: the runners read it, not the cache
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include <climits>
 #include <cmath>
 #include <unordered_map>
+#include <utility>
 
 #include "page_hash.h"
 #include "pagedattn/error.h"
@@ -34,6 +35,7 @@ struct KvCache::Impl {
   std::vector<uint8_t> has_hash;    // [num_pages]
   std::unordered_map<PageHash, int32_t, kv::PageHashHasher> hash_to_page;
   int64_t prefix_queries = 0, prefix_hits = 0, evictions = 0;
+  std::vector<PageCopy> page_copies;  // since take_page_copies (record_page_copies)
 
   explicit Impl(const KvCacheConfig& c) : cfg(c), alloc(c.num_pages) {}
 
@@ -211,6 +213,7 @@ std::vector<int32_t> KvCache::append_slots(SeqId seq, std::span<const int32_t> t
     const int32_t shared = s.block_table.back();
     const int32_t fresh = m.alloc_page();
     m.copy_slots(fresh, shared, filled);
+    if (m.cfg.record_page_copies) m.page_copies.push_back(PageCopy{fresh, shared, filled});
     m.release(shared);
     s.block_table.back() = fresh;
   }
@@ -325,6 +328,18 @@ void KvCache::set_scales(int32_t layer, std::span<const float> k_scale,
 }
 
 bool KvCache::scales_set() const { return impl_->first_unscaled_layer() < 0; }
+
+std::vector<PageCopy> KvCache::take_page_copies() { return std::exchange(impl_->page_copies, {}); }
+
+void KvCache::copy_page_prefix(const PageCopy& c) {
+  Impl& m = *impl_;
+  PA_CHECK(c.dst >= 0 && c.dst < m.cfg.num_pages && c.src >= 0 && c.src < m.cfg.num_pages,
+           "copy_page_prefix: pages ", c.src, " -> ", c.dst, " are not both in the pool of ",
+           m.cfg.num_pages);
+  PA_CHECK(c.filled >= 0 && c.filled <= m.cfg.page_size, "copy_page_prefix: filled ", c.filled,
+           " is not in [0, ", m.cfg.page_size, "]");
+  m.copy_slots(c.dst, c.src, c.filled);
+}
 
 KvCacheStats KvCache::stats() const {
   const Impl& m = *impl_;

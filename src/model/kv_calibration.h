@@ -34,6 +34,7 @@ inline ForwardBatch calibration_batch(KvCache& cache, const std::vector<int32_t>
   b.slots = cache.append_slots(b.seqs[0], tokens);
   b.q_indptr = {0, int32_t(tokens.size())};
   for (size_t i = 0; i < tokens.size(); ++i) b.positions.push_back(int32_t(i));
+  set_attention_layout(b, cache);
   return b;
 }
 

@@ -19,7 +19,24 @@ LlamaModelCuda::LlamaModelCuda(const ModelConfig& config, uint64_t) {
   check_llama_config(c, "LlamaModelCuda");  // a bad config says so, as with CUDA
   fail("LlamaModelCuda: pagedattn was built without CUDA support");
 }
+LlamaModelCuda::LlamaModelCuda(const ModelFile&, TpShard, cuda::NcclComm*) {
+  fail("LlamaModelCuda: pagedattn was built without CUDA support");
+}
+LlamaModelCuda::LlamaModelCuda(const ModelConfig&, uint64_t, TpShard, cuda::NcclComm*) {
+  fail("LlamaModelCuda: pagedattn was built without CUDA support");
+}
 LlamaModelCuda::~LlamaModelCuda() = default;
+int32_t LlamaModelCuda::num_local_kv_heads() const { return 0; }
+Tensor LlamaModelCuda::download_logits(const float*, int64_t) {
+  fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
+}
+std::vector<int32_t> LlamaModelCuda::download_greedy(const float*, int32_t) {
+  fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
+}
+bool LlamaModelCuda::idle() const { return true; }
+const float* LlamaModelCuda::forward_device(const ForwardBatch&, KvCache&) {
+  fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
+}
 
 const ModelConfig& LlamaModelCuda::config() const { return impl_->config; }
 
@@ -38,6 +55,8 @@ void LlamaModelCuda::validate(const ForwardBatch&, const KvCache&) const {
 size_t LlamaModelCuda::weight_bytes() const { return 0; }
 size_t LlamaModelCuda::step_weight_bytes() const { return 0; }
 void LlamaModelCuda::set_cuda_graphs(bool) {}
+bool LlamaModelCuda::cuda_graphs() const { return false; }
+double LlamaModelCuda::time_collectives(int32_t, int32_t, int32_t) { return 0; }
 Model::KvAbsMax LlamaModelCuda::kv_absmax(const std::vector<int32_t>&) {
   fail("LlamaModelCuda::kv_absmax: pagedattn was built without CUDA support");
 }

@@ -2,7 +2,6 @@
 // the paged KV cache.
 #include <algorithm>
 #include <cstring>
-#include <unordered_set>
 
 #include "cpu_ops.h"
 #include "quant_matmul.h"
@@ -143,78 +142,19 @@ void LlamaModel::validate(const ForwardBatch& b, const KvCache& cache) const {
            op, ": cache has ", cc.num_layers, " layers x ", cc.num_kv_heads,
            " KV heads x head_dim ", cc.head_dim, ", the model needs ", config_.num_layers, " x ",
            config_.num_kv_heads, " x ", config_.head_dim);
-  const size_t num_seqs = b.seqs.size(), num_tokens = b.tokens.size();
-  PA_CHECK(b.q_indptr.size() == num_seqs + 1, op, ": batch.q_indptr has ", b.q_indptr.size(),
-           " entries, expected num_seqs + 1 = ", num_seqs + 1);
-  PA_CHECK(b.q_indptr[0] == 0, op, ": batch.q_indptr[0] must be 0, got ", b.q_indptr[0]);
-  for (size_t s = 0; s < num_seqs; ++s) {
-    PA_CHECK(b.q_indptr[s + 1] >= b.q_indptr[s], op, ": batch.q_indptr decreases at ", s + 1);
-  }
-  PA_CHECK(size_t(b.q_indptr[num_seqs]) == num_tokens, op, ": batch.q_indptr ends at ",
-           b.q_indptr[num_seqs], " but batch.tokens has ", num_tokens);
-  PA_CHECK(b.positions.size() == num_tokens, op, ": batch.positions has ", b.positions.size(),
-           " entries, batch.tokens ", num_tokens);
-  PA_CHECK(b.slots.size() == num_tokens, op, ": batch.slots has ", b.slots.size(),
-           " entries, batch.tokens ", num_tokens);
-  for (size_t t = 0; t < num_tokens; ++t) {
-    PA_CHECK(b.tokens[t] >= 0 && b.tokens[t] < config_.vocab_size, op, ": batch.tokens[", t,
-             "] = ", b.tokens[t], " is outside the vocabulary of ", config_.vocab_size);
-  }
-  for (size_t r = 0; r < b.logit_rows.size(); ++r) {
-    PA_CHECK(b.logit_rows[r] >= 0 && size_t(b.logit_rows[r]) < num_tokens, op,
-             ": batch.logit_rows[", r, "] = ", b.logit_rows[r], " is not a token row (", num_tokens,
-             " tokens)");
-  }
-  std::unordered_set<SeqId> seen;
-  const int32_t ps = cc.page_size;
-  for (size_t s = 0; s < num_seqs; ++s) {
-    const SeqId seq = b.seqs[s];
-    PA_CHECK(cache.has_sequence(seq), op, ": batch.seqs[", s, "] = ", seq, " is not in the cache");
-    PA_CHECK(seen.insert(seq).second, op, ": batch.seqs[", s, "] = ", seq, " appears twice");
-    const int32_t kv = cache.kv_len(seq), q_len = b.q_indptr[s + 1] - b.q_indptr[s];
-    PA_CHECK(q_len <= kv, op, ": sequence ", seq, " has ", q_len, " new tokens but kv_len ", kv,
-             " (reserve their slots with append_slots first)");
-    const auto table = cache.block_table(seq);
-    PA_CHECK(int64_t(table.size()) * ps >= kv, op, ": sequence ", seq, " has kv_len ", kv,
-             " beyond its block table of ", table.size(), " pages");
-    for (int32_t j = 0; j < q_len; ++j) {
-      const size_t t = size_t(b.q_indptr[s] + j);
-      const int32_t pos = kv - q_len + j;
-      PA_CHECK(b.positions[t] == pos, op, ": batch.positions[", t, "] = ", b.positions[t],
-               ", expected ", pos, " (kv_len - q_len + j of sequence ", seq, ")");
-      const int32_t slot = table[size_t(pos / ps)] * ps + pos % ps;
-      PA_CHECK(b.slots[t] == slot, op, ": batch.slots[", t, "] = ", b.slots[t], ", expected ", slot,
-               " (position ", pos, " of sequence ", seq, " in its block table)");
-    }
-  }
+  check_forward_batch(b, config_.vocab_size, cc.page_size, cc.num_pages, op);
 }
 
 Tensor LlamaModel::forward(const ForwardBatch& batch, KvCache& cache) {
   validate(batch, cache);
   const ModelConfig& c = config_;
-  const int32_t num_seqs = int32_t(batch.seqs.size());
   const int32_t num_tokens = int32_t(batch.tokens.size());
   const int64_t hidden = c.hidden_size;
   Tensor logits = Tensor::empty({int64_t(batch.logit_rows.size()), c.vocab_size}, DType::f32);
   if (num_tokens == 0) return logits;
 
-  // Plan once per step, reused by every layer: kv_len, block tables padded to the longest,
-  // RoPE tables for the tokens' positions.
-  size_t max_pages = 1;
-  for (SeqId s : batch.seqs) max_pages = std::max(max_pages, cache.block_table(s).size());
-  ws_.kv_len.resize(size_t(num_seqs));
-  ws_.block_table.assign(size_t(num_seqs) * max_pages, 0);
-  for (int32_t s = 0; s < num_seqs; ++s) {
-    ws_.kv_len[size_t(s)] = cache.kv_len(batch.seqs[size_t(s)]);
-    const auto table = cache.block_table(batch.seqs[size_t(s)]);
-    std::copy(table.begin(), table.end(), ws_.block_table.begin() + ptrdiff_t(s * max_pages));
-  }
-  BatchLayout layout;
-  layout.num_seqs = num_seqs;
-  layout.q_indptr = batch.q_indptr.data();
-  layout.kv_len = ws_.kv_len.data();
-  layout.block_table = ws_.block_table.data();
-  layout.max_pages_per_seq = int32_t(max_pages);
+  // The step batch carries the attention layout; RoPE tables for the tokens' positions.
+  const BatchLayout layout = attention_layout(batch);
   const size_t half = size_t(c.head_dim / 2);
   ws_.rope_cos.resize(size_t(num_tokens) * half);
   ws_.rope_sin.resize(size_t(num_tokens) * half);

@@ -41,6 +41,18 @@ std::vector<SyntheticPreset> make_presets() {
                  c});
   }
   {
+    // Meta-Llama-3-70B's config.json: 141 GB of bf16 weights, more than one GPU holds (tensor
+    // parallelism).
+    ModelConfig c = llama_shapes(80, 8192, 64, 8, 128, 28672, 128256);
+    c.rope_theta = 500000.f;
+    c.bos_token_id = 128000;
+    c.eos_token_ids = {128001};
+    p.push_back({"llama3-70b",
+                 "Llama-3-70B shapes: 80 layers, hidden 8192, 64/8 heads of 128, intermediate "
+                 "28672, vocab 128256, untied lm_head (CUDA; over several GPUs)",
+                 c});
+  }
+  {
     // SmolLM2-135M(-Instruct)'s config.json: the default model's shapes.
     ModelConfig c = llama_shapes(30, 576, 9, 3, 64, 1536, 49152);
     c.rope_theta = 100000.f;

@@ -224,8 +224,16 @@ bool Server::Impl::read_body(const httplib::Request& req, httplib::Response& res
 void Server::Impl::routes() {
   http.set_pre_routing_handler(
       [this](const httplib::Request& req, httplib::Response& res) { return guard(req, res); });
-  http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("{\"status\":\"ok\"}", "application/json");
+  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    // NOTE: a runner that can no longer run (a tensor-parallel rank has died) makes the server
+    // unhealthy, so a load balancer or supervisor takes it out of rotation.
+    const std::string why = engine.engine().model().health();
+    if (why.empty()) {
+      res.set_content("{\"status\":\"ok\"}", "application/json");
+    } else {
+      res.status = 503;
+      res.set_content(api::dump(json{{"status", "error"}, {"error", why}}), "application/json");
+    }
   });
   auto model_card = [this] {
     return json{{"id", config.model_name},

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -159,6 +160,18 @@ class FakeModel : public Model {
   }
 
   // NOTE: atomic: server tests change these while the engine's thread runs forward().
+  // Model::health: what a runner that can no longer run reports (a tensor-parallel group whose
+  // rank died); empty when healthy. Set from a test thread, read by the server's.
+  std::string health() const override {
+    std::lock_guard<std::mutex> lock(health_mu);
+    return unhealthy;
+  }
+  void set_unhealthy(const std::string& why) {
+    std::lock_guard<std::mutex> lock(health_mu);
+    unhealthy = why;
+  }
+  mutable std::mutex health_mu;
+  std::string unhealthy;
   std::atomic<int32_t> eos_every{0};
   float eos_logit = -10.f;                  // the eos logits where eos_every does not favour them
   std::atomic<std::chrono::microseconds> step_delay{std::chrono::microseconds(0)};  // slow steps

@@ -43,6 +43,7 @@ inline ForwardBatch make_step_batch(KvCache& cache, const std::vector<SeqId>& se
     }
     b.q_indptr.push_back(int32_t(b.tokens.size()));
   }
+  set_attention_layout(b, cache);
   return b;
 }
 

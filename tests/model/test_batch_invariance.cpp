@@ -51,6 +51,7 @@ Rows step(Model& model, KvCache& cache, const std::vector<SeqId>& seqs,
     }
     b.q_indptr.push_back(int32_t(b.tokens.size()));
   }
+  set_attention_layout(b, cache);
   const Tensor l = model.forward(b, cache);
   for (SeqId s : seqs) cache.commit(s);
   const int64_t V = l.dim(1);

@@ -42,6 +42,7 @@ Tensor step(Model& model, KvCache& cache, const std::vector<SeqId>& seqs,
     }
     b.q_indptr.push_back(int32_t(b.tokens.size()));
   }
+  set_attention_layout(b, cache);
   Tensor logits = model.forward(b, cache);
   for (SeqId s : seqs) cache.commit(s);
   return logits;
@@ -217,6 +218,7 @@ struct BadBatchFixture : ::testing::Test {
     b.positions = {0, 1, 2};
     b.slots = cache.append_slots(seq, toks);
     b.logit_rows = {2};
+    set_attention_layout(b, cache);
   }
   // Pool bytes of layer 0 (K then V).
   std::vector<uint8_t> pool() const {
@@ -267,12 +269,29 @@ TEST_F(BadBatchFixture, IndptrEndsWrong) {
 }
 TEST_F(BadBatchFixture, UnknownSequence) {
   b.seqs = {seq + 1000};
-  expect_error("batch.seqs[0]");
+  try {
+    set_attention_layout(b, cache);
+    ADD_FAILURE() << "no Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("batch.seqs[0] = " + std::to_string(seq + 1000) +
+                                         " is not in the cache"),
+              std::string::npos)
+        << e.what();
+  }
 }
 TEST_F(BadBatchFixture, DuplicateSequence) {
   b.seqs = {seq, seq};
   b.q_indptr = {0, 3, 3};
+  set_attention_layout(b, cache);
   expect_error("appears twice");
+}
+TEST_F(BadBatchFixture, NoAttentionLayout) {
+  b.kv_len.clear();
+  expect_error("set_attention_layout builds it");
+}
+TEST_F(BadBatchFixture, PageOutsideThePool) {
+  b.block_table[0] = 8;  // the pool has pages 0..7
+  expect_error("outside the pool of 8 pages");
 }
 TEST_F(BadBatchFixture, LogitRowOutOfRange) {
   b.logit_rows = {3};

@@ -74,6 +74,14 @@ TEST(SyntheticPresets, EveryPresetIsAValidLlamaConfig) {
   }
 }
 
+TEST(SyntheticPresets, Llama3_70bHasItsParameterCount) {
+  const ModelConfig c = synthetic_model_config("synthetic:llama3-70b");
+  EXPECT_EQ(c.num_layers, 80);
+  EXPECT_EQ(c.num_kv_heads, 8);
+  // Meta-Llama-3-70B: 70,553,706,496 parameters (embeddings and lm_head untied).
+  EXPECT_EQ(synthetic_param_count(c), 70553706496);
+}
+
 TEST(SyntheticPresets, NamesAreRecognisedByTheirPrefix) {
   EXPECT_TRUE(is_synthetic_model("synthetic:llama3-8b"));
   EXPECT_TRUE(is_synthetic_model("synthetic:whatever"));
@@ -84,18 +92,19 @@ TEST(SyntheticPresets, NamesAreRecognisedByTheirPrefix) {
 
 TEST(SyntheticPresets, AnUnknownNameListsTheKnownOnes) {
   for (auto f :
-       {+[] { synthetic_model_config("synthetic:llama3-70b"); },
+       {+[] { synthetic_model_config("synthetic:llama3-405b"); },
         +[] { synthetic_model_config("synthetic:"); }, +[] { synthetic_model_config("llama3-8b"); },
         +[] { create_synthetic_model("synthetic:nope", Device::cpu); }}) {
     const std::string e = error_of(f);
     ASSERT_FALSE(e.empty()) << "no Error";
-    for (const char* name : {"synthetic:llama3-8b", "synthetic:smollm2-135m", "synthetic:tiny"}) {
+    for (const char* name : {"synthetic:llama3-8b", "synthetic:llama3-70b", "synthetic:smollm2-135m",
+                             "synthetic:tiny"}) {
       EXPECT_NE(e.find(name), std::string::npos) << e;
     }
   }
   EXPECT_NE(error_of(+[] {
-              synthetic_model_config("synthetic:llama3-70b");
-            }).find("'synthetic:llama3-70b' is not a known preset"),
+              synthetic_model_config("synthetic:llama3-405b");
+            }).find("'synthetic:llama3-405b' is not a known preset"),
             std::string::npos);
 }
 

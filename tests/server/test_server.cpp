@@ -117,6 +117,19 @@ void expect_error(const httplib::Result& r, int status, const std::string& param
 
 }  // namespace
 
+TEST_P(ServerTest, HealthSaysWhenTheRunnerCannotRun) {
+  auto c = client();
+  fake_->set_unhealthy("tensor parallel: rank 1 exited or lost its connection");
+  auto h = c->Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 503);
+  const json j = json::parse(h->body);
+  EXPECT_EQ(j["status"], "error");
+  EXPECT_EQ(j["error"], "tensor parallel: rank 1 exited or lost its connection");
+  fake_->set_unhealthy("");
+  EXPECT_EQ(c->Get("/health")->status, 200);
+}
+
 TEST_P(ServerTest, HealthModelsMetrics) {
   auto c = client();
   auto h = c->Get("/health");

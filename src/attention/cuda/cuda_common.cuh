@@ -7,6 +7,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "pagedattn/dtype.h"
@@ -20,6 +21,21 @@ inline void check_cuda(cudaError_t e, const char* what) {
 }
 // After every launch: a bad configuration surfaces here, not at the next synchronising call.
 inline void check_launch(const char* what) { check_cuda(cudaGetLastError(), what); }
+
+// Raises a kernel's dynamic shared memory limit to `bytes` on the current device, once per device
+// (the attribute is per device: a process driving several GPUs sets it on each). `done` is the
+// caller's static bit set of devices already configured.
+template <class K>
+void set_smem_limit_on_this_device(K kernel, int bytes, std::atomic<uint64_t>& done,
+                                   const char* what) {
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), what);
+  const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
+  if (bit && (done.load() & bit)) return;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+             what);
+  done.fetch_or(bit);
+}
 
 // ---- element tags: storage width and 16-byte vector -> float conversion (exact) ----
 struct Bf16 {

@@ -9,15 +9,12 @@
 
 namespace pagedattn::cuda {
 
-// Raises Kernel's dynamic shared memory limit to SMEM, once per instance.
+// Raises Kernel's dynamic shared memory limit to SMEM, once per instance and device.
 template <auto Kernel, size_t SMEM>
 void raise_smem_limit() {
-  static const bool done = [] {
-    check_cuda(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(SMEM)),
-               "paged_attention_cuda: decode shared memory attribute");
-    return true;
-  }();
-  (void)done;
+  static std::atomic<uint64_t> done{0};
+  set_smem_limit_on_this_device(Kernel, int(SMEM), done,
+                                "paged_attention_cuda: decode shared memory attribute");
 }
 
 // Grid: x = p.num_decode_items, y = num_kv_heads x head tiles of `heads` query heads.

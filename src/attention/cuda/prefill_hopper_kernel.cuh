@@ -398,15 +398,10 @@ struct HopperMaps {
 template <class Q, int HEAD_DIM, bool OVERLAP>
 void launch_prefill_hopper_o(const AttentionParams& p, const HopperMaps& m, cudaStream_t s) {
   using S = HopperShape<HEAD_DIM>;
-  // NOTE: the attribute is per kernel instance; setting it twice is harmless.
-  static bool configured = false;
-  if (!configured) {
-    check_cuda(
-        cudaFuncSetAttribute(prefill_hopper_kernel<Q, HEAD_DIM, OVERLAP>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(S::kSmemBytes)),
-        "paged_attention_cuda: Hopper prefill shared memory attribute");
-    configured = true;
-  }
+  static std::atomic<uint64_t> configured{0};  // per kernel instance, per device
+  set_smem_limit_on_this_device(prefill_hopper_kernel<Q, HEAD_DIM, OVERLAP>, int(S::kSmemBytes),
+                                configured,
+                                "paged_attention_cuda: Hopper prefill shared memory attribute");
   const dim3 grid(unsigned(p.num_prefill_items), unsigned(p.num_kv_heads));
   prefill_hopper_kernel<Q, HEAD_DIM, OVERLAP>
       <<<grid, kHopperThreads, S::kSmemBytes, s>>>(p, m.q, m.k, m.v);

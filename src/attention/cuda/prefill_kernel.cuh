@@ -213,15 +213,9 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(const Attentio
 template <class Q, int HEAD_DIM>
 void launch_prefill_t(const AttentionParams& p, cudaStream_t s) {
   using S = PrefillShape<HEAD_DIM>;
-  static bool configured =
-      false;  // NOTE: the attribute is per kernel; setting it twice is harmless
-  if (!configured) {
-    check_cuda(
-        cudaFuncSetAttribute(prefill_kernel<Q, HEAD_DIM>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(S::kSmemBytes)),
-        "paged_attention_cuda: prefill shared memory attribute");
-    configured = true;
-  }
+  static std::atomic<uint64_t> configured{0};  // per kernel instance, per device
+  set_smem_limit_on_this_device(prefill_kernel<Q, HEAD_DIM>, int(S::kSmemBytes), configured,
+                                "paged_attention_cuda: prefill shared memory attribute");
   const dim3 grid(unsigned(p.num_prefill_items), unsigned(p.num_kv_heads));
   prefill_kernel<Q, HEAD_DIM><<<grid, kPrefillThreads, S::kSmemBytes, s>>>(p);
   check_launch("paged_attention_cuda: prefill kernel launch");

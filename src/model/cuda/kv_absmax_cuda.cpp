@@ -16,6 +16,8 @@ namespace pagedattn {
 
 Model::KvAbsMax LlamaModelCuda::kv_absmax(const std::vector<int32_t>& tokens) {
   PA_CHECK(!tokens.empty(), "kv_absmax: tokens are empty");
+  PA_CHECK(num_local_kv_heads() == config().num_kv_heads,
+           "kv_absmax: an fp8 KV cache is not supported with tensor parallelism yet");
   const ModelConfig& c = config();
   const KvCacheConfig kc = calibration_cache_config(c, tokens.size(), Device::cuda, DType::bf16);
   KvCache cache(kc);

@@ -6,12 +6,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
-#include <unordered_set>
 
 #include "llama_kernels.h"
+#include "nccl_comm.h"
 #include "pagedattn/attention_cuda.h"
 #include "pagedattn/error.h"
 #include "pagedattn/llama.h"
@@ -65,6 +66,11 @@ struct LlamaModelCuda::Impl {
   };
 
   ModelConfig config;
+  // Tensor parallelism: this rank's slice of the dimensions (the whole model when world is 1) and
+  // the group's communicator (null: a plain single-GPU runner, no collectives).
+  TpShard shard;
+  TpSlices tp;
+  cuda::NcclComm* comm = nullptr;
   std::vector<double> inv_freq;  // [D / 2]
   std::vector<Layer> layers;
   Tensor embed;       // [vocab, hidden] bf16
@@ -92,8 +98,9 @@ struct LlamaModelCuda::Impl {
   Tensor gu;       // [T, 2 * intermediate] bf16
   Tensor act;      // [T, intermediate] bf16
   Tensor logits;   // [R, vocab] f32
+  Tensor shard_logits, gathered;  // [R, vocab_stride], [world, R, vocab_stride] f32 (comm only)
   Tensor ids;      // [R] int32 (4-byte f32 storage), the greedy step's argmax of each logit row
-  std::vector<int32_t> host_meta, kv_len, block_table;
+  std::vector<int32_t> host_meta;
   std::vector<float> rope_cos, rope_sin;
 
   // Where the weights come from while loading: the file's host f32 tensors, or (file null) the
@@ -117,60 +124,88 @@ struct LlamaModelCuda::Impl {
     if (stream) cudaStreamDestroy(stream);
   }
 
-  // The n f32 values of tensor `name` into dst (device).
-  void put_f32(const std::string& name, int64_t n, float* dst) {
+  // Block b of tensor `name` (tensor_parallel.h's TpBlock: this rank's rows and columns) into dst
+  // (device, contiguous [b.rows, b.cols]) as f32.
+  void put_f32(const std::string& name, const TpBlock& b, float* dst) {
     if (file) {
-      check_cuda(cudaMemcpy(dst, host_f32(*file, name), size_t(n) * 4, cudaMemcpyHostToDevice),
+      const float* src = host_f32(*file, name) + b.row0 * b.whole_cols + b.col0;
+      check_cuda(cudaMemcpy2D(dst, size_t(b.cols) * 4, src, size_t(b.whole_cols) * 4,
+                              size_t(b.cols) * 4, size_t(b.rows), cudaMemcpyHostToDevice),
                  "weight upload");
     } else {
       const SyntheticTensor& t = synthetic.at(name);
-      cuda::fill_synthetic_f32(dst, n, synthetic::tensor_key(seed, t.id), t.center, t.half_width,
-                               nullptr);
+      cuda::fill_synthetic_block_f32(dst, b.rows, b.cols, b.whole_cols,
+                                     b.row0 * b.whole_cols + b.col0,
+                                     synthetic::tensor_key(seed, t.id), t.center, t.half_width,
+                                     nullptr);
     }
   }
-  // The n values of tensor `name` as bf16 into dst (device).
-  void put_bf16(const std::string& name, int64_t n, uint16_t* dst) {
+  // The same block as bf16.
+  void put_bf16(const std::string& name, const TpBlock& b, uint16_t* dst) {
+    const int64_t n = b.rows * b.cols;
     if (file) {
-      float* s = static_cast<float*>(ensure(staging, n, DType::f32));
-      check_cuda(cudaMemcpy(s, host_f32(*file, name), size_t(n) * 4, cudaMemcpyHostToDevice),
-                 "weight upload");
-      cuda::f32_to_bf16_device(s, n, dst, nullptr);
+      float* st = static_cast<float*>(ensure(staging, n, DType::f32));
+      put_f32(name, b, st);
+      cuda::f32_to_bf16_device(st, n, dst, nullptr);
     } else {
       const SyntheticTensor& t = synthetic.at(name);
-      cuda::fill_synthetic_bf16(dst, n, synthetic::tensor_key(seed, t.id), t.center, t.half_width,
-                                nullptr);
+      cuda::fill_synthetic_block_bf16(dst, b.rows, b.cols, b.whole_cols,
+                                      b.row0 * b.whole_cols + b.col0,
+                                      synthetic::tensor_key(seed, t.id), t.center, t.half_width,
+                                      nullptr);
     }
   }
-  // Several f32 vectors stacked into one f32 device tensor.
+  // This rank's block of tensor `name` of the given whole shape.
+  TpBlock block(const std::string& name, const std::vector<int64_t>& shape) const {
+    return tp_block(name, shape, config, shard);
+  }
+  // Several f32 vectors (this rank's parts) stacked into one f32 device tensor.
   Tensor stack_f32(const std::vector<std::string>& names, const std::vector<int64_t>& sizes) {
+    std::vector<TpBlock> blocks;
     int64_t total = 0;
-    for (int64_t n : sizes) total += n;
+    for (size_t i = 0; i < names.size(); ++i) {
+      blocks.push_back(block(names[i], {sizes[i]}));
+      total += blocks.back().cols;
+    }
     Tensor t = Tensor::empty({total}, DType::f32, Device::cuda);
     int64_t at = 0;
     for (size_t i = 0; i < names.size(); ++i) {
-      put_f32(names[i], sizes[i], t.data_as<float>() + at);
-      at += sizes[i];
+      put_f32(names[i], blocks[i], t.data_as<float>() + at);
+      at += blocks[i].cols;
     }
     weight_bytes += t.nbytes();
     return t;
   }
-  // Several [rows_i, cols] matrices stacked into one bf16 [sum rows_i, cols] device tensor.
+  // Several [rows_i, cols] matrices (this rank's blocks, all of the same width) stacked into one
+  // bf16 [sum of block rows, block cols] device tensor.
   Tensor stack_bf16(const std::vector<std::string>& names, const std::vector<int64_t>& rows,
                     int64_t cols) {
+    std::vector<TpBlock> blocks;
     int64_t total = 0;
-    for (int64_t r : rows) total += r;
-    Tensor t = Tensor::empty({total, cols}, DType::bf16, Device::cuda);
+    for (size_t i = 0; i < names.size(); ++i) {
+      blocks.push_back(block(names[i], {rows[i], cols}));
+      total += blocks.back().rows;
+      PA_ASSERT(blocks.back().cols == blocks.front().cols);
+    }
+    const int64_t block_cols = blocks.front().cols;
+    Tensor t = Tensor::empty({total, block_cols}, DType::bf16, Device::cuda);
     int64_t at = 0;
     for (size_t i = 0; i < names.size(); ++i) {
-      put_bf16(names[i], rows[i] * cols, t.data_as<uint16_t>() + at * cols);
-      at += rows[i];
+      put_bf16(names[i], blocks[i], t.data_as<uint16_t>() + at * block_cols);
+      at += blocks[i].rows;
     }
     weight_bytes += t.nbytes();
     return t;
   }
 
-  // Builds every weight from `file` (or, null, from the synthetic fill of `seed`); config is set.
+  // Builds this rank's weights from `file` (or, null, from the synthetic fill of `seed`); config,
+  // shard and comm are set.
   void load(const ModelFile* file, uint64_t seed);
+
+  // The rank's partial sum in x (o_proj / down_proj output) -> the sum over ranks, in place.
+  void all_reduce(float* x, int64_t n, cudaStream_t st) {
+    if (comm) comm->all_reduce_sum(x, size_t(n), st);
+  }
 
   // A host f32 tensor [rows, cols] for the logits: page-locked and reused where it can be.
   Tensor host_logits(int64_t rows, int64_t cols);
@@ -178,12 +213,13 @@ struct LlamaModelCuda::Impl {
   // y [T, out] (ytype: f32 or bf16) = beta * y + x [T, in] (bf16) W^T, W [out, in] bf16, fp32
   // accumulation; beta is 0 or 1 (1: f32 y only). cuBLAS for every shape: the lab's skinny GEMM
   // (kernels_dev/skinny_gemm.cu) is slower at every decode shape but lm_head.
+  // ldy: y's row stride in elements (0: out).
   void gemm(const void* x_, int32_t T, int32_t in, const Tensor& w, int32_t out, void* y,
-            cudaDataType_t ytype, float beta, const char* what) {
+            cudaDataType_t ytype, float beta, const char* what, int32_t ldy = 0) {
     const float alpha = 1.f;
     // Column-major view: y^T [out, T] = W [out, in] (row-major = col-major W^T, hence OP_T) x^T.
     check_cublas(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &alpha, w.data(),
-                              CUDA_R_16BF, in, x_, CUDA_R_16BF, in, &beta, y, ytype, out,
+                              CUDA_R_16BF, in, x_, CUDA_R_16BF, in, &beta, y, ytype, ldy > 0 ? ldy : out,
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  what);
   }
@@ -196,10 +232,13 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
   PA_CHECK(cuda_device_count() > 0, kOp, ": no CUDA device is available");
   file = from;
   seed = from_seed;
+  tp = tp_slices(c, shard);
   if (!file) {
     for (const SyntheticTensor& t : synthetic_tensors(c)) synthetic.emplace(t.name, t);
   }
   inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling);
+  if (const char* g = std::getenv("PAGEDATTN_CUDA_GRAPHS"); g && std::string(g) == "0")
+    use_graphs = false;  // a check of the plain launches against the graphs' results
   check_cublas(cublasCreate(&cublas), "cublasCreate");
   check_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
   check_cublas(cublasSetStream(cublas, stream), "cublasSetStream");
@@ -276,22 +315,35 @@ Tensor LlamaModelCuda::Impl::host_logits(int64_t rows, int64_t cols) {
   return Tensor::wrap(slot->storage, {rows, cols}, DType::f32, Device::cpu);
 }
 
-LlamaModelCuda::LlamaModelCuda(const ModelFile& file) : impl_(std::make_unique<Impl>()) {
+// NOTE: the CPU model's constructor validates the config and every tensor (shape, dtype, device)
+// without copying anything; its messages are the ones users already see.
+LlamaModelCuda::LlamaModelCuda(const ModelFile& file) : LlamaModelCuda(file, TpShard{}, nullptr) {}
+
+LlamaModelCuda::LlamaModelCuda(const ModelConfig& config, uint64_t seed)
+    : LlamaModelCuda(config, seed, TpShard{}, nullptr) {}
+
+LlamaModelCuda::LlamaModelCuda(const ModelFile& file, TpShard shard, cuda::NcclComm* comm)
+    : impl_(std::make_unique<Impl>()) {
   {
-    // NOTE: the CPU model's constructor validates the config and every tensor (shape, dtype,
-    // device) without copying anything; its messages are the ones users already see.
     const LlamaModel cpu_check(file);
     impl_->config = cpu_check.config();
   }
+  impl_->shard = shard;
+  impl_->comm = comm;
   impl_->load(&file, 0);
 }
 
-LlamaModelCuda::LlamaModelCuda(const ModelConfig& config, uint64_t seed)
+LlamaModelCuda::LlamaModelCuda(const ModelConfig& config, uint64_t seed, TpShard shard,
+                               cuda::NcclComm* comm)
     : impl_(std::make_unique<Impl>()) {
   impl_->config = config;
   check_llama_config(impl_->config, kOp);
+  impl_->shard = shard;
+  impl_->comm = comm;
   impl_->load(nullptr, seed);
 }
+
+int32_t LlamaModelCuda::num_local_kv_heads() const { return impl_->tp.kv_heads; }
 
 LlamaModelCuda::~LlamaModelCuda() = default;
 
@@ -306,6 +358,40 @@ void LlamaModelCuda::set_cuda_graphs(bool enabled) {
   if (!enabled) impl_->graphs.clear();
 }
 
+bool LlamaModelCuda::cuda_graphs() const { return impl_->use_graphs; }
+
+double LlamaModelCuda::time_collectives(int32_t tokens, int32_t logit_rows, int32_t reps) {
+  Impl& m = *impl_;
+  if (!m.comm) return 0;
+  PA_CHECK(tokens > 0 && logit_rows >= 0 && reps > 0, kOp,
+           ": time_collectives needs positive tokens and reps");
+  const ModelConfig& c = m.config;
+  const int64_t n = int64_t(tokens) * c.hidden_size, g = int64_t(logit_rows) * m.tp.vocab_stride;
+  Tensor buf = Tensor::zeros({n}, DType::f32, Device::cuda);
+  Tensor send = Tensor::zeros({std::max<int64_t>(g, 1)}, DType::f32, Device::cuda);
+  Tensor recv =
+      Tensor::zeros({std::max<int64_t>(g, 1) * m.shard.world}, DType::f32, Device::cuda);
+  cudaEvent_t e0, e1;
+  check_cuda(cudaEventCreate(&e0), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&e1), "cudaEventCreate");
+  std::vector<float> ms;
+  for (int32_t rep = -1; rep < reps; ++rep) {  // rep -1: warm-up
+    check_cuda(cudaEventRecord(e0, m.stream), "cudaEventRecord");
+    for (int32_t i = 0; i < 2 * c.num_layers + 1; ++i)
+      m.comm->all_reduce_sum(buf.data_as<float>(), size_t(n), m.stream);
+    if (g > 0) m.comm->all_gather(send.data_as<float>(), recv.data_as<float>(), size_t(g), m.stream);
+    check_cuda(cudaEventRecord(e1, m.stream), "cudaEventRecord");
+    check_cuda(cudaEventSynchronize(e1), "collectives");
+    float t = 0;
+    check_cuda(cudaEventElapsedTime(&t, e0, e1), "cudaEventElapsedTime");
+    if (rep >= 0) ms.push_back(t);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  std::sort(ms.begin(), ms.end());
+  return double(ms[ms.size() / 2]) * 1e-3;
+}
+
 LlamaModelCuda::GraphStats LlamaModelCuda::cuda_graph_stats() const {
   return GraphStats{impl_->graphs.captures(), impl_->graphs.replays()};
 }
@@ -318,55 +404,13 @@ void LlamaModelCuda::validate(const ForwardBatch& b, const KvCache& cache) const
            "; the CUDA model needs a CUDA cache");
   PA_CHECK(cc.dtype == DType::bf16 || cc.dtype == DType::fp8_e4m3, op, ": cache dtype is ",
            dtype_name(cc.dtype), "; the CUDA model writes bf16 or fp8_e4m3 K/V");
-  PA_CHECK(cc.num_layers == config.num_layers && cc.num_kv_heads == config.num_kv_heads &&
+  const int32_t kv_heads = impl_->tp.kv_heads;  // this rank's (all without tensor parallelism)
+  PA_CHECK(cc.num_layers == config.num_layers && cc.num_kv_heads == kv_heads &&
                cc.head_dim == config.head_dim,
            op, ": cache has ", cc.num_layers, " layers x ", cc.num_kv_heads,
            " KV heads x head_dim ", cc.head_dim, ", the model needs ", config.num_layers, " x ",
-           config.num_kv_heads, " x ", config.head_dim);
-  const size_t num_seqs = b.seqs.size(), num_tokens = b.tokens.size();
-  PA_CHECK(b.q_indptr.size() == num_seqs + 1, op, ": batch.q_indptr has ", b.q_indptr.size(),
-           " entries, expected num_seqs + 1 = ", num_seqs + 1);
-  PA_CHECK(b.q_indptr[0] == 0, op, ": batch.q_indptr[0] must be 0, got ", b.q_indptr[0]);
-  for (size_t s = 0; s < num_seqs; ++s) {
-    PA_CHECK(b.q_indptr[s + 1] >= b.q_indptr[s], op, ": batch.q_indptr decreases at ", s + 1);
-  }
-  PA_CHECK(size_t(b.q_indptr[num_seqs]) == num_tokens, op, ": batch.q_indptr ends at ",
-           b.q_indptr[num_seqs], " but batch.tokens has ", num_tokens);
-  PA_CHECK(b.positions.size() == num_tokens, op, ": batch.positions has ", b.positions.size(),
-           " entries, batch.tokens ", num_tokens);
-  PA_CHECK(b.slots.size() == num_tokens, op, ": batch.slots has ", b.slots.size(),
-           " entries, batch.tokens ", num_tokens);
-  for (size_t t = 0; t < num_tokens; ++t) {
-    PA_CHECK(b.tokens[t] >= 0 && b.tokens[t] < config.vocab_size, op, ": batch.tokens[", t,
-             "] = ", b.tokens[t], " is outside the vocabulary of ", config.vocab_size);
-  }
-  for (size_t r = 0; r < b.logit_rows.size(); ++r) {
-    PA_CHECK(b.logit_rows[r] >= 0 && size_t(b.logit_rows[r]) < num_tokens, op,
-             ": batch.logit_rows[", r, "] = ", b.logit_rows[r], " is not a token row (", num_tokens,
-             " tokens)");
-  }
-  std::unordered_set<SeqId> seen;
-  const int32_t ps = cc.page_size;
-  for (size_t s = 0; s < num_seqs; ++s) {
-    const SeqId seq = b.seqs[s];
-    PA_CHECK(cache.has_sequence(seq), op, ": batch.seqs[", s, "] = ", seq, " is not in the cache");
-    PA_CHECK(seen.insert(seq).second, op, ": batch.seqs[", s, "] = ", seq, " appears twice");
-    const int32_t kv = cache.kv_len(seq), q_len = b.q_indptr[s + 1] - b.q_indptr[s];
-    PA_CHECK(q_len <= kv, op, ": sequence ", seq, " has ", q_len, " new tokens but kv_len ", kv,
-             " (reserve their slots with append_slots first)");
-    const auto table = cache.block_table(seq);
-    PA_CHECK(int64_t(table.size()) * ps >= kv, op, ": sequence ", seq, " has kv_len ", kv,
-             " beyond its block table of ", table.size(), " pages");
-    for (int32_t j = 0; j < q_len; ++j) {
-      const size_t t = size_t(b.q_indptr[s] + j);
-      const int32_t pos = kv - q_len + j;
-      PA_CHECK(b.positions[t] == pos, op, ": batch.positions[", t, "] = ", b.positions[t],
-               ", expected ", pos, " (kv_len - q_len + j of sequence ", seq, ")");
-      const int32_t slot = table[size_t(pos / ps)] * ps + pos % ps;
-      PA_CHECK(b.slots[t] == slot, op, ": batch.slots[", t, "] = ", b.slots[t], ", expected ", slot,
-               " (position ", pos, " of sequence ", seq, " in its block table)");
-    }
-  }
+           kv_heads, " x ", config.head_dim);
+  check_forward_batch(b, config.vocab_size, cc.page_size, cc.num_pages, op);
 }
 
 const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& cache) {
@@ -375,27 +419,14 @@ const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& 
   const ModelConfig& c = m.config;
   const int32_t num_seqs = int32_t(batch.seqs.size());
   const int32_t T = int32_t(batch.tokens.size()), R = int32_t(batch.logit_rows.size());
-  const int32_t hidden = c.hidden_size, inter = c.intermediate_size, D = c.head_dim;
-  const int32_t Hq = c.num_q_heads, Hkv = c.num_kv_heads, half = D / 2;
+  // This rank's heads and intermediate columns (all of them without tensor parallelism).
+  const int32_t hidden = c.hidden_size, inter = m.tp.inter, D = c.head_dim;
+  const int32_t Hq = m.tp.q_heads, Hkv = m.tp.kv_heads, half = D / 2;
   const int32_t q_dim = Hq * D, qkv_dim = (Hq + 2 * Hkv) * D;
   if (T == 0) return nullptr;  // no logit rows either (validate: rows index tokens)
 
-  // Host plan: kv_len, block tables padded to the longest, RoPE tables of the positions.
-  size_t max_pages = 1;
-  for (SeqId s : batch.seqs) max_pages = std::max(max_pages, cache.block_table(s).size());
-  m.kv_len.resize(size_t(num_seqs));
-  m.block_table.assign(size_t(num_seqs) * max_pages, 0);
-  for (int32_t s = 0; s < num_seqs; ++s) {
-    m.kv_len[size_t(s)] = cache.kv_len(batch.seqs[size_t(s)]);
-    const auto table = cache.block_table(batch.seqs[size_t(s)]);
-    std::copy(table.begin(), table.end(), m.block_table.begin() + ptrdiff_t(s * max_pages));
-  }
-  BatchLayout layout;
-  layout.num_seqs = num_seqs;
-  layout.q_indptr = batch.q_indptr.data();
-  layout.kv_len = m.kv_len.data();
-  layout.block_table = m.block_table.data();
-  layout.max_pages_per_seq = int32_t(max_pages);
+  // The step batch carries the attention layout; RoPE tables of the positions.
+  const BatchLayout layout = attention_layout(batch);
   m.rope_cos.resize(size_t(T) * size_t(half));
   m.rope_sin.resize(size_t(T) * size_t(half));
   rope_tables(m.inv_freq, batch.positions.data(), T, m.rope_cos.data(), m.rope_sin.data());
@@ -435,12 +466,29 @@ const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& 
   m.plan->plan(q_t, cache.layer_view(0), layout, opt, out_t, m.stream);
   float* dl = R > 0 ? static_cast<float*>(ensure(m.logits, int64_t(R) * c.vocab_size, DType::f32))
                     : nullptr;
+  // With a communicator each rank computes the logits of its vocabulary rows, which are gathered.
+  const int32_t Vs = m.tp.vocab_stride, world = m.shard.world;
+  float* shard_l = nullptr;
+  float* gathered = nullptr;
+  if (m.comm && R > 0) {
+    shard_l = static_cast<float*>(ensure(m.shard_logits, int64_t(R) * Vs, DType::f32));
+    gathered = static_cast<float*>(ensure(m.gathered, int64_t(world) * R * Vs, DType::f32));
+  }
+  // Rank 0 adds the row-parallel products to the residual stream; the others write their partial
+  // products over it, and the all-reduce sums them all (x + p0 + p1 + ...).
+  const float residual_beta = m.shard.rank == 0 ? 1.f : 0.f;
 
   // Everything below only enqueues kernels on m.stream, reading the buffers above: a CUDA graph
   // of it replays correctly for any later step with the same launches (step_graphs.h).
   cudaStream_t st = m.stream;
   auto launch = [&] {
-    cuda::embed_gather(m.embed.data_as<uint16_t>(), d_tokens, T, hidden, x, st);
+    if (m.comm) {
+      cuda::embed_gather_shard(m.embed.data_as<uint16_t>(), m.tp.vocab0, m.tp.vocab, d_tokens, T,
+                               hidden, x, st);
+      m.all_reduce(x, int64_t(T) * hidden, st);
+    } else {
+      cuda::embed_gather(m.embed.data_as<uint16_t>(), d_tokens, T, hidden, x, st);
+    }
     cuda::QkvParams qp;
     qp.num_tokens = T;
     qp.num_q_heads = Hq;
@@ -461,20 +509,38 @@ const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& 
       const PagedKVView view = cache.layer_view(i);
       write_kv_cuda(view, d_slots, T, k, v, DType::bf16, st);
       paged_attention_cuda(*m.plan, q_t, view, out_t, st);
-      m.gemm(attn, T, q_dim, L.wo, hidden, x, CUDA_R_32F, 1.f, "o projection");
+      m.gemm(attn, T, q_dim, L.wo, hidden, x, CUDA_R_32F, residual_beta, "o projection");
+      m.all_reduce(x, int64_t(T) * hidden, st);
       // MLP block.
       cuda::rms_norm_bf16(x, L.mlp_norm.data_as<float>(), nullptr, T, hidden, c.rms_norm_eps, hb,
                           st);
       m.gemm(h, T, hidden, L.wgu, 2 * inter, gu, CUDA_R_16BF, 0.f, "gate/up projection");
       cuda::swiglu(gu, T, inter, static_cast<uint16_t*>(act), st);
-      m.gemm(act, T, inter, L.wd, hidden, x, CUDA_R_32F, 1.f, "down projection");
+      m.gemm(act, T, inter, L.wd, hidden, x, CUDA_R_32F, residual_beta, "down projection");
+      m.all_reduce(x, int64_t(T) * hidden, st);
     }
 
     if (R > 0) {
       cuda::rms_norm_bf16(x, m.final_norm.data_as<float>(), d_rows, R, hidden, c.rms_norm_eps, hb,
                           st);
-      m.gemm(h, R, hidden, m.lm_head.data() ? m.lm_head : m.embed, c.vocab_size, dl, CUDA_R_32F,
-             0.f, "lm_head");
+      const Tensor& head = m.lm_head.data() ? m.lm_head : m.embed;
+      if (!m.comm) {
+        m.gemm(h, R, hidden, head, c.vocab_size, dl, CUDA_R_32F, 0.f, "lm_head");
+      } else {
+        // shard [R, Vs] (the last rank's columns past its rows are never read), gathered
+        // [world, R, Vs], then each rank's columns into their place in dl [R, vocab].
+        m.gemm(h, R, hidden, head, m.tp.vocab, shard_l, CUDA_R_32F, 0.f, "lm_head", Vs);
+        m.comm->all_gather(shard_l, gathered, size_t(R) * size_t(Vs), st);
+        for (int32_t r = 0; r < world; ++r) {
+          const int64_t v0 = int64_t(r) * Vs;
+          const int64_t width = std::min<int64_t>(Vs, c.vocab_size - v0);
+          if (width <= 0) continue;
+          check_cuda(cudaMemcpy2DAsync(dl + v0, size_t(c.vocab_size) * 4,
+                                       gathered + int64_t(r) * R * Vs, size_t(Vs) * 4,
+                                       size_t(width) * 4, size_t(R), cudaMemcpyDeviceToDevice, st),
+                     "logits gather");
+        }
+      }
     }
   };
 
@@ -485,7 +551,7 @@ const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& 
     std::string sig;
     auto put = [&sig](const auto& v) { sig.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
     for (int64_t v : {int64_t(T), int64_t(R)}) put(v);
-    const void* scratch[] = {dm, x, h, qkv, q, k, v, attn, gu, act, dl};
+    const void* scratch[] = {dm, x, h, qkv, q, k, v, attn, gu, act, dl, shard_l, gathered};
     for (const void* ptr : scratch) put(ptr);
     for (int32_t i = 0; i < c.num_layers; ++i) {
       const PagedKVView view = cache.layer_view(i);
@@ -498,13 +564,20 @@ const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& 
     launch();
   }
   if (R > 0) return dl;  // the caller's download (or argmax) follows on the same stream
-  check_cuda(cudaStreamSynchronize(st), "forward");
+  // NOTE: a tensor-parallel rank's caller waits itself, watching the group while it does.
+  if (!m.comm) check_cuda(cudaStreamSynchronize(st), "forward");
   return nullptr;
 }
 
-Tensor LlamaModelCuda::forward(const ForwardBatch& batch, KvCache& cache) {
-  const float* dl = forward_device(batch, cache);
-  const int64_t R = int64_t(batch.logit_rows.size()), V = impl_->config.vocab_size;
+bool LlamaModelCuda::idle() const {
+  const cudaError_t e = cudaStreamQuery(impl_->stream);
+  if (e == cudaErrorNotReady) return false;
+  check_cuda(e, "forward");
+  return true;
+}
+
+Tensor LlamaModelCuda::download_logits(const float* dl, int64_t R) {
+  const int64_t V = impl_->config.vocab_size;
   if (!dl) return Tensor::empty({R, V}, DType::f32);
   Tensor logits = impl_->host_logits(R, V);
   check_cuda(cudaMemcpy(logits.data(), dl, logits.nbytes(), cudaMemcpyDeviceToHost),
@@ -512,9 +585,7 @@ Tensor LlamaModelCuda::forward(const ForwardBatch& batch, KvCache& cache) {
   return logits;
 }
 
-std::vector<int32_t> LlamaModelCuda::forward_greedy(const ForwardBatch& batch, KvCache& cache) {
-  const float* dl = forward_device(batch, cache);
-  const int32_t R = int32_t(batch.logit_rows.size());
+std::vector<int32_t> LlamaModelCuda::download_greedy(const float* dl, int32_t R) {
   std::vector<int32_t> ids(static_cast<size_t>(R));
   if (!dl) return ids;
   // NOTE: R ids instead of R x vocab logits: at batch 32 with a 128K vocabulary the logits are
@@ -524,6 +595,14 @@ std::vector<int32_t> LlamaModelCuda::forward_greedy(const ForwardBatch& batch, K
   check_cuda(cudaMemcpy(ids.data(), d_ids, size_t(R) * 4, cudaMemcpyDeviceToHost),
              "token ids download");
   return ids;
+}
+
+Tensor LlamaModelCuda::forward(const ForwardBatch& batch, KvCache& cache) {
+  return download_logits(forward_device(batch, cache), int64_t(batch.logit_rows.size()));
+}
+
+std::vector<int32_t> LlamaModelCuda::forward_greedy(const ForwardBatch& batch, KvCache& cache) {
+  return download_greedy(forward_device(batch, cache), int32_t(batch.logit_rows.size()));
 }
 
 }  // namespace pagedattn

@@ -39,6 +39,20 @@ __global__ void embed_gather_kernel(const uint16_t* __restrict__ embed,       //
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[i] = bf16_to_f32(row[i]);
 }
 
+__global__ void embed_gather_shard_kernel(const uint16_t* __restrict__ embed,  // [vocab_rows, hidden]
+                                          int32_t vocab0, int32_t vocab_rows,
+                                          const int32_t* __restrict__ tokens,       // [num_tokens]
+                                          int32_t hidden, float* __restrict__ x) {  // [T, hidden]
+  const int32_t local = tokens[blockIdx.x] - vocab0;
+  float* out = x + int64_t(blockIdx.x) * hidden;
+  if (local < 0 || local >= vocab_rows) {
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[i] = 0.f;
+    return;
+  }
+  const uint16_t* row = embed + int64_t(local) * hidden;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[i] = bf16_to_f32(row[i]);
+}
+
 // grid (num_rows), block kNormThreads. The row is read once, in 16-byte vectors held in registers
 // (up to kNormVecs per thread; wider rows are read again for the output), so the loads of a row
 // are all in flight together: a loop of dependent scalar loads made this kernel latency-bound
@@ -275,6 +289,23 @@ __global__ void fill_synthetic_kernel(T* __restrict__ dst, int64_t n, uint64_t k
   }
 }
 
+template <typename T>
+__global__ void fill_synthetic_block_kernel(T* __restrict__ dst, int64_t rows, int64_t cols,
+                                            int64_t ld, int64_t offset, uint64_t key, float center,
+                                            float half_width) {  // dst [rows, cols]
+  const int64_t n = rows * cols;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, c = i - r * cols;
+    const float v = synthetic::value(key, uint64_t(offset + r * ld + c), center, half_width);
+    if constexpr (sizeof(T) == 2) {
+      dst[i] = f32_to_bf16(v);
+    } else {
+      dst[i] = v;
+    }
+  }
+}
+
 unsigned blocks_for(int64_t n) { return unsigned((n + 255) / 256); }
 
 }  // namespace
@@ -284,6 +315,15 @@ void embed_gather(const uint16_t* embed, const int32_t* tokens, int32_t num_toke
   if (num_tokens == 0) return;
   embed_gather_kernel<<<num_tokens, 256, 0, stream>>>(embed, tokens, hidden, x);
   check_launch("LlamaModelCuda: embedding gather");
+}
+
+void embed_gather_shard(const uint16_t* embed, int32_t vocab0, int32_t vocab_rows,
+                        const int32_t* tokens, int32_t num_tokens, int32_t hidden, float* x,
+                        cudaStream_t stream) {
+  if (num_tokens == 0) return;
+  embed_gather_shard_kernel<<<num_tokens, 256, 0, stream>>>(embed, vocab0, vocab_rows, tokens,
+                                                            hidden, x);
+  check_launch("LlamaModelCuda: embedding gather (vocabulary shard)");
 }
 
 void rms_norm_bf16(const float* x, const float* weight, const int32_t* rows, int32_t num_rows,
@@ -343,6 +383,25 @@ void fill_synthetic_f32(float* dst, int64_t n, uint64_t key, float center, float
   if (n == 0) return;
   const unsigned grid = unsigned(std::min<int64_t>(blocks_for(n), 65536));
   fill_synthetic_kernel<<<grid, 256, 0, stream>>>(dst, n, key, center, half_width);
+  check_launch("LlamaModelCuda: synthetic weight fill");
+}
+
+void fill_synthetic_block_bf16(uint16_t* dst, int64_t rows, int64_t cols, int64_t ld,
+                               int64_t offset, uint64_t key, float center, float half_width,
+                               cudaStream_t stream) {
+  if (rows * cols == 0) return;
+  const unsigned grid = unsigned(std::min<int64_t>(blocks_for(rows * cols), 65536));
+  fill_synthetic_block_kernel<<<grid, 256, 0, stream>>>(dst, rows, cols, ld, offset, key, center,
+                                                        half_width);
+  check_launch("LlamaModelCuda: synthetic weight fill");
+}
+
+void fill_synthetic_block_f32(float* dst, int64_t rows, int64_t cols, int64_t ld, int64_t offset,
+                              uint64_t key, float center, float half_width, cudaStream_t stream) {
+  if (rows * cols == 0) return;
+  const unsigned grid = unsigned(std::min<int64_t>(blocks_for(rows * cols), 65536));
+  fill_synthetic_block_kernel<<<grid, 256, 0, stream>>>(dst, rows, cols, ld, offset, key, center,
+                                                        half_width);
   check_launch("LlamaModelCuda: synthetic weight fill");
 }
 

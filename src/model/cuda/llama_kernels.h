@@ -13,6 +13,13 @@ namespace pagedattn::cuda {
 //   embed  [vocab, hidden] bf16;  tokens [num_tokens];  x [num_tokens, hidden] f32
 void embed_gather(const uint16_t* embed, const int32_t* tokens, int32_t num_tokens, int32_t hidden,
                   float* x, cudaStream_t stream);
+// A vocabulary shard's part of it (tensor parallelism): x[t] = embed[tokens[t] - vocab0] when
+// vocab0 <= tokens[t] < vocab0 + vocab_rows, else zeros (another rank holds that row; the ranks'
+// x are summed after).
+//   embed  [vocab_rows, hidden] bf16;  tokens [num_tokens];  x [num_tokens, hidden] f32
+void embed_gather_shard(const uint16_t* embed, int32_t vocab0, int32_t vocab_rows,
+                        const int32_t* tokens, int32_t num_tokens, int32_t hidden, float* x,
+                        cudaStream_t stream);
 
 // out[r] = rms_norm(x[rows ? rows[r] : r]) * weight, fp32 math, bf16 out.
 //   x [*, hidden] f32;  weight [hidden] f32;  rows [num_rows] or null;  out [num_rows, hidden] bf16
@@ -54,5 +61,13 @@ void fill_synthetic_bf16(uint16_t* dst, int64_t n, uint64_t key, float center, f
                          cudaStream_t stream);
 void fill_synthetic_f32(float* dst, int64_t n, uint64_t key, float center, float half_width,
                         cudaStream_t stream);
+// A block of a synthetic matrix (a tensor-parallel shard): dst[r, c] = value(key, offset + r * ld +
+// c) for r < rows, c < cols, as bf16 or f32. offset = row0 * ld + col0 picks the block.
+//   dst [rows, cols]
+void fill_synthetic_block_bf16(uint16_t* dst, int64_t rows, int64_t cols, int64_t ld,
+                               int64_t offset, uint64_t key, float center, float half_width,
+                               cudaStream_t stream);
+void fill_synthetic_block_f32(float* dst, int64_t rows, int64_t cols, int64_t ld, int64_t offset,
+                              uint64_t key, float center, float half_width, cudaStream_t stream);
 
 }  // namespace pagedattn::cuda

@@ -1,0 +1,37 @@
+// The frames rank 0 sends the other ranks of a tensor-parallel group (tp_link.h carries them).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pagedattn/kv_cache.h"
+#include "pagedattn/model.h"
+#include "tp_link.h"
+
+namespace pagedattn::tp {
+
+// Once, after every rank has joined: what to load and how to join NCCL.
+struct InitMessage {
+  std::string model;  // a .gguf, a Hugging Face folder or synthetic:NAME
+  int32_t world = 1;
+  std::vector<char> nccl_id;  // 128 bytes
+};
+std::vector<uint8_t> encode_init(const InitMessage& m);
+InitMessage decode_init(const std::vector<uint8_t>& body);
+
+// Per step: the cache every rank keeps (its page count and layout; KV heads are each rank's own),
+// the copy-on-write copies made since the last step, and the batch. `collectives` instead of a
+// batch asks every rank to time the collectives (LlamaModelCuda::time_collectives).
+struct StepMessage {
+  int32_t num_layers = 0, head_dim = 0, page_size = 0, num_pages = 0;
+  DType dtype = DType::bf16;
+  bool cuda_graphs = true;
+  std::vector<PageCopy> copies;
+  ForwardBatch batch;
+  int32_t time_tokens = 0, time_rows = 0, time_reps = 0;  // > 0 reps: time the collectives
+};
+std::vector<uint8_t> encode_step(const StepMessage& m);
+StepMessage decode_step(const std::vector<uint8_t>& body);
+
+}  // namespace pagedattn::tp
