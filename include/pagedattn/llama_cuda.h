@@ -1,8 +1,10 @@
 // LlamaModelCuda: the Llama-family forward pass (the same math as LlamaModel, llama.h) on one CUDA
 // device, in bf16 with fp32 accumulation, over a KvCache whose pools are on that device.
 //
-// At load the f32 weights of the ModelFile become bf16 on the device (q/k/v and gate/up fused into
-// one matrix each); norm weights, biases and the residual stream stay fp32. Per forward:
+// At load the weights of the ModelFile (f32, f16 or bf16 host tensors, a folder's possibly
+// memory-mapped as stored: only the parts uploaded are read) become bf16 on the device (q/k/v and
+// gate/up fused into one matrix each); norm weights, biases and the residual stream stay fp32.
+// Per forward:
 //   one upload of tokens, slots, logit rows and the RoPE cos/sin of the positions;
 //   x = embed[tokens]                                              (gather kernel, fp32 x)
 //   per layer: h = rms_norm(x) (bf16); qkv = h Wqkv^T (cuBLAS, fp32 out);

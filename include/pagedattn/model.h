@@ -91,7 +91,8 @@ void calibrate_kv_scales(Model& model, KvCache& cache, const std::vector<int32_t
 std::unique_ptr<Model> create_model(const ModelFile& file, Device device);
 
 // How load_model_file should keep a file's matrices for the runner on `device`: the CPU runner
-// reads the file's own blocks in place (memory-mapped); CUDA uploads f32 as bf16.
+// reads the file's own blocks in place (memory-mapped); CUDA reads a folder's tensors in their
+// stored dtype, mapped (GGUF dequantised to f32), and uploads them as bf16.
 WeightFormat weight_format_for(Device device);
 
 }  // namespace pagedattn

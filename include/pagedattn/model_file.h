@@ -66,9 +66,12 @@ struct ModelFile {
   std::map<std::string, FileWeight> weights;  // WeightFormat::file only
 };
 
-// How load_model_file keeps a GGUF file's matrices: dequantised to f32 (every runner reads these),
-// or in the file's own blocks (the CPU runner reads them in place).
-enum class WeightFormat { f32, file };
+// How load_model_file keeps a file's weights: dequantised to f32 (every runner reads these); in a
+// GGUF file's own blocks (the CPU runner reads them in place); or `stored`: a Hugging Face
+// folder's tensors in their stored dtype (f32, f16 or bf16), memory-mapped and untouched until
+// read, so the CUDA runner reads only what it uploads (a tensor-parallel rank only its slice);
+// GGUF files load as with f32 then.
+enum class WeightFormat { f32, file, stored };
 
 // Loads a .gguf file or a Hugging Face folder (config.json + *.safetensors). Throws Error naming
 // the file and the tensor or key at fault.
@@ -78,7 +81,9 @@ ModelFile with_f32_weights(const ModelFile& file);
 
 // The parts, for tools and tests.
 // Every tensor of one .safetensors file (F32, F16, BF16), converted to f32, by its stored name.
-std::map<std::string, Tensor> load_safetensors(const std::string& path);
+// keep_stored: each tensor in its stored dtype over a private read-only mapping of the file (a
+// tensor whose data is not aligned to its element size is copied instead).
+std::map<std::string, Tensor> load_safetensors(const std::string& path, bool keep_stored = false);
 // A Hugging Face config.json (its text) as ModelConfig; file names the source in errors.
 ModelConfig parse_hf_config(const std::string& json_text, const std::string& file);
 // Checks that the tensors a config needs are present with the right shapes (Error names the first

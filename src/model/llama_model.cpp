@@ -255,7 +255,7 @@ std::unique_ptr<Model> create_model(const ModelFile& file, Device device) {
 }
 
 WeightFormat weight_format_for(Device device) {
-  return device == Device::cpu ? WeightFormat::file : WeightFormat::f32;
+  return device == Device::cpu ? WeightFormat::file : WeightFormat::stored;
 }
 
 }  // namespace pagedattn

@@ -216,7 +216,7 @@ void check_model_tensors(ModelFile& mf) {
 
 namespace {
 
-ModelFile load_hf_folder(const fs::path& dir) {
+ModelFile load_hf_folder(const fs::path& dir, WeightFormat format) {
   ModelFile mf;
   mf.path = dir.string();
   const fs::path cfg = dir / "config.json";
@@ -248,7 +248,7 @@ ModelFile load_hf_folder(const fs::path& dir) {
   }
   PA_CHECK(!files.empty(), "load_model_file: ", mf.path, ": no .safetensors files in the folder");
   for (const auto& f : files) {
-    for (auto& [name, t] : load_safetensors(f.string())) {
+    for (auto& [name, t] : load_safetensors(f.string(), format == WeightFormat::stored)) {
       PA_CHECK(!mf.tensors.count(name), "load_model_file: ", f.string(), ": tensor '", name,
                "' appears in more than one file");
       mf.tensors.emplace(name, std::move(t));
@@ -263,7 +263,7 @@ ModelFile load_hf_folder(const fs::path& dir) {
 
 ModelFile load_model_file(const std::string& path, WeightFormat format) {
   PA_CHECK(fs::exists(path), "load_model_file: ", path, " does not exist");
-  ModelFile mf = fs::is_directory(path) ? load_hf_folder(path) : load_gguf_model(path, format);
+  ModelFile mf = fs::is_directory(path) ? load_hf_folder(path, format) : load_gguf_model(path, format);
   check_model_tensors(mf);
   return mf;
 }

@@ -1,7 +1,13 @@
 // safetensors reader: u64 header length N, N bytes of JSON {name: {dtype, shape, data_offsets}},
 // then the data section; offsets are relative to its start. Everything is checked against the
 // file size before any tensor is read.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdint>
+#include <memory>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -30,9 +36,22 @@ DType parse_st_dtype(const std::string& s, const std::string& file, const std::s
        "' (supported: F32, F16, BF16)");
 }
 
+// The whole file, mapped read-only (private), unmapped with the last reference.
+std::shared_ptr<const uint8_t> map_file(const std::string& path, uint64_t size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  PA_CHECK(fd >= 0, "load_safetensors: cannot open ", path);
+  void* m = ::mmap(nullptr, size_t(size), PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  PA_CHECK(m != MAP_FAILED, "load_safetensors: ", path, ": mmap failed");
+  return std::shared_ptr<const uint8_t>(static_cast<const uint8_t*>(m),
+                                        [size](const uint8_t* p) {
+                                          ::munmap(const_cast<uint8_t*>(p), size_t(size));
+                                        });
+}
+
 }  // namespace
 
-std::map<std::string, Tensor> load_safetensors(const std::string& path) {
+std::map<std::string, Tensor> load_safetensors(const std::string& path, bool keep_stored) {
   std::ifstream in(path, std::ios::binary);
   PA_CHECK(in, "load_safetensors: cannot open ", path);
   in.seekg(0, std::ios::end);
@@ -99,6 +118,24 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path) {
              entries[i - 1].name, "'");
 
   std::map<std::string, Tensor> out;
+  if (keep_stored) {
+    const std::shared_ptr<const uint8_t> map = map_file(path, size);
+    for (const Entry& e : entries) {
+      const uint8_t* at = map.get() + 8 + n + e.begin;
+      const size_t elem = dtype_size(e.dtype);
+      if (reinterpret_cast<uintptr_t>(at) % elem == 0) {
+        // Shares the mapping; const_cast: Tensor's storage is mutable by type, the pages are not
+        // written (a write would fault on the read-only mapping rather than change the file).
+        std::shared_ptr<void> view(map, const_cast<uint8_t*>(at));
+        out.emplace(e.name, Tensor::wrap(std::move(view), e.shape, e.dtype, Device::cpu));
+      } else {
+        Tensor t = Tensor::empty(e.shape, e.dtype);
+        std::memcpy(t.data(), at, size_t(e.end - e.begin));
+        out.emplace(e.name, std::move(t));
+      }
+    }
+    return out;
+  }
   std::vector<char> buf;
   for (const Entry& e : entries) {
     Tensor t = Tensor::empty(e.shape, DType::f32);

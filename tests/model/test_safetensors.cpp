@@ -155,6 +155,31 @@ TEST(Safetensors, LlamaFolderInEveryDtype) {
   }
 }
 
+// WeightFormat::stored (what the CUDA runner loads): the tensors keep the file's dtype and are the
+// same values as the f32 load's; sharded folders too.
+TEST(Safetensors, StoredDtypeKeepsTheFilesValues) {
+  for (const std::string dtype : {"F32", "F16", "BF16"}) {
+    for (bool sharded : {false, true}) {
+      const fs::path dir =
+          make_folder("stored_" + dtype, base_config("LlamaForCausalLM"), dtype, sharded);
+      const ModelFile f32 = load_model_file(dir.string());
+      const ModelFile stored = load_model_file(dir.string(), WeightFormat::stored);
+      const DType want = dtype == "F32" ? DType::f32 : dtype == "F16" ? DType::f16 : DType::bf16;
+      ASSERT_EQ(stored.tensors.size(), f32.tensors.size());
+      for (const auto& [name, t] : stored.tensors) {
+        const Tensor& ref = f32.tensors.at(name);
+        EXPECT_EQ(t.dtype(), want) << name;
+        ASSERT_EQ(t.shape(), ref.shape()) << name;
+        for (int64_t i = 0; i < t.numel(); ++i)
+          ASSERT_EQ(load_as_f32(t.data(), t.dtype(), i), ref.data_as<float>()[i]) << name << i;
+      }
+      fs::remove_all(dir);  // the mapping outlives the file's name
+      EXPECT_EQ(load_as_f32(stored.tensors.at("model.norm.weight").data(), want, 3),
+                f32.tensors.at("model.norm.weight").data_as<float>()[3]);
+    }
+  }
+}
+
 TEST(Safetensors, Qwen2AndQwen3ShardedWithIndex) {
   json q2 = base_config("Qwen2ForCausalLM");
   q2["tie_word_embeddings"] = true;

@@ -121,8 +121,8 @@ TEST(TensorParallelCuda, WorldOfOneIsBitIdentical) {
 // another order (and cuBLAS picks other kernels for the narrower matrices), which moves the bf16
 // roundings of the activations: logits agree within bf16's relative step (2^-7), greedy tokens
 // exactly.
-// from_file: the ranks slice a host file of the same weights (the loader's path for checkpoints)
-// instead of filling their slices on the device.
+// from_file: the ranks slice a host file of the same weights (the loader's path for checkpoints:
+// bf16 matrices copied as stored, f32 vectors) instead of filling their slices on the device.
 void expect_two_ranks_match_one(const ModelConfig& c, float tol, bool from_file = false) {
   const Script s = make_script(c.vocab_size, 9);
   cudaSetDevice(0);
@@ -155,7 +155,19 @@ void expect_two_ranks_match_one(const ModelConfig& c, float tol, bool from_file 
     for (auto& th : t) th.join();
     for (int r = 0; r < 2; ++r) ASSERT_EQ(err[r], "") << "rank " << r;
   };
-  const ModelFile file = from_file ? make_hashed_synthetic_model_file(c, 21) : ModelFile{};
+  // The matrices as bf16 host tensors (as a checkpoint stores them; their values are the ones the
+  // device rounds the f32 weights to), the vectors f32.
+  ModelFile file;
+  if (from_file) {
+    file = make_hashed_synthetic_model_file(c, 21);
+    for (auto& [name, t] : file.tensors) {
+      if (t.shape().size() != 2) continue;
+      Tensor b = Tensor::empty(t.shape(), DType::bf16);
+      for (int64_t i = 0; i < t.numel(); ++i)
+        b.data_as<uint16_t>()[i] = f32_to_bf16(t.data_as<float>()[i]);
+      t = std::move(b);
+    }
+  }
   on_each_rank([&](int r) {
     comm[r] = std::make_unique<cuda::NcclComm>(id, 2, r);
     model[r] = from_file
@@ -208,6 +220,28 @@ TEST(TensorParallelCuda, TwoRanksMatchOneGpu) {
     SCOPED_TRACE(variant);
     expect_two_ranks_match_one(gpu_config(variant), 1e-2f);
   }
+}
+
+// The loader's stored-dtype path on one GPU: bf16 matrices copied as they are give the bits of the
+// f32 file rounded on the device.
+TEST(TensorParallelCuda, Bf16MatricesAsStoredGiveTheSameBits) {
+  PA_SKIP_WITHOUT_GPU();
+  const ModelConfig c = gpu_config("qwen2");
+  const ModelFile f32 = make_hashed_synthetic_model_file(c, 4);
+  ModelFile bf16 = f32;
+  for (auto& [name, t] : bf16.tensors) {
+    if (t.shape().size() != 2) continue;
+    Tensor b = Tensor::empty(t.shape(), DType::bf16);
+    for (int64_t i = 0; i < t.numel(); ++i)
+      b.data_as<uint16_t>()[i] = f32_to_bf16(t.data_as<float>()[i]);
+    t = std::move(b);
+  }
+  const Script s = make_script(c.vocab_size, 2);
+  LlamaModelCuda a(f32), b(bf16);
+  KvCache ca(cache_for(c, c.num_kv_heads)), cb(cache_for(c, c.num_kv_heads));
+  const auto want = play(s, ca, [&](const ForwardBatch& x) { return a.forward(x, ca); });
+  const auto got = play(s, cb, [&](const ForwardBatch& x) { return b.forward(x, cb); });
+  EXPECT_EQ(got, want);
 }
 
 TEST(TensorParallelCuda, TwoRanksSlicingAFileMatchOneGpu) {

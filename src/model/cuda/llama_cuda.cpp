@@ -47,9 +47,44 @@ void* ensure(Tensor& t, int64_t elems, DType dtype) {
   return t.data();
 }
 
-const float* host_f32(const ModelFile& f, const std::string& name) {
-  // LlamaModel's constructor has checked that the tensor exists with the right shape and dtype.
-  return f.tensors.at(name).data_as<float>();
+// Block b of host tensor t (f32, f16 or bf16; possibly memory-mapped: only the block's pages are
+// read) as f32, contiguous [b.rows, b.cols].
+std::vector<float> host_block_f32(const Tensor& t, const TpBlock& b) {
+  std::vector<float> out(size_t(b.rows * b.cols));
+  const auto* base = static_cast<const uint8_t*>(t.data());
+  for (int64_t r = 0; r < b.rows; ++r) {
+    const int64_t from = (b.row0 + r) * b.whole_cols + b.col0;
+    for (int64_t c = 0; c < b.cols; ++c)
+      out[size_t(r * b.cols + c)] = load_as_f32(base, t.dtype(), from + c);
+  }
+  return out;
+}
+
+// The checks of a model file for the CUDA runner: LlamaModel's (its messages) when every tensor
+// is f32, else the config, the tensors' shapes and dtypes (f32, f16 or bf16 on the host).
+ModelConfig checked_config(const ModelFile& file) {
+  bool all_f32 = file.weights.empty();
+  for (const auto& [name, t] : file.tensors) all_f32 = all_f32 && t.dtype() == DType::f32;
+  if (all_f32) {
+    // NOTE: the CPU model's constructor validates the config and every tensor (shape, dtype,
+    // device) without copying anything; its messages are the ones users already see.
+    const LlamaModel cpu_check(file);
+    return cpu_check.config();
+  }
+  ModelFile shapes;
+  shapes.path = file.path;
+  shapes.config = file.config;
+  shapes.tensors = file.tensors;  // shares the storage
+  check_llama_config(shapes.config, kOp);
+  check_model_tensors(shapes);
+  for (const auto& [name, t] : shapes.tensors) {
+    PA_CHECK(t.device() == Device::cpu &&
+                 (t.dtype() == DType::f32 || t.dtype() == DType::f16 || t.dtype() == DType::bf16),
+             kOp, ": tensor ", name, " is ", dtype_name(t.dtype()), " on ",
+             device_name(t.device()), "; expected f32, f16 or bf16 on the cpu");
+  }
+  PA_CHECK(file.weights.empty(), kOp, ": quantized weights must be dequantised first");
+  return shapes.config;
 }
 
 }  // namespace
@@ -128,10 +163,17 @@ struct LlamaModelCuda::Impl {
   // (device, contiguous [b.rows, b.cols]) as f32.
   void put_f32(const std::string& name, const TpBlock& b, float* dst) {
     if (file) {
-      const float* src = host_f32(*file, name) + b.row0 * b.whole_cols + b.col0;
-      check_cuda(cudaMemcpy2D(dst, size_t(b.cols) * 4, src, size_t(b.whole_cols) * 4,
-                              size_t(b.cols) * 4, size_t(b.rows), cudaMemcpyHostToDevice),
-                 "weight upload");
+      const Tensor& t = file->tensors.at(name);
+      if (t.dtype() == DType::f32) {
+        const float* src = t.data_as<float>() + b.row0 * b.whole_cols + b.col0;
+        check_cuda(cudaMemcpy2D(dst, size_t(b.cols) * 4, src, size_t(b.whole_cols) * 4,
+                                size_t(b.cols) * 4, size_t(b.rows), cudaMemcpyHostToDevice),
+                   "weight upload");
+      } else {
+        const std::vector<float> host = host_block_f32(t, b);
+        check_cuda(cudaMemcpy(dst, host.data(), host.size() * 4, cudaMemcpyHostToDevice),
+                   "weight upload");
+      }
     } else {
       const SyntheticTensor& t = synthetic.at(name);
       cuda::fill_synthetic_block_f32(dst, b.rows, b.cols, b.whole_cols,
@@ -143,7 +185,12 @@ struct LlamaModelCuda::Impl {
   // The same block as bf16.
   void put_bf16(const std::string& name, const TpBlock& b, uint16_t* dst) {
     const int64_t n = b.rows * b.cols;
-    if (file) {
+    if (file && file->tensors.at(name).dtype() == DType::bf16) {  // as stored: no conversion
+      const auto* src = file->tensors.at(name).data_as<uint16_t>() + b.row0 * b.whole_cols + b.col0;
+      check_cuda(cudaMemcpy2D(dst, size_t(b.cols) * 2, src, size_t(b.whole_cols) * 2,
+                              size_t(b.cols) * 2, size_t(b.rows), cudaMemcpyHostToDevice),
+                 "weight upload");
+    } else if (file) {
       float* st = static_cast<float*>(ensure(staging, n, DType::f32));
       put_f32(name, b, st);
       cuda::f32_to_bf16_device(st, n, dst, nullptr);
@@ -315,8 +362,6 @@ Tensor LlamaModelCuda::Impl::host_logits(int64_t rows, int64_t cols) {
   return Tensor::wrap(slot->storage, {rows, cols}, DType::f32, Device::cpu);
 }
 
-// NOTE: the CPU model's constructor validates the config and every tensor (shape, dtype, device)
-// without copying anything; its messages are the ones users already see.
 LlamaModelCuda::LlamaModelCuda(const ModelFile& file) : LlamaModelCuda(file, TpShard{}, nullptr) {}
 
 LlamaModelCuda::LlamaModelCuda(const ModelConfig& config, uint64_t seed)
@@ -324,10 +369,7 @@ LlamaModelCuda::LlamaModelCuda(const ModelConfig& config, uint64_t seed)
 
 LlamaModelCuda::LlamaModelCuda(const ModelFile& file, TpShard shard, cuda::NcclComm* comm)
     : impl_(std::make_unique<Impl>()) {
-  {
-    const LlamaModel cpu_check(file);
-    impl_->config = cpu_check.config();
-  }
+  impl_->config = checked_config(file);
   impl_->shard = shard;
   impl_->comm = comm;
   impl_->load(&file, 0);

@@ -50,7 +50,7 @@ std::unique_ptr<LlamaModelCuda> load_shard(const std::string& model, TpShard sha
     return std::make_unique<LlamaModelCuda>(synthetic_model_config(model), kSyntheticSeed, shard,
                                             comm);
   }
-  ModelFile file = load_model_file(model, WeightFormat::f32);
+  ModelFile file = load_model_file(model, weight_format_for(Device::cuda));
   return std::make_unique<LlamaModelCuda>(file, shard, comm);
 }
 
