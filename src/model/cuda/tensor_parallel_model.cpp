@@ -80,17 +80,23 @@ class Leader final : public TensorParallelModel {
     const std::string worker_addr =
         (o.init_addr.empty() ? std::string("127.0.0.1") : tp::parse_addr(o.init_addr).first) +
         ":" + std::to_string(link_->port());
-    if (!o.worker_argv.empty()) {
-      for (int32_t r = 1; r < world_; ++r) spawn(o.worker_argv, r, worker_addr);
+    try {
+      if (!o.worker_argv.empty()) {
+        for (int32_t r = 1; r < world_; ++r) spawn(o.worker_argv, r, worker_addr);
+      }
+      link_->accept_ranks(world_, o.connect_timeout_s);
+      link_->watch([this](const std::string& why) { fail_group(why); });
+      const cuda::NcclId id = cuda::nccl_unique_id();
+      link_->send_all(tp::FrameType::init,
+                      tp::encode_init(tp::InitMessage{model, world_, {id.begin(), id.end()}}));
+      set_device(0, o.cuda_device);
+      comm_ = std::make_unique<cuda::NcclComm>(id, world_, 0);
+      shard_ = load_shard(model, TpShard{0, world_}, comm_.get());
+    } catch (...) {
+      link_->close();  // the ranks that joined are told to stop
+      reap_children(2.0);
+      throw;
     }
-    link_->accept_ranks(world_, o.connect_timeout_s);
-    link_->watch([this](const std::string& why) { fail_group(why); });
-    const cuda::NcclId id = cuda::nccl_unique_id();
-    link_->send_all(tp::FrameType::init,
-                    tp::encode_init(tp::InitMessage{model, world_, {id.begin(), id.end()}}));
-    set_device(0, o.cuda_device);
-    comm_ = std::make_unique<cuda::NcclComm>(id, world_, 0);
-    shard_ = load_shard(model, TpShard{0, world_}, comm_.get());
   }
 
   ~Leader() override {
@@ -103,15 +109,7 @@ class Leader final : public TensorParallelModel {
     }
     shard_.reset();
     comm_.reset();
-    for (pid_t pid : children_) {
-      int status = 0;
-      for (int i = 0; i < 100 && waitpid(pid, &status, WNOHANG) == 0; ++i)
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      if (waitpid(pid, &status, WNOHANG) == 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-      }
-    }
+    reap_children(5.0);
   }
 
   const ModelConfig& config() const override { return shard_->config(); }
@@ -173,6 +171,22 @@ class Leader final : public TensorParallelModel {
     const int rc = posix_spawn(&pid, cargv[0], nullptr, nullptr, cargv.data(), environ);
     PA_CHECK(rc == 0, kOp, ": cannot start rank ", rank, " (", argv0[0], "): ", std::strerror(rc));
     children_.push_back(pid);
+  }
+
+  // Waits up to `seconds` for the spawned ranks to exit, then kills what is left.
+  void reap_children(double seconds) {
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    for (pid_t pid : children_) {
+      int status = 0;
+      while (waitpid(pid, &status, WNOHANG) == 0 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (waitpid(pid, &status, WNOHANG) == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+      }
+    }
+    children_.clear();
   }
 
   void throw_if_failed() const {
