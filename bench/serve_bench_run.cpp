@@ -202,8 +202,8 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
     const KvCacheStats st = engine.cache().stats();
     KvSample s;
     s.t = now;
-    s.running = engine.scheduler().num_running();
-    s.waiting = engine.scheduler().num_waiting() + int32_t(batcher.queued());
+    s.running = engine.num_running();
+    s.waiting = engine.num_waiting() + int32_t(batcher.queued());
     s.kv_live = int64_t(st.pages_used) * cfg.page_size - st.tail_slots_wasted;
     s.kv_allocated = is_static ? batcher.reserved_tokens() : int64_t(st.pages_used) * cfg.page_size;
     s.output_tokens = r.output_tokens;
@@ -216,7 +216,7 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
     const KvCacheStats st = engine.cache().stats();
     return b.kv_allocated !=
                (is_static ? batcher.reserved_tokens() : int64_t(st.pages_used) * cfg.page_size) ||
-           b.waiting != engine.scheduler().num_waiting() + int32_t(batcher.queued());
+           b.waiting != engine.num_waiting() + int32_t(batcher.queued());
   };
 
   while (true) {
@@ -300,16 +300,16 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
     if (tr[i].done >= 0) q.e2e_s = tr[i].done - tr[i].arrival;
     r.requests.push_back(q);
   }
-  const Scheduler& sched = engine.scheduler();
-  r.preemptions = sched.num_preemptions();
-  r.preemptions_recompute = sched.num_recompute_preemptions();
-  r.recomputed_tokens = sched.recomputed_tokens();
-  r.preempted_computed_tokens = sched.preempted_computed_tokens();
-  r.resumed_prefix_hit_tokens = sched.resumed_prefix_hit_tokens();
-  r.admission_stalls = sched.admission_stalls();
-  r.steps = engine.metrics().steps;
+  const EngineMetrics m = engine.metrics();
+  r.preemptions = m.preemptions;
+  r.preemptions_recompute = m.preemptions_recompute;
+  r.recomputed_tokens = m.recomputed_tokens;
+  r.preempted_computed_tokens = m.preempted_computed_tokens;
+  r.resumed_prefix_hit_tokens = m.resumed_prefix_hit_tokens;
+  r.admission_stalls = m.admission_stalls;
+  r.steps = m.steps;
   r.output_tokens_per_step = r.steps > 0 ? double(r.output_tokens) / double(r.steps) : 0.0;
-  r.prefix_hit_rate = engine.metrics().prefix_hit_rate();  // the engine's one count
+  r.prefix_hit_rate = m.prefix_hit_rate();  // the cache's one count
   return r;
 }
 

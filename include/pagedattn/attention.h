@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "pagedattn/dtype.h"
 #include "pagedattn/paged_kv.h"
@@ -52,6 +53,28 @@ void paged_attention_reference(const QKVTensor& q, const PagedKVView& kv, const 
 // group, parallel over (sequence, KV head, query block) on the thread pool. Host pointers only.
 void paged_attention_cpu(const QKVTensor& q, const PagedKVView& kv, const BatchLayout& batch,
                          const AttentionOptions& opt, QKVTensor& out);
+
+// The same kernel, plan-then-run (as CudaAttentionPlan): plan() validates a batch once and splits
+// it into the pool's work items; run() attends one layer's pools over that plan, with the same
+// results as the one-shot call. A model step plans once and runs once per layer (every layer has
+// the same shapes). The plan keeps `batch`'s pointers (q_indptr, kv_len, block_table): they must
+// stay valid and unchanged until the last run. run() checks that q, out and the pools have the
+// planned shapes and dtypes (Error otherwise).
+class CpuAttentionPlan {
+ public:
+  CpuAttentionPlan();
+  ~CpuAttentionPlan();
+  CpuAttentionPlan(const CpuAttentionPlan&) = delete;
+  CpuAttentionPlan& operator=(const CpuAttentionPlan&) = delete;
+
+  void plan(const QKVTensor& q, const PagedKVView& kv, const BatchLayout& batch,
+            const AttentionOptions& opt, const QKVTensor& out);
+  void run(const QKVTensor& q, const PagedKVView& kv, QKVTensor& out) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // The KV write path: stores the K and V of new tokens in their slots (slot = page * page_size +
 // offset), converting to the pool's dtype (fp8: x / scale, saturating). Host pointers only.

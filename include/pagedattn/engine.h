@@ -22,9 +22,14 @@
 #include "pagedattn/kv_cache.h"
 #include "pagedattn/model.h"
 #include "pagedattn/request.h"
-#include "pagedattn/scheduler.h"
 
 namespace pagedattn {
+
+// The engine's internals (src/engine/): the scheduler, its step output and a sequence's state.
+class Scheduler;
+struct SchedulerOutput;
+struct ScheduledSeq;
+struct Sequence;
 
 class Engine {
  public:
@@ -63,8 +68,10 @@ class Engine {
   const EngineConfig& config() const { return config_; }
   const Model& model() const { return *model_; }
   const KvCache& cache() const { return *cache_; }
-  const Scheduler& scheduler() const { return *scheduler_; }
   int32_t max_model_len() const { return max_model_len_; }
+  // Sequences the scheduler runs / holds back (metrics() has these and every counter).
+  int32_t num_running() const;
+  int32_t num_waiting() const;
   int64_t kv_capacity_tokens() const;
   EngineMetrics metrics() const;
 

@@ -7,7 +7,6 @@
 #include <string>
 #include <vector>
 
-#include "pagedattn/scheduler.h"
 
 namespace pagedattn {
 
@@ -15,6 +14,16 @@ namespace pagedattn {
 // + decode(b)), special tokens skipped. Without one, outputs carry token ids
 // only and stop strings are refused.
 using DecodeFn = std::function<std::string(const std::vector<int32_t>&)>;
+
+// Admission (the scheduler's): lookahead admits only while the forecast peak of the running
+// batch's pages fits; immediate as soon as a request's first chunk fits (grows into preemptions
+// when lengths do).
+enum class AdmissionPolicy : uint8_t { lookahead, immediate };
+// Preemption victims: the sequence with the fewest computed tokens (the newest among equals), or
+// the newest.
+enum class VictimPolicy : uint8_t { least_work, newest };
+// "lookahead" | "immediate"; throws Error naming the option otherwise.
+AdmissionPolicy parse_admission_policy(const std::string& name);
 
 struct EngineConfig {
   // KV budget, first that is set: tokens, MiB, a fraction of free memory (the device's after the
@@ -33,7 +42,7 @@ struct EngineConfig {
   int32_t max_num_batched_tokens = 2048;
   int32_t max_num_seqs = 64;
   int32_t watermark_pages = -1;  // -1: 1% of the pool
-  // The scheduler's admission and preemption victims (scheduler.h).
+  // The scheduler's admission and preemption victims.
   AdmissionPolicy admission = AdmissionPolicy::lookahead;
   VictimPolicy victim = VictimPolicy::least_work;
   int32_t max_model_len = 0;  // 0: the model's max_position_embeddings

@@ -30,6 +30,8 @@ struct EngineMetrics {
   int64_t preemptions = 0;            // every kind
   int64_t preemptions_recompute = 0;  // pages freed, recomputed at re-admission
   int64_t recomputed_tokens = 0;      // tokens computed again after a preemption
+  int64_t preempted_computed_tokens = 0;  // tokens computed before their sequence was preempted
+  int64_t resumed_prefix_hit_tokens = 0;  // of those, found again in the prefix cache
   int64_t admission_stalls = 0;       // steps the oldest waiting request waited for pages
   int64_t prompt_tokens = 0, generation_tokens = 0;
   int64_t requests_finished = 0, requests_cancelled = 0;

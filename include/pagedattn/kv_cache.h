@@ -53,8 +53,9 @@ struct KvCacheStats {
   int32_t pages_free = 0;         // in the free list
   int32_t pages_cached = 0;       // unreferenced, kept for prefix reuse (evictable)
   int64_t tail_slots_wasted = 0;  // empty slots in the tail pages of live sequences
-  int64_t prefix_queries = 0;     // tokens looked up by attach_prefix
-  int64_t prefix_hits = 0;        // tokens reused by attach_prefix
+  int64_t prefix_queries = 0;     // tokens looked up by attach_prefix for new requests
+  int64_t prefix_hits = 0;        // of those, tokens reused
+  int64_t resume_hits = 0;        // tokens a preempted sequence found again when it came back
   int64_t evictions = 0;
   int32_t num_sequences = 0;
 };
@@ -77,7 +78,12 @@ class KvCache {
   // Reuses the longest chain of cached full pages matching the start of `tokens` (same salt).
   // The sequence must be empty. At most tokens.size() - 1 tokens are reused so that at least one
   // token is computed. Returns the number of tokens reused (a multiple of page_size).
-  int32_t attach_prefix(SeqId seq, std::span<const int32_t> tokens);
+  // Counted in stats() (the engine's one count of prefix reuse): a request's lookup
+  // (resumed_computed 0) in prefix_queries / prefix_hits; a preempted sequence coming back, which
+  // had computed resumed_computed tokens, in resume_hits (the part of those it finds again). A
+  // sequence freed before append_slots gave it a token takes its lookup back (an admission that
+  // did not go ahead).
+  int32_t attach_prefix(SeqId seq, std::span<const int32_t> tokens, int32_t resumed_computed = 0);
   // Pages that append_slots(seq, n) would need to take from the allocator (CoW included).
   int32_t pages_needed(SeqId seq, int32_t n) const;
   bool can_append(SeqId seq, int32_t n) const;
@@ -122,7 +128,8 @@ class KvCache {
   // Whether a page holds a prefix hash (registered in the hash -> page map).
   bool page_has_hash(int32_t page) const;
   const std::string& cache_salt(SeqId seq) const;
-  // The page allocator (read-only: free list, LRU order of cached pages).
+  // The page allocator, read-only (free list, LRU order of cached pages), for tests of the cache's
+  // invariants; callers ask the cache itself (can_append, num_available_pages, pages_needed).
   const BlockAllocator& allocator() const;
 
  private:

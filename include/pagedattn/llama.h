@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "pagedattn/attention.h"
 #include "pagedattn/model.h"
 #include "pagedattn/weight_view.h"
 
@@ -67,10 +68,11 @@ class LlamaModel : public Model {
     std::vector<float> x, h, q, k, v, attn, gate, up;
     cpu::MatmulInput in;  // the activations of the current products
     std::vector<float> rope_cos, rope_sin;  // [num_tokens, head_dim / 2]
+    CpuAttentionPlan attention;             // planned once per forward, run by every layer
   };
 
-  void run_layer(const Layer& w, int32_t layer, int32_t num_tokens, const BatchLayout& layout,
-                 const int32_t* slots, KvCache& cache);
+  void run_layer(const Layer& w, int32_t layer, int32_t num_tokens, const int32_t* slots,
+                 KvCache& cache);
   // Folds this layer's k, v (ws_.k, ws_.v) into *absmax_ (the calibration pass).
   void observe_kv(int32_t layer, int32_t num_tokens);
 

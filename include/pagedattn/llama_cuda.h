@@ -106,9 +106,8 @@ class LlamaModelCuda : public Model {
   };
   GraphStats cuda_graph_stats() const;
 
-  struct Impl;
-
  private:
+  struct Impl;
 
   std::unique_ptr<Impl> impl_;
 };

@@ -1,5 +1,5 @@
 // Growth forecasts for admission (see admission.h).
-#include "pagedattn/admission.h"
+#include "admission.h"
 
 #include <algorithm>
 #include <vector>

@@ -571,6 +571,9 @@ std::vector<RequestOutput> Engine::step() {
   return outputs;
 }
 
+int32_t Engine::num_running() const { return scheduler_->num_running(); }
+int32_t Engine::num_waiting() const { return scheduler_->num_waiting(); }
+
 EngineMetrics Engine::metrics() const {
   EngineMetrics m;
   const KvCacheStats st = cache_->stats();
@@ -582,8 +585,10 @@ EngineMetrics Engine::metrics() const {
   m.pages_free = st.pages_free;
   m.pages_cached = st.pages_cached;
   m.kv_capacity_tokens = kv_capacity_tokens();
-  m.prefix_queried_tokens = scheduler_->prefix_queried_tokens();
-  m.prefix_hit_tokens = scheduler_->prefix_hit_tokens();
+  m.prefix_queried_tokens = st.prefix_queries;  // the cache counts its lookups, nothing else
+  m.prefix_hit_tokens = st.prefix_hits;
+  m.resumed_prefix_hit_tokens = st.resume_hits;
+  m.preempted_computed_tokens = scheduler_->preempted_computed_tokens();
   m.preemptions = scheduler_->num_preemptions();
   m.preemptions_recompute = scheduler_->num_recompute_preemptions();
   m.recomputed_tokens = scheduler_->recomputed_tokens();

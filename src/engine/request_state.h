@@ -9,6 +9,8 @@
 
 #include "beam_search.h"
 #include "pagedattn/engine.h"
+#include "scheduler.h"
+#include "sequence.h"
 
 namespace pagedattn {
 

@@ -1,5 +1,5 @@
 // The token-budget scheduler (see scheduler.h for the policy).
-#include "pagedattn/scheduler.h"
+#include "scheduler.h"
 
 #include <algorithm>
 #include <limits>
@@ -181,7 +181,10 @@ bool Scheduler::admit_one(int32_t &budget, SchedulerOutput &out) {
   Sequence *seq = waiting_.begin()->second;
   const SeqId cs = cache_.create_sequence(seq->cache_salt);
   int32_t reused = 0;
-  if (config_.enable_prefix_cache) reused = cache_.attach_prefix(cs, seq->tokens);
+  // NOTE: the cache counts the lookup (KvCacheStats): a preempted sequence coming back counts
+  // apart, what it reuses of its own computed tokens.
+  if (config_.enable_prefix_cache)
+    reused = cache_.attach_prefix(cs, seq->tokens, std::max(seq->recompute_until, 0));
   int32_t n = std::min(seq->num_tokens() - reused, budget);
   const int32_t available = available_pages();
   // Alone: nothing else computes (beams parked for their siblings' step hold pages but wait).
@@ -217,12 +220,6 @@ bool Scheduler::admit_one(int32_t &budget, SchedulerOutput &out) {
   }
   waiting_.erase(waiting_.begin());
   seq->num_computed = reused;
-  if (seq->recompute_until > 0) {  // a preempted sequence coming back
-    resumed_hits_ += std::min(reused, seq->recompute_until);
-  } else if (config_.enable_prefix_cache) {  // with the cache off nothing is looked up
-    prefix_queried_ += seq->num_tokens();
-    prefix_hits_ += reused;
-  }
   running_[seq->order] = seq;
   append(seq, n, out);
   budget -= n;

@@ -20,6 +20,9 @@ struct SeqPages {
   std::vector<int32_t> block_table;  // [ceil(kv_len / page_size)] physical page ids
   std::vector<int32_t> tokens;       // [kv_len] token ids of the reserved positions
   std::vector<PageHash> hashes;      // chain hashes of the first hashes.size() (full) pages
+  // What attach_prefix counted for this sequence, taken back if it is freed before it grows (an
+  // admission that did not go ahead: the scheduler looks the same tokens up again later).
+  int64_t counted_queries = 0, counted_hits = 0, counted_resume = 0;
 };
 
 }  // namespace
@@ -34,7 +37,7 @@ struct KvCache::Impl {
   std::vector<PageHash> page_hash;  // [num_pages], valid where has_hash
   std::vector<uint8_t> has_hash;    // [num_pages]
   std::unordered_map<PageHash, int32_t, kv::PageHashHasher> hash_to_page;
-  int64_t prefix_queries = 0, prefix_hits = 0, evictions = 0;
+  int64_t prefix_queries = 0, prefix_hits = 0, resume_hits = 0, evictions = 0;
   std::vector<PageCopy> page_copies;  // since take_page_copies (record_page_copies)
 
   explicit Impl(const KvCacheConfig& c) : cfg(c), alloc(c.num_pages) {}
@@ -142,9 +145,12 @@ SeqId KvCache::create_sequence(const std::string& cache_salt) {
   return id;
 }
 
-int32_t KvCache::attach_prefix(SeqId seq, std::span<const int32_t> tokens) {
+int32_t KvCache::attach_prefix(SeqId seq, std::span<const int32_t> tokens,
+                               int32_t resumed_computed) {
   Impl& m = *impl_;
   SeqPages& s = m.find(seq, "attach_prefix");
+  PA_CHECK(resumed_computed >= 0, "attach_prefix: resumed_computed must be >= 0, got ",
+           resumed_computed);
   PA_CHECK(s.tokens.empty(), "attach_prefix: seq ", seq, " must be empty, has kv_len ",
            s.tokens.size());
   if (!m.cfg.enable_prefix_cache) return 0;
@@ -172,8 +178,15 @@ int32_t KvCache::attach_prefix(SeqId seq, std::span<const int32_t> tokens) {
   s.block_table = std::move(pages);
   s.tokens.assign(tokens.begin(), tokens.begin() + ptrdiff_t(reused));
   s.hashes = std::move(chain);
-  m.prefix_queries += int64_t(tokens.size());
-  m.prefix_hits += int64_t(reused);
+  if (resumed_computed > 0) {
+    s.counted_resume = std::min<int64_t>(int64_t(reused), resumed_computed);
+  } else {
+    s.counted_queries = int64_t(tokens.size());
+    s.counted_hits = int64_t(reused);
+  }
+  m.resume_hits += s.counted_resume;
+  m.prefix_queries += s.counted_queries;
+  m.prefix_hits += s.counted_hits;
   return int32_t(reused);
 }
 
@@ -207,6 +220,7 @@ std::vector<int32_t> KvCache::append_slots(SeqId seq, std::span<const int32_t> t
            " pages for ", n, " tokens but only ", m.alloc.num_available(), " are available");
   std::vector<int32_t> slots;
   if (n == 0) return slots;
+  s.counted_queries = s.counted_hits = s.counted_resume = 0;  // it grows: its lookup stands
   slots.reserve(size_t(n));
   const int32_t filled = int32_t(len % ps);
   if (filled != 0 && m.alloc.refcount(s.block_table.back()) > 1) {
@@ -255,6 +269,7 @@ SeqId KvCache::fork(SeqId parent) {
   Impl& m = *impl_;
   const SeqPages& p = m.find(parent, "fork");
   SeqPages child = p;
+  child.counted_queries = child.counted_hits = child.counted_resume = 0;  // the parent's lookup
   for (int32_t page : child.block_table) m.alloc.incref(page);
   const SeqId id = m.next_id++;
   m.seqs.emplace(id, std::move(child));
@@ -266,6 +281,9 @@ void KvCache::free_sequence(SeqId seq) {
   SeqPages& s = m.find(seq, "free_sequence");
   // Deepest page first: it reaches the LRU list before its parents and is evicted before them.
   for (auto it = s.block_table.rbegin(); it != s.block_table.rend(); ++it) m.release(*it);
+  m.prefix_queries -= s.counted_queries;
+  m.prefix_hits -= s.counted_hits;
+  m.resume_hits -= s.counted_resume;
   m.seqs.erase(seq);
 }
 
@@ -354,6 +372,7 @@ KvCacheStats KvCache::stats() const {
   }
   st.prefix_queries = m.prefix_queries;
   st.prefix_hits = m.prefix_hits;
+  st.resume_hits = m.resume_hits;
   st.evictions = m.evictions;
   st.num_sequences = int32_t(m.seqs.size());
   return st;

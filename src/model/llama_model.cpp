@@ -153,8 +153,18 @@ Tensor LlamaModel::forward(const ForwardBatch& batch, KvCache& cache) {
   Tensor logits = Tensor::empty({int64_t(batch.logit_rows.size()), c.vocab_size}, DType::f32);
   if (num_tokens == 0) return logits;
 
-  // The step batch carries the attention layout; RoPE tables for the tokens' positions.
-  const BatchLayout layout = attention_layout(batch);
+  // The attention planned once for every layer (the step batch carries its layout; every layer
+  // has the same shapes), and RoPE tables for the tokens' positions.
+  const int32_t Hq = c.num_q_heads, D = c.head_dim;
+  ws_.q.resize(size_t(num_tokens) * size_t(Hq * D));
+  ws_.attn.resize(size_t(num_tokens) * size_t(Hq * D));
+  {
+    AttentionOptions opt;
+    opt.window = c.sliding_window;
+    ws_.attention.plan(QKVTensor{ws_.q.data(), DType::f32, num_tokens, Hq, D},
+                       cache.layer_view(0), attention_layout(batch), opt,
+                       QKVTensor{ws_.attn.data(), DType::f32, num_tokens, Hq, D});
+  }
   const size_t half = size_t(c.head_dim / 2);
   ws_.rope_cos.resize(size_t(num_tokens) * half);
   ws_.rope_sin.resize(size_t(num_tokens) * half);
@@ -165,7 +175,7 @@ Tensor LlamaModel::forward(const ForwardBatch& batch, KvCache& cache) {
   for (int32_t t = 0; t < num_tokens; ++t)
     cpu::weight_row(embed_, batch.tokens[size_t(t)], ws_.x.data() + t * hidden);
   for (int32_t i = 0; i < c.num_layers; ++i) {
-    run_layer(layers_[size_t(i)], i, num_tokens, layout, batch.slots.data(), cache);
+    run_layer(layers_[size_t(i)], i, num_tokens, batch.slots.data(), cache);
   }
 
   // Final norm and lm_head for the requested rows only.
@@ -182,7 +192,7 @@ Tensor LlamaModel::forward(const ForwardBatch& batch, KvCache& cache) {
 }
 
 void LlamaModel::run_layer(const Layer& w, int32_t layer, int32_t num_tokens,
-                           const BatchLayout& layout, const int32_t* slots, KvCache& cache) {
+                           const int32_t* slots, KvCache& cache) {
   const ModelConfig& c = config_;
   const int64_t T = num_tokens, hidden = c.hidden_size, inter = c.intermediate_size;
   const int32_t D = c.head_dim, Hq = c.num_q_heads, Hkv = c.num_kv_heads;
@@ -220,9 +230,7 @@ void LlamaModel::run_layer(const Layer& w, int32_t layer, int32_t num_tokens,
   write_kv_cpu(view, slots, num_tokens, k, v, DType::f32);
   const QKVTensor q_t{q, DType::f32, num_tokens, Hq, D};
   QKVTensor out_t{attn, DType::f32, num_tokens, Hq, D};
-  AttentionOptions opt;
-  opt.window = c.sliding_window;
-  paged_attention_cpu(q_t, view, layout, opt, out_t);
+  ws_.attention.run(q_t, view, out_t);
   in.set(attn, T, q_dim);
   cpu::matmul(in, w.wo, h, mode);
   cpu::add_inplace(x, h, T * hidden);

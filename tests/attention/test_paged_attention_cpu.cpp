@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attention/cpu/cpu_attention.h"
+#include "pagedattn/error.h"
 #include "problem.h"
 
 using namespace pagedattn;
@@ -236,6 +237,59 @@ TEST(DenseAttentionCpu, MatchesReference) {
     });
     ASSERT_LE(err, tolerance(spec.out_dtype)) << describe(spec);
   }
+}
+
+}  // namespace
+
+namespace {
+
+// Plan-then-run: one plan run over two layers' pools (same layout, other values) gives the bits
+// of the one-shot call on each; run() refuses tensors or pools of other shapes.
+TEST(CpuAttentionPlan, PlannedOnceRunPerLayerEqualsOneShot) {
+  std::mt19937_64 rng(31);
+  for (int i = 0; i < 40; ++i) {
+    const ProblemSpec spec = random_spec(rng, i);
+    const Problem layer0(spec, 700 + uint64_t(i));
+    Problem layer1 = layer0;
+    std::swap(layer1.k_pages, layer1.v_pages);  // another layer: the same slots, other values
+    CpuAttentionPlan plan;
+    OutBuffer planned0(layer0, spec.out_dtype), planned1(layer0, spec.out_dtype);
+    plan.plan(layer0.q_tensor(), layer0.view(), layer0.batch(), spec.opt, planned0.t);
+    plan.run(layer0.q_tensor(), layer0.view(), planned0.t);
+    plan.run(layer1.q_tensor(), layer1.view(), planned1.t);
+    OutBuffer once0(layer0, spec.out_dtype), once1(layer0, spec.out_dtype);
+    paged_attention_cpu(layer0.q_tensor(), layer0.view(), layer0.batch(), spec.opt, once0.t);
+    paged_attention_cpu(layer1.q_tensor(), layer1.view(), layer1.batch(), spec.opt, once1.t);
+    ASSERT_EQ(planned0.bytes, once0.bytes) << describe(spec);
+    ASSERT_EQ(planned1.bytes, once1.bytes) << describe(spec);
+  }
+}
+
+TEST(CpuAttentionPlan, RunRefusesOtherShapes) {
+  std::mt19937_64 rng(5);
+  const ProblemSpec spec = random_spec(rng, 0);
+  const Problem pr(spec, 9);
+  OutBuffer out(pr, spec.out_dtype);
+  CpuAttentionPlan plan;
+  auto error_of = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const pagedattn::Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(error_of([&] { plan.run(pr.q_tensor(), pr.view(), out.t); }).find("before plan"),
+            std::string::npos);
+  plan.plan(pr.q_tensor(), pr.view(), pr.batch(), spec.opt, out.t);
+  QKVTensor q = pr.q_tensor();
+  q.num_heads *= 2;
+  EXPECT_NE(error_of([&] { plan.run(q, pr.view(), out.t); }).find("differ in shape"),
+            std::string::npos);
+  PagedKVView kv = pr.view();
+  kv.num_pages -= 1;
+  EXPECT_NE(error_of([&] { plan.run(pr.q_tensor(), kv, out.t); }).find("pools of run()"),
+            std::string::npos);
 }
 
 }  // namespace

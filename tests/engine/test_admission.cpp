@@ -9,9 +9,9 @@
 #include <random>
 #include <vector>
 
-#include "pagedattn/admission.h"
+#include "engine/admission.h"
 #include "pagedattn/error.h"
-#include "pagedattn/scheduler.h"
+#include "engine/scheduler.h"
 #include "tiny_models.h"
 
 using namespace pagedattn;
@@ -224,7 +224,7 @@ TEST(Preemption, VictimLosesTheLeastComputedWork) {
     Sequence *b = h.add(19, 100, false);
     h.step();  // all three prefilled: C 6 pages, A 1, B 5 = 12 (A's and B's next
                // token fit)
-    ASSERT_EQ(h.cache.allocator().num_available(), 0);
+    ASSERT_EQ(h.cache.num_available_pages(), 0);
     SchedulerOutput out = h.step();  // C (25 tokens) needs a 7th page; A's tail has room
     ASSERT_EQ(out.preempted.size(), 1u);
     EXPECT_EQ(out.preempted[0], v == VictimPolicy::least_work ? a : b);
@@ -244,7 +244,7 @@ TEST(Preemption, RecomputedTokensAndPrefixHitsOnResumeAreCounted) {
     Sequence *c = h.add(24, 100, false);
     Sequence *b = h.add(22, 100, false);  // 6 pages: 5 full, a tail of 2
     h.step();
-    ASSERT_EQ(h.cache.allocator().num_available(), 0);
+    ASSERT_EQ(h.cache.num_available_pages(), 0);
     SchedulerOutput out = h.step();  // C needs a page: B (the only other) is preempted
     ASSERT_EQ(out.preempted.size(), 1u);
     ASSERT_EQ(out.preempted[0], b);
@@ -257,10 +257,10 @@ TEST(Preemption, RecomputedTokensAndPrefixHitsOnResumeAreCounted) {
     h.step();  // B re-admitted: 23 tokens exist, 22 were computed before
     EXPECT_EQ(b->num_computed, 23);
     const int64_t reused = prefix ? 20 : 0;
-    EXPECT_EQ(h.sched.resumed_prefix_hit_tokens(), reused);
+    EXPECT_EQ(h.cache.stats().resume_hits, reused);
     EXPECT_EQ(h.sched.recomputed_tokens(), 22 - reused);
     // A re-admission is not a first-time prefix query; with the cache off nothing is queried.
-    EXPECT_EQ(h.sched.prefix_queried_tokens(), prefix ? 24 + 22 : 0);
+    EXPECT_EQ(h.cache.stats().prefix_queries, prefix ? 24 + 22 : 0);
   }
 }
 

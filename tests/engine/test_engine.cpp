@@ -142,7 +142,7 @@ TEST(Engine, PreemptionAndRecomputeGiveIdenticalOutput) {
   EXPECT_EQ(m.preemptions_recompute, m.preemptions);
   EXPECT_GT(m.recomputed_tokens, 0);
   EXPECT_EQ(m.recomputed_tokens,
-            e.scheduler().preempted_computed_tokens() - e.scheduler().resumed_prefix_hit_tokens());
+            m.preempted_computed_tokens - m.resumed_prefix_hit_tokens);
   for (size_t i = 0; i < prompts.size(); ++i)
     EXPECT_EQ(res[ids[i]].tokens.at(0), fake.greedy_oracle(prompts[i], 40)) << "request " << i;
   EXPECT_EQ(e.cache().stats().pages_used, 0);

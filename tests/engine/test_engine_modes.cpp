@@ -157,7 +157,7 @@ TEST(EngineModes, PromptThatCanNeverFitIsRefusedAtTheDoor) {
     EXPECT_EQ(err.code(), "context_length_exceeded");
   }
   EXPECT_EQ(e.num_active_requests(), 0);
-  EXPECT_EQ(e.scheduler().num_waiting(), 0);
+  EXPECT_EQ(e.num_waiting(), 0);
   // The context: a model of 16 positions; a prompt that fills them leaves no room for output.
   Engine big(std::make_unique<FakeModel>(64, std::vector<int32_t>{}, 16), config(1024));
   try {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "pagedattn/error.h"
-#include "pagedattn/scheduler.h"
+#include "engine/scheduler.h"
 #include "tiny_models.h"
 
 using namespace pagedattn;
@@ -226,7 +226,7 @@ TEST(Scheduler, PrefixHitSkipsCachedPages) {
   SchedulerOutput out = h.step();
   EXPECT_EQ(h.scheduled_tokens(out, b), 1);
   EXPECT_EQ(out.batch.positions[0], 12);
-  EXPECT_EQ(h.sched.prefix_hit_tokens(), 12);
+  EXPECT_EQ(h.cache.stats().prefix_hits, 12);
 
   SchedulerConfig off;
   off.enable_prefix_cache = false;

@@ -218,6 +218,33 @@ cpu::KernelParams make_params(const QKVTensor& q, const AttentionOptions& opt, Q
   return p;
 }
 
+// The kernel's parameters for a batch over pools shaped like kv (q, out and the pools' pointers
+// and scales are set per run).
+cpu::KernelParams batch_params(const QKVTensor& q, const PagedKVView& kv, const BatchLayout& batch,
+                               const AttentionOptions& opt, const QKVTensor& out) {
+  QKVTensor out_copy = out;
+  cpu::KernelParams p = make_params(q, opt, out_copy, kv.num_kv_heads, batch.q_indptr,
+                                    batch.kv_len);
+  p.kv.dtype = kv.dtype;
+  p.kv.num_kv_heads = kv.num_kv_heads;
+  p.kv.block_table = batch.block_table;
+  p.kv.max_pages_per_seq = batch.max_pages_per_seq;
+  p.kv.page_size = kv.page_size;
+  return p;
+}
+
+// p for one run: the call's q, out, pools and scales.
+cpu::KernelParams with_data(cpu::KernelParams p, const QKVTensor& q, const PagedKVView& kv,
+                            QKVTensor& out) {
+  p.q = q.data;
+  p.out = out.data;
+  p.k_scale = kv.k_scale;
+  p.v_scale = kv.v_scale;
+  p.kv.k = kv.k_pages;
+  p.kv.v = kv.v_pages;
+  return p;
+}
+
 }  // namespace
 
 bool cpu_isa_available(CpuIsa isa) {
@@ -228,7 +255,52 @@ bool cpu_isa_available(CpuIsa isa) {
 
 void paged_attention_cpu(const QKVTensor& q, const PagedKVView& kv, const BatchLayout& batch,
                          const AttentionOptions& opt, QKVTensor& out) {
-  paged_attention_cpu_isa(q, kv, batch, opt, out, CpuIsa::best);
+  CpuAttentionPlan plan;
+  plan.plan(q, kv, batch, opt, out);
+  plan.run(q, kv, out);
+}
+
+struct CpuAttentionPlan::Impl {
+  bool planned = false;
+  QKVTensor q_shape, out_shape;  // data pointers unused: run() gets the layer's
+  PagedKVView kv_shape;          // pool pointers and scales unused, likewise
+  cpu::KernelParams params;      // everything but q, out and the pools
+  cpu::Plan items;
+};
+
+CpuAttentionPlan::CpuAttentionPlan() : impl_(std::make_unique<Impl>()) {}
+CpuAttentionPlan::~CpuAttentionPlan() = default;
+
+void CpuAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const BatchLayout& batch,
+                            const AttentionOptions& opt, const QKVTensor& out) {
+  validate_paged_attention(q, kv, batch, opt, out);
+  Impl& m = *impl_;
+  m.params = batch_params(q, kv, batch, opt, out);
+  m.items = q.num_tokens == 0 ? cpu::Plan{} : cpu::plan_items(m.params, batch.num_seqs,
+                                                               kv.num_kv_heads);
+  m.q_shape = q;
+  m.out_shape = out;
+  m.kv_shape = kv;
+  m.planned = true;
+}
+
+void CpuAttentionPlan::run(const QKVTensor& q, const PagedKVView& kv, QKVTensor& out) const {
+  const Impl& m = *impl_;
+  PA_CHECK(m.planned, "paged_attention: run() before plan()");
+  auto same = [](const QKVTensor& a, const QKVTensor& b) {
+    return a.dtype == b.dtype && a.num_tokens == b.num_tokens && a.num_heads == b.num_heads &&
+           a.head_dim == b.head_dim;
+  };
+  PA_CHECK(same(q, m.q_shape) && same(out, m.out_shape), "paged_attention: q or out of run() ",
+           "differ in shape or dtype from the planned ones");
+  const PagedKVView& p = m.kv_shape;
+  PA_CHECK(kv.dtype == p.dtype && kv.num_pages == p.num_pages && kv.num_kv_heads == p.num_kv_heads &&
+               kv.page_size == p.page_size && kv.head_dim == p.head_dim,
+           "paged_attention: the pools of run() differ in shape or dtype from the planned ones");
+  PA_CHECK(q.data && out.data && kv.k_pages && kv.v_pages, "paged_attention: null data in run()");
+  detail::check_host_fp8_scales(kv);
+  if (q.num_tokens == 0) return;
+  cpu::run_items(with_data(m.params, q, kv, out), m.items, CpuIsa::best);
 }
 
 void paged_attention_cpu_isa(const QKVTensor& q, const PagedKVView& kv, const BatchLayout& batch,
@@ -238,17 +310,8 @@ void paged_attention_cpu_isa(const QKVTensor& q, const PagedKVView& kv, const Ba
   validate_paged_attention(q, kv, batch, opt, out);
   detail::check_host_fp8_scales(kv);
   if (q.num_tokens == 0) return;
-  cpu::KernelParams p = make_params(q, opt, out, kv.num_kv_heads, batch.q_indptr, batch.kv_len);
-  p.k_scale = kv.k_scale;
-  p.v_scale = kv.v_scale;
-  p.kv.k = kv.k_pages;
-  p.kv.v = kv.v_pages;
-  p.kv.dtype = kv.dtype;
-  p.kv.num_kv_heads = kv.num_kv_heads;
-  p.kv.block_table = batch.block_table;
-  p.kv.max_pages_per_seq = batch.max_pages_per_seq;
-  p.kv.page_size = kv.page_size;
-  cpu::run_items(p, cpu::plan_items(p, batch.num_seqs, kv.num_kv_heads), isa);
+  const cpu::KernelParams p = batch_params(q, kv, batch, opt, out);
+  cpu::run_items(with_data(p, q, kv, out), cpu::plan_items(p, batch.num_seqs, kv.num_kv_heads), isa);
 }
 
 void dense_attention_cpu(const QKVTensor& q, const DenseKV& kv, int32_t num_seqs,

@@ -249,6 +249,14 @@ struct LlamaModelCuda::Impl {
   // shard and comm are set.
   void load(const ModelFile* file, uint64_t seed);
 
+  // A step, in the CPU runner's order (forward_device): prepare_step, embed_tokens, run_layer for
+  // every layer, logits_of_rows.
+  struct Step;
+  Step prepare_step(const ForwardBatch& batch, const KvCache& cache);
+  void embed_tokens(const Step& s, cudaStream_t st);
+  void run_layer(int32_t i, const Step& s, const PagedKVView& view, cudaStream_t st);
+  void logits_of_rows(const Step& s, cudaStream_t st);
+
   // The rank's partial sum in x (o_proj / down_proj output) -> the sum over ranks, in place.
   void all_reduce(float* x, int64_t n, cudaStream_t st) {
     if (comm) comm->all_reduce_sum(x, size_t(n), st);
@@ -455,145 +463,188 @@ void LlamaModelCuda::validate(const ForwardBatch& b, const KvCache& cache) const
   check_forward_batch(b, config.vocab_size, cc.page_size, cc.num_pages, op);
 }
 
+// The step's device buffers and counts, made by prepare_step and read by the launches.
+struct LlamaModelCuda::Impl::Step {
+  int32_t T = 0, R = 0;  // tokens, logit rows
+  const int32_t* tokens = nullptr;  // [T]
+  const int32_t* slots = nullptr;   // [T]
+  const int32_t* rows = nullptr;    // [R]
+  const float* cos = nullptr;       // [T, D/2]
+  const float* sin = nullptr;       // [T, D/2]
+  float* x = nullptr;               // [T, hidden] f32
+  void* h = nullptr;                // [T, max(hidden, q_dim)] bf16
+  float* qkv = nullptr;             // [T, qkv_dim] f32
+  void *q = nullptr, *k = nullptr, *v = nullptr, *attn = nullptr;  // bf16
+  uint16_t* gu = nullptr;           // [T, 2 * inter] bf16
+  void* act = nullptr;              // [T, inter] bf16
+  float* logits = nullptr;          // [R, vocab] f32 (null: R == 0)
+  float* shard_logits = nullptr;    // [R, vocab_stride] (tensor parallel)
+  float* gathered = nullptr;        // [world, R, vocab_stride] (tensor parallel)
+};
+
+// Host work of a step: RoPE tables, one upload (tokens, slots, logit rows, cos, sin), the scratch
+// buffers, the attention plan (layer 0's view: every layer has the same shapes).
+LlamaModelCuda::Impl::Step LlamaModelCuda::Impl::prepare_step(const ForwardBatch& batch,
+                                                                const KvCache& cache) {
+  const ModelConfig& c = config;
+  Step s;
+  s.T = int32_t(batch.tokens.size());
+  s.R = int32_t(batch.logit_rows.size());
+  const int32_t T = s.T, R = s.R;
+  const int32_t hidden = c.hidden_size, D = c.head_dim, half = D / 2;
+  const int32_t q_dim = tp.q_heads * D, qkv_dim = (tp.q_heads + 2 * tp.kv_heads) * D;
+  rope_cos.resize(size_t(T) * size_t(half));
+  rope_sin.resize(size_t(T) * size_t(half));
+  rope_tables(inv_freq, batch.positions.data(), T, rope_cos.data(), rope_sin.data());
+
+  const size_t n_meta = size_t(2 * T + R) + 2 * rope_cos.size();  // all 4-byte values
+  host_meta.resize(n_meta);
+  int32_t* hm = host_meta.data();
+  std::copy(batch.tokens.begin(), batch.tokens.end(), hm);
+  std::copy(batch.slots.begin(), batch.slots.end(), hm + T);
+  std::copy(batch.logit_rows.begin(), batch.logit_rows.end(), hm + 2 * T);
+  std::memcpy(hm + 2 * T + R, rope_cos.data(), rope_cos.size() * 4);
+  std::memcpy(hm + 2 * T + R + rope_cos.size(), rope_sin.data(), rope_sin.size() * 4);
+  auto* dm = static_cast<int32_t*>(ensure(meta, int64_t(n_meta), DType::f32));
+  check_cuda(cudaMemcpyAsync(dm, hm, n_meta * 4, cudaMemcpyHostToDevice, stream), "batch upload");
+  s.tokens = dm;
+  s.slots = dm + T;
+  s.rows = dm + 2 * T;
+  s.cos = reinterpret_cast<const float*>(dm + 2 * T + R);
+  s.sin = s.cos + rope_cos.size();
+
+  s.x = static_cast<float*>(ensure(x, int64_t(T) * hidden, DType::f32));
+  s.h = ensure(h, int64_t(T) * std::max(hidden, q_dim), DType::bf16);
+  s.qkv = static_cast<float*>(ensure(qkv, int64_t(T) * qkv_dim, DType::f32));
+  s.q = ensure(q, int64_t(T) * q_dim, DType::bf16);
+  s.k = ensure(k, int64_t(T) * tp.kv_heads * D, DType::bf16);
+  s.v = ensure(v, int64_t(T) * tp.kv_heads * D, DType::bf16);
+  s.attn = ensure(attn, int64_t(T) * q_dim, DType::bf16);
+  s.gu = static_cast<uint16_t*>(ensure(gu, int64_t(T) * 2 * tp.inter, DType::bf16));
+  s.act = ensure(act, int64_t(T) * tp.inter, DType::bf16);
+  if (R > 0) s.logits = static_cast<float*>(ensure(logits, int64_t(R) * c.vocab_size, DType::f32));
+  // With a communicator each rank computes the logits of its vocabulary rows, which are gathered.
+  if (comm && R > 0) {
+    const int64_t Vs = tp.vocab_stride;
+    s.shard_logits = static_cast<float*>(ensure(shard_logits, int64_t(R) * Vs, DType::f32));
+    s.gathered =
+        static_cast<float*>(ensure(gathered, int64_t(shard.world) * R * Vs, DType::f32));
+  }
+
+  AttentionOptions opt;
+  opt.window = c.sliding_window;
+  QKVTensor out_t{s.attn, DType::bf16, T, tp.q_heads, D};
+  plan->plan(QKVTensor{s.q, DType::bf16, T, tp.q_heads, D}, cache.layer_view(0),
+             attention_layout(batch), opt, out_t, stream);
+  return s;
+}
+
+// x = the tokens' embedding rows (summed over the ranks' vocabulary shards).
+void LlamaModelCuda::Impl::embed_tokens(const Step& s, cudaStream_t st) {
+  const int32_t hidden = config.hidden_size;
+  if (comm) {
+    cuda::embed_gather_shard(embed.data_as<uint16_t>(), tp.vocab0, tp.vocab, s.tokens, s.T, hidden,
+                             s.x, st);
+    all_reduce(s.x, int64_t(s.T) * hidden, st);
+  } else {
+    cuda::embed_gather(embed.data_as<uint16_t>(), s.tokens, s.T, hidden, s.x, st);
+  }
+}
+
+// One layer: norm, qkv, write K/V, attention, o (+= x), norm, gate/up, SwiGLU, down (+= x).
+void LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView& view,
+                                     cudaStream_t st) {
+  const ModelConfig& c = config;
+  const Layer& L = layers[size_t(i)];
+  const int32_t T = s.T, hidden = c.hidden_size, D = c.head_dim, inter = tp.inter;
+  const int32_t q_dim = tp.q_heads * D, qkv_dim = (tp.q_heads + 2 * tp.kv_heads) * D;
+  // NOTE: rank 0 adds the row-parallel products to the residual stream; the other ranks write
+  // their partial products over it, and the all-reduce sums them all (x + p0 + p1 + ...).
+  const float residual_beta = shard.rank == 0 ? 1.f : 0.f;
+  auto* hb = static_cast<uint16_t*>(s.h);
+  auto opt_f32 = [](const Tensor& t) { return t.data_as<float>(); };  // null when absent
+  cuda::QkvParams qp;
+  qp.num_tokens = T;
+  qp.num_q_heads = tp.q_heads;
+  qp.num_kv_heads = tp.kv_heads;
+  qp.head_dim = D;
+  qp.eps = c.rms_norm_eps;
+  // Attention block.
+  cuda::rms_norm_bf16(s.x, L.attn_norm.data_as<float>(), nullptr, T, hidden, c.rms_norm_eps, hb,
+                      st);
+  gemm(s.h, T, hidden, L.wqkv, qkv_dim, s.qkv, CUDA_R_32F, 0.f, "qkv projection");
+  cuda::qkv_post(s.qkv, opt_f32(L.bqkv), opt_f32(L.q_norm), opt_f32(L.k_norm), s.cos, s.sin, qp,
+                 static_cast<uint16_t*>(s.q), static_cast<uint16_t*>(s.k),
+                 static_cast<uint16_t*>(s.v), st);
+  write_kv_cuda(view, s.slots, T, s.k, s.v, DType::bf16, st);
+  QKVTensor out_t{s.attn, DType::bf16, T, tp.q_heads, D};
+  paged_attention_cuda(*plan, QKVTensor{s.q, DType::bf16, T, tp.q_heads, D}, view, out_t, st);
+  gemm(s.attn, T, q_dim, L.wo, hidden, s.x, CUDA_R_32F, residual_beta, "o projection");
+  all_reduce(s.x, int64_t(T) * hidden, st);
+  // MLP block.
+  cuda::rms_norm_bf16(s.x, L.mlp_norm.data_as<float>(), nullptr, T, hidden, c.rms_norm_eps, hb,
+                      st);
+  gemm(s.h, T, hidden, L.wgu, 2 * inter, s.gu, CUDA_R_16BF, 0.f, "gate/up projection");
+  cuda::swiglu(s.gu, T, inter, static_cast<uint16_t*>(s.act), st);
+  gemm(s.act, T, inter, L.wd, hidden, s.x, CUDA_R_32F, residual_beta, "down projection");
+  all_reduce(s.x, int64_t(T) * hidden, st);
+}
+
+// logits [R, vocab] = rms_norm(x[rows]) lm_head^T (each rank its vocabulary rows, gathered).
+void LlamaModelCuda::Impl::logits_of_rows(const Step& s, cudaStream_t st) {
+  const ModelConfig& c = config;
+  const int32_t R = s.R, hidden = c.hidden_size;
+  if (R == 0) return;
+  cuda::rms_norm_bf16(s.x, final_norm.data_as<float>(), s.rows, R, hidden, c.rms_norm_eps,
+                      static_cast<uint16_t*>(s.h), st);
+  const Tensor& head = lm_head.data() ? lm_head : embed;
+  if (!comm) {
+    gemm(s.h, R, hidden, head, c.vocab_size, s.logits, CUDA_R_32F, 0.f, "lm_head");
+    return;
+  }
+  // shard [R, Vs] (the last rank's columns past its rows are never read), gathered
+  // [world, R, Vs], then each rank's columns into their place in logits [R, vocab].
+  const int32_t Vs = tp.vocab_stride;
+  gemm(s.h, R, hidden, head, tp.vocab, s.shard_logits, CUDA_R_32F, 0.f, "lm_head", Vs);
+  comm->all_gather(s.shard_logits, s.gathered, size_t(R) * size_t(Vs), st);
+  for (int32_t r = 0; r < shard.world; ++r) {
+    const int64_t v0 = int64_t(r) * Vs;
+    const int64_t width = std::min<int64_t>(Vs, c.vocab_size - v0);
+    if (width <= 0) continue;
+    check_cuda(cudaMemcpy2DAsync(s.logits + v0, size_t(c.vocab_size) * 4,
+                                 s.gathered + int64_t(r) * R * Vs, size_t(Vs) * 4,
+                                 size_t(width) * 4, size_t(R), cudaMemcpyDeviceToDevice, st),
+               "logits gather");
+  }
+}
+
+// The same skeleton as the CPU runner (llama_model.cpp): prepare the step, embed, every layer,
+// the logit rows.
 const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& cache) {
   validate(batch, cache);
   Impl& m = *impl_;
   const ModelConfig& c = m.config;
-  const int32_t num_seqs = int32_t(batch.seqs.size());
-  const int32_t T = int32_t(batch.tokens.size()), R = int32_t(batch.logit_rows.size());
-  // This rank's heads and intermediate columns (all of them without tensor parallelism).
-  const int32_t hidden = c.hidden_size, inter = m.tp.inter, D = c.head_dim;
-  const int32_t Hq = m.tp.q_heads, Hkv = m.tp.kv_heads, half = D / 2;
-  const int32_t q_dim = Hq * D, qkv_dim = (Hq + 2 * Hkv) * D;
-  if (T == 0) return nullptr;  // no logit rows either (validate: rows index tokens)
+  if (batch.tokens.empty()) return nullptr;  // no logit rows either (validate: rows index tokens)
+  const Impl::Step s = m.prepare_step(batch, cache);
 
-  // The step batch carries the attention layout; RoPE tables of the positions.
-  const BatchLayout layout = attention_layout(batch);
-  m.rope_cos.resize(size_t(T) * size_t(half));
-  m.rope_sin.resize(size_t(T) * size_t(half));
-  rope_tables(m.inv_freq, batch.positions.data(), T, m.rope_cos.data(), m.rope_sin.data());
-
-  // One upload: tokens, slots, logit rows, cos, sin (all 4-byte values).
-  const size_t n_meta = size_t(2 * T + R) + 2 * m.rope_cos.size();
-  m.host_meta.resize(n_meta);
-  int32_t* hm = m.host_meta.data();
-  std::copy(batch.tokens.begin(), batch.tokens.end(), hm);
-  std::copy(batch.slots.begin(), batch.slots.end(), hm + T);
-  std::copy(batch.logit_rows.begin(), batch.logit_rows.end(), hm + 2 * T);
-  std::memcpy(hm + 2 * T + R, m.rope_cos.data(), m.rope_cos.size() * 4);
-  std::memcpy(hm + 2 * T + R + m.rope_cos.size(), m.rope_sin.data(), m.rope_sin.size() * 4);
-  auto* dm = static_cast<int32_t*>(ensure(m.meta, int64_t(n_meta), DType::f32));
-  check_cuda(cudaMemcpyAsync(dm, hm, n_meta * 4, cudaMemcpyHostToDevice, m.stream), "batch upload");
-  const int32_t* d_tokens = dm;
-  const int32_t* d_slots = dm + T;
-  const int32_t* d_rows = dm + 2 * T;
-  const auto* d_cos = reinterpret_cast<const float*>(dm + 2 * T + R);
-  const float* d_sin = d_cos + m.rope_cos.size();
-
-  float* x = static_cast<float*>(ensure(m.x, int64_t(T) * hidden, DType::f32));
-  void* h = ensure(m.h, int64_t(T) * std::max(hidden, q_dim), DType::bf16);
-  float* qkv = static_cast<float*>(ensure(m.qkv, int64_t(T) * qkv_dim, DType::f32));
-  void* q = ensure(m.q, int64_t(T) * q_dim, DType::bf16);
-  void* k = ensure(m.k, int64_t(T) * Hkv * D, DType::bf16);
-  void* v = ensure(m.v, int64_t(T) * Hkv * D, DType::bf16);
-  void* attn = ensure(m.attn, int64_t(T) * q_dim, DType::bf16);
-  auto* gu = static_cast<uint16_t*>(ensure(m.gu, int64_t(T) * 2 * inter, DType::bf16));
-  void* act = ensure(m.act, int64_t(T) * inter, DType::bf16);
-
-  // Plan once for every layer (layer 0's view: all layers share shapes and dtype).
-  const QKVTensor q_t{q, DType::bf16, T, Hq, D};
-  QKVTensor out_t{attn, DType::bf16, T, Hq, D};
-  AttentionOptions opt;
-  opt.window = c.sliding_window;
-  m.plan->plan(q_t, cache.layer_view(0), layout, opt, out_t, m.stream);
-  float* dl = R > 0 ? static_cast<float*>(ensure(m.logits, int64_t(R) * c.vocab_size, DType::f32))
-                    : nullptr;
-  // With a communicator each rank computes the logits of its vocabulary rows, which are gathered.
-  const int32_t Vs = m.tp.vocab_stride, world = m.shard.world;
-  float* shard_l = nullptr;
-  float* gathered = nullptr;
-  if (m.comm && R > 0) {
-    shard_l = static_cast<float*>(ensure(m.shard_logits, int64_t(R) * Vs, DType::f32));
-    gathered = static_cast<float*>(ensure(m.gathered, int64_t(world) * R * Vs, DType::f32));
-  }
-  // Rank 0 adds the row-parallel products to the residual stream; the others write their partial
-  // products over it, and the all-reduce sums them all (x + p0 + p1 + ...).
-  const float residual_beta = m.shard.rank == 0 ? 1.f : 0.f;
-
-  // Everything below only enqueues kernels on m.stream, reading the buffers above: a CUDA graph
+  // Everything below only enqueues kernels on m.stream, reading the step's buffers: a CUDA graph
   // of it replays correctly for any later step with the same launches (step_graphs.h).
   cudaStream_t st = m.stream;
   auto launch = [&] {
-    if (m.comm) {
-      cuda::embed_gather_shard(m.embed.data_as<uint16_t>(), m.tp.vocab0, m.tp.vocab, d_tokens, T,
-                               hidden, x, st);
-      m.all_reduce(x, int64_t(T) * hidden, st);
-    } else {
-      cuda::embed_gather(m.embed.data_as<uint16_t>(), d_tokens, T, hidden, x, st);
-    }
-    cuda::QkvParams qp;
-    qp.num_tokens = T;
-    qp.num_q_heads = Hq;
-    qp.num_kv_heads = Hkv;
-    qp.head_dim = D;
-    qp.eps = c.rms_norm_eps;
-    auto* hb = static_cast<uint16_t*>(h);
-    auto opt_f32 = [](const Tensor& t) { return t.data_as<float>(); };  // null when absent
-    for (int32_t i = 0; i < c.num_layers; ++i) {
-      const Impl::Layer& L = m.layers[size_t(i)];
-      // Attention block.
-      cuda::rms_norm_bf16(x, L.attn_norm.data_as<float>(), nullptr, T, hidden, c.rms_norm_eps, hb,
-                          st);
-      m.gemm(h, T, hidden, L.wqkv, qkv_dim, qkv, CUDA_R_32F, 0.f, "qkv projection");
-      cuda::qkv_post(qkv, opt_f32(L.bqkv), opt_f32(L.q_norm), opt_f32(L.k_norm), d_cos, d_sin, qp,
-                     static_cast<uint16_t*>(q), static_cast<uint16_t*>(k),
-                     static_cast<uint16_t*>(v), st);
-      const PagedKVView view = cache.layer_view(i);
-      write_kv_cuda(view, d_slots, T, k, v, DType::bf16, st);
-      paged_attention_cuda(*m.plan, q_t, view, out_t, st);
-      m.gemm(attn, T, q_dim, L.wo, hidden, x, CUDA_R_32F, residual_beta, "o projection");
-      m.all_reduce(x, int64_t(T) * hidden, st);
-      // MLP block.
-      cuda::rms_norm_bf16(x, L.mlp_norm.data_as<float>(), nullptr, T, hidden, c.rms_norm_eps, hb,
-                          st);
-      m.gemm(h, T, hidden, L.wgu, 2 * inter, gu, CUDA_R_16BF, 0.f, "gate/up projection");
-      cuda::swiglu(gu, T, inter, static_cast<uint16_t*>(act), st);
-      m.gemm(act, T, inter, L.wd, hidden, x, CUDA_R_32F, residual_beta, "down projection");
-      m.all_reduce(x, int64_t(T) * hidden, st);
-    }
-
-    if (R > 0) {
-      cuda::rms_norm_bf16(x, m.final_norm.data_as<float>(), d_rows, R, hidden, c.rms_norm_eps, hb,
-                          st);
-      const Tensor& head = m.lm_head.data() ? m.lm_head : m.embed;
-      if (!m.comm) {
-        m.gemm(h, R, hidden, head, c.vocab_size, dl, CUDA_R_32F, 0.f, "lm_head");
-      } else {
-        // shard [R, Vs] (the last rank's columns past its rows are never read), gathered
-        // [world, R, Vs], then each rank's columns into their place in dl [R, vocab].
-        m.gemm(h, R, hidden, head, m.tp.vocab, shard_l, CUDA_R_32F, 0.f, "lm_head", Vs);
-        m.comm->all_gather(shard_l, gathered, size_t(R) * size_t(Vs), st);
-        for (int32_t r = 0; r < world; ++r) {
-          const int64_t v0 = int64_t(r) * Vs;
-          const int64_t width = std::min<int64_t>(Vs, c.vocab_size - v0);
-          if (width <= 0) continue;
-          check_cuda(cudaMemcpy2DAsync(dl + v0, size_t(c.vocab_size) * 4,
-                                       gathered + int64_t(r) * R * Vs, size_t(Vs) * 4,
-                                       size_t(width) * 4, size_t(R), cudaMemcpyDeviceToDevice, st),
-                     "logits gather");
-        }
-      }
-    }
+    m.embed_tokens(s, st);
+    for (int32_t i = 0; i < c.num_layers; ++i) m.run_layer(i, s, cache.layer_view(i), st);
+    m.logits_of_rows(s, st);
   };
 
   // Decode steps (one new token per sequence) go through the graph cache, keyed by everything the
   // launches take by value: counts, scratch and pool pointers, the attention plan's launches.
-  const bool decode_step = T == num_seqs;
+  const bool decode_step = s.T == int32_t(batch.seqs.size());
   if (m.use_graphs && decode_step) {
     std::string sig;
     auto put = [&sig](const auto& v) { sig.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
-    for (int64_t v : {int64_t(T), int64_t(R)}) put(v);
-    const void* scratch[] = {dm, x, h, qkv, q, k, v, attn, gu, act, dl, shard_l, gathered};
+    for (int64_t v : {int64_t(s.T), int64_t(s.R)}) put(v);
+    const void* scratch[] = {s.tokens, s.x, s.h, s.qkv, s.q, s.k, s.v, s.attn,
+                             s.gu, s.act, s.logits, s.shard_logits, s.gathered};
     for (const void* ptr : scratch) put(ptr);
     for (int32_t i = 0; i < c.num_layers; ++i) {
       const PagedKVView view = cache.layer_view(i);
@@ -605,7 +656,7 @@ const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& 
   } else {
     launch();
   }
-  if (R > 0) return dl;  // the caller's download (or argmax) follows on the same stream
+  if (s.R > 0) return s.logits;  // the caller's download (or argmax) follows on the same stream
   // NOTE: a tensor-parallel rank's caller waits itself, watching the group while it does.
   if (!m.comm) check_cuda(cudaStreamSynchronize(st), "forward");
   return nullptr;

@@ -1,4 +1,4 @@
-// Scheduler: builds each step's ragged batch under a token budget.
+// Scheduler (internal to the engine): builds each step's ragged batch under a token budget.
 //
 // Each step, within max_num_batched_tokens and max_num_seqs:
 //   1. running sequences that decode (one uncomputed token), oldest first;
@@ -33,17 +33,15 @@
 #include <unordered_set>
 #include <vector>
 
-#include "pagedattn/admission.h"
+#include "admission.h"
+#include "pagedattn/engine_config.h"
 #include "pagedattn/kv_cache.h"
 #include "pagedattn/model.h"
 #include "pagedattn/request.h"
+#include "sequence.h"
 
 namespace pagedattn {
 
-enum class AdmissionPolicy : uint8_t { lookahead, immediate };
-enum class VictimPolicy : uint8_t { least_work, newest };
-// "lookahead" | "immediate"; throws Error naming the option otherwise.
-AdmissionPolicy parse_admission_policy(const std::string &name);
 
 struct SchedulerConfig {
   int32_t max_num_batched_tokens = 2048;
@@ -115,7 +113,6 @@ class Scheduler {
   // Tokens that preempted sequences had computed, and of those, tokens that
   // their re-admission found in the prefix cache (not recomputed).
   int64_t preempted_computed_tokens() const { return preempted_computed_; }
-  int64_t resumed_prefix_hit_tokens() const { return resumed_hits_; }
   // Steps in which the oldest waiting sequence was held back for want of pages
   // (now or forecast).
   int64_t admission_stalls() const { return admission_stalls_; }
@@ -124,8 +121,6 @@ class Scheduler {
   int64_t forecast_peak_pages() const;
   // Prompt tokens looked up in / reused from the prefix cache at first
   // admission (re-admissions after a preemption are not counted here).
-  int64_t prefix_queried_tokens() const { return prefix_queried_; }
-  int64_t prefix_hit_tokens() const { return prefix_hits_; }
   int32_t watermark_pages() const { return watermark_; }
 
  private:
@@ -148,11 +143,8 @@ class Scheduler {
   std::map<uint64_t, Sequence *> waiting_;  // by age
   std::map<uint64_t, Sequence *> running_;  // by age
   int64_t num_preemptions_ = 0;
-  int64_t prefix_queried_ = 0;
-  int64_t prefix_hits_ = 0;
   int64_t recomputed_tokens_ = 0;
   int64_t preempted_computed_ = 0;
-  int64_t resumed_hits_ = 0;
   int64_t admission_stalls_ = 0;
   OutputLengthStats output_lengths_;
 };
