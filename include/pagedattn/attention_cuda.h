@@ -89,10 +89,12 @@ class CudaAttentionPlan {
   // uploaded, so a CUDA graph captured under one replays correctly under the other.
   std::string launch_signature() const;
 
-  struct Impl;
-  const Impl& impl() const { return *impl_; }
 
  private:
+  struct Impl;
+  // The run reads what plan() left (the launch parameters, the planned shapes).
+  friend void paged_attention_cuda(const CudaAttentionPlan& plan, const QKVTensor& q,
+                                   const PagedKVView& kv, QKVTensor& out, void* stream);
   std::unique_ptr<Impl> impl_;
   CudaPlanInfo info_;
 };

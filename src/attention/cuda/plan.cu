@@ -84,9 +84,92 @@ size_t stage(std::vector<uint8_t>& host, const T* src, size_t n) {
   return off;
 }
 
-struct DecodeRow {
+// One query row of the decode kernel before split-KV: its keys [lo, hi), in decode chunks
+// [chunk_lo, chunk_hi). split_decode_rows turns each into one or more cuda::DecodeItem, the
+// kernels' per-CTA work (a row's whole range, or one slice of its chunks plus where its partial
+// result goes to be merged).
+struct DecodeQueryRow {
   int32_t seq, q_row, lo, hi, chunk_lo, chunk_hi;
 };
+
+// The decode rows of every single-query sequence (and of every sequence without the prefill
+// kernels), and the prefill tiles of the rest (heaviest first). Returns the rows' total chunks.
+int64_t list_work(const BatchLayout& batch, const AttentionOptions& opt, int32_t group,
+                  bool use_prefill, std::vector<DecodeQueryRow>& rows,
+                  std::vector<cuda::PrefillItem>& prefill) {
+  int64_t total_chunks = 0;
+  for (int32_t b = 0; b < batch.num_seqs; ++b) {
+    const int32_t q0 = batch.q_indptr[b], qlen = batch.q_indptr[b + 1] - q0, L = batch.kv_len[b];
+    if (qlen == 0) continue;
+    if (qlen > 1 && use_prefill) {
+      for (int32_t r = 0; r < qlen * group; r += cuda::kPrefillRows) prefill.push_back({b, r});
+      continue;
+    }
+    for (int32_t j = 0; j < qlen; ++j) {
+      const int32_t pos = L - qlen + j;
+      const int32_t hi = opt.causal ? pos + 1 : L;
+      const int32_t lo = opt.window > 0 ? std::max(0, pos - opt.window + 1) : 0;
+      DecodeQueryRow row{b, q0 + j, lo, hi, 0, 0};
+      if (lo < hi) {
+        row.chunk_lo = lo / kDecodeChunkTokens;
+        row.chunk_hi = (hi + kDecodeChunkTokens - 1) / kDecodeChunkTokens;
+      }
+      total_chunks += row.chunk_hi - row.chunk_lo;
+      rows.push_back(row);
+    }
+  }
+  // Heaviest prefill tiles first (the last rows of causal prompts see the most keys), so that the
+  // short ones fill the tail of the grid.
+  auto tile_keys = [&](const cuda::PrefillItem& t) {
+    const int32_t qlen = batch.q_indptr[t.seq + 1] - batch.q_indptr[t.seq];
+    const int32_t last = std::min(t.row_begin + cuda::kPrefillRows, qlen * group) - 1;
+    return opt.causal ? batch.kv_len[t.seq] - qlen + last / group : batch.kv_len[t.seq];
+  };
+  std::stable_sort(prefill.begin(), prefill.end(),
+                   [&](const cuda::PrefillItem& a, const cuda::PrefillItem& b) {
+                     return tile_keys(a) > tile_keys(b);
+                   });
+  return total_chunks;
+}
+
+// The split-KV choice: how many decode chunks one CTA takes (INT_MAX: no row is split). A grid that
+// already covers every SM is not split; a smaller one is split so that about `target` CTAs run.
+//   base_ctas: CTAs without splitting; total_ctas_chunks: chunks over all rows x KV heads x tiles.
+int64_t choose_chunks_per_cta(int64_t base_ctas, int64_t total_ctas_chunks, int32_t sm_count,
+                              int64_t target, int32_t forced) {
+  if (forced > 0) return forced;
+  // NOTE: measured on an H100: splitting a grid that already covers every SM once lost 5-15%
+  // (the merge pass and the tail), while a grid smaller than the SM count gains up to 12x.
+  if (target > 0 && base_ctas < sm_count)
+    return std::max<int64_t>(1, (total_ctas_chunks + target - 1) / target);
+  return INT_MAX;
+}
+
+// Each row as one work item, or (more than chunks_per_cta chunks) as one item per slice of
+// chunks plus a merge item that folds their partials. Returns the number of partial slots.
+int32_t split_decode_rows(const std::vector<DecodeQueryRow>& rows, int64_t chunks_per_cta,
+                          std::vector<cuda::DecodeItem>& items,
+                          std::vector<cuda::MergeItem>& merges) {
+  items.clear();
+  merges.clear();
+  int32_t partials = 0;
+  for (const DecodeQueryRow& r : rows) {
+    const int32_t nc = r.chunk_hi - r.chunk_lo;
+    if (nc <= chunks_per_cta) {
+      items.push_back({r.seq, r.q_row, r.lo, r.hi, r.chunk_lo, r.chunk_hi, -1, -1});
+      continue;
+    }
+    const int32_t merge = int32_t(merges.size());
+    int32_t ctas = 0;
+    for (int32_t c = r.chunk_lo; c < r.chunk_hi; c += int32_t(chunks_per_cta), ++ctas) {
+      const int32_t e = int32_t(std::min<int64_t>(r.chunk_hi, c + chunks_per_cta));
+      items.push_back({r.seq, r.q_row, r.lo, r.hi, c, e, partials + (c - r.chunk_lo), merge});
+    }
+    merges.push_back({r.q_row, partials, nc, ctas});
+    partials += nc;
+  }
+  return partials;
+}
 
 }  // namespace
 
@@ -116,41 +199,9 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
       cuda::prefill_hopper_available();
 
   // ---- rows for the decode kernel, prefill tiles for the rest ----
-  std::vector<DecodeRow> rows;
+  std::vector<DecodeQueryRow> rows;
   std::vector<cuda::PrefillItem> prefill;
-  int64_t total_chunks = 0;
-  for (int32_t b = 0; b < n; ++b) {
-    const int32_t q0 = batch.q_indptr[b], qlen = batch.q_indptr[b + 1] - q0, L = batch.kv_len[b];
-    if (qlen == 0) continue;
-    if (qlen > 1 && use_prefill) {
-      for (int32_t r = 0; r < qlen * group; r += cuda::kPrefillRows) prefill.push_back({b, r});
-      continue;
-    }
-    for (int32_t j = 0; j < qlen; ++j) {
-      const int32_t pos = L - qlen + j;
-      const int32_t hi = opt.causal ? pos + 1 : L;
-      const int32_t lo = opt.window > 0 ? std::max(0, pos - opt.window + 1) : 0;
-      DecodeRow row{b, q0 + j, lo, hi, 0, 0};
-      if (lo < hi) {
-        row.chunk_lo = lo / kDecodeChunkTokens;
-        row.chunk_hi = (hi + kDecodeChunkTokens - 1) / kDecodeChunkTokens;
-      }
-      total_chunks += row.chunk_hi - row.chunk_lo;
-      rows.push_back(row);
-    }
-  }
-
-  // Heaviest prefill tiles first (the last rows of causal prompts see the most keys), so that the
-  // short ones fill the tail of the grid.
-  auto tile_keys = [&](const cuda::PrefillItem& t) {
-    const int32_t qlen = batch.q_indptr[t.seq + 1] - batch.q_indptr[t.seq];
-    const int32_t last = std::min(t.row_begin + cuda::kPrefillRows, qlen * group) - 1;
-    return opt.causal ? batch.kv_len[t.seq] - qlen + last / group : batch.kv_len[t.seq];
-  };
-  std::stable_sort(prefill.begin(), prefill.end(),
-                   [&](const cuda::PrefillItem& a, const cuda::PrefillItem& b) {
-                     return tile_keys(a) > tile_keys(b);
-                   });
+  const int64_t total_chunks = list_work(batch, opt, group, use_prefill, rows, prefill);
 
   // ---- which decode kernel, and split-KV: chunks per CTA from the shape and the SM count ----
   const int32_t tc_rows =
@@ -165,38 +216,10 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
                              : cuda::decode_ctas_per_sm(q.dtype, kv.dtype, D, tc_rows,
                                                         cuda::decode_group_tile(group, fp8));
   const int64_t target = int64_t(im.sm_count) * per_sm;
-  int64_t k = INT_MAX;
-  if (im.opts.chunks_per_cta > 0) {
-    k = im.opts.chunks_per_cta;
-  } else if (target > 0 && base_ctas < im.sm_count) {
-    // NOTE: measured on an H100: splitting a grid that already covers every SM once lost 5-15%
-    // (the merge pass and the tail), while a grid smaller than the SM count gains up to 12x.
-    k = std::max<int64_t>(1, (total_chunks * Hk * tiles + target - 1) / target);
-  }
+  int64_t k = choose_chunks_per_cta(base_ctas, total_chunks * Hk * tiles, im.sm_count, target,
+                                    im.opts.chunks_per_cta);
 
   // Metadata first, then as many partials as the rest of the workspace holds.
-  auto build = [&](int64_t chunks_per_cta, std::vector<cuda::DecodeItem>& items,
-                   std::vector<cuda::MergeItem>& merges) {
-    items.clear();
-    merges.clear();
-    int32_t partials = 0;
-    for (const DecodeRow& r : rows) {
-      const int32_t nc = r.chunk_hi - r.chunk_lo;
-      if (nc <= chunks_per_cta) {
-        items.push_back({r.seq, r.q_row, r.lo, r.hi, r.chunk_lo, r.chunk_hi, -1, -1});
-        continue;
-      }
-      const int32_t merge = int32_t(merges.size());
-      int32_t ctas = 0;
-      for (int32_t c = r.chunk_lo; c < r.chunk_hi; c += int32_t(chunks_per_cta), ++ctas) {
-        const int32_t e = int32_t(std::min<int64_t>(r.chunk_hi, c + chunks_per_cta));
-        items.push_back({r.seq, r.q_row, r.lo, r.hi, c, e, partials + (c - r.chunk_lo), merge});
-      }
-      merges.push_back({r.q_row, partials, nc, ctas});
-      partials += nc;
-    }
-    return partials;
-  };
   std::vector<cuda::DecodeItem> items;
   std::vector<cuda::MergeItem> merges;
   // Partials: [partials, Hq, 2] (max, sum), then (aligned) [partials, Hq, D] outputs.
@@ -207,7 +230,7 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   int32_t partials = 0;
   std::vector<int32_t> counters;  // the fused merge's (zeroed) counts, uploaded with the rest
   for (;;) {
-    partials = build(k, items, merges);
+    partials = split_decode_rows(rows, k, items, merges);
     counters.assign(merges.size() * size_t(Hk * tiles), 0);
     host.clear();
     o_qi = stage(host, batch.q_indptr, size_t(n) + 1);
@@ -290,7 +313,7 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
 
 void paged_attention_cuda(const CudaAttentionPlan& plan, const QKVTensor& q, const PagedKVView& kv,
                           QKVTensor& out, void* stream) {
-  const CudaAttentionPlan::Impl& im = plan.impl();
+  const CudaAttentionPlan::Impl& im = *plan.impl_;
   PA_CHECK(im.planned, "paged_attention_cuda: plan() has not succeeded on this plan");
   auto same = [](const char* what, int64_t got, int64_t planned) {
     PA_CHECK(got == planned, "paged_attention_cuda: ", what, " (", got,
