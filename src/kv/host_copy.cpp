@@ -2,6 +2,7 @@
 // without CUDA.
 #include "host_copy.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -11,14 +12,67 @@
 
 namespace pagedattn::kv {
 
-std::shared_ptr<uint8_t> alloc_host(size_t bytes, Device pools) {
-  if (bytes == 0) bytes = 1;
-  if (pools == Device::cuda)
-    return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(cuda_alloc_pinned(bytes)),
-                                    [](uint8_t* p) { cuda_free_pinned(p); });
+namespace {
+
+uint8_t* raw_alloc(size_t bytes, Device device) {
+  if (device == Device::cuda) return static_cast<uint8_t*>(cuda_alloc_pinned(bytes));
   auto* p = static_cast<uint8_t*>(std::malloc(bytes));
   PA_CHECK(p != nullptr, "swap: cannot allocate ", bytes, " bytes of host memory");
-  return std::shared_ptr<uint8_t>(p, [](uint8_t* q) { std::free(q); });
+  return p;
+}
+
+void raw_free(uint8_t* p, Device device) {
+  if (device == Device::cuda)
+    cuda_free_pinned(p);
+  else
+    std::free(p);
+}
+
+}  // namespace
+
+std::shared_ptr<uint8_t> HostPool::alloc(const std::shared_ptr<HostPool>& pool, size_t bytes) {
+  HostPool& m = *pool;
+  bytes = std::max<size_t>(bytes, 1);
+  uint8_t* p = nullptr;
+  size_t capacity = 0;
+  {
+    std::lock_guard<std::mutex> lock(m.mu_);
+    auto it = m.free_.lower_bound(bytes);
+    if (it != m.free_.end() && it->first / 2 <= bytes) {
+      capacity = it->first;
+      p = it->second;
+      m.free_.erase(it);
+      m.cached_ -= capacity;
+    }
+  }
+  if (!p) {
+    capacity = (bytes + kRound - 1) / kRound * kRound;
+    p = raw_alloc(capacity, m.device_);
+  }
+  {
+    std::lock_guard<std::mutex> lock(m.mu_);
+    m.in_use_ += capacity;
+    m.peak_in_use_ = std::max(m.peak_in_use_, m.in_use_);
+  }
+  return std::shared_ptr<uint8_t>(p, [pool, capacity](uint8_t* q) { pool->give_back(q, capacity); });
+}
+
+void HostPool::give_back(uint8_t* p, size_t capacity) {
+  std::lock_guard<std::mutex> lock(mu_);
+  in_use_ -= capacity;
+  free_.emplace(capacity, p);
+  cached_ += capacity;
+  // NOTE: the largest first: what is kept then serves the most requests.
+  while (cached_ > peak_in_use_ && !free_.empty()) {
+    auto it = std::prev(free_.end());
+    cached_ -= it->first;
+    raw_free(it->second, device_);
+    free_.erase(it);
+  }
+}
+
+HostPool::~HostPool() {
+  for (auto& [capacity, p] : free_) raw_free(p, device_);
 }
 
 void copy_blocks(Device pools, std::span<const void* const> src, std::span<void* const> dst,

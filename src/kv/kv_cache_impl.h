@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "host_copy.h"
 #include "page_hash.h"
 #include "pagedattn/error.h"
 #include "pagedattn/kv_cache.h"
@@ -36,8 +37,10 @@ struct KvCache::Impl {
   std::unordered_map<PageHash, int32_t, kv::PageHashHasher> hash_to_page;
   int64_t prefix_queries = 0, prefix_hits = 0, resume_hits = 0, evictions = 0;
   std::vector<PageCopy> page_copies;  // since take_page_copies (record_page_copies)
+  std::shared_ptr<kv::HostPool> host_pool;  // swap_out's host memory
 
-  explicit Impl(const KvCacheConfig& c) : cfg(c), alloc(c.num_pages) {}
+  explicit Impl(const KvCacheConfig& c)
+      : cfg(c), alloc(c.num_pages), host_pool(std::make_shared<kv::HostPool>(c.device)) {}
 
   SeqPages& find(SeqId seq, const char* op) {
     auto it = seqs.find(seq);

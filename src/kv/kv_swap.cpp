@@ -19,7 +19,7 @@ SwappedKv KvCache::swap_out(SeqId seq) {
   const SeqPages& s = m.find(seq, "swap_out");
   SwappedKv out;
   out.bytes = swap_bytes(m.kv_len(s));
-  out.data = kv::alloc_host(out.bytes, m.cfg.device);  // may throw: nothing changed yet
+  out.data = kv::HostPool::alloc(m.host_pool, out.bytes);  // may throw: nothing changed yet
   const size_t pb = m.page_bytes(), L = size_t(m.cfg.num_layers);
   std::vector<const void*> src;
   std::vector<void*> dst;

@@ -3,9 +3,11 @@
 // prefix cache still holds and copies the rest, and a swap_in that cannot be done changes nothing.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <numeric>
 #include <vector>
 
+#include "kv/host_copy.h"
 #include "kv_test_util.h"
 
 using namespace pagedattn;
@@ -172,4 +174,19 @@ TEST(KvSwap, AnEmptySequenceSwapsToNothing) {
   const SeqId b = cache.swap_in(kv);
   EXPECT_EQ(cache.kv_len(b), 0);
   EXPECT_EQ(cache.cache_salt(b), "s");
+}
+
+TEST(KvSwapHostPool, ReusesBuffersAndKeepsNoMoreThanItsPeak) {
+  auto pool = std::make_shared<kv::HostPool>(Device::cpu);
+  std::shared_ptr<uint8_t> a = kv::HostPool::alloc(pool, 300000);
+  uint8_t* pa = a.get();
+  a.reset();  // back to the pool
+  std::shared_ptr<uint8_t> b = kv::HostPool::alloc(pool, 200000);  // at least half of 300000+
+  EXPECT_EQ(b.get(), pa);
+  std::shared_ptr<uint8_t> c = kv::HostPool::alloc(pool, 1000);  // far smaller: its own buffer
+  EXPECT_NE(c.get(), pa);
+  // The buffers outlive the pool's last other owner.
+  pool.reset();
+  std::memset(b.get(), 1, 200000);
+  std::memset(c.get(), 2, 1000);
 }
