@@ -65,13 +65,14 @@ using PageHash = std::array<uint8_t, 32>;
 
 // A sequence's cache state moved out of the pools by KvCache::swap_out, for swap_in to put back:
 // its salt, its token ids and the K/V of its pages in host memory (page-locked when the pools are
-// on a CUDA device), laid out [page][layer][K, V][num_kv_heads][page_size][head_dim] in the
-// cache dtype. Copies share the memory.
+// on a CUDA device). Page i of its block table is at pages[i], laid out
+// [layer][K, V][num_kv_heads][page_size][head_dim] in the cache dtype; the host pages go back to
+// the cache's pool when the last copy of this goes.
 struct SwappedKv {
   std::string salt;
-  std::vector<int32_t> tokens;    // [kv_len]
-  std::shared_ptr<uint8_t> data;  // bytes of host memory
-  size_t bytes = 0;
+  std::vector<int32_t> tokens;  // [kv_len]
+  std::shared_ptr<const std::vector<uint8_t*>> pages;
+  size_t bytes = 0;  // host bytes held: pages x one page of every layer's K and V
   int32_t kv_len() const { return int32_t(tokens.size()); }
 };
 

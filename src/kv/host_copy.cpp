@@ -30,49 +30,37 @@ void raw_free(uint8_t* p, Device device) {
 
 }  // namespace
 
-std::shared_ptr<uint8_t> HostPool::alloc(const std::shared_ptr<HostPool>& pool, size_t bytes) {
-  HostPool& m = *pool;
-  bytes = std::max<size_t>(bytes, 1);
-  uint8_t* p = nullptr;
-  size_t capacity = 0;
-  {
-    std::lock_guard<std::mutex> lock(m.mu_);
-    auto it = m.free_.lower_bound(bytes);
-    if (it != m.free_.end() && it->first / 2 <= bytes) {
-      capacity = it->first;
-      p = it->second;
-      m.free_.erase(it);
-      m.cached_ -= capacity;
-    }
-  }
-  if (!p) {
-    capacity = (bytes + kRound - 1) / kRound * kRound;
-    p = raw_alloc(capacity, m.device_);
-  }
-  {
-    std::lock_guard<std::mutex> lock(m.mu_);
-    m.in_use_ += capacity;
-    m.peak_in_use_ = std::max(m.peak_in_use_, m.in_use_);
-  }
-  return std::shared_ptr<uint8_t>(p, [pool, capacity](uint8_t* q) { pool->give_back(q, capacity); });
-}
-
-void HostPool::give_back(uint8_t* p, size_t capacity) {
-  std::lock_guard<std::mutex> lock(mu_);
-  in_use_ -= capacity;
-  free_.emplace(capacity, p);
-  cached_ += capacity;
-  // NOTE: the largest first: what is kept then serves the most requests.
-  while (cached_ > peak_in_use_ && !free_.empty()) {
-    auto it = std::prev(free_.end());
-    cached_ -= it->first;
-    raw_free(it->second, device_);
-    free_.erase(it);
-  }
-}
+HostPool::HostPool(Device pools, size_t page_bytes)
+    : device_(pools), page_bytes_(std::max<size_t>(page_bytes, 1)) {}
 
 HostPool::~HostPool() {
-  for (auto& [capacity, p] : free_) raw_free(p, device_);
+  for (uint8_t* c : chunks_) raw_free(c, device_);
+}
+
+std::shared_ptr<const std::vector<uint8_t*>> HostPool::take(const std::shared_ptr<HostPool>& pool,
+                                                           size_t n) {
+  HostPool& m = *pool;
+  auto pages = std::make_shared<std::vector<uint8_t*>>();
+  pages->reserve(n);
+  {
+    std::lock_guard<std::mutex> lock(m.mu_);
+    const size_t per_chunk = std::max<size_t>(1, kChunkBytes / m.page_bytes_);
+    while (m.free_.size() < n) {
+      const size_t count = std::max(per_chunk, n - m.free_.size());
+      uint8_t* c = raw_alloc(count * m.page_bytes_, m.device_);  // may throw: nothing taken
+      m.chunks_.push_back(c);
+      for (size_t i = count; i-- > 0;) m.free_.push_back(c + i * m.page_bytes_);
+    }
+    pages->assign(m.free_.end() - ptrdiff_t(n), m.free_.end());
+    m.free_.resize(m.free_.size() - n);
+  }
+  return std::shared_ptr<const std::vector<uint8_t*>>(
+      pages.get(), [pool, pages](const std::vector<uint8_t*>*) { pool->give_back(*pages); });
+}
+
+void HostPool::give_back(const std::vector<uint8_t*>& pages) {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_.insert(free_.end(), pages.begin(), pages.end());
 }
 
 void copy_blocks(Device pools, std::span<const void* const> src, std::span<void* const> dst,

@@ -40,7 +40,11 @@ struct KvCache::Impl {
   std::shared_ptr<kv::HostPool> host_pool;  // swap_out's host memory
 
   explicit Impl(const KvCacheConfig& c)
-      : cfg(c), alloc(c.num_pages), host_pool(std::make_shared<kv::HostPool>(c.device)) {}
+      : cfg(c),
+        alloc(c.num_pages),
+        host_pool(std::make_shared<kv::HostPool>(
+            c.device, size_t(c.num_layers) * 2 * size_t(c.num_kv_heads) * size_t(c.page_size) *
+                          size_t(c.head_dim) * dtype_size(c.dtype))) {}
 
   SeqPages& find(SeqId seq, const char* op) {
     auto it = seqs.find(seq);

@@ -19,7 +19,7 @@ SwappedKv KvCache::swap_out(SeqId seq) {
   const SeqPages& s = m.find(seq, "swap_out");
   SwappedKv out;
   out.bytes = swap_bytes(m.kv_len(s));
-  out.data = kv::HostPool::alloc(m.host_pool, out.bytes);  // may throw: nothing changed yet
+  out.pages = kv::HostPool::take(m.host_pool, s.block_table.size());  // may throw: nothing changed
   const size_t pb = m.page_bytes(), L = size_t(m.cfg.num_layers);
   std::vector<const void*> src;
   std::vector<void*> dst;
@@ -29,7 +29,7 @@ SwappedKv KvCache::swap_out(SeqId seq) {
       const Tensor* pools[2] = {&m.k_pools[l], &m.v_pools[l]};
       for (size_t kv = 0; kv < 2; ++kv) {
         src.push_back(static_cast<const uint8_t*>(pools[kv]->data()) + page * pb);
-        dst.push_back(out.data.get() + ((i * L + l) * 2 + kv) * pb);
+        dst.push_back((*out.pages)[i] + (l * 2 + kv) * pb);
       }
     }
   }
@@ -54,17 +54,18 @@ int32_t KvCache::swap_in_pages(const SwappedKv& kv) const {
 
 SeqId KvCache::swap_in(const SwappedKv& kv) {
   Impl& m = *impl_;
-  PA_CHECK(kv.bytes == swap_bytes(kv.kv_len()) && (kv.data || kv.bytes == 0),
-           "swap_in: the swapped sequence holds ", kv.bytes, " bytes, this cache expects ",
-           swap_bytes(kv.kv_len()), " for its ", kv.kv_len(), " tokens");
+  const size_t ps = size_t(m.cfg.page_size);
+  const size_t total = (kv.tokens.size() + ps - 1) / ps;
+  PA_CHECK(kv.bytes == swap_bytes(kv.kv_len()) && kv.pages && kv.pages->size() == total,
+           "swap_in: the swapped sequence holds ", kv.bytes, " bytes in ",
+           kv.pages ? kv.pages->size() : 0, " pages, this cache expects ",
+           swap_bytes(kv.kv_len()), " in ", total, " for its ", kv.kv_len(), " tokens");
   PA_CHECK(int64_t(kv.kv_len()) <= int64_t(m.cfg.num_pages) * m.cfg.page_size, "swap_in: ",
            kv.kv_len(), " tokens exceed the pool's ", int64_t(m.cfg.num_pages) * m.cfg.page_size,
            " slots");
   const int32_t need = swap_in_pages(kv);
   PA_CHECK(need <= m.alloc.num_available(), "swap_in: ", kv.kv_len(), " tokens need ", need,
            " pages but only ", m.alloc.num_available(), " are available");
-  const size_t ps = size_t(m.cfg.page_size);
-  const size_t total = (kv.tokens.size() + ps - 1) / ps;
   SeqPages s;
   s.salt = kv.salt;
   std::vector<int32_t> pages;
@@ -85,7 +86,7 @@ SeqId KvCache::swap_in(const SwappedKv& kv) {
     for (size_t l = 0; l < L; ++l) {
       Tensor* pools[2] = {&m.k_pools[l], &m.v_pools[l]};
       for (size_t k = 0; k < 2; ++k) {
-        src.push_back(kv.data.get() + ((i * L + l) * 2 + k) * pb);
+        src.push_back((*kv.pages)[i] + (l * 2 + k) * pb);
         dst.push_back(static_cast<uint8_t*>(pools[k]->data()) + size_t(pages[i]) * pb);
       }
     }

@@ -3,6 +3,7 @@
 // prefix cache still holds and copies the rest, and a swap_in that cannot be done changes nothing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -176,17 +177,25 @@ TEST(KvSwap, AnEmptySequenceSwapsToNothing) {
   EXPECT_EQ(cache.cache_salt(b), "s");
 }
 
-TEST(KvSwapHostPool, ReusesBuffersAndKeepsNoMoreThanItsPeak) {
-  auto pool = std::make_shared<kv::HostPool>(Device::cpu);
-  std::shared_ptr<uint8_t> a = kv::HostPool::alloc(pool, 300000);
-  uint8_t* pa = a.get();
+TEST(KvSwapHostPool, PagesGivenBackServeTheNextSwap) {
+  auto pool = std::make_shared<kv::HostPool>(Device::cpu, 1000);
+  auto a = kv::HostPool::take(pool, 3);
+  ASSERT_EQ(a->size(), 3u);
+  const std::vector<uint8_t*> first = *a;
+  for (uint8_t* p : first) std::memset(p, 1, 1000);  // each page holds its 1000 bytes
+  auto b = kv::HostPool::take(pool, 2);
+  for (uint8_t* p : *b)
+    for (uint8_t* q : first) EXPECT_NE(p, q) << "a page handed out twice";
   a.reset();  // back to the pool
-  std::shared_ptr<uint8_t> b = kv::HostPool::alloc(pool, 200000);  // at least half of 300000+
-  EXPECT_EQ(b.get(), pa);
-  std::shared_ptr<uint8_t> c = kv::HostPool::alloc(pool, 1000);  // far smaller: its own buffer
-  EXPECT_NE(c.get(), pa);
-  // The buffers outlive the pool's last other owner.
+  auto c = kv::HostPool::take(pool, 3);
+  std::vector<uint8_t*> again = *c;
+  std::sort(again.begin(), again.end());
+  std::vector<uint8_t*> sorted = first;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(again, sorted);
+  // The pages outlive the pool's last other owner; a request larger than a chunk is served.
   pool.reset();
-  std::memset(b.get(), 1, 200000);
-  std::memset(c.get(), 2, 1000);
+  for (uint8_t* p : *c) std::memset(p, 2, 1000);
+  auto big = std::make_shared<kv::HostPool>(Device::cpu, size_t(8) << 20);
+  EXPECT_EQ(kv::HostPool::take(big, 9)->size(), 9u);
 }

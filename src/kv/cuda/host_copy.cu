@@ -6,6 +6,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include "../host_copy_cuda.h"
@@ -48,26 +51,35 @@ void cuda_copy_blocks(const void* const* src, void* const* dst, size_t count, si
   // NOTE: the pools' writers run on their own streams; the copy starts after all of them and the
   // call returns after it, so no step reads a page in flight.
   check(cudaDeviceSynchronize(), "before the page copy");
-  const size_t max_grid = 0x7fffffff;
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  // The kernel's pointer table: one device buffer per device, grown when a copy needs more (a
+  // cudaMalloc per copy would cost more than a short copy itself).
+  static std::mutex mu;
+  static std::map<int, std::pair<void**, size_t>> tables;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& [table, capacity] = tables[device];
+  if (capacity < 2 * count) {
+    if (table) (void)cudaFree(table);
+    table = nullptr;
+    capacity = 0;
+    check(cudaMalloc(&table, 2 * count * sizeof(void*)), "cudaMalloc of the block table");
+    capacity = 2 * count;
+  }
   std::vector<void*> ptrs(2 * count);
   for (size_t i = 0; i < count; ++i) {
     ptrs[i] = const_cast<void*>(src[i]);
     ptrs[count + i] = dst[i];
   }
-  void* table = nullptr;
-  check(cudaMalloc(&table, ptrs.size() * sizeof(void*)), "cudaMalloc of the block table");
-  cudaError_t e = cudaMemcpy(table, ptrs.data(), ptrs.size() * sizeof(void*),
-                             cudaMemcpyHostToDevice);
-  void** d_src = static_cast<void**>(table);
-  void** d_dst = d_src + count;
-  for (size_t first = 0; e == cudaSuccess && first < count; first += max_grid) {
+  check(cudaMemcpy(table, ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice),
+        "upload of the block table");
+  const size_t max_grid = 0x7fffffff;
+  for (size_t first = 0; first < count; first += max_grid) {
     const unsigned grid = unsigned(count - first < max_grid ? count - first : max_grid);
-    copy_blocks_kernel<<<grid, 256>>>(d_src + first, d_dst + first, block_bytes);
-    e = cudaGetLastError();
+    copy_blocks_kernel<<<grid, 256>>>(table + first, table + count + first, block_bytes);
+    check(cudaGetLastError(), "page copy launch");
   }
-  if (e == cudaSuccess) e = cudaDeviceSynchronize();
-  (void)cudaFree(table);
-  check(e, "page copy");
+  check(cudaDeviceSynchronize(), "page copy");
 }
 
 }  // namespace pagedattn::kv
