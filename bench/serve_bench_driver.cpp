@@ -154,8 +154,8 @@ void run_bench_serve_http(const BenchServeArgs& a, const std::vector<double>& ra
   }
 }
 
-// Every mode x prefix-cache x admission run of one workload, interleaved in that order; the
-// static baseline runs once (it has neither).
+// Every mode x prefix-cache x admission x preemption run of one workload, interleaved in that
+// order; the static baseline runs once (it has none of them).
 template <class OnResult>
 void run_modes(const BenchServeArgs& a, const BenchModel& model,
                const std::vector<sb::WorkItem>& work, const sb::WorkloadSpec& w,
@@ -165,16 +165,21 @@ void run_modes(const BenchServeArgs& a, const BenchModel& model,
       if (mode == "static" && &pc != &a.prefix_cache.front()) continue;  // it has none
       for (const auto& adm : a.admission) {
         if (mode == "static" && &adm != &a.admission.front()) continue;
-        sb::RunConfig rc = base;
-        rc.mode = mode;
-        rc.prefix_cache = pc == "on";
-        rc.admission = adm;
-        rc.progress = !a.no_progress;
-        const sb::RunResult r = sb::run_serve_bench(model.make, work, w, rc);
-        on_result(r);
-        if (mode == "static" && r.preemptions > 0)
-          std::fprintf(stderr, "bench serve: warning: the static baseline preempted %lld times\n",
-                       (long long)r.preemptions);
+        for (const auto& pre : a.preemption) {
+          if (mode == "static" && &pre != &a.preemption.front()) continue;
+          sb::RunConfig rc = base;
+          rc.mode = mode;
+          rc.prefix_cache = pc == "on";
+          rc.admission = adm;
+          rc.preemption = pre;
+          rc.progress = !a.no_progress;
+          const sb::RunResult r = sb::run_serve_bench(model.make, work, w, rc);
+          on_result(r);
+          if (mode == "static" && r.preemptions > 0)
+            std::fprintf(stderr,
+                         "bench serve: warning: the static baseline preempted %lld times\n",
+                         (long long)r.preemptions);
+        }
       }
     }
   }
@@ -228,8 +233,9 @@ void run_sweep(const BenchServeArgs& a, const BenchModel& model, sb::WorkloadSpe
   FILE* out = a.json ? stderr : stdout;
   std::fprintf(out,
                "\nsweep summary (output tok/s against the static baseline of the same case)\n");
-  std::fprintf(out, "%-10s %4s %6s %5s | %-24s %9s %8s %6s %6s %8s\n", "workload", "KV", "tokens",
-               "rate", "run", "out t/s", "x static", "pre", "stall", "recomp%");
+  std::fprintf(out, "%-10s %4s %6s %5s | %-34s %9s %8s %6s %5s %6s %8s %8s\n", "workload", "KV",
+               "tokens", "rate", "run", "out t/s", "x static", "pre", "swap", "stall", "recomp%",
+               "tok/step");
   for (const Row& row : rows) {
     double static_tps = NAN;
     for (const sb::RunResult& r : row.runs)
@@ -238,16 +244,19 @@ void run_sweep(const BenchServeArgs& a, const BenchModel& model, sb::WorkloadSpe
       const std::string run =
           r.config.mode == "static"
               ? std::string("static")
-              : r.config.mode + (r.config.prefix_cache ? "+prefix " : " ") + r.config.admission;
+              : r.config.mode + (r.config.prefix_cache ? "+prefix " : " ") + r.config.admission +
+                    (r.config.preemption == "auto" ? "" : "/" + r.config.preemption);
       const double recomp = r.recomputed_tokens >= 0 && r.output_tokens > 0
                                 ? 100.0 * double(r.recomputed_tokens) / double(r.output_tokens)
                                 : NAN;
-      std::fprintf(out, "%-10s %3dx %6lld %5s | %-24s %9.1f %8s %6s %6s %8s\n",
+      std::fprintf(out, "%-10s %3dx %6lld %5s | %-34s %9.1f %8s %6s %5s %6s %8s %8.2f\n",
                    row.c->workload.c_str(), row.c->multiple, (long long)row.c->kv_tokens,
                    rate_text(row.rate).c_str(), run.c_str(), r.output_tok_per_s,
                    fmt(r.output_tok_per_s / static_tps, "%.2f", "-").c_str(),
                    fmt_count(r.preemptions, "-").c_str(),
-                   fmt_count(r.admission_stalls, "-").c_str(), fmt(recomp, "%.1f", "-").c_str());
+                   fmt_count(r.preemptions_swap, "-").c_str(),
+                   fmt_count(r.admission_stalls, "-").c_str(), fmt(recomp, "%.1f", "-").c_str(),
+                   r.output_tokens_per_step);
     }
   }
   std::fflush(out);
@@ -281,6 +290,10 @@ void run_bench_serve(const BenchServeArgs& a) {
   for (const auto& p : a.admission)
     PA_CHECK(p == "lookahead" || p == "immediate", "bench serve: --admission '", p,
              "' is not lookahead or immediate");
+  PA_CHECK(!a.preemption.empty(), "bench serve: --preemption-mode needs at least one value");
+  for (const auto& p : a.preemption)
+    PA_CHECK(p == "auto" || p == "recompute" || p == "swap", "bench serve: --preemption-mode '", p,
+             "' is not auto, recompute or swap");
   PA_CHECK(!a.sweep || a.url.empty(), "bench serve: --sweep runs in process (drop --url)");
   std::vector<double> rates;
   for (const auto& s : a.rates) rates.push_back(parse_rate(s));

@@ -21,6 +21,7 @@ struct BenchServeArgs {
   std::vector<std::string> modes = {"paged", "static"};
   std::vector<std::string> prefix_cache = {"on"};
   std::vector<std::string> admission = {"lookahead"};
+  std::vector<std::string> preemption = {"auto"};
   bool sweep = false;
   int32_t sweep_concurrency = 4;
   std::vector<std::string> rates = {"inf"};

@@ -33,7 +33,8 @@ std::string prefix_text(const RunConfig& c) {
 
 // The admission column: the paged engine's policy (admission.h), "-" for the others.
 std::string admission_text(const RunConfig& c) {
-  return c.mode == "paged" ? c.admission.substr(0, 5) : "-";
+  if (c.mode != "paged") return "-";
+  return c.admission.substr(0, 5) + (c.preemption == "auto" ? "" : "/" + c.preemption.substr(0, 4));
 }
 
 constexpr const char* kCsvHeader =
@@ -90,6 +91,11 @@ nlohmann::json result_json(const RunResult& r, const std::string& model, const s
       {"admission", http || c.mode != "paged" ? nlohmann::json() : nlohmann::json(c.admission)},
       {"preemptions_recompute", count_json(r.preemptions_recompute)},
       {"recomputed_tokens", count_json(r.recomputed_tokens)},
+      {"preemption", http || c.mode != "paged" ? nlohmann::json() : nlohmann::json(c.preemption)},
+      {"preemptions_swap", count_json(r.preemptions_swap)},
+      {"swapped_tokens", count_json(r.swapped_tokens)},
+      {"swap_bytes", count_json(r.swap_bytes)},
+      {"swap_s", num_json(r.swap_s)},
       {"preempted_computed_tokens", count_json(r.preempted_computed_tokens)},
       {"resumed_prefix_hit_tokens", count_json(r.resumed_prefix_hit_tokens)},
       {"admission_stalls", count_json(r.admission_stalls)},
@@ -158,24 +164,24 @@ void append_timeline(const std::string& path, const RunResult& r) {
 
 void print_header() {
   std::printf(
-      "%-6s %-6s %-5s %5s %4s %7s %8s %8s | %-23s | %-15s | %-15s | %-15s | %-13s %5s %4s %6s "
-      "%5s %5s | %s | %s\n",
+      "%-6s %-6s %-10s %5s %4s %7s %8s %8s | %-23s | %-15s | %-15s | %-15s | %-13s %5s %4s %4s "
+      "%6s %5s %5s | %s | %s\n",
       "mode", "prefix", "admit", "rate", "reqs", "req/s", "out t/s", "tot t/s",
       "TTFT p50/p90/p99 s", "TPOT p50/p99 ms", "ITL p50/p99 ms", "E2E p50/p99 s", "KV alloc/live",
-      "waste", "pre", "recomp", "stall", "hit", "ramp/steady/tail s", "tok/step");
+      "waste", "pre", "swap", "recomp", "stall", "hit", "ramp/steady/tail s", "tok/step");
 }
 
 void print_row(const RunResult& r) {
   std::printf(
-      "%-6s %-6s %-5s %5s %4d %7.3f %8.1f %8.1f | %6.2f/%7.2f/%7.2f | %6.1f/%7.1f | %6.1f/%7.1f |"
-      " %6.2f/%7.2f | %6s/%6s %5s %4s %6s %5s %5s | %.1f/%.1f/%.1f | %s\n",
+      "%-6s %-6s %-10s %5s %4d %7.3f %8.1f %8.1f | %6.2f/%7.2f/%7.2f | %6.1f/%7.1f | %6.1f/%7.1f |"
+      " %6.2f/%7.2f | %6s/%6s %5s %4s %4s %6s %5s %5s | %.1f/%.1f/%.1f | %s\n",
       r.config.mode.c_str(), prefix_text(r.config).c_str(), admission_text(r.config).c_str(),
       rate_text(r.workload.rate).c_str(), r.completed, r.req_per_s, r.output_tok_per_s,
       r.total_tok_per_s, r.ttft_s.p50, r.ttft_s.p90, r.ttft_s.p99, 1e3 * r.tpot_s.p50,
       1e3 * r.tpot_s.p99, 1e3 * r.itl_s.p50, 1e3 * r.itl_s.p99, r.e2e_s.p50, r.e2e_s.p99,
       fmt(r.kv_allocated_mean, "%.0f", "-").c_str(), fmt(r.kv_live_mean, "%.0f", "-").c_str(),
       fmt(100 * r.kv_waste_frac, "%.0f%%", "-").c_str(), fmt_count(r.preemptions, "-").c_str(),
-      fmt_count(r.recomputed_tokens, "-").c_str(), fmt_count(r.admission_stalls, "-").c_str(),
+      fmt_count(r.preemptions_swap, "-").c_str(), fmt_count(r.recomputed_tokens, "-").c_str(), fmt_count(r.admission_stalls, "-").c_str(),
       fmt(100 * r.prefix_hit_rate, "%.0f%%", "-").c_str(), r.ramp_s, r.steady_s, r.tail_s,
       fmt(r.output_tokens_per_step, "%.2f", "-").c_str());
   std::fflush(stdout);

@@ -132,10 +132,13 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
     // executor exactly what it was.
     ec.admission = AdmissionPolicy::immediate;
     ec.victim = VictimPolicy::newest;
+    ec.swap_space_mib = 0;  // nothing to preempt
   } else {
     ec.kv_cache_tokens = cfg.kv_budget_tokens;
     ec.enable_prefix_cache = cfg.prefix_cache;
     ec.admission = parse_admission_policy(cfg.admission);
+    ec.preemption = parse_preemption_mode(cfg.preemption);
+    ec.swap_space_mib = cfg.swap_space_mib;
     ec.victim = ec.admission == AdmissionPolicy::lookahead ? VictimPolicy::least_work
                                                            : VictimPolicy::newest;
   }
@@ -161,6 +164,7 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
                              : cfg.prefix_cache ? "+prefix"
                                                 : "") +
                             (is_static || cfg.admission == "lookahead" ? "" : "+" + cfg.admission) +
+                            (is_static || cfg.preemption == "auto" ? "" : "+" + cfg.preemption) +
                             " rate=" + (closed_loop ? std::string("closed") : [&] {
                               char b[32];
                               std::snprintf(b, sizeof b, "%g", spec.rate);
@@ -304,6 +308,10 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
   r.preemptions = m.preemptions;
   r.preemptions_recompute = m.preemptions_recompute;
   r.recomputed_tokens = m.recomputed_tokens;
+  r.preemptions_swap = m.preemptions_swap;
+  r.swapped_tokens = m.swapped_tokens;
+  r.swap_bytes = m.swap_out_bytes + m.swap_in_bytes;
+  r.swap_s = m.swap_seconds;
   r.preempted_computed_tokens = m.preempted_computed_tokens;
   r.resumed_prefix_hit_tokens = m.resumed_prefix_hit_tokens;
   r.admission_stalls = m.admission_stalls;

@@ -29,6 +29,10 @@ struct RunConfig {
   // paged only: lookahead (admission that foresees growth, the least-work victim) or immediate
   // (admission on current use, the newest victim: the engine's policy before the lookahead).
   std::string admission = "lookahead";
+  // paged only: what a preemption does (auto, recompute or swap: EngineConfig::preemption) and
+  // the host memory for swapped pages (MiB; -1: the engine's default for the device).
+  std::string preemption = "auto";
+  double swap_space_mib = -1;
   int64_t kv_budget_tokens = 4096;  // http: the server's KV capacity (-1 when it does not say)
   int32_t page_size = 16;
   int32_t max_num_seqs = 64;  // http: -1 (the server's setting, not reported)
@@ -80,6 +84,10 @@ struct RunResult {
   // again, computed tokens the preempted sequences held and how many of those their re-admission
   // found in the prefix cache, steps in which admission waited for pages.
   int64_t preemptions_recompute = -1, recomputed_tokens = -1;
+  // Preemptions that swapped, the computed tokens they kept, bytes copied out and in, and the
+  // seconds those copies took (-1 / NaN: unknown).
+  int64_t preemptions_swap = -1, swapped_tokens = -1, swap_bytes = -1;
+  double swap_s = kAbsent;
   int64_t preempted_computed_tokens = -1, resumed_prefix_hit_tokens = -1;
   int64_t admission_stalls = -1;
   // Engine steps (forward passes) and output tokens per step: how much batching the KV budget

@@ -49,6 +49,15 @@ void register_bench_serve(CLI::App& bench) {
                   "immediate (admit when the first chunk fits, the policy before the lookahead)")
       ->delimiter(',')
       ->capture_default_str();
+  cmd->add_option("--preemption-mode", a->preemption,
+                  "Paged mode: auto (swap a preempted sequence's pages to host memory when that "
+                  "is cheaper than recomputing them), recompute and/or swap")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--swap-space", a->run.swap_space_mib,
+                  "Paged mode: MiB of host memory for swapped pages (-1: 4096 with a CUDA cache, "
+                  "0 on the CPU)")
+      ->capture_default_str();
   cmd->add_flag(
       "--sweep", a->sweep,
       "Run the workload sweep: fixed, uniform, lognormal and pareto outputs (from a fixed "
@@ -98,7 +107,8 @@ void register_bench_serve(CLI::App& bench) {
   cmd->callback([a, device, cmd] {
     // The engine's own settings: with --url the server has its own.
     for (const char* name :
-         {"--model", "--device", "--prefix-cache", "--admission", "--kv-tokens", "--page-size",
+         {"--model", "--device", "--prefix-cache", "--admission", "--preemption-mode",
+          "--swap-space", "--kv-tokens", "--page-size",
           "--max-num-seqs", "--max-num-batched-tokens", "--batch-timeout"})
       if (cmd->get_option(name)->count() > 0) a->in_process_options.push_back(name);
     if (!a->url.empty() && cmd->get_option("--mode")->count() == 0) a->modes = {"http"};

@@ -32,6 +32,7 @@ struct ServeArgs {
   ServerConfig server;
   EngineConfig engine;
   bool no_prefix_cache = false;
+  std::string preemption_mode = "auto";
   std::string kv_cache_memory;  // MiB, a fraction or a percentage of free memory
   int32_t tensor_parallel = 1;  // GPUs on this host, workers spawned
   TensorParallelOptions tp;     // --rank / --world-size / --init-addr: an external launcher's
@@ -90,6 +91,7 @@ void run_serve(ServeArgs a) {
   }
   auto tok = std::make_shared<Tokenizer>(load_tokenizer(a.model));
   a.engine.enable_prefix_cache = !a.no_prefix_cache;
+  a.engine.preemption = parse_preemption_mode(a.preemption_mode);
   a.engine.eos_token_ids = tok->eog_ids();
   if (a.engine.kv_cache_dtype == "fp8")
     a.engine.kv_calibration_tokens = kv_calibration_tokens(tok.get(), model->config().vocab_size);
@@ -153,6 +155,14 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--kv-cache-dtype", a->engine.kv_cache_dtype, "auto | f32 | f16 | bf16 | fp8")
       ->capture_default_str();
   cmd->add_flag("--no-prefix-cache", a->no_prefix_cache, "Disable prefix caching");
+  cmd->add_option("--swap-space", a->engine.swap_space_mib,
+                  "MiB of host memory for the KV pages of preempted sequences (default: 4096 "
+                  "with a CUDA cache, 0 on the CPU; 0: every preemption recomputes)");
+  cmd->add_option("--preemption-mode", a->preemption_mode,
+                  "auto (swap a preempted sequence's pages to host memory when that is cheaper "
+                  "than recomputing them), recompute or swap")
+      ->check(CLI::IsMember({"auto", "recompute", "swap"}))
+      ->capture_default_str();
   cmd->add_flag("--exact-matmul", a->engine.exact_matmul,
                 "CPU: f32 activations against the dequantised weights (slower; no int8 rounding)");
   cmd->add_option("--max-num-batched-tokens", a->engine.max_num_batched_tokens,

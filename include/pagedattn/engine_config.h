@@ -24,6 +24,13 @@ enum class AdmissionPolicy : uint8_t { lookahead, immediate };
 enum class VictimPolicy : uint8_t { least_work, newest };
 // "lookahead" | "immediate"; throws Error naming the option otherwise.
 AdmissionPolicy parse_admission_policy(const std::string& name);
+// What a preemption does with the victim's computed tokens: cheaper (chosen per sequence: swap its
+// pages to host memory and back when the copies cost less than computing the tokens again, from
+// the rates measured so far), recompute (free the pages; the prefix cache keeps what it can), or
+// swap (whenever the swap space holds it).
+enum class PreemptionMode : uint8_t { cheaper, recompute, swap };
+// "auto" (cheaper) | "recompute" | "swap"; throws Error naming the option otherwise.
+PreemptionMode parse_preemption_mode(const std::string& name);
 
 struct EngineConfig {
   // KV budget, first that is set: tokens, MiB, a fraction of free memory (the device's after the
@@ -45,6 +52,11 @@ struct EngineConfig {
   // The scheduler's admission and preemption victims.
   AdmissionPolicy admission = AdmissionPolicy::lookahead;
   VictimPolicy victim = VictimPolicy::least_work;
+  PreemptionMode preemption = PreemptionMode::cheaper;
+  // Host memory for the pages of swapped-out sequences, MiB (page-locked with a CUDA cache); -1:
+  // kDefaultSwapMiB when the cache is on a CUDA device, none on the CPU (there the pool already is
+  // host memory: a preempted sequence keeps what the prefix cache holds). 0: never swap.
+  double swap_space_mib = -1;
   int32_t max_model_len = 0;  // 0: the model's max_position_embeddings
   bool log_startup = true;    // print the cache's capacity to stderr
   // CPU: f32 activations against the dequantised weights (Model::set_exact_matmul) instead of
@@ -57,6 +69,7 @@ struct EngineConfig {
   bool prefill_first = false;
 
   static constexpr double kDefaultKvMiB = 512;
+  static constexpr double kDefaultSwapMiB = 4096;
 };
 
 }  // namespace pagedattn

@@ -29,6 +29,12 @@ struct EngineMetrics {
   int64_t prefix_queried_tokens = 0, prefix_hit_tokens = 0;
   int64_t preemptions = 0;            // every kind
   int64_t preemptions_recompute = 0;  // pages freed, recomputed at re-admission
+  int64_t preemptions_swap = 0;       // pages copied to host memory, copied back at re-admission
+  int64_t swapped_tokens = 0;         // computed tokens that swap kept (not recomputed)
+  int64_t swap_out_bytes = 0, swap_in_bytes = 0;
+  double swap_seconds = 0;            // spent copying pages out and in
+  int32_t num_swapped = 0;            // waiting sequences whose pages are in host memory now
+  int64_t swap_used_bytes = 0, swap_space_bytes = 0;
   int64_t recomputed_tokens = 0;      // tokens computed again after a preemption
   int64_t preempted_computed_tokens = 0;  // tokens computed before their sequence was preempted
   int64_t resumed_prefix_hit_tokens = 0;  // of those, found again in the prefix cache

@@ -63,6 +63,19 @@ struct KvCacheStats {
 using SeqId = int64_t;
 using PageHash = std::array<uint8_t, 32>;
 
+// A sequence's cache state moved out of the pools by KvCache::swap_out, for swap_in to put back:
+// its salt, its token ids and the K/V of its pages in host memory (page-locked when the pools are
+// on a CUDA device). Page i of its block table is at pages[i], laid out
+// [layer][K, V][num_kv_heads][page_size][head_dim] in the cache dtype; the host pages go back to
+// the cache's pool when the last copy of this goes.
+struct SwappedKv {
+  std::string salt;
+  std::vector<int32_t> tokens;  // [kv_len]
+  std::shared_ptr<const std::vector<uint8_t*>> pages;
+  size_t bytes = 0;  // host bytes held: pages x one page of every layer's K and V
+  int32_t kv_len() const { return int32_t(tokens.size()); }
+};
+
 class KvCache {
  public:
   explicit KvCache(const KvCacheConfig& config);
@@ -106,6 +119,22 @@ class KvCache {
   int32_t kv_len(SeqId seq) const;
   std::span<const int32_t> block_table(SeqId seq) const;
   std::span<const int32_t> tokens(SeqId seq) const;
+
+  // ---- swap ----
+  // Host bytes that swap_out of a sequence of kv_len positions takes (its pages, whole).
+  size_t swap_bytes(int32_t kv_len) const;
+  // Copies the K/V of every page of `seq` to host memory, then frees the sequence as
+  // free_sequence does (its full pages stay in the prefix cache until evicted). Throws Error
+  // (nothing changed) when the host memory cannot be had.
+  SwappedKv swap_out(SeqId seq);
+  // How many pages swap_in(kv) takes from what num_available_pages() counts: every page of kv but
+  // those of its prefix that a live sequence still references (cached pages it revives count).
+  int32_t swap_in_pages(const SwappedKv& kv) const;
+  // A new sequence holding kv's tokens and K/V, ready to append: the longest prefix of its full
+  // pages still in the prefix cache is attached (counted in resume_hits), the other pages are
+  // taken from the allocator and copied back. Throws Error (nothing changed) when they do not fit
+  // or kv does not match this cache's shape.
+  SeqId swap_in(const SwappedKv& kv);
 
   // ---- pools ----
   // The view of one layer's pools (for the attention kernels and the write path).

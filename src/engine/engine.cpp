@@ -112,6 +112,14 @@ Engine::Engine(std::unique_ptr<Model> model, const EngineConfig& config, DecodeF
   sc.prefill_first = config.prefill_first;
   sc.admission = config.admission;
   sc.victim = config.victim;
+  sc.preemption = config.preemption;
+  PA_CHECK(std::isfinite(config.swap_space_mib) &&
+               (config.swap_space_mib >= 0 || config.swap_space_mib == -1),
+           "Engine: swap_space_mib must be >= 0 (or -1: the default), got ", config.swap_space_mib);
+  const double swap_mib = config.swap_space_mib >= 0 ? config.swap_space_mib
+                          : kc.device == Device::cuda ? EngineConfig::kDefaultSwapMiB
+                                                      : 0.0;
+  sc.swap_space_bytes = int64_t(swap_mib * 1024.0 * 1024.0);
   scheduler_ = std::make_unique<Scheduler>(sc, *cache_);
   eos_ids_ = mc.eos_token_ids;
   eos_ids_.insert(eos_ids_.end(), config.eos_token_ids.begin(), config.eos_token_ids.end());
@@ -518,11 +526,13 @@ std::vector<RequestOutput> Engine::step() {
     Tensor logits;
     std::vector<int32_t> ids;
     bool ok = true;
+    const Clock::time_point t0 = Clock::now();
     try {
       if (greedy)
         ids = model_->forward_greedy(out.batch, *cache_);
       else
         logits = model_->forward(out.batch, *cache_);
+      scheduler_->observe_step(out, std::chrono::duration<double>(Clock::now() - t0).count());
     } catch (const std::exception& e) {
       ok = false;
       for (const ScheduledSeq& s : out.scheduled)
@@ -591,6 +601,15 @@ EngineMetrics Engine::metrics() const {
   m.preempted_computed_tokens = scheduler_->preempted_computed_tokens();
   m.preemptions = scheduler_->num_preemptions();
   m.preemptions_recompute = scheduler_->num_recompute_preemptions();
+  const SwapStats& swap = scheduler_->swap_stats();
+  m.preemptions_swap = swap.preemptions;
+  m.swapped_tokens = swap.tokens;
+  m.swap_out_bytes = swap.out_bytes;
+  m.swap_in_bytes = swap.in_bytes;
+  m.swap_seconds = swap.seconds;
+  m.num_swapped = swap.swapped_now;
+  m.swap_used_bytes = swap.used_bytes;
+  m.swap_space_bytes = scheduler_->config().swap_space_bytes;
   m.recomputed_tokens = scheduler_->recomputed_tokens();
   m.admission_stalls = scheduler_->admission_stalls();
   counters_->fill(m);

@@ -2,6 +2,7 @@
 #include "scheduler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 #include <unordered_set>
 
@@ -15,6 +16,27 @@ AdmissionPolicy parse_admission_policy(const std::string &name) {
   fail("admission: expected lookahead or immediate, got '", name, "'");
 }
 
+PreemptionMode parse_preemption_mode(const std::string &name) {
+  if (name == "auto") return PreemptionMode::cheaper;
+  if (name == "recompute") return PreemptionMode::recompute;
+  if (name == "swap") return PreemptionMode::swap;
+  fail("preemption mode: expected auto, recompute or swap, got '", name, "'");
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The copy rate assumed until a MiB has been swapped: a PCIe 4.0 x16 link's practical rate, and
+// well below a memcpy's on the CPU.
+constexpr double kAssumedCopyBytesPerS = 8e9;
+
+}  // namespace
+
 Scheduler::Scheduler(const SchedulerConfig &config, KvCache &cache)
     : config_(config), cache_(cache) {
   PA_CHECK(config.max_num_batched_tokens >= 1,
@@ -22,6 +44,8 @@ Scheduler::Scheduler(const SchedulerConfig &config, KvCache &cache)
   PA_CHECK(config.max_num_seqs >= 1, "Scheduler: max_num_seqs must be >= 1, got ",
            config.max_num_seqs);
   const int32_t num_pages = cache.config().num_pages;
+  PA_CHECK(config.swap_space_bytes >= 0, "Scheduler: swap_space_bytes must be >= 0, got ",
+           config.swap_space_bytes);
   PA_CHECK(config.watermark_pages < num_pages, "Scheduler: watermark_pages (",
            config.watermark_pages, ") must be below the pool's ", num_pages, " pages");
   watermark_ = config.watermark_pages >= 0 ? config.watermark_pages : num_pages / 100;
@@ -50,6 +74,7 @@ void Scheduler::add_running(Sequence *seq) {
 void Scheduler::remove(Sequence *seq) {
   if (seq->finish == FinishReason::stop || seq->finish == FinishReason::length)
     output_lengths_.observe(seq->num_generated());
+  drop_swapped(*seq);
   auto w = waiting_.find(seq->order);
   if (w != waiting_.end() && w->second == seq) waiting_.erase(w);
   auto r = running_.find(seq->order);
@@ -63,17 +88,70 @@ void Scheduler::remove(Sequence *seq) {
 int32_t Scheduler::available_pages() const { return cache_.num_available_pages(); }
 
 void Scheduler::preempt(Sequence *seq, SchedulerOutput &out) {
-  // Its full pages go back to the prefix cache (deepest first, so the LRU evicts them before
-  // their parents) and serve its re-admission if they are still there.
   preempted_computed_ += seq->num_computed;
-  seq->recompute_until = std::max(seq->recompute_until, seq->num_computed);
-  cache_.free_sequence(seq->cache_seq);
+  bool swapped = false;
+  if (should_swap(*seq)) {
+    const Clock::time_point t0 = Clock::now();
+    try {
+      seq->swapped = cache_.swap_out(seq->cache_seq);
+      swapped = true;
+    } catch (const Error &) {
+      // NOTE: no host memory to be had (or the copy failed): swap_out changed nothing, recompute.
+    }
+    if (swapped) {
+      swap_.seconds += seconds_since(t0);
+      swap_.out_bytes += int64_t(seq->swapped->bytes);
+      swap_.used_bytes += int64_t(seq->swapped->bytes);
+      swap_.tokens += seq->num_computed;
+      ++swap_.preemptions;
+      ++swap_.swapped_now;
+    }
+  }
+  if (!swapped) {
+    // Its full pages go back to the prefix cache (deepest first, so the LRU evicts them before
+    // their parents) and serve its re-admission if they are still there.
+    seq->recompute_until = std::max(seq->recompute_until, seq->num_computed);
+    cache_.free_sequence(seq->cache_seq);
+  }
   seq->cache_seq = -1;
   seq->num_computed = 0;
   running_.erase(seq->order);
   waiting_[seq->order] = seq;
   ++num_preemptions_;
   out.preempted.push_back(seq);
+}
+
+bool Scheduler::should_swap(const Sequence &seq) const {
+  if (config_.preemption == PreemptionMode::recompute || config_.swap_space_bytes <= 0) return false;
+  // NOTE: a tensor-parallel cache replays its page copies on the other ranks' pools; swap is not
+  // among them.
+  if (cache_.config().record_page_copies) return false;
+  // NOTE: a beam waiting for its siblings has nothing left to compute; its step's logits are lost
+  // with the preemption, and only computing its last token again brings them back.
+  if (seq.num_computed == 0 || seq.num_uncomputed() == 0) return false;
+  const int64_t bytes = int64_t(cache_.swap_bytes(seq.num_computed));
+  if (swap_.used_bytes + bytes > config_.swap_space_bytes) return false;
+  if (config_.preemption == PreemptionMode::swap) return true;
+  // cheaper: out and back in at the copy rate seen so far, against a prefill of the same tokens.
+  if (prefill_s_per_token_ <= 0) return true;  // no prefill measured yet: the copies, far cheaper
+  const double copied = double(swap_.out_bytes + swap_.in_bytes);
+  const double rate =
+      copied >= double(1 << 20) && swap_.seconds > 0 ? copied / swap_.seconds : kAssumedCopyBytesPerS;
+  return 2.0 * double(bytes) / rate < double(seq.num_computed) * prefill_s_per_token_;
+}
+
+void Scheduler::drop_swapped(Sequence &seq) {
+  if (!seq.swapped) return;
+  swap_.used_bytes -= int64_t(seq.swapped->bytes);
+  --swap_.swapped_now;
+  seq.swapped.reset();
+}
+
+void Scheduler::observe_step(const SchedulerOutput &out, double seconds) {
+  // NOTE: a step of a few prefill tokens measures the step's fixed cost, not the prefill rate.
+  if (out.num_prefill_tokens < 64 || !(seconds > 0)) return;
+  const double s = seconds / double(out.num_prefill_tokens + out.num_decode_tokens);
+  prefill_s_per_token_ = prefill_s_per_token_ > 0 ? 0.8 * prefill_s_per_token_ + 0.2 * s : s;
 }
 
 int32_t Scheduler::tokens_that_fit(const Sequence &seq, int32_t want, int32_t available) const {
@@ -179,6 +257,7 @@ Sequence *Scheduler::pick_victim(const Sequence *self,
 // when it must wait.
 bool Scheduler::admit_one(int32_t &budget, SchedulerOutput &out) {
   Sequence *seq = waiting_.begin()->second;
+  if (seq->swapped) return admit_swapped(budget, out);
   const SeqId cs = cache_.create_sequence(seq->cache_salt);
   int32_t reused = 0;
   // NOTE: the cache counts the lookup (KvCacheStats): a preempted sequence coming back counts
@@ -220,6 +299,50 @@ bool Scheduler::admit_one(int32_t &budget, SchedulerOutput &out) {
   }
   waiting_.erase(waiting_.begin());
   seq->num_computed = reused;
+  running_[seq->order] = seq;
+  append(seq, n, out);
+  budget -= n;
+  return true;
+}
+
+bool Scheduler::admit_swapped(int32_t &budget, SchedulerOutput &out) {
+  Sequence *seq = waiting_.begin()->second;
+  const SwappedKv &kv = *seq->swapped;
+  const int32_t kv_len = kv.kv_len(), ps = cache_.config().page_size;
+  const int32_t n = std::min(seq->num_tokens() - kv_len, budget);
+  PA_ASSERT(n >= 1);
+  const int32_t pages =
+      cache_.swap_in_pages(kv) + (kv_len + n + ps - 1) / ps - (kv_len + ps - 1) / ps;
+  const int32_t available = available_pages();
+  const bool alone = out.scheduled.empty() &&
+                     std::none_of(running_.begin(), running_.end(),
+                                  [](const auto &r) { return r.second->num_uncomputed() > 0; });
+  const bool lookahead = config_.admission == AdmissionPolicy::lookahead;
+  const int32_t reserve = alone || lookahead ? 0 : watermark_;
+  auto recompute_instead = [&] {
+    drop_swapped(*seq);
+    seq->recompute_until = std::max(seq->recompute_until, kv_len);
+    return admit_one(budget, out);
+  };
+  if (pages + reserve > available || (lookahead && !alone && !forecast_fits(*seq))) {
+    // Alone and still too large to come back whole: recompute it a chunk at a time.
+    if (alone) return recompute_instead();
+    ++admission_stalls_;
+    return false;
+  }
+  const Clock::time_point t0 = Clock::now();
+  SeqId cs = -1;
+  try {
+    cs = cache_.swap_in(kv);
+  } catch (const Error &) {
+    return recompute_instead();  // NOTE: swap_in changed nothing
+  }
+  swap_.seconds += seconds_since(t0);
+  swap_.in_bytes += int64_t(kv.bytes);
+  drop_swapped(*seq);
+  seq->cache_seq = cs;
+  seq->num_computed = kv_len;
+  waiting_.erase(waiting_.begin());
   running_[seq->order] = seq;
   append(seq, n, out);
   budget -= n;

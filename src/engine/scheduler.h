@@ -16,12 +16,17 @@
 // are skipped. When a running sequence needs a page and none is left, a running
 // sequence not yet scheduled this step is preempted (victim least_work, the
 // default: the one with the fewest computed tokens, the newest among equals;
-// newest: the newest): its pages are freed and it goes back to the waiting
-// queue to be recomputed later (its tokens are kept, so greedy output is
-// unchanged). Its full pages stay in the prefix cache until evicted, so its
-// re-admission reuses what is left of them; the tokens computed again are
-// counted as recomputed. A prefill chunk shrinks to what fits before it
-// preempts anyone.
+// newest: the newest) and goes back to the waiting queue (its tokens are kept,
+// so greedy output is unchanged). Its computed tokens are either
+//   - swapped: its pages copied to host memory (KvCache::swap_out) and back at
+//     its re-admission, which then needs all its pages at once; chosen when the
+//     swap space holds them and (PreemptionMode::cheaper) the two copies at the
+//     measured copy rate cost less than computing the tokens again at the
+//     measured prefill rate; or
+//   - recomputed: its pages are freed; its full pages stay in the prefix cache
+//     until evicted, so its re-admission reuses what is left of them; the tokens
+//     computed again are counted as recomputed.
+// A prefill chunk shrinks to what fits before it preempts anyone.
 //
 // The scheduler reserves the slots (KvCache::append_slots) of everything it
 // schedules, so its output is all the model runner needs.
@@ -57,6 +62,18 @@ struct SchedulerConfig {
   // preemptions when lengths do).
   AdmissionPolicy admission = AdmissionPolicy::lookahead;
   VictimPolicy victim = VictimPolicy::least_work;
+  PreemptionMode preemption = PreemptionMode::cheaper;
+  int64_t swap_space_bytes = 0;  // host memory for swapped-out pages; 0: every preemption recomputes
+};
+
+// What swap did (Scheduler::swap_stats).
+struct SwapStats {
+  int64_t preemptions = 0;  // preemptions that swapped
+  int64_t tokens = 0;       // computed tokens kept by swap (not recomputed)
+  int64_t out_bytes = 0, in_bytes = 0;
+  double seconds = 0;       // copying, both ways
+  int32_t swapped_now = 0;  // waiting sequences in host memory
+  int64_t used_bytes = 0;   // of the swap space
 };
 
 struct ScheduledSeq {
@@ -105,9 +122,12 @@ class Scheduler {
   int32_t num_running() const { return int32_t(running_.size()); }
   bool has_work() const { return !waiting_.empty() || !running_.empty(); }
   int64_t num_preemptions() const { return num_preemptions_; }
-  // Preemptions that free the pages and recompute them later (today every
-  // preemption).
-  int64_t num_recompute_preemptions() const { return num_preemptions_; }
+  // Preemptions that free the pages and recompute them later.
+  int64_t num_recompute_preemptions() const { return num_preemptions_ - swap_.preemptions; }
+  const SwapStats &swap_stats() const { return swap_; }
+  // After the forward pass of `out`, which took `seconds`: the prefill rate that the choice
+  // between swap and recompute weighs.
+  void observe_step(const SchedulerOutput &out, double seconds);
   // Tokens computed a second time after a preemption (what recompute costs).
   int64_t recomputed_tokens() const { return recomputed_tokens_; }
   // Tokens that preempted sequences had computed, and of those, tokens that
@@ -126,6 +146,12 @@ class Scheduler {
  private:
   int32_t available_pages() const;
   void preempt(Sequence *seq, SchedulerOutput &out);
+  // Whether a preempted seq's computed tokens go to host memory rather than being recomputed.
+  bool should_swap(const Sequence &seq) const;
+  // The swapped waiting sequence at the queue's head back in the cache, and its first chunk
+  // scheduled; false when it must wait.
+  bool admit_swapped(int32_t &budget, SchedulerOutput &out);
+  void drop_swapped(Sequence &seq);
   // Largest n <= want whose pages fit in `available` (0 if none).
   int32_t tokens_that_fit(const Sequence &seq, int32_t want, int32_t available) const;
   void append(Sequence *seq, int32_t n, SchedulerOutput &out);
@@ -147,6 +173,8 @@ class Scheduler {
   int64_t preempted_computed_ = 0;
   int64_t admission_stalls_ = 0;
   OutputLengthStats output_lengths_;
+  SwapStats swap_;
+  double prefill_s_per_token_ = 0;  // measured by observe_step (0: not yet)
 };
 
 }  // namespace pagedattn

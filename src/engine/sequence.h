@@ -33,6 +33,9 @@ struct Sequence {
   // Tokens that were computed before the last preemption: computing them again is recompute.
   int32_t recompute_until = 0;
   SeqId cache_seq = -1;  // -1 while it holds no cache state (waiting)
+  // A preempted sequence swapped out: its computed tokens' K/V in host memory, put back at its
+  // re-admission instead of computing them again.
+  std::optional<SwappedKv> swapped;
   FinishReason finish = FinishReason::none;
   bool forked = false;  // n > 1: children were made from this sequence
   // Sum of log-softmax(logits)[token] over the generated tokens (tracked when the request has

@@ -6,110 +6,10 @@
 #include <unordered_map>
 #include <utility>
 
-#include "page_hash.h"
+#include "kv_cache_impl.h"
 #include "pagedattn/error.h"
 
 namespace pagedattn {
-
-namespace {
-
-// One sequence as the cache sees it: its pages, token ids and prefix hashes (the engine's
-// Sequence, request.h, is the request's view).
-struct SeqPages {
-  std::string salt;
-  std::vector<int32_t> block_table;  // [ceil(kv_len / page_size)] physical page ids
-  std::vector<int32_t> tokens;       // [kv_len] token ids of the reserved positions
-  std::vector<PageHash> hashes;      // chain hashes of the first hashes.size() (full) pages
-  // What attach_prefix counted for this sequence, taken back if it is freed before it grows (an
-  // admission that did not go ahead: the scheduler looks the same tokens up again later).
-  int64_t counted_queries = 0, counted_hits = 0, counted_resume = 0;
-};
-
-}  // namespace
-
-struct KvCache::Impl {
-  KvCacheConfig cfg;
-  BlockAllocator alloc;
-  std::vector<Tensor> k_pools, v_pools;    // [num_layers] of [num_pages][H][page_size][D]
-  std::vector<Tensor> k_scales, v_scales;  // [num_layers] of [H] f32 on the pools' device (fp8)
-  std::unordered_map<SeqId, SeqPages> seqs;
-  SeqId next_id = 0;
-  std::vector<PageHash> page_hash;  // [num_pages], valid where has_hash
-  std::vector<uint8_t> has_hash;    // [num_pages]
-  std::unordered_map<PageHash, int32_t, kv::PageHashHasher> hash_to_page;
-  int64_t prefix_queries = 0, prefix_hits = 0, resume_hits = 0, evictions = 0;
-  std::vector<PageCopy> page_copies;  // since take_page_copies (record_page_copies)
-
-  explicit Impl(const KvCacheConfig& c) : cfg(c), alloc(c.num_pages) {}
-
-  SeqPages& find(SeqId seq, const char* op) {
-    auto it = seqs.find(seq);
-    PA_CHECK(it != seqs.end(), op, ": unknown seq ", seq);
-    return it->second;
-  }
-  const SeqPages& find(SeqId seq, const char* op) const {
-    auto it = seqs.find(seq);
-    PA_CHECK(it != seqs.end(), op, ": unknown seq ", seq);
-    return it->second;
-  }
-
-  int32_t kv_len(const SeqPages& s) const { return int32_t(s.tokens.size()); }
-
-  int64_t pages_needed(const SeqPages& s, int64_t n) const {
-    if (n == 0) return 0;
-    const int64_t ps = cfg.page_size, len = kv_len(s);
-    int64_t need = (len + n + ps - 1) / ps - int64_t(s.block_table.size());
-    // NOTE: a partial tail page shared with another sequence is copied before it is written.
-    if (len % ps != 0 && alloc.refcount(s.block_table.back()) > 1) ++need;
-    return need;
-  }
-
-  int32_t alloc_page() {
-    return alloc.alloc([this](int32_t page) {
-      hash_to_page.erase(page_hash[size_t(page)]);
-      has_hash[size_t(page)] = 0;
-      ++evictions;
-    });
-  }
-
-  void release(int32_t page) { alloc.decref(page, has_hash[size_t(page)] != 0); }
-
-  // Copies slots [0, filled) of every head of page src into page dst, in every layer's K and V.
-  void copy_slots(int32_t dst, int32_t src, int32_t filled) {
-    const size_t elem = dtype_size(cfg.dtype);
-    const size_t head_bytes = size_t(filled) * size_t(cfg.head_dim) * elem;
-    const PagedKVView shape = view_shape();
-    for (int32_t l = 0; l < cfg.num_layers; ++l) {
-      for (Tensor* pool : {&k_pools[size_t(l)], &v_pools[size_t(l)]}) {
-        auto* base = static_cast<uint8_t*>(pool->data());
-        for (int32_t h = 0; h < cfg.num_kv_heads; ++h) {
-          copy_bytes(base + size_t(shape.offset(dst, h, 0)) * elem, cfg.device,
-                     base + size_t(shape.offset(src, h, 0)) * elem, cfg.device, head_bytes);
-        }
-      }
-    }
-  }
-
-  PagedKVView view_shape() const {
-    PagedKVView v;
-    v.dtype = cfg.dtype;
-    v.num_pages = cfg.num_pages;
-    v.num_kv_heads = cfg.num_kv_heads;
-    v.page_size = cfg.page_size;
-    v.head_dim = cfg.head_dim;
-    return v;
-  }
-
-  bool has_scales(int32_t layer) const { return k_scales[size_t(layer)].data() != nullptr; }
-
-  int32_t first_unscaled_layer() const {
-    if (cfg.dtype != DType::fp8_e4m3) return -1;
-    for (int32_t l = 0; l < cfg.num_layers; ++l) {
-      if (!has_scales(l)) return l;
-    }
-    return -1;
-  }
-};
 
 KvCache::KvCache(const KvCacheConfig& c) {
   PA_CHECK(c.num_layers > 0, "KvCache: num_layers must be > 0, got ", c.num_layers);
@@ -159,14 +59,7 @@ int32_t KvCache::attach_prefix(SeqId seq, std::span<const int32_t> tokens,
   const size_t max_pages = tokens.empty() ? 0 : (tokens.size() - 1) / ps;
   std::vector<PageHash> chain;
   std::vector<int32_t> pages;
-  for (size_t i = 0; i < max_pages; ++i) {
-    const PageHash h =
-        kv::page_hash(i ? chain.back() : kv::kRootHash, tokens.subspan(i * ps, ps), s.salt);
-    auto it = m.hash_to_page.find(h);
-    if (it == m.hash_to_page.end()) break;
-    chain.push_back(h);
-    pages.push_back(it->second);
-  }
+  m.cached_prefix(tokens, s.salt, max_pages, chain, pages);
   for (int32_t p : pages) {
     if (m.alloc.is_cached(p)) {
       m.alloc.revive(p);

@@ -1,4 +1,5 @@
 // /metrics: the engine's counters in the Prometheus text format.
+#include <iomanip>
 #include <sstream>
 
 #include "pagedattn/server.h"
@@ -41,6 +42,7 @@ std::string prometheus_text(const EngineMetrics& m, const std::string& model_nam
   const std::string label = "model_name=\"" + escaped + "\"";
   const std::string l = "{" + label + "}";
   std::ostringstream os;
+  os << std::setprecision(15);  // counters of bytes and tokens stay exact
   metric(os, "pagedattn_num_requests_running", "gauge", "Sequences running.", l, m.num_running);
   metric(os, "pagedattn_num_requests_waiting", "gauge", "Sequences waiting (new or preempted).", l,
          m.num_waiting);
@@ -65,8 +67,24 @@ std::string prometheus_text(const EngineMetrics& m, const std::string& model_nam
   metric(os, "pagedattn_num_preemptions_total", "counter", "Sequences preempted for lack of pages.",
          l, double(m.preemptions));
   metric(os, "pagedattn_num_preemptions_by_kind_total", "counter",
-         "Preemptions by kind (recompute: pages freed, computed again at re-admission).",
+         "Preemptions by kind (recompute: pages freed, computed again at re-admission; swap: "
+         "pages copied to host memory and back).",
          "{" + label + ",kind=\"recompute\"}", double(m.preemptions_recompute));
+  os << "pagedattn_num_preemptions_by_kind_total{" << label << ",kind=\"swap\"} "
+     << m.preemptions_swap << "\n";
+  metric(os, "pagedattn_swapped_tokens_total", "counter",
+         "Computed tokens that swap kept through a preemption (not recomputed).", l,
+         double(m.swapped_tokens));
+  metric(os, "pagedattn_swap_bytes_total", "counter", "Bytes of KV pages copied by swap.",
+         "{" + label + ",direction=\"out\"}", double(m.swap_out_bytes));
+  os << "pagedattn_swap_bytes_total{" << label << ",direction=\"in\"} " << m.swap_in_bytes
+     << "\n";
+  metric(os, "pagedattn_swap_seconds_total", "counter", "Seconds spent copying swapped pages.", l,
+         m.swap_seconds);
+  metric(os, "pagedattn_num_requests_swapped", "gauge",
+         "Waiting sequences whose KV pages are in host memory.", l, double(m.num_swapped));
+  metric(os, "pagedattn_swap_space_usage_perc", "gauge", "Fraction of the swap space in use.", l,
+         m.swap_space_bytes ? double(m.swap_used_bytes) / double(m.swap_space_bytes) : 0.0);
   metric(os, "pagedattn_recomputed_tokens_total", "counter",
          "Tokens computed again after a preemption.", l, double(m.recomputed_tokens));
   metric(os, "pagedattn_admission_stalls_total", "counter",

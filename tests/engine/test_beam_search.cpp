@@ -288,9 +288,13 @@ TEST(BeamSearch, BatchedWithOtherRequestsAndUnderPreemptionGivesTheSameBeams) {
     const RequestId id = e.add_request(beam_request(prompt, 3, 3, 12, 0.5f));
     return run_all(e)[id];
   }();
+  for (const double swap_mib : {0.0, 1.0}) {  // preempted sequences recomputed, or swapped
+  SCOPED_TRACE(swap_mib > 0 ? "swap" : "recompute");
   EngineConfig cfg = config(96, 4);  // 24 pages: the greedy requests force preemptions
   cfg.watermark_pages = 0;
   cfg.admission = AdmissionPolicy::immediate;  // on current use, so that growth preempts
+  cfg.swap_space_mib = swap_mib;
+  cfg.preemption = swap_mib > 0 ? PreemptionMode::swap : PreemptionMode::recompute;
   auto model = std::make_unique<FakeModel>(64);
   const FakeModel &fake = *model;
   Engine e(std::move(model), cfg);
@@ -308,7 +312,10 @@ TEST(BeamSearch, BatchedWithOtherRequestsAndUnderPreemptionGivesTheSameBeams) {
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(res[id][i].tokens, solo[i].tokens) << "beam " << i;
   for (auto &[gid, p] : greedy) EXPECT_EQ(res[gid].at(0).tokens, fake.greedy_oracle(p, 20));
   EXPECT_GT(e.metrics().preemptions, 0);
+  EXPECT_EQ(e.metrics().preemptions_swap > 0, swap_mib > 0);
   EXPECT_EQ(e.cache().stats().pages_used, 0);
+  EXPECT_EQ(e.metrics().swap_used_bytes, 0);
+  }
 }
 
 TEST(BestOf, ReturnsTheHighestScoringCandidates) {

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -146,6 +148,114 @@ TEST(Engine, PreemptionAndRecomputeGiveIdenticalOutput) {
   for (size_t i = 0; i < prompts.size(); ++i)
     EXPECT_EQ(res[ids[i]].tokens.at(0), fake.greedy_oracle(prompts[i], 40)) << "request " << i;
   EXPECT_EQ(e.cache().stats().pages_used, 0);
+}
+
+TEST(Engine, PreemptionBySwapGivesIdenticalOutputAndRecomputesNothing) {
+  // The workload above with swap space: the preempted sequences' pages go to host memory and come
+  // back (the fake model reads every position back through the block table, so a page restored
+  // wrong changes the output or throws). auto picks swap too: on the CPU a copy of the pages costs
+  // far less than computing the tokens again.
+  for (PreemptionMode mode : {PreemptionMode::swap, PreemptionMode::cheaper}) {
+    std::vector<std::vector<int32_t>> prompts;
+    for (int32_t i = 0; i < 6; ++i) prompts.push_back(make_prompt(10 + i, 40 + i));
+    EngineConfig cfg = small_config(64, 4, 64);
+    cfg.watermark_pages = 0;
+    cfg.admission = AdmissionPolicy::immediate;
+    cfg.preemption = mode;
+    cfg.swap_space_mib = 1;
+    auto model = std::make_unique<FakeModel>();
+    const FakeModel& fake = *model;
+    Engine e(std::move(model), cfg);
+    std::vector<RequestId> ids;
+    for (auto& p : prompts) ids.push_back(e.add_request(greedy(p, 40)));
+    int32_t most_swapped = 0;
+    std::map<RequestId, Result> res;
+    for (int32_t step = 0; e.has_work() && step < 10000; ++step) {
+      gather(res, e.step());
+      most_swapped = std::max(most_swapped, e.metrics().num_swapped);
+    }
+    const EngineMetrics m = e.metrics();
+    EXPECT_GT(m.preemptions, 0);
+    EXPECT_EQ(m.preemptions_swap, m.preemptions);
+    EXPECT_EQ(m.preemptions_recompute, 0);
+    EXPECT_EQ(m.recomputed_tokens, 0);
+    EXPECT_EQ(m.swapped_tokens, m.preempted_computed_tokens);
+    EXPECT_GT(m.swap_out_bytes, 0);
+    EXPECT_GE(most_swapped, 1);
+    // Everything came back: the bytes in equal the bytes out, nothing is left in host memory.
+    EXPECT_EQ(m.swap_in_bytes, m.swap_out_bytes);
+    EXPECT_EQ(m.num_swapped, 0);
+    EXPECT_EQ(m.swap_used_bytes, 0);
+    EXPECT_EQ(m.swap_space_bytes, 1 << 20);
+    for (size_t i = 0; i < prompts.size(); ++i)
+      EXPECT_EQ(res[ids[i]].tokens.at(0), fake.greedy_oracle(prompts[i], 40)) << "request " << i;
+    EXPECT_EQ(e.cache().stats().pages_used, 0);
+  }
+}
+
+TEST(Engine, SwapSpaceTooSmallForASequenceRecomputesIt) {
+  // 600 bytes of swap space: a sequence of 10+ tokens takes 3 pages x 2 layers x K, V x 64 bytes
+  // = 768, so every preemption falls back to recompute; outputs stay the oracle's.
+  std::vector<std::vector<int32_t>> prompts;
+  for (int32_t i = 0; i < 6; ++i) prompts.push_back(make_prompt(10 + i, 40 + i));
+  EngineConfig cfg = small_config(64, 4, 64);
+  cfg.watermark_pages = 0;
+  cfg.admission = AdmissionPolicy::immediate;
+  cfg.preemption = PreemptionMode::swap;
+  cfg.swap_space_mib = 600.0 / (1 << 20);
+  auto model = std::make_unique<FakeModel>();
+  const FakeModel& fake = *model;
+  Engine e(std::move(model), cfg);
+  std::vector<RequestId> ids;
+  for (auto& p : prompts) ids.push_back(e.add_request(greedy(p, 40)));
+  auto res = run_all(e);
+  const EngineMetrics m = e.metrics();
+  EXPECT_GT(m.preemptions, 0);
+  EXPECT_EQ(m.preemptions_swap, 0);
+  EXPECT_EQ(m.preemptions_recompute, m.preemptions);
+  for (size_t i = 0; i < prompts.size(); ++i)
+    EXPECT_EQ(res[ids[i]].tokens.at(0), fake.greedy_oracle(prompts[i], 40)) << "request " << i;
+}
+
+TEST(Engine, CancellingASwappedRequestFreesItsHostMemory) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int32_t i = 0; i < 6; ++i) prompts.push_back(make_prompt(10 + i, 40 + i));
+  EngineConfig cfg = small_config(64, 4, 64);
+  cfg.watermark_pages = 0;
+  cfg.admission = AdmissionPolicy::immediate;
+  cfg.preemption = PreemptionMode::swap;
+  cfg.swap_space_mib = 1;
+  Engine e(std::make_unique<FakeModel>(), cfg);
+  std::vector<RequestId> ids;
+  for (auto& p : prompts) ids.push_back(e.add_request(greedy(p, 40)));
+  for (int32_t step = 0; e.has_work() && e.metrics().num_swapped == 0 && step < 1000; ++step)
+    e.step();
+  ASSERT_GT(e.metrics().num_swapped, 0) << "nothing was swapped out";
+  EXPECT_GT(e.metrics().swap_used_bytes, 0);
+  for (RequestId id : ids) e.cancel(id);
+  for (int32_t step = 0; e.has_work() && step < 100; ++step) e.step();
+  EXPECT_FALSE(e.has_work());
+  EXPECT_EQ(e.metrics().num_swapped, 0);
+  EXPECT_EQ(e.metrics().swap_used_bytes, 0);
+  EXPECT_EQ(e.cache().stats().pages_used, 0);
+}
+
+TEST(Engine, SwapSpaceIsValidated) {
+  for (double bad : {-2.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    EngineConfig cfg = small_config(64);
+    cfg.swap_space_mib = bad;
+    try {
+      Engine e(std::make_unique<FakeModel>(), cfg);
+      ADD_FAILURE() << "swap_space_mib " << bad << " was accepted";
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find("swap_space_mib"), std::string::npos) << err.what();
+    }
+  }
+  // The default: none on the CPU.
+  Engine e(std::make_unique<FakeModel>(), small_config(64));
+  EXPECT_EQ(e.metrics().swap_space_bytes, 0);
+  EXPECT_THROW(parse_preemption_mode("sometimes"), Error);
+  EXPECT_EQ(parse_preemption_mode("auto"), PreemptionMode::cheaper);
 }
 
 TEST(Engine, LookaheadAdmissionAvoidsPreemptionWhenLengthsAreKnown) {
