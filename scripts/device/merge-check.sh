@@ -15,12 +15,7 @@ BUILD_DIR=${BUILD_DIR:-build-gpu}
 mkdir -p "$OUT"
 end=$(($(date +%s) + ${BUDGET:-420}))
 source scripts/device/steps.sh
-{
-  date -u
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  nvcc --version | tail -1
-} >"$OUT/device.txt" 2>&1
-cat "$OUT/device.txt"
+record_device
 
 step build 240 build.log env BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh pagedattn \
   test_gpu || tail -30 "$OUT/build.log"

@@ -17,3 +17,12 @@ step() {
   return $rc
 }
 print_summary() { echo "== summary"; printf '%s\n' "${summary[@]}"; }
+# The machine, the driver and the compiler, into $OUT/device.txt and on stdout.
+record_device() {
+  {
+    date -u
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    nvcc --version | tail -1
+  } >"$OUT/device.txt" 2>&1
+  cat "$OUT/device.txt"
+}

@@ -253,6 +253,12 @@ Sequence *Scheduler::pick_victim(const Sequence *self,
   return best;
 }
 
+bool Scheduler::admitted_alone(const SchedulerOutput &out) const {
+  return out.scheduled.empty() &&
+         std::none_of(running_.begin(), running_.end(),
+                      [](const auto &r) { return r.second->num_uncomputed() > 0; });
+}
+
 // Admits the oldest waiting sequence if its first chunk fits; returns false
 // when it must wait.
 bool Scheduler::admit_one(int32_t &budget, SchedulerOutput &out) {
@@ -266,10 +272,7 @@ bool Scheduler::admit_one(int32_t &budget, SchedulerOutput &out) {
     reused = cache_.attach_prefix(cs, seq->tokens, std::max(seq->recompute_until, 0));
   int32_t n = std::min(seq->num_tokens() - reused, budget);
   const int32_t available = available_pages();
-  // Alone: nothing else computes (beams parked for their siblings' step hold pages but wait).
-  const bool alone = out.scheduled.empty() &&
-                     std::none_of(running_.begin(), running_.end(),
-                                  [](const auto &r) { return r.second->num_uncomputed() > 0; });
+  const bool alone = admitted_alone(out);
   const bool lookahead = config_.admission == AdmissionPolicy::lookahead;
   // NOTE: with the lookahead the forecast below keeps the room that the running batch will need.
   const int32_t reserve = alone || lookahead ? 0 : watermark_;
@@ -314,9 +317,7 @@ bool Scheduler::admit_swapped(int32_t &budget, SchedulerOutput &out) {
   const int32_t pages =
       cache_.swap_in_pages(kv) + (kv_len + n + ps - 1) / ps - (kv_len + ps - 1) / ps;
   const int32_t available = available_pages();
-  const bool alone = out.scheduled.empty() &&
-                     std::none_of(running_.begin(), running_.end(),
-                                  [](const auto &r) { return r.second->num_uncomputed() > 0; });
+  const bool alone = admitted_alone(out);
   const bool lookahead = config_.admission == AdmissionPolicy::lookahead;
   const int32_t reserve = alone || lookahead ? 0 : watermark_;
   auto recompute_instead = [&] {

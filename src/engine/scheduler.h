@@ -156,6 +156,9 @@ class Scheduler {
   int32_t tokens_that_fit(const Sequence &seq, int32_t want, int32_t available) const;
   void append(Sequence *seq, int32_t n, SchedulerOutput &out);
   bool admit_one(int32_t &budget, SchedulerOutput &out);
+  // Whether a sequence admitted now would run alone: nothing else computes this step (beams
+  // parked for their siblings' step hold pages but wait).
+  bool admitted_alone(const SchedulerOutput &out) const;
   Sequence *pick_victim(const Sequence *self,
                         const std::unordered_set<const Sequence *> &scheduled);
   GrowthForecast forecast(const Sequence &seq) const;

@@ -78,6 +78,21 @@ struct KvCache::Impl {
            dtype_size(cfg.dtype);
   }
 
+  // The blocks of pool page `page` (every layer's K, then V) and where each lies in the host page
+  // `host` (swap): [layer][K, V][H][page_size][D].
+  void page_blocks(int32_t page, uint8_t* host, std::vector<void*>& pool,
+                   std::vector<void*>& on_host) const {
+    const size_t pb = page_bytes();
+    for (size_t l = 0; l < size_t(cfg.num_layers); ++l) {
+      const Tensor* pools[2] = {&k_pools[l], &v_pools[l]};
+      for (size_t kv = 0; kv < 2; ++kv) {
+        pool.push_back(static_cast<uint8_t*>(const_cast<void*>(pools[kv]->data())) +
+                       size_t(page) * pb);
+        on_host.push_back(host + (l * 2 + kv) * pb);
+      }
+    }
+  }
+
   int32_t kv_len(const SeqPages& s) const { return int32_t(s.tokens.size()); }
 
   int64_t pages_needed(const SeqPages& s, int64_t n) const {

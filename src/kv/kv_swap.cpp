@@ -20,20 +20,10 @@ SwappedKv KvCache::swap_out(SeqId seq) {
   SwappedKv out;
   out.bytes = swap_bytes(m.kv_len(s));
   out.pages = kv::HostPool::take(m.host_pool, s.block_table.size());  // may throw: nothing changed
-  const size_t pb = m.page_bytes(), L = size_t(m.cfg.num_layers);
-  std::vector<const void*> src;
-  std::vector<void*> dst;
-  for (size_t i = 0; i < s.block_table.size(); ++i) {
-    const size_t page = size_t(s.block_table[i]);
-    for (size_t l = 0; l < L; ++l) {
-      const Tensor* pools[2] = {&m.k_pools[l], &m.v_pools[l]};
-      for (size_t kv = 0; kv < 2; ++kv) {
-        src.push_back(static_cast<const uint8_t*>(pools[kv]->data()) + page * pb);
-        dst.push_back((*out.pages)[i] + (l * 2 + kv) * pb);
-      }
-    }
-  }
-  kv::copy_blocks(m.cfg.device, src, dst, pb);
+  std::vector<void*> pool, host;
+  for (size_t i = 0; i < s.block_table.size(); ++i)
+    m.page_blocks(s.block_table[i], (*out.pages)[i], pool, host);
+  kv::copy_blocks(m.cfg.device, {pool.data(), pool.size()}, host, m.page_bytes());
   out.salt = s.salt;
   out.tokens = s.tokens;
   free_sequence(seq);
@@ -46,7 +36,8 @@ int32_t KvCache::swap_in_pages(const SwappedKv& kv) const {
   const size_t total = (kv.tokens.size() + ps - 1) / ps;
   std::vector<PageHash> chain;
   std::vector<int32_t> pages;
-  if (m.cfg.enable_prefix_cache) m.cached_prefix(kv.tokens, kv.salt, kv.tokens.size() / ps, chain, pages);
+  if (m.cfg.enable_prefix_cache)
+    m.cached_prefix(kv.tokens, kv.salt, kv.tokens.size() / ps, chain, pages);
   size_t live = 0;  // attached pages that cost nothing: a live sequence holds them already
   for (int32_t p : pages) live += !m.alloc.is_cached(p);
   return int32_t(total - live);
@@ -69,7 +60,8 @@ SeqId KvCache::swap_in(const SwappedKv& kv) {
   SeqPages s;
   s.salt = kv.salt;
   std::vector<int32_t> pages;
-  if (m.cfg.enable_prefix_cache) m.cached_prefix(kv.tokens, kv.salt, kv.tokens.size() / ps, s.hashes, pages);
+  if (m.cfg.enable_prefix_cache)
+    m.cached_prefix(kv.tokens, kv.salt, kv.tokens.size() / ps, s.hashes, pages);
   // The attached pages first: reviving them takes them out of reach of the allocations below.
   for (int32_t p : pages) {
     if (m.alloc.is_cached(p))
@@ -79,20 +71,10 @@ SeqId KvCache::swap_in(const SwappedKv& kv) {
   }
   const size_t attached = pages.size();
   while (pages.size() < total) pages.push_back(m.alloc_page());
-  const size_t pb = m.page_bytes(), L = size_t(m.cfg.num_layers);
-  std::vector<const void*> src;
-  std::vector<void*> dst;
-  for (size_t i = attached; i < total; ++i) {
-    for (size_t l = 0; l < L; ++l) {
-      Tensor* pools[2] = {&m.k_pools[l], &m.v_pools[l]};
-      for (size_t k = 0; k < 2; ++k) {
-        src.push_back((*kv.pages)[i] + (l * 2 + k) * pb);
-        dst.push_back(static_cast<uint8_t*>(pools[k]->data()) + size_t(pages[i]) * pb);
-      }
-    }
-  }
+  std::vector<void*> pool, host;
+  for (size_t i = attached; i < total; ++i) m.page_blocks(pages[i], (*kv.pages)[i], pool, host);
   try {
-    kv::copy_blocks(m.cfg.device, src, dst, pb);
+    kv::copy_blocks(m.cfg.device, {host.data(), host.size()}, pool, m.page_bytes());
   } catch (...) {
     for (auto it = pages.rbegin(); it != pages.rend(); ++it) m.release(*it);
     throw;

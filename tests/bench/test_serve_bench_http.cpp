@@ -206,6 +206,26 @@ TEST(ServeBenchHttp, ParsesPrometheusText) {
   EXPECT_EQ(p.at("pagedattn_kv_cache_capacity_tokens"), 1024);
   EXPECT_EQ(p.at("pagedattn_num_preemptions_total"), 3);
   EXPECT_EQ(p.at("pagedattn_engine_steps_total"), 41);
+  // Swap: its kind beside recompute, and counters of bytes printed whole.
+  em.preemptions = 5;
+  em.preemptions_swap = 2;
+  em.swapped_tokens = 321;
+  em.swap_out_bytes = 12345678901;
+  em.swap_in_bytes = 1000;
+  em.num_swapped = 1;
+  em.swap_used_bytes = 256;
+  em.swap_space_bytes = 1024;
+  const std::string text = prometheus_text(em, "m");
+  EXPECT_NE(text.find("pagedattn_num_preemptions_by_kind_total{model_name=\"m\",kind=\"swap\"} 2\n"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("pagedattn_swap_bytes_total{model_name=\"m\",direction=\"out\"} 12345678901\n"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("pagedattn_swap_bytes_total{model_name=\"m\",direction=\"in\"} 1000\n"),
+            std::string::npos) << text;
+  const auto q = sb::parse_prometheus(text);
+  EXPECT_EQ(q.at("pagedattn_swapped_tokens_total"), 321);
+  EXPECT_EQ(q.at("pagedattn_num_requests_swapped"), 1);
+  EXPECT_EQ(q.at("pagedattn_swap_space_usage_perc"), 0.25);
 }
 
 TEST(ServeBenchHttp, UnreachableServerIsAClearError) {

@@ -111,6 +111,17 @@ TEST(ServeBenchRun, LookaheadAdmissionNeverPreemptsAndCountsItsDecisions) {
   EXPECT_EQ(now.preemptions_recompute, now.preemptions);
   EXPECT_GT(now.recomputed_tokens, 0);
   EXPECT_EQ(now.recomputed_tokens, now.preempted_computed_tokens - now.resumed_prefix_hit_tokens);
+  // With swap space the same preemptions keep their tokens in host memory.
+  rc.preemption = "swap";
+  rc.swap_space_mib = 16;
+  const sb::RunResult swapped = sb::run_serve_bench(file, work, w, rc);
+  EXPECT_EQ(swapped.completed, 12);
+  EXPECT_GT(swapped.preemptions_swap, 0);
+  EXPECT_EQ(swapped.preemptions_swap, swapped.preemptions);
+  EXPECT_EQ(swapped.recomputed_tokens, 0);
+  EXPECT_GT(swapped.swap_bytes, 0);
+  rc.preemption = "auto";
+  rc.swap_space_mib = -1;
   rc.admission = "sometimes";
   EXPECT_THROW(sb::run_serve_bench(file, work, w, rc), Error);
 }

@@ -84,6 +84,21 @@ std::map<RequestId, Result> run_all(Engine& e, std::map<RequestId, Result> res =
   return res;
 }
 
+// Six greedy requests growing to ~50 tokens each in 16 pages of 4, admitted on current use: growth
+// preempts.
+std::vector<std::vector<int32_t>> preempting_prompts() {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int32_t i = 0; i < 6; ++i) prompts.push_back(make_prompt(10 + i, 40 + i));
+  return prompts;
+}
+
+EngineConfig preempting_config() {
+  EngineConfig cfg = small_config(64, 4, 64);
+  cfg.watermark_pages = 0;
+  cfg.admission = AdmissionPolicy::immediate;
+  return cfg;
+}
+
 }  // namespace
 
 TEST(Engine, GreedyMatchesOracle) {
@@ -128,11 +143,8 @@ TEST(Engine, SixteenConcurrentRequestsEqualOneByOne) {
 }
 
 TEST(Engine, PreemptionAndRecomputeGiveIdenticalOutput) {
-  std::vector<std::vector<int32_t>> prompts;
-  for (int32_t i = 0; i < 6; ++i) prompts.push_back(make_prompt(10 + i, 40 + i));
-  EngineConfig cfg = small_config(64, 4, 64);  // 16 pages for 6 requests growing to ~50 tokens
-  cfg.watermark_pages = 0;
-  cfg.admission = AdmissionPolicy::immediate;  // admits on current use: growth preempts
+  const auto prompts = preempting_prompts();
+  const EngineConfig cfg = preempting_config();
   auto model = std::make_unique<FakeModel>();
   const FakeModel& fake = *model;
   Engine e(std::move(model), cfg);
@@ -156,11 +168,8 @@ TEST(Engine, PreemptionBySwapGivesIdenticalOutputAndRecomputesNothing) {
   // wrong changes the output or throws). auto picks swap too: on the CPU a copy of the pages costs
   // far less than computing the tokens again.
   for (PreemptionMode mode : {PreemptionMode::swap, PreemptionMode::cheaper}) {
-    std::vector<std::vector<int32_t>> prompts;
-    for (int32_t i = 0; i < 6; ++i) prompts.push_back(make_prompt(10 + i, 40 + i));
-    EngineConfig cfg = small_config(64, 4, 64);
-    cfg.watermark_pages = 0;
-    cfg.admission = AdmissionPolicy::immediate;
+    const auto prompts = preempting_prompts();
+    EngineConfig cfg = preempting_config();
     cfg.preemption = mode;
     cfg.swap_space_mib = 1;
     auto model = std::make_unique<FakeModel>();
@@ -196,11 +205,8 @@ TEST(Engine, PreemptionBySwapGivesIdenticalOutputAndRecomputesNothing) {
 TEST(Engine, SwapSpaceTooSmallForASequenceRecomputesIt) {
   // 600 bytes of swap space: a sequence of 10+ tokens takes 3 pages x 2 layers x K, V x 64 bytes
   // = 768, so every preemption falls back to recompute; outputs stay the oracle's.
-  std::vector<std::vector<int32_t>> prompts;
-  for (int32_t i = 0; i < 6; ++i) prompts.push_back(make_prompt(10 + i, 40 + i));
-  EngineConfig cfg = small_config(64, 4, 64);
-  cfg.watermark_pages = 0;
-  cfg.admission = AdmissionPolicy::immediate;
+  const auto prompts = preempting_prompts();
+  EngineConfig cfg = preempting_config();
   cfg.preemption = PreemptionMode::swap;
   cfg.swap_space_mib = 600.0 / (1 << 20);
   auto model = std::make_unique<FakeModel>();
@@ -218,11 +224,8 @@ TEST(Engine, SwapSpaceTooSmallForASequenceRecomputesIt) {
 }
 
 TEST(Engine, CancellingASwappedRequestFreesItsHostMemory) {
-  std::vector<std::vector<int32_t>> prompts;
-  for (int32_t i = 0; i < 6; ++i) prompts.push_back(make_prompt(10 + i, 40 + i));
-  EngineConfig cfg = small_config(64, 4, 64);
-  cfg.watermark_pages = 0;
-  cfg.admission = AdmissionPolicy::immediate;
+  const auto prompts = preempting_prompts();
+  EngineConfig cfg = preempting_config();
   cfg.preemption = PreemptionMode::swap;
   cfg.swap_space_mib = 1;
   Engine e(std::make_unique<FakeModel>(), cfg);
