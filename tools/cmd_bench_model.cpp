@@ -33,8 +33,20 @@ struct BenchModelArgs {
   bool json = false;
   int32_t prefill_chunk = 0;       // most prompt tokens per forward step; 0: the session's
   bool host_argmax = false;        // decode steps download logits and pick tokens on the host
+  std::string sampling = "greedy";  // greedy | mixed (the non-greedy mix of kMixed)
   bool no_cuda_graphs = false;     // CUDA: LlamaModelCuda::set_cuda_graphs(false)
 };
+
+// The non-greedy requests of --sampling mixed: every filter, a penalty and logprobs at once.
+SamplingParams mixed_sampling() {
+  SamplingParams p;
+  p.temperature = 0.8f;
+  p.top_p = 0.95f;
+  p.top_k = 50;
+  p.repetition_penalty = 1.1f;
+  p.logprobs = 5;
+  return p;
+}
 
 double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -72,15 +84,17 @@ struct BatchResult {
 // engine runs prefills first (EngineConfig::prefill_first), so the prefill phase ends with the step
 // that gives every request its first token (the steps that return host ids are synchronised);
 // each decode step after it computes one token of every request. host_argmax: the engine was built
-// to download logits and pick on the host (EngineConfig::device_greedy off, the path of every
-// sampling mode but plain greedy), else the ids come from Model::forward_greedy.
+// to download logits and pick on the host (EngineConfig::device_sampling off), else the ids come
+// from Model::forward_greedy (greedy) or Model::forward_sample (mixed).
 BatchResult run_batch(Engine& engine, int batch, int32_t prompt_len, int32_t decode_steps,
-                      std::mt19937& gen) {
+                      std::mt19937& gen, bool mixed) {
   const int32_t vocab = engine.model().config().vocab_size;
   for (int b = 0; b < batch; ++b) {
     Request r;
     for (int32_t i = 0; i < prompt_len; ++i) r.prompt.push_back(int32_t(gen() % uint32_t(vocab)));
     r.sampling.temperature = 0.f;
+    if (mixed) r.sampling = mixed_sampling();
+    r.seed = gen();
     r.max_tokens = decode_steps + 1;
     r.ignore_eos = true;
     engine.add_request(std::move(r));
@@ -121,12 +135,12 @@ void print_result(const BenchModelArgs& a, const SessionOptions& so, const Engin
         "\"hw_threads\":%u,\"batch\":%d,\"prompt_len\":%d,\"decode_steps\":%d,"
         "\"prefill_s\":%.4f,\"prefill_tokens_per_s\":%.1f,\"decode_s\":%.4f,"
         "\"decode_tokens_per_s\":%.1f,\"decode_ms_per_step\":%.3f,\"prefill_chunk\":%d,"
-        "\"host_argmax\":%s",
+        "\"host_argmax\":%s,\"sampling\":\"%s\"",
         so.model.c_str(), device_name(m.model().device()).c_str(),
         std::string(dtype_name(m.cache().config().dtype)).c_str(),
         std::thread::hardware_concurrency(), B, a.prompt_len, a.decode_steps, r.prefill_s,
         prefill_tps, r.decode_s, decode_tps, ms_per_step, so.prefill_chunk,
-        a.host_argmax ? "true" : "false");
+        a.host_argmax ? "true" : "false", a.sampling.c_str());
     if (floor) {
       std::printf(
           ",\"gpu\":\"%s\",\"copy_gbps\":%.1f,\"weight_bytes_per_step\":%zu,"
@@ -196,7 +210,10 @@ void run_bench_model(const BenchModelArgs& a) {
   ec.enable_prefix_cache = false;  // random prompts: nothing to share
   ec.max_num_seqs = max_batch;
   ec.prefill_first = true;
-  ec.device_greedy = !a.host_argmax;
+  ec.device_sampling = !a.host_argmax;
+  PA_CHECK(a.sampling == "greedy" || a.sampling == "mixed",
+           "bench model: --sampling must be greedy or mixed, got '", a.sampling, "'");
+  const bool mixed = a.sampling == "mixed";
   // NOTE: the context the benchmark asks for, even past the model's trained length (synthetic
   // weights at --prompt-len 32768): it measures speed, not quality.
   ec.max_model_len = a.prompt_len + a.decode_steps + 1;
@@ -222,15 +239,15 @@ void run_bench_model(const BenchModelArgs& a) {
   std::mt19937 gen(7);
 
   // Warm-up: one short prefill and decode step (first-touch allocations, BLAS threads).
-  run_batch(m, 1, 16, 1, gen);
+  run_batch(m, 1, 16, 1, gen, mixed);
   for (int B : a.batch) {
     if (floor) {
       // NOTE: CUDA loads kernels lazily and cuBLAS picks an algorithm per new shape: run a full
       // prefill chunk (split over the batch) and this batch's decode shapes once, untimed.
       const int32_t warm_len = std::max(1, std::min(a.prompt_len, so.prefill_chunk / B));
-      run_batch(m, B, warm_len, 2, gen);
+      run_batch(m, B, warm_len, 2, gen, mixed);
     }
-    BatchResult r = run_batch(m, B, a.prompt_len, a.decode_steps, gen);
+    BatchResult r = run_batch(m, B, a.prompt_len, a.decode_steps, gen, mixed);
     if (floor) r.floor_s = floor->seconds(B, a.prompt_len, a.decode_steps, &r.kv_bytes_mean);
     if (tp_runner) r.collective_ms = 1e3 * tp_runner->collective_seconds(B, B, 20);
     print_result(a, so, m, r, floor.get());
@@ -254,8 +271,12 @@ void register_bench_model(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "One JSON object per batch size");
   cmd->add_flag("--host-argmax", args->host_argmax,
-                "Decode steps download the logits and pick the greedy tokens on the host (the "
-                "path of non-greedy sampling) instead of on the device");
+                "Decode steps download the logits and pick the tokens on the host instead of on "
+                "the device");
+  cmd->add_option("--sampling", args->sampling,
+                  "greedy, or mixed: temperature 0.8, top-p 0.95, top-k 50, repetition penalty "
+                  "1.1, logprobs 5 (seeded), sampled where the logits are unless --host-argmax")
+      ->capture_default_str();
   cmd->add_flag("--no-cuda-graphs", args->no_cuda_graphs,
                 "CUDA: launch every kernel of a decode step instead of replaying CUDA graphs");
   cmd->add_option("--prefill-chunk", args->prefill_chunk,

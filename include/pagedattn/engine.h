@@ -3,8 +3,11 @@
 //
 //   step(): schedule -> model.forward -> commit -> sample -> stop checks ->
 //   outputs. A step whose every sampled sequence is plain greedy (temperature 0, no repetition
-//   penalty, one sequence, no logprobs) runs model.forward_greedy instead and takes its ids: on a
-//   device runner the logits never leave the device.
+//   penalty, one sequence, no logprobs) runs model.forward_greedy instead and takes its ids; a
+//   step whose rows need nothing but sample_plan.h's rules (no JSON constraint, beam, fork of a
+//   prompt, forced token or kept logits) runs model.forward_sample with the step's plan: on a
+//   device runner the logits never leave the device. Other steps download their logits and pick
+//   on the host with the same rules.
 // A finished or cancelled request frees its pages at once. Engine itself is
 // single-threaded; AsyncEngine (async_engine.h) runs it on a background thread for the server.
 #pragma once
@@ -87,6 +90,13 @@ class Engine {
   // sample_scheduled for a greedy step: ids [logit_rows] from Model::forward_greedy.
   void append_greedy(const SchedulerOutput& out, const std::vector<int32_t>& ids,
                      std::vector<RequestId>& touched);
+  // Whether every scheduled row can be picked by Model::forward_sample, and the step's plan.
+  bool sample_step(const SchedulerOutput& out) const;
+  SamplePlan sample_plan(const SchedulerOutput& out) const;
+  // The plan row of a sequence's next token.
+  RowSampling row_of(const RequestState& rs, const Sequence& seq) const;
+  // A picked token: its logprobs recorded, then appended.
+  void take_token(RequestState& rs, Sequence& seq, const TokenLogprobs& picked);
   // Request::return_logits: keeps the step's logit rows of s (positions not yet handed out).
   void keep_logit_rows(const ScheduledSeq& s, const Tensor& logits);
   void fork_children(RequestState& rs, Sequence& parent);

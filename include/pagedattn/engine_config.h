@@ -62,9 +62,10 @@ struct EngineConfig {
   // CPU: f32 activations against the dequantised weights (Model::set_exact_matmul) instead of
   // int8 activation blocks.
   bool exact_matmul = false;
-  // Plain greedy steps take their ids from Model::forward_greedy (picked where the logits are);
-  // false: every step downloads its logits and picks on the host (the path of sampling).
-  bool device_greedy = true;
+  // Steps take their ids from Model::forward_greedy (plain greedy) or Model::forward_sample (any
+  // other sampling), picked where the logits are; false: every step downloads its logits and
+  // picks on the host (sample_plan.h's host twin).
+  bool device_sampling = true;
   // SchedulerConfig::prefill_first: running decodes wait while a prefill can be scheduled.
   bool prefill_first = false;
 

@@ -15,7 +15,9 @@
 //     x += a Wd^T;
 //   logits = rms_norm(x[logit_rows]) lm_head^T (fp32 out), copied to a host f32 tensor (in
 //   page-locked memory that is reused once the caller drops it, up to 64 MiB of logits);
-//   forward_greedy instead takes each row's argmax on the device and copies only the ids.
+//   forward_greedy instead takes each row's argmax on the device and copies only the ids, and
+//   forward_sample samples each row on the device (penalties, top-k/p, min-p, seeded draws,
+//   log-probabilities) and copies only the ids and the log-probabilities.
 // All of it on one stream of the runner's; decode steps replay CUDA graphs (set_cuda_graphs).
 // The cache must be on CUDA with dtype bf16 (or fp8_e4m3 with its scales set).
 // In builds without CUDA the constructor throws Error.
@@ -61,6 +63,10 @@ class LlamaModelCuda : public Model {
   KvAbsMax kv_absmax(const std::vector<int32_t>& tokens) override;
   // The same pass; the argmax of each logit row on the device, and only the ids downloaded.
   std::vector<int32_t> forward_greedy(const ForwardBatch& batch, KvCache& cache) override;
+  // The same pass; every row sampled on the device by the plan (cuda/sampling_kernels.h), and only
+  // the ids and the asked log-probabilities downloaded.
+  std::vector<TokenLogprobs> forward_sample(const ForwardBatch& batch, KvCache& cache,
+                                            const SamplePlan& plan) override;
 
   // Checks a batch against the cache and this model without touching either (the CPU model's
   // rules and messages, prefixed "LlamaModelCuda::forward"; the cache must be a CUDA one).
@@ -77,6 +83,8 @@ class LlamaModelCuda : public Model {
   // or each row's argmax id (only the ids downloaded). Both block until the step is done.
   Tensor download_logits(const float* device_logits, int64_t rows);
   std::vector<int32_t> download_greedy(const float* device_logits, int32_t rows);
+  // Or each row sampled by the plan (checked first; its rows are the logit rows).
+  std::vector<TokenLogprobs> download_sampled(const float* device_logits, const SamplePlan& plan);
   // Whether every step enqueued so far has finished (never blocks).
   bool idle() const;
 

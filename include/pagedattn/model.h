@@ -10,6 +10,7 @@
 #include "pagedattn/paged_kv.h"
 #include "pagedattn/kv_cache.h"
 #include "pagedattn/model_file.h"
+#include "pagedattn/sample_plan.h"
 #include "pagedattn/tensor.h"
 
 namespace pagedattn {
@@ -58,6 +59,13 @@ class Model {
   // the argmax on the host; a device runner overrides it to pick the ids where the logits are and
   // download only those.
   virtual std::vector<int32_t> forward_greedy(const ForwardBatch& batch, KvCache& cache);
+  // The same pass, each logit row's token picked by plan.rows[row] (sample_plan.h: penalties,
+  // bias, temperature, top-k/p, min-p, the seeded draw, log-probabilities). The default runs
+  // forward() and sample_rows() on the host; a device runner samples where the logits are and
+  // downloads only the ids and the asked log-probabilities. Error (before anything runs) for a
+  // plan that does not fit the batch or the vocabulary.
+  virtual std::vector<TokenLogprobs> forward_sample(const ForwardBatch& batch, KvCache& cache,
+                                                    const SamplePlan& plan);
   // The absolute maximum of K (as stored: after norm and RoPE) and V per layer and KV head over
   // `tokens` run as one fresh sequence (on a private cache): k, v [num_layers * num_kv_heads].
   // The calibration pass behind fp8 KV scales. Runners that cannot do it throw Error.

@@ -28,6 +28,7 @@
 
 #include "pagedattn/json_grammar.h"
 #include "pagedattn/kv_cache.h"
+#include "pagedattn/sample_plan.h"
 #include "pagedattn/sampling.h"
 
 namespace pagedattn {
@@ -84,6 +85,9 @@ struct SequenceOutput {
   FinishReason finish = FinishReason::none;
   double cumulative_logprob = 0;  // of the sequence so far (see Sequence::cumulative_logprob)
   std::vector<float> logits;  // Request::return_logits: new rows [rows, vocab], in position order
+  // SamplingParams::logprobs >= 0: one per new token (the model's raw log-probabilities of the
+  // token and of its `logprobs` most likely alternatives).
+  std::vector<TokenLogprobs> logprobs;
 };
 
 struct RequestOutput {

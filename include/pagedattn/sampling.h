@@ -32,24 +32,15 @@ struct SamplingParams {
   // and the sequence ends once the object is complete (JsonPrefix, json_grammar.h).
   bool json_object = false;
   uint64_t seed = 0;
+  // -1: no log-probabilities; 0..20: each generated token's log-probability under the model's raw
+  // distribution and that many most likely alternatives' (sample_plan.h).
+  int32_t logprobs = -1;
   std::vector<int32_t> stop_token_ids;  // generation ends after emitting one (not shown)
   std::vector<std::string> stop;        // stop strings, matched on the decoded text and trimmed
 };
 
 // Throws Error ("sampling: <field> ...") for a value out of range.
 void validate_sampling_params(const SamplingParams& params);
-
-// A small, fast, seedable generator (splitmix64): identical streams on every platform.
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : state_(seed) {}
-  uint64_t next();
-  // Uniform in [0, 1) with 53 random bits.
-  double uniform();
-
- private:
-  uint64_t state_;
-};
 
 // Adds logit_bias and applies the presence and frequency penalties in place; output: the generated
 // tokens. Throws Error for a token outside the vocabulary.
@@ -80,20 +71,20 @@ std::vector<TokenProb> sampling_distribution(std::span<const float> logits,
                                              std::span<const int32_t> history,
                                              size_t prompt_len = 0);
 
-// Draws tokens for one sequence; owns its RNG, seeded from params.seed.
+// Draws tokens for one sequence from the stream of params.seed: generated token n uses draw n
+// (sample_plan.h's rule, so the same seed gives the same tokens here, batched, or on a GPU).
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
   // logits: [vocab]; history: the ids the repetition penalty looks at (prompt and output so far);
   // history[prompt_len:] is the output (presence and frequency penalties).
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history,
-                 size_t prompt_len = 0);
+                 size_t prompt_len = 0) const;
   bool is_stop_token(int32_t token) const;
   const SamplingParams& params() const { return params_; }
 
  private:
   SamplingParams params_;
-  Rng rng_;
 };
 
 // Stop strings on streamed text. feed() takes each newly decoded piece and returns what is safe to

@@ -6,22 +6,9 @@
 #include <limits>
 
 #include "pagedattn/error.h"
+#include "pagedattn/sample_plan.h"
 
 namespace pagedattn::beam {
-
-namespace {
-
-// log(sum(exp(logits))) in double.
-double log_sum_exp(std::span<const float> logits) {
-  double mx = -std::numeric_limits<double>::infinity();
-  for (float x : logits) mx = std::max(mx, double(x));
-  if (!std::isfinite(mx)) return mx;
-  double sum = 0;
-  for (float x : logits) sum += std::exp(double(x) - mx);
-  return mx + std::log(sum);
-}
-
-}  // namespace
 
 double token_logprob(std::span<const float> logits, int32_t token) {
   PA_CHECK(token >= 0 && size_t(token) < logits.size(), "token_logprob: token ", token,

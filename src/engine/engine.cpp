@@ -219,6 +219,8 @@ void Engine::validate(const Request& req) const {
     check_request(req.forced_tokens[i] >= 0 && req.forced_tokens[i] < vocab, "forced_tokens",
                   kInvalid, "forced_tokens[", i, "] = ", req.forced_tokens[i],
                   " is outside the vocabulary of ", vocab);
+  check_request(req.sampling.logprobs < 0 || !req.use_beam_search, "logprobs", kInvalid,
+                "logprobs cannot be used with beam search");
   if (req.sampling.json_object) {
     check_request(bool(decode_), "response_format", kInvalid, "json_object needs a tokenizer");
     check_request(!req.holds_output(), "response_format", kInvalid,
@@ -256,6 +258,7 @@ RequestId Engine::enqueue(Request req, RequestId id) {
   auto seq = make_sequence(rs->req, rs->base_seed, id, 0);
   seq->tokens = rs->req.prompt;
   seq->prompt_len = int32_t(seq->tokens.size());
+  seq->editor = LogitEditor(seq->sampler.params(), seq->tokens);
   seq->all_logit_rows = rs->req.return_logits;
   seq->max_length =
       int32_t(std::min<int64_t>(int64_t(seq->prompt_len) + rs->req.max_tokens, max_model_len_));
@@ -310,6 +313,7 @@ void Engine::fork_children(RequestState& rs, Sequence& parent) {
     auto child = make_sequence(rs.req, rs.base_seed, rs.id, i);
     child->tokens = parent.tokens;
     child->prompt_len = parent.prompt_len;
+    child->editor = parent.editor;
     child->max_length = parent.max_length;
     child->exact_length = parent.exact_length;
     child->order = parent.order + uint64_t(i);
@@ -324,6 +328,7 @@ void Engine::fork_children(RequestState& rs, Sequence& parent) {
 void Engine::append_token(RequestState& rs, Sequence& seq, int32_t token) {
   const auto now = Clock::now();
   seq.tokens.push_back(token);
+  seq.editor.add_output(token);
   ++counters_->generation_tokens;
   if (!rs.first_token_seen) {
     rs.first_token_seen = true;
@@ -385,11 +390,15 @@ void Engine::sample_scheduled(const SchedulerOutput& out, const Tensor& logits,
       }
       const std::vector<int32_t>& forced = rs.req.forced_tokens;
       const size_t g = size_t(q.num_generated());
-      const int32_t token =
-          g < forced.size() ? forced[g] : q.sampler.sample(r, q.tokens, size_t(q.prompt_len));
-      if (rs.track_logprobs) q.cumulative_logprob += beam::token_logprob(row, token);
-      if (q.json) q.json->feed(token_bytes()[size_t(token)]);
-      append_token(rs, q, token);
+      RowSampling plan_row = row_of(rs, q);
+      const int32_t want = plan_row.logprobs;
+      plan_row.logprobs = -1;  // of the raw row, below (a JSON row draws from its masked copy)
+      TokenLogprobs picked;
+      picked.token =
+          g < forced.size() ? forced[g] : sample_row(r, plan_row, q.editor.edits()).token;
+      if (want >= 0) picked = token_logprobs(row, picked.token, want);
+      if (q.json) q.json->feed(token_bytes()[size_t(picked.token)]);
+      take_token(rs, q, picked);
       if (q.json && q.json->complete() && !q.finished()) finish_seq(q, FinishReason::stop);
     };
     sample(seq);
@@ -397,8 +406,54 @@ void Engine::sample_scheduled(const SchedulerOutput& out, const Tensor& logits,
   }
 }
 
+RowSampling Engine::row_of(const RequestState& rs, const Sequence& seq) const {
+  const SamplingParams& p = seq.sampler.params();
+  const int32_t want = p.logprobs >= 0 ? p.logprobs : (rs.track_logprobs ? 0 : -1);
+  return row_sampling(p, uint64_t(seq.num_generated()), want);
+}
+
+void Engine::take_token(RequestState& rs, Sequence& seq, const TokenLogprobs& picked) {
+  if (rs.track_logprobs) seq.cumulative_logprob += picked.logprob;
+  const int32_t want = seq.sampler.params().logprobs;
+  if (want >= 0) {
+    seq.new_logprobs.push_back(picked);
+    if (int32_t(seq.new_logprobs.back().top.size()) > want)
+      seq.new_logprobs.back().top.resize(size_t(want));
+  }
+  append_token(rs, seq, picked.token);
+}
+
+bool Engine::sample_step(const SchedulerOutput& out) const {
+  if (!config_.device_sampling) return false;
+  for (const ScheduledSeq& s : out.scheduled) {
+    if (s.first_logit_row >= 0) return false;  // its rows are wanted
+    if (s.logit_row < 0) continue;
+    const RequestState& rs = *requests_.at(s.seq->request_id);
+    const Sequence& q = *s.seq;
+    if (rs.req.use_beam_search || q.json || !rs.req.forced_tokens.empty()) return false;
+    if (rs.req.num_sequences() > 1 && q.index == 0 && !q.forked) return false;  // forks here
+  }
+  return true;
+}
+
+SamplePlan Engine::sample_plan(const SchedulerOutput& out) const {
+  SamplePlan plan;
+  plan.rows.resize(out.batch.logit_rows.size());
+  for (const ScheduledSeq& s : out.scheduled) {
+    if (s.logit_row < 0) continue;
+    const Sequence& q = *s.seq;
+    RowSampling r = row_of(*requests_.at(q.request_id), q);
+    r.edit_begin = int32_t(plan.edits.size());
+    const std::vector<LogitEdit>& e = q.editor.edits();
+    plan.edits.insert(plan.edits.end(), e.begin(), e.end());
+    r.edit_end = int32_t(plan.edits.size());
+    plan.rows[size_t(s.logit_row)] = r;
+  }
+  return plan;
+}
+
 bool Engine::greedy_step(const SchedulerOutput& out) const {
-  if (!config_.device_greedy) return false;
+  if (!config_.device_sampling) return false;
   for (const ScheduledSeq& s : out.scheduled) {
     if (s.first_logit_row >= 0) return false;  // its rows are wanted
     if (s.logit_row >= 0 && !requests_.at(s.seq->request_id)->plain_greedy()) return false;
@@ -451,6 +506,7 @@ std::vector<RequestOutput> Engine::generate(std::vector<Request> requests) {
         it->new_tokens.insert(it->new_tokens.end(), so.new_tokens.begin(), so.new_tokens.end());
         it->new_text += so.new_text;
         it->logits.insert(it->logits.end(), so.logits.begin(), so.logits.end());
+        it->logprobs.insert(it->logprobs.end(), so.logprobs.begin(), so.logprobs.end());
         it->finish = so.finish;
         it->cumulative_logprob = so.cumulative_logprob;
       }
@@ -484,7 +540,7 @@ RequestOutput Engine::collect(RequestState& rs) {
     all_finished = all_finished && s.finished();
     const bool report_finish = s.finished() && !rs.finish_sent[size_t(s.index)];
     if (s.tokens_sent == size_t(s.num_generated()) && s.new_text.empty() && s.new_logits.empty() &&
-        !report_finish)
+        s.new_logprobs.empty() && !report_finish)
       continue;
     SequenceOutput so;
     so.index = s.index;
@@ -494,6 +550,8 @@ RequestOutput Engine::collect(RequestState& rs) {
     s.tokens_sent = size_t(s.num_generated());
     so.logits = std::move(s.new_logits);
     s.new_logits.clear();
+    so.logprobs = std::move(s.new_logprobs);
+    s.new_logprobs.clear();
     so.finish = s.finish;
     so.cumulative_logprob = s.cumulative_logprob;
     if (report_finish) rs.finish_sent[size_t(s.index)] = true;
@@ -523,13 +581,17 @@ std::vector<RequestOutput> Engine::step() {
     // NOTE: a greedy step downloads R token ids instead of R x vocab logits (16 MB at batch 32
     // with a 128K vocabulary on CUDA) and skips the host argmax.
     const bool greedy = greedy_step(out);
+    const bool sampled = !greedy && sample_step(out);
     Tensor logits;
     std::vector<int32_t> ids;
+    std::vector<TokenLogprobs> picked;
     bool ok = true;
     const Clock::time_point t0 = Clock::now();
     try {
       if (greedy)
         ids = model_->forward_greedy(out.batch, *cache_);
+      else if (sampled)
+        picked = model_->forward_sample(out.batch, *cache_, sample_plan(out));
       else
         logits = model_->forward(out.batch, *cache_);
       scheduler_->observe_step(out, std::chrono::duration<double>(Clock::now() - t0).count());
@@ -542,6 +604,10 @@ std::vector<RequestOutput> Engine::step() {
       if (greedy) {
         PA_ASSERT(ids.size() == out.batch.logit_rows.size());
         for (int32_t t : ids) PA_ASSERT(t >= 0 && t < model_->config().vocab_size);
+      } else if (sampled) {
+        PA_ASSERT(picked.size() == out.batch.logit_rows.size());
+        for (const TokenLogprobs& t : picked)
+          PA_ASSERT(t.token >= 0 && t.token < model_->config().vocab_size);
       } else {
         PA_ASSERT(logits.ndim() == 2 && logits.dim(0) == int64_t(out.batch.logit_rows.size()) &&
                   logits.dim(1) == model_->config().vocab_size);
@@ -552,10 +618,17 @@ std::vector<RequestOutput> Engine::step() {
         if (s.first_logit_row >= 0) keep_logit_rows(s, logits);
       }
       scheduler_->commit(out);
-      if (greedy)
+      if (greedy) {
         append_greedy(out, ids, touched);
-      else
+      } else if (sampled) {
+        for (const ScheduledSeq& s : out.scheduled) {
+          if (s.logit_row < 0) continue;
+          touched.push_back(s.seq->request_id);
+          take_token(*requests_.at(s.seq->request_id), *s.seq, picked[size_t(s.logit_row)]);
+        }
+      } else {
         sample_scheduled(out, logits, touched);
+      }
     }
   }
   run_beam_steps(out, touched);

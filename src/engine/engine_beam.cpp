@@ -162,6 +162,8 @@ RequestOutput Engine::collect_held(RequestState &rs) {
     s.new_text.clear();
     so.finish = s.finish;
     so.cumulative_logprob = s.cumulative_logprob;
+    so.logprobs = std::move(s.new_logprobs);
+    s.new_logprobs.clear();
     o.completion_tokens += s.num_generated();
     o.seqs.push_back(std::move(so));
   }

@@ -40,7 +40,7 @@ struct Engine::RequestState {
   bool plain_greedy() const {
     const SamplingParams& p = req.sampling;
     return p.temperature == 0.f && p.repetition_penalty == 1.f && p.presence_penalty == 0.f &&
-           p.frequency_penalty == 0.f && p.logit_bias.empty() && !p.json_object &&
+           p.frequency_penalty == 0.f && p.logit_bias.empty() && !p.json_object && p.logprobs < 0 &&
            !req.use_beam_search && req.num_sequences() == 1 && !track_logprobs &&
            !req.return_logits;
   }

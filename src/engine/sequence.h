@@ -10,6 +10,7 @@
 #include "pagedattn/json_grammar.h"
 #include "pagedattn/kv_cache.h"
 #include "pagedattn/request.h"
+#include "pagedattn/sample_plan.h"
 #include "pagedattn/sampling.h"
 
 namespace pagedattn {
@@ -42,6 +43,9 @@ struct Sequence {
   // more than one sequence or holds its output; 0 otherwise).
   double cumulative_logprob = 0;
   Sampler sampler;
+  LogitEditor editor;  // its penalties' and logit_bias's edits (sample_plan.h)
+  // SamplingParams::logprobs >= 0: the generated tokens' log-probabilities not yet handed out.
+  std::vector<TokenLogprobs> new_logprobs;
   StopStringMatcher stop_matcher;
   std::optional<JsonPrefix> json;  // the output so far, with sampling.json_object
   std::string pending_bytes;       // decoded bytes of an incomplete UTF-8 character

@@ -48,6 +48,11 @@ std::vector<int32_t> LlamaModelCuda::forward_greedy(const ForwardBatch&, KvCache
   fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
 }
 
+std::vector<TokenLogprobs> LlamaModelCuda::forward_sample(const ForwardBatch&, KvCache&,
+                                                          const SamplePlan&) {
+  fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
+}
+
 void LlamaModelCuda::validate(const ForwardBatch&, const KvCache&) const {
   fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
 }

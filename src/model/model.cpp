@@ -19,6 +19,13 @@ std::vector<int32_t> Model::forward_greedy(const ForwardBatch& batch, KvCache& c
   return ids;
 }
 
+std::vector<TokenLogprobs> Model::forward_sample(const ForwardBatch& batch, KvCache& cache,
+                                                const SamplePlan& plan) {
+  check_sample_plan(plan, int64_t(batch.logit_rows.size()), config().vocab_size, "forward_sample");
+  const Tensor logits = forward(batch, cache);  // [R, vocab]
+  return sample_rows(logits.data_as<float>(), logits.dim(0), logits.dim(1), plan);
+}
+
 Model::KvAbsMax Model::kv_absmax(const std::vector<int32_t>&) {
   fail("kv_absmax: this model runner has no calibration pass");
 }

@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "pagedattn/error.h"
+#include "pagedattn/sample_plan.h"
 
 namespace pagedattn {
 
@@ -25,6 +26,8 @@ void validate_sampling_params(const SamplingParams& p) {
            "sampling: presence_penalty must be in [-2, 2], got ", p.presence_penalty);
   PA_CHECK(std::isfinite(p.frequency_penalty) && std::abs(p.frequency_penalty) <= 2.f,
            "sampling: frequency_penalty must be in [-2, 2], got ", p.frequency_penalty);
+  PA_CHECK(p.logprobs >= -1 && p.logprobs <= 20, "sampling: logprobs must be in [-1, 20], got ",
+           p.logprobs);
   for (const auto& [t, b] : p.logit_bias)
     PA_CHECK(t >= 0 && std::isfinite(b) && std::abs(b) <= 100.f, "sampling: logit_bias entry (", t,
              ", ", b, ") needs a token id >= 0 and a bias in [-100, 100]");
@@ -33,6 +36,8 @@ void validate_sampling_params(const SamplingParams& p) {
 void apply_openai_penalties(std::span<float> logits, const SamplingParams& p,
                             std::span<const int32_t> output) {
   const int64_t vocab = int64_t(logits.size());
+  PA_CHECK(p.logprobs >= -1 && p.logprobs <= 20, "sampling: logprobs must be in [-1, 20], got ",
+           p.logprobs);
   for (const auto& [t, b] : p.logit_bias) {
     PA_CHECK(t >= 0 && t < vocab, "logit_bias: token ", t, " is outside the vocabulary of ", vocab);
     logits[size_t(t)] += b;
@@ -47,15 +52,6 @@ void apply_openai_penalties(std::span<float> logits, const SamplingParams& p,
   for (const auto& [t, c] : counts)
     logits[size_t(t)] -= float(c) * p.frequency_penalty + p.presence_penalty;
 }
-
-uint64_t Rng::next() {
-  uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-double Rng::uniform() { return double(next() >> 11) * 0x1.0p-53; }
 
 void apply_repetition_penalty(std::span<float> logits, std::span<const int32_t> history,
                               float penalty) {
@@ -122,13 +118,19 @@ std::vector<TokenProb> sampling_distribution(std::span<const float> logits, cons
   apply_openai_penalties(l, p, history.subspan(prompt_len));
   if (p.temperature == 0.f) return {TokenProb{argmax(l), 1.0}};
 
+  return filtered_distribution(l, p.temperature, p.top_k, p.top_p, p.min_p);
+}
+
+std::vector<TokenProb> filtered_distribution(std::span<const float> l, float temperature,
+                                             int32_t top_k, float top_p, float min_p) {
+  PA_CHECK(!l.empty(), "sampling: logits are empty");
   // Softmax at the temperature, in double.
   const float mx = *std::max_element(l.begin(), l.end());
   PA_CHECK(std::isfinite(mx), "sampling: logits have no finite maximum");
   std::vector<TokenProb> c(l.size());
   double sum = 0.0;
   for (size_t i = 0; i < l.size(); ++i) {
-    const double e = std::exp((double(l[i]) - double(mx)) / double(p.temperature));
+    const double e = std::exp((double(l[i]) - double(mx)) / double(temperature));
     c[i] = TokenProb{int32_t(i), e};
     sum += e;
   }
@@ -136,8 +138,8 @@ std::vector<TokenProb> sampling_distribution(std::span<const float> logits, cons
 
   // Order only as much as the filters need: the k best for top-k, everything for top-p.
   size_t keep = c.size();
-  if (p.top_k > 0 && size_t(p.top_k) < keep) {
-    keep = size_t(p.top_k);
+  if (top_k > 0 && size_t(top_k) < keep) {
+    keep = size_t(top_k);
     std::partial_sort(c.begin(), c.begin() + ptrdiff_t(keep), c.end(), more_likely);
   } else {
     std::sort(c.begin(), c.end(), more_likely);
@@ -145,19 +147,19 @@ std::vector<TokenProb> sampling_distribution(std::span<const float> logits, cons
   c.resize(keep);
   double mass = 0.0;
   for (const TokenProb& t : c) mass += t.prob;
-  if (p.top_p < 1.f) {
+  if (top_p < 1.f) {
     // Smallest prefix whose renormalised mass reaches top_p (the token crossing it included).
     double cum = 0.0;
     size_t n = 0;
     while (n < c.size()) {
       cum += c[n].prob / mass;
       ++n;
-      if (cum >= double(p.top_p)) break;
+      if (cum >= double(top_p)) break;
     }
     c.resize(n);
   }
-  if (p.min_p > 0.f) {
-    const double floor = double(p.min_p) * c.front().prob;
+  if (min_p > 0.f) {
+    const double floor = double(min_p) * c.front().prob;
     size_t n = 1;
     while (n < c.size() && c[n].prob >= floor) ++n;
     c.resize(n);
@@ -170,12 +172,29 @@ std::vector<TokenProb> sampling_distribution(std::span<const float> logits, cons
   return c;
 }
 
-Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
+int32_t draw_in_id_order(std::vector<TokenProb> dist, double u) {
+  PA_CHECK(!dist.empty(), "sampling: nothing to draw from");
+  std::sort(dist.begin(), dist.end(),
+            [](const TokenProb& a, const TokenProb& b) { return a.token < b.token; });
+  double total = 0.0;
+  for (const TokenProb& t : dist) total += t.prob;
+  const double target = u * total;
+  double cum = 0.0;
+  for (const TokenProb& t : dist) {
+    cum += t.prob;
+    if (t.prob > 0.0 && target < cum) return t.token;
+  }
+  for (size_t i = dist.size(); i-- > 0;)  // u within rounding of 1
+    if (dist[i].prob > 0.0) return dist[i].token;
+  return dist.back().token;
+}
+
+Sampler::Sampler(const SamplingParams& params) : params_(params) {
   validate_sampling_params(params_);
 }
 
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history,
-                        size_t prompt_len) {
+                        size_t prompt_len) const {
   if (params_.temperature == 0.f) {
     if (params_.repetition_penalty == 1.f && params_.presence_penalty == 0.f &&
         params_.frequency_penalty == 0.f && params_.logit_bias.empty()) {
@@ -184,14 +203,10 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     }
     return sampling_distribution(logits, params_, history, prompt_len).front().token;
   }
-  const std::vector<TokenProb> dist = sampling_distribution(logits, params_, history, prompt_len);
-  const double u = rng_.uniform();
-  double cum = 0.0;
-  for (const TokenProb& t : dist) {
-    cum += t.prob;
-    if (u < cum) return t.token;
-  }
-  return dist.back().token;  // u within rounding of 1
+  PA_CHECK(prompt_len <= history.size(), "sampling: prompt_len ", prompt_len,
+           " is past the history of ", history.size());
+  const double u = philox_uniform(params_.seed, uint64_t(history.size() - prompt_len));
+  return draw_in_id_order(sampling_distribution(logits, params_, history, prompt_len), u);
 }
 
 bool Sampler::is_stop_token(int32_t token) const {

@@ -197,26 +197,30 @@ void check_unsupported(const json& j, bool chat) {
     throw ApiError(400, "service_tier must be a string", "service_tier", "invalid_type");
 }
 
-// logprobs and top_logprobs: typed and ranged as OpenAI does, then refused (not implemented).
-void check_logprobs(const json& j, bool chat) {
-  // Chat: a boolean; completions: how many top tokens, 0..5 (any value asks for logprobs).
-  bool wanted = false;
+// logprobs and top_logprobs, typed and ranged as OpenAI does: how many alternatives each generated
+// token reports (-1: no logprobs). Chat: logprobs a boolean, top_logprobs 0..20; completions:
+// logprobs the number, 0..5.
+int32_t parse_logprobs(const json& j, bool chat) {
+  int32_t wanted = -1;
   if (field(j, "logprobs")) {
-    if (chat) {
-      wanted = get_bool(j, "logprobs", false);
-    } else {
-      get_int(j, "logprobs", 0, 0, 5);
-      wanted = true;
-    }
+    if (chat)
+      wanted = get_bool(j, "logprobs", false) ? 0 : -1;
+    else
+      wanted = int32_t(get_int(j, "logprobs", 0, 0, 5));
   }
   if (field(j, "top_logprobs")) {
-    get_int(j, "top_logprobs", 0, 0, 20);
-    if (!wanted)
+    if (!chat)
+      throw ApiError(400,
+                     "top_logprobs is a chat completions field; completions take logprobs as "
+                     "the number of alternatives",
+                     "top_logprobs", "invalid_value");
+    const int32_t top = int32_t(get_int(j, "top_logprobs", 0, 0, 20));
+    if (wanted < 0)
       throw ApiError(400, "top_logprobs needs logprobs to be true", "top_logprobs",
                      "invalid_value");
+    wanted = top;
   }
-  if (wanted)
-    throw ApiError(400, "logprobs is not supported by this server", "logprobs", "unsupported");
+  return wanted;
 }
 
 // OpenAI's logit_bias: {"token id": bias in [-100, 100]}.
@@ -286,7 +290,7 @@ ParsedRequest parse_request(const std::string& body, bool chat, const ServerConf
                    "model", "model_not_found");
 
   check_unsupported(j, chat);
-  check_logprobs(j, chat);
+  const int32_t logprobs = parse_logprobs(j, chat);
   ParsedRequest p;
   p.chat = chat;
   p.stream = get_bool(j, "stream", false);
@@ -299,7 +303,11 @@ ParsedRequest parse_request(const std::string& body, bool chat, const ServerConf
     p.include_usage = get_bool(*so, "include_usage", false);
   }
   p.echo = !chat && get_bool(j, "echo", false);
+  if (p.echo && logprobs >= 0)
+    throw ApiError(400, "logprobs with echo (the prompt's log-probabilities) is not supported",
+                   "logprobs", "unsupported");
   Request& r = p.req;
+  r.sampling.logprobs = logprobs;
   r.n = int32_t(get_int(j, "n", 1, 1, Request::kMaxSequences));
   // best_of: candidates sampled, the n with the highest cumulative logprob returned; with
   // use_beam_search (vLLM's legacy API) it is the beam width unless beam_width is given.

@@ -4,6 +4,7 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <condition_variable>
 #include <ctime>
@@ -66,6 +67,60 @@ json usage_json(const RequestOutput& o) {
 json finish_json(FinishReason r) {
   const char* f = openai_finish(r);
   return f ? json(f) : json(nullptr);
+}
+
+// A token as the logprobs objects name it: its text alone (vLLM's "token_id:N" without a decoder).
+std::string token_text(const TextCodec& codec, int32_t token) {
+  return codec.decode ? codec.decode({token}) : "token_id:" + std::to_string(token);
+}
+
+// JSON has no -inf: OpenAI reports a token of no probability as -9999.
+double logprob_json(double lp) { return std::isfinite(lp) ? lp : -9999.0; }
+
+json token_bytes_json(const std::string& t) {
+  json b = json::array();
+  for (unsigned char c : t) b.push_back(int(c));
+  return b;
+}
+
+// The logprobs object of a choice (or of a stream chunk) for tokens lp: chat's
+// {"content": [{token, logprob, bytes, top_logprobs}]}, or completions' parallel lists, whose
+// text_offset counts from `offset` (the characters of the choice before these tokens).
+json logprobs_json(const std::vector<TokenLogprobs>& lp, bool chat, const TextCodec& codec,
+                   size_t& offset) {
+  if (chat) {
+    json content = json::array();
+    for (const TokenLogprobs& t : lp) {
+      const std::string s = token_text(codec, t.token);
+      json top = json::array();
+      for (const auto& [id, v] : t.top) {
+        const std::string ts = token_text(codec, id);
+        top.push_back(
+            {{"token", ts}, {"logprob", logprob_json(v)}, {"bytes", token_bytes_json(ts)}});
+      }
+      content.push_back({{"token", s},
+                         {"logprob", logprob_json(t.logprob)},
+                         {"bytes", token_bytes_json(s)},
+                         {"top_logprobs", std::move(top)}});
+    }
+    return json{{"content", std::move(content)}, {"refusal", nullptr}};
+  }
+  json tokens = json::array(), token_lps = json::array(), tops = json::array(),
+       offsets = json::array();
+  for (const TokenLogprobs& t : lp) {
+    const std::string s = token_text(codec, t.token);
+    tokens.push_back(s);
+    token_lps.push_back(logprob_json(t.logprob));
+    json top = json::object();
+    for (const auto& [id, v] : t.top) top[token_text(codec, id)] = logprob_json(v);
+    tops.push_back(std::move(top));
+    offsets.push_back(offset);
+    offset += s.size();
+  }
+  return json{{"tokens", std::move(tokens)},
+              {"token_logprobs", std::move(token_lps)},
+              {"top_logprobs", std::move(tops)},
+              {"text_offset", std::move(offsets)}};
 }
 
 }  // namespace
@@ -390,6 +445,7 @@ void Server::Impl::respond_whole(httplib::Response& res, const api::ParsedReques
   if (gone) return;  // nobody to answer
   const size_t n = size_t(p.req.n);
   std::vector<std::string> text(sts.size() * n);
+  std::vector<std::vector<TokenLogprobs>> logprobs(sts.size() * n);
   std::vector<FinishReason> finish(sts.size() * n, FinishReason::none);
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   for (size_t k = 0; k < sts.size(); ++k) {
@@ -401,6 +457,8 @@ void Server::Impl::respond_whole(httplib::Response& res, const api::ParsedReques
       }
       for (const SequenceOutput& s : o.seqs) {
         text[k * n + size_t(s.index)] += s.new_text;
+        auto& lp = logprobs[k * n + size_t(s.index)];
+        lp.insert(lp.end(), s.logprobs.begin(), s.logprobs.end());
         if (s.finish != FinishReason::none) finish[k * n + size_t(s.index)] = s.finish;
       }
     }
@@ -412,6 +470,9 @@ void Server::Impl::respond_whole(httplib::Response& res, const api::ParsedReques
   json choices = json::array();
   for (size_t i = 0; i < text.size(); ++i) {
     json c = {{"index", i}, {"finish_reason", finish_json(finish[i])}, {"logprobs", nullptr}};
+    size_t offset = 0;
+    if (p.req.sampling.logprobs >= 0)
+      c["logprobs"] = logprobs_json(logprobs[i], p.chat, codec, offset);
     if (p.chat)
       c["message"] = {{"role", "assistant"}, {"content", text[i]}};
     else
@@ -436,11 +497,15 @@ void Server::Impl::respond_stream(httplib::Response& res, const api::ParsedReque
   struct StreamState {
     bool opening_sent = false;
     bool finished = false;
+    std::vector<size_t> text_offset;  // completions' logprobs: characters so far, per choice
   };
   auto ss = std::make_shared<StreamState>();
   const bool chat = p.chat, include_usage = p.include_usage;
   const int32_t n = p.req.n;
   const std::string echo = p.echo ? p.echo_text[0] : std::string();
+  const bool with_logprobs = p.req.sampling.logprobs >= 0;
+  ss->text_offset.assign(size_t(n), 0);
+  const TextCodec* codec_ptr = &codec;
   const std::string model = config.model_name;
   const int64_t created = int64_t(std::time(nullptr));
   auto chunk = [=](json choices) {
@@ -483,14 +548,17 @@ void Server::Impl::respond_stream(httplib::Response& res, const api::ParsedReque
         if (!write(api::error_body(o.error, "server_error", "", "unavailable"))) return false;
       }
       for (const SequenceOutput& s : o.seqs) {
-        if (s.new_text.empty() && s.finish == FinishReason::none) continue;
+        if (s.new_text.empty() && s.finish == FinishReason::none && s.logprobs.empty()) continue;
         json c = {{"index", s.index}, {"finish_reason", finish_json(s.finish)}};
         if (chat) {
           c["delta"] = s.new_text.empty() ? json::object() : json{{"content", s.new_text}};
         } else {
           c["text"] = s.new_text;
-          c["logprobs"] = nullptr;
         }
+        c["logprobs"] = nullptr;
+        if (with_logprobs)
+          c["logprobs"] = logprobs_json(s.logprobs, chat, *codec_ptr,
+                                        ss->text_offset[size_t(s.index)]);
         if (!write(chunk(json::array({c})))) return false;
       }
       if (o.finished) {

@@ -118,6 +118,12 @@ class FakeModel : public Model {
     ++num_greedy_calls;
     return Model::forward_greedy(b, cache);
   }
+  // The default sampled step (forward, then the host twin of the plan), counted.
+  std::vector<TokenLogprobs> forward_sample(const ForwardBatch& b, KvCache& cache,
+                                            const SamplePlan& plan) override {
+    ++num_sample_calls;
+    return Model::forward_sample(b, cache, plan);
+  }
 
   // The logits after a history hashing to h of length len (for oracle
   // computations in tests).
@@ -177,6 +183,7 @@ class FakeModel : public Model {
   std::atomic<std::chrono::microseconds> step_delay{std::chrono::microseconds(0)};  // slow steps
   int64_t num_forward_calls = 0;            // every step (forward_greedy runs forward)
   int64_t num_greedy_calls = 0;             // the steps that took forward_greedy
+  int64_t num_sample_calls = 0;             // the steps that took forward_sample
   std::vector<int32_t> batch_tokens;        // tokens per forward call
   std::vector<int32_t> batch_seqs;          // sequences per forward call
 

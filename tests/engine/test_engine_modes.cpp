@@ -1,14 +1,16 @@
 // The engine's offline and logits modes: Engine::generate, Request::return_logits with teacher
 // forcing (forced_tokens), and the step policies that bench model uses (prefill_first,
-// device_greedy off). The oracle: the same requests through the engine's default path.
+// device_sampling off). The oracle: the same requests through the engine's default path.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <memory>
 #include <vector>
 
 #include "fake_model.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/error.h"
+#include "pagedattn/sample_plan.h"
 #include "pagedattn/sampling.h"
 
 namespace pagedattn {
@@ -189,7 +191,7 @@ TEST(EngineModes, PrefillFirstRunsPrefillsApartAndKeepsTheOutput) {
   FakeModel* fake = model.get();
   EngineConfig c = config(1024, 24);
   c.prefill_first = true;
-  c.device_greedy = false;
+  c.device_sampling = false;
   Engine e(std::move(model), c);
   const auto got = e.generate(reqs);
   for (size_t i = 0; i < reqs.size(); ++i)
@@ -202,6 +204,104 @@ TEST(EngineModes, PrefillFirstRunsPrefillsApartAndKeepsTheOutput) {
   EXPECT_EQ(fake->batch_tokens[2], 12);
   for (size_t i = 3; i < fake->batch_tokens.size(); ++i) EXPECT_EQ(fake->batch_tokens[i], 6);
   EXPECT_EQ(fake->batch_tokens.size(), 3u + 5u);
+}
+
+// Sampled requests (filters, penalties, bias, logprobs, forks) through Model::forward_sample and
+// through downloaded logits give the same tokens and logprobs; with forward_sample the steps after
+// the prompts never download logits.
+TEST(EngineModes, SampledStepsAgreeOnEitherPath) {
+  std::vector<Request> reqs;
+  for (int32_t i = 0; i < 6; ++i) {
+    Request r = greedy(prompt(9 + i, i), 12);
+    r.seed = 100 + uint64_t(i);
+    SamplingParams& p = r.sampling;
+    p.temperature = i == 0 ? 0.f : 0.7f + 0.1f * float(i);
+    p.top_k = i % 2 ? 8 : 0;
+    p.top_p = i % 3 ? 0.9f : 1.f;
+    p.min_p = i == 4 ? 0.05f : 0.f;
+    p.repetition_penalty = 1.2f;
+    p.presence_penalty = i == 2 ? 0.5f : 0.f;
+    p.frequency_penalty = i == 3 ? 0.4f : 0.f;
+    if (i == 5) p.logit_bias = {{3, 4.f}, {7, -100.f}};
+    p.logprobs = i % 4;
+    if (i == 1) r.n = 2;
+    reqs.push_back(r);
+  }
+  auto run = [&](bool device) {
+    auto model = std::make_unique<FakeModel>();
+    FakeModel* fake = model.get();
+    EngineConfig c = config(1024, 24);
+    c.device_sampling = device;
+    Engine e(std::move(model), c);
+    auto out = e.generate(reqs);
+    return std::make_pair(out, fake->num_sample_calls);
+  };
+  const auto [device, sample_calls] = run(true);
+  const auto [host, host_sample_calls] = run(false);
+  EXPECT_GT(sample_calls, 10);
+  EXPECT_EQ(host_sample_calls, 0);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_EQ(device[i].seqs.size(), size_t(reqs[i].n));
+    for (size_t k = 0; k < device[i].seqs.size(); ++k) {
+      const SequenceOutput& d = device[i].seqs[k];
+      const SequenceOutput& h = host[i].seqs[k];
+      EXPECT_EQ(d.new_tokens, h.new_tokens) << "request " << i;
+      ASSERT_EQ(d.logprobs.size(), d.new_tokens.size()) << "request " << i;
+      ASSERT_EQ(h.logprobs.size(), d.logprobs.size());
+      for (size_t t = 0; t < d.logprobs.size(); ++t) {
+        EXPECT_EQ(d.logprobs[t].token, d.new_tokens[t]);
+        EXPECT_EQ(d.logprobs[t].logprob, h.logprobs[t].logprob);
+        EXPECT_EQ(d.logprobs[t].top, h.logprobs[t].top);
+        EXPECT_EQ(d.logprobs[t].top.size(), size_t(reqs[i].sampling.logprobs));
+      }
+    }
+  }
+  // The 7 of request 5 is banned by its bias; the penalties change outputs at all.
+  for (int32_t t : device[5].seqs[0].new_tokens) EXPECT_NE(t, 7);
+}
+
+// Logprobs are those of the model's raw logits: checked against the rows that return_logits hands
+// back for the same positions (log-softmax in double here).
+TEST(EngineModes, LogprobsAreTheRawLogSoftmax) {
+  Request r = greedy(prompt(11, 3), 8);
+  r.seed = 5;
+  r.sampling.temperature = 0.9f;
+  r.sampling.repetition_penalty = 1.5f;
+  r.sampling.logprobs = 4;
+  r.return_logits = true;
+  Engine e(std::make_unique<FakeModel>(), config(1024));
+  const auto out = e.generate({r});
+  const SequenceOutput& s = out.at(0).seqs.at(0);
+  const int32_t vocab = 64;
+  ASSERT_EQ(s.logprobs.size(), s.new_tokens.size());
+  const size_t first = r.prompt.size() - 1;  // the row that gave the first generated token
+  for (size_t t = 0; t < s.new_tokens.size(); ++t) {
+    const float* row = s.logits.data() + (first + t) * size_t(vocab);
+    double mx = row[0], z = 0;
+    for (int32_t v = 0; v < vocab; ++v) mx = std::max(mx, double(row[v]));
+    for (int32_t v = 0; v < vocab; ++v) z += std::exp(double(row[v]) - mx);
+    const double lse = mx + std::log(z);
+    EXPECT_NEAR(s.logprobs[t].logprob, double(row[s.new_tokens[t]]) - lse, 1e-5) << t;
+    ASSERT_EQ(s.logprobs[t].top.size(), 4u);
+    for (const auto& [tok, lp] : s.logprobs[t].top) {
+      EXPECT_NEAR(lp, double(row[tok]) - lse, 1e-5);
+      EXPECT_GE(lp, s.logprobs[t].top.back().second);
+    }
+  }
+}
+
+TEST(EngineModes, LogprobsRefusedWithBeamSearch) {
+  Engine e(std::make_unique<FakeModel>(), config(1024));
+  Request r = greedy(prompt(5, 1), 4);
+  r.use_beam_search = true;
+  r.n = 2;
+  r.sampling.logprobs = 1;
+  try {
+    e.add_request(r);
+    FAIL() << "expected RequestError";
+  } catch (const RequestError& err) {
+    EXPECT_EQ(err.param(), "logprobs") << err.what();
+  }
 }
 
 }  // namespace

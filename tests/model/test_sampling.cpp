@@ -8,6 +8,7 @@
 #include <set>
 
 #include "pagedattn/error.h"
+#include "pagedattn/sample_plan.h"
 #include "pagedattn/sampling.h"
 
 using namespace pagedattn;
@@ -21,12 +22,16 @@ std::vector<float> logits_for(const std::vector<double>& probs) {
   return l;
 }
 
-// Draw n tokens; counts per token.
-std::map<int32_t, int> draw(const SamplingParams& p, const std::vector<float>& logits, int n,
+// Draw n tokens, each from its own seed (a sequence's draws with one history share one u);
+// counts per token.
+std::map<int32_t, int> draw(SamplingParams p, const std::vector<float>& logits, int n,
                             std::vector<int32_t> history = {}) {
-  Sampler s(p);
   std::map<int32_t, int> counts;
-  for (int i = 0; i < n; ++i) ++counts[s.sample(logits, history)];
+  const uint64_t seed = p.seed;
+  for (int i = 0; i < n; ++i) {
+    p.seed = seed * 1000003u + uint64_t(i);
+    ++counts[Sampler(p).sample(logits, history)];
+  }
   return counts;
 }
 
@@ -163,8 +168,11 @@ TEST(Sampling, SameSeedSameTokensOtherSeedOtherTokens) {
   auto run = [&](uint64_t seed) {
     p.seed = seed;
     Sampler s(p);
-    std::vector<int32_t> out;
-    for (int i = 0; i < 64; ++i) out.push_back(s.sample(logits, {}));
+    std::vector<int32_t> out, history;  // generated token n draws with counter n
+    for (int i = 0; i < 64; ++i) {
+      out.push_back(s.sample(logits, history));
+      history.push_back(out.back());
+    }
     return out;
   };
   EXPECT_EQ(run(1234), run(1234));
@@ -252,17 +260,126 @@ TEST(StopStrings, EarliestStopWins) {
   EXPECT_EQ(none.feed("anything"), "anything");
 }
 
-TEST(Rng, UniformInUnitIntervalAndRepeatable) {
-  Rng a(5), b(5);
+// Philox4x32-10 against the published known answer (Random123's kat_vectors: counter 0, key 0
+// gives 6627e8d5 e169c58d ...): the draw is the top 53 bits of the first two words.
+TEST(Philox, KnownAnswerAndUniformity) {
+  const uint64_t bits = ((uint64_t(0x6627e8d5u) << 32) | 0xe169c58du) >> 11;
+  EXPECT_EQ(philox_uniform(0, 0), double(bits) * 0x1.0p-53);
   double sum = 0;
-  for (int i = 0; i < 10000; ++i) {
-    const double u = a.uniform();
+  std::set<double> seen;
+  for (uint64_t i = 0; i < 10000; ++i) {
+    const double u = philox_uniform(42, i);
     ASSERT_GE(u, 0.0);
     ASSERT_LT(u, 1.0);
-    ASSERT_EQ(u, b.uniform());
     sum += u;
+    seen.insert(u);
   }
   EXPECT_NEAR(sum / 10000, 0.5, 0.02);
+  EXPECT_EQ(seen.size(), 10000u);
+  EXPECT_NE(philox_uniform(42, 7), philox_uniform(43, 7));
+  EXPECT_NE(philox_uniform(42, 7), philox_uniform(42, uint64_t(7) << 32));
+}
+
+// The plan's edits change a row exactly as the penalties and bias of Sampler's path do, kept up
+// to date token by token.
+TEST(SamplePlan, EditsMatchThePenaltyFunctions) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> val(-4.f, 4.f);
+  std::vector<float> logits(300);
+  for (float& x : logits) x = val(rng);
+  SamplingParams p;
+  p.repetition_penalty = 1.3f;
+  p.presence_penalty = 0.4f;
+  p.frequency_penalty = -0.3f;
+  p.logit_bias = {{5, 2.5f}, {17, -100.f}, {40, 1.f}};
+  const std::vector<int32_t> prompt = {1, 2, 3, 5, 2};
+  LogitEditor editor(p, prompt);
+  std::vector<int32_t> history = prompt;
+  for (int step = 0; step < 40; ++step) {
+    std::vector<float> want = logits;
+    apply_repetition_penalty(want, history, p.repetition_penalty);
+    apply_openai_penalties(want, p, std::span<const int32_t>(history).subspan(prompt.size()));
+    std::vector<float> got = logits;
+    apply_logit_edits(got, row_sampling(p, 0, -1), editor.edits());
+    ASSERT_EQ(got, want) << "step " << step;
+    std::set<int32_t> distinct;
+    for (const LogitEdit& e : editor.edits()) ASSERT_TRUE(distinct.insert(e.token).second);
+    const int32_t t = int32_t(rng() % 60);
+    history.push_back(t);
+    editor.add_output(t);
+  }
+}
+
+// sample_row (the plan's host twin) and Sampler draw the same token for the same seed and
+// counter; draw_in_id_order walks the survivors in ascending id order.
+TEST(SamplePlan, HostTwinMatchesSamplerAndDrawsInIdOrder) {
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> val(-3.f, 3.f);
+  std::vector<float> logits(500);
+  for (float& x : logits) x = val(rng);
+  SamplingParams p;
+  p.temperature = 0.8f;
+  p.top_k = 50;
+  p.top_p = 0.9f;
+  p.repetition_penalty = 1.1f;
+  p.seed = 77;
+  const std::vector<int32_t> prompt = {4, 8, 15, 16, 23, 42};
+  std::vector<int32_t> history = prompt;
+  LogitEditor editor(p, prompt);
+  const Sampler sampler(p);
+  for (int g = 0; g < 50; ++g) {
+    const TokenLogprobs t = sample_row(logits, row_sampling(p, uint64_t(g), -1), editor.edits());
+    ASSERT_EQ(t.token, sampler.sample(logits, history, prompt.size())) << "token " << g;
+    history.push_back(t.token);
+    editor.add_output(t.token);
+  }
+  const std::vector<TokenProb> dist = {{7, 0.5}, {2, 0.3}, {9, 0.2}};  // id order: 2, 7, 9
+  EXPECT_EQ(draw_in_id_order(dist, 0.0), 2);
+  EXPECT_EQ(draw_in_id_order(dist, 0.29), 2);
+  EXPECT_EQ(draw_in_id_order(dist, 0.31), 7);
+  EXPECT_EQ(draw_in_id_order(dist, 0.81), 9);
+  EXPECT_EQ(draw_in_id_order(dist, 0.9999999), 9);
+}
+
+// Logprobs are the raw row's log-softmax (not the penalised or filtered one); top-N most likely
+// first with ties to the lower id.
+TEST(SamplePlan, LogprobsOfTheRawRow) {
+  const std::vector<float> logits = {1.f, 3.f, 2.f, 3.f, -1.f};
+  double z = 0;
+  for (float x : logits) z += std::exp(double(x));
+  RowSampling r;
+  r.temperature = 0.f;
+  r.repetition_penalty = 2.f;
+  r.logprobs = 3;
+  const std::vector<LogitEdit> edits = {{1, 1, 0.f, 1}, {3, 0, -10.f, 0}};  // 3 -> 1.5, 3 -> -7
+  const TokenLogprobs t = sample_row(logits, r, edits);
+  EXPECT_EQ(t.token, 2);  // the edited row's argmax
+  EXPECT_NEAR(t.logprob, 2.0 - std::log(z), 1e-6);
+  ASSERT_EQ(t.top.size(), 3u);
+  EXPECT_EQ(t.top[0].first, 1);
+  EXPECT_EQ(t.top[1].first, 3);
+  EXPECT_EQ(t.top[2].first, 2);
+  EXPECT_NEAR(t.top[1].second, 3.0 - std::log(z), 1e-6);
+  r.logprobs = -1;
+  EXPECT_TRUE(sample_row(logits, r, edits).top.empty());
+}
+
+TEST(SamplePlan, RejectsAPlanThatDoesNotFit) {
+  SamplePlan plan;
+  plan.rows.resize(2);
+  EXPECT_THROW(check_sample_plan(plan, 3, 100, "op"), Error);
+  check_sample_plan(plan, 2, 100, "op");
+  plan.rows[1].edit_end = 1;
+  EXPECT_THROW(check_sample_plan(plan, 2, 100, "op"), Error);
+  plan.edits.push_back(LogitEdit{100, 0, 0.f, 0});
+  EXPECT_THROW(check_sample_plan(plan, 2, 100, "op"), Error);
+  plan.edits[0].token = 99;
+  check_sample_plan(plan, 2, 100, "op");
+  plan.rows[0].logprobs = 21;
+  EXPECT_THROW(check_sample_plan(plan, 2, 100, "op"), Error);
+  plan.rows[0].logprobs = 0;
+  plan.rows[0].top_p = 0.f;
+  EXPECT_THROW(check_sample_plan(plan, 2, 100, "op"), Error);
 }
 
 }  // namespace

@@ -64,8 +64,10 @@ TEST_P(ParamsTest, UnsupportedParametersAreRefusedByName) {
                "needs logprobs");
   expect_error(s.post("/v1/chat/completions", chat + R"("top_logprobs": 21, "logprobs": true})"),
                400, "top_logprobs", "top_logprobs must be in");
-  expect_error(s.post("/v1/chat/completions", chat + R"("logprobs": true})"), 400, "logprobs",
-               "not supported");
+  expect_error(s.post("/v1/completions", cmpl + R"("logprobs": 2, "echo": true})"), 400,
+               "logprobs", "echo");
+  expect_error(s.post("/v1/completions", cmpl + R"("logprobs": 2, "top_logprobs": 2})"), 400,
+               "top_logprobs", "chat completions field");
   expect_error(s.post("/v1/completions", cmpl + R"("logprobs": 9})"), 400, "logprobs",
                "logprobs must be in");
   expect_error(s.post("/v1/chat/completions", chat + R"("echo": true})"), 400, "echo",
@@ -263,6 +265,67 @@ TEST_P(ParamsTest, JsonObjectOutputParses) {
   }
   EXPECT_GT(complete, 0);
   EXPECT_TRUE(s.pages_released());
+}
+
+// logprobs: chat's content list and completions' parallel lists, one entry per generated token, in
+// both answers and streams; the tokens' texts spell the output.
+TEST_P(ParamsTest, LogprobsInChatAndCompletions) {
+  FakeServer s(GetParam());
+  json j = completion(s, json::parse(R"({"model": "fake", "messages": [{"role": "user",
+      "content": "hi"}], "max_tokens": 6, "temperature": 0.8, "seed": 3, "logprobs": true,
+      "top_logprobs": 3})"), "/v1/chat/completions");
+  const json content = j["choices"][0]["logprobs"]["content"];  // j is reused below
+  ASSERT_TRUE(content.is_array()) << j.dump();
+  EXPECT_EQ(content.size(), j["usage"]["completion_tokens"].get<size_t>());
+  std::string spelled;
+  for (const json& t : content) {
+    spelled += t["token"].get<std::string>();
+    EXPECT_LE(t["logprob"].get<double>(), 0.0);
+    EXPECT_EQ(t["bytes"].size(), t["token"].get<std::string>().size());
+    ASSERT_EQ(t["top_logprobs"].size(), 3u);
+    for (size_t k = 1; k < 3; ++k)
+      EXPECT_GE(t["top_logprobs"][k - 1]["logprob"].get<double>(),
+                t["top_logprobs"][k]["logprob"].get<double>());
+    EXPECT_GE(t["top_logprobs"][0]["logprob"].get<double>(), t["logprob"].get<double>());
+  }
+  EXPECT_EQ(spelled, j["choices"][0]["message"]["content"].get<std::string>());
+
+  j = completion(s, json::parse(R"({"model": "fake", "prompt": "abc", "max_tokens": 5,
+      "temperature": 0, "logprobs": 2})"));
+  const json& lp = j["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), j["usage"]["completion_tokens"].get<size_t>()) << j.dump();
+  ASSERT_EQ(lp["token_logprobs"].size(), lp["tokens"].size());
+  ASSERT_EQ(lp["top_logprobs"].size(), lp["tokens"].size());
+  ASSERT_EQ(lp["text_offset"].size(), lp["tokens"].size());
+  spelled.clear();
+  for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+    EXPECT_EQ(lp["text_offset"][i].get<size_t>(), spelled.size());
+    spelled += lp["tokens"][i].get<std::string>();
+    EXPECT_LE(lp["top_logprobs"][i].size(), 2u);
+    // Greedy: the chosen token is the most likely one.
+    double best = -1e9;
+    for (const auto& [tok, v] : lp["top_logprobs"][i].items())
+      best = std::max(best, v.get<double>());
+    EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), best, 1e-6);
+  }
+  EXPECT_EQ(spelled, j["choices"][0]["text"].get<std::string>());
+
+  // A stream carries each token's logprobs in the chunk that carries the token.
+  auto r = s.post("/v1/chat/completions", R"({"model": "fake", "messages": [{"role": "user",
+      "content": "hi"}], "max_tokens": 6, "temperature": 0.8, "seed": 3, "logprobs": true,
+      "top_logprobs": 3, "stream": true})");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json streamed = json::array();
+  for (size_t pos = 0; (pos = r->body.find("data: {", pos)) != std::string::npos;) {
+    const size_t end = r->body.find("\n\n", pos);
+    const json e = json::parse(r->body.substr(pos + 6, end - pos - 6));
+    pos = end;
+    const json& l = e["choices"][0]["logprobs"];
+    if (l.is_object())
+      for (const json& t : l["content"]) streamed.push_back(t);
+  }
+  EXPECT_EQ(streamed, content);
 }
 
 INSTANTIATE_TEST_SUITE_P(PrefixCache, ParamsTest, ::testing::Bool(),

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "llama_kernels.h"
+#include "sampling_kernels.h"
 #include "nccl_comm.h"
 #include "pagedattn/attention_cuda.h"
 #include "pagedattn/error.h"
@@ -45,6 +46,36 @@ void* ensure(Tensor& t, int64_t elems, DType dtype) {
     t = Tensor::empty({elems}, dtype, Device::cuda);
   }
   return t.data();
+}
+
+// A page-locked host buffer that grows (doubling) and is reused.
+struct PinnedBytes {
+  void* p = nullptr;
+  size_t cap = 0;
+  PinnedBytes() = default;
+  PinnedBytes(const PinnedBytes&) = delete;
+  PinnedBytes& operator=(const PinnedBytes&) = delete;
+  ~PinnedBytes() {
+    if (p) cudaFreeHost(p);
+  }
+  uint8_t* get(size_t bytes) {
+    if (bytes > cap) {
+      if (p) cudaFreeHost(p);
+      p = nullptr;
+      cap = std::max<size_t>({bytes, 2 * cap, 1 << 16});
+      check_cuda(cudaMallocHost(&p, cap), "cudaMallocHost");
+    }
+    return static_cast<uint8_t*>(p);
+  }
+};
+
+// ensure() for buffers that grow a little every step (the sample plan's edits grow with each
+// sequence's history): at least double the old size, so reallocation (a cudaFree, which waits for
+// the device) happens O(log n) times, not every step.
+void* ensure_growing(Tensor& t, int64_t elems, DType dtype) {
+  if (t.defined() && t.numel() >= elems && t.dtype() == dtype) return t.data();
+  const int64_t old = t.defined() ? t.numel() : 0;
+  return ensure(t, std::max<int64_t>({elems, 2 * old, 4096}), dtype);
 }
 
 // Block b of host tensor t (f32, f16 or bf16; possibly memory-mapped: only the block's pages are
@@ -135,6 +166,18 @@ struct LlamaModelCuda::Impl {
   Tensor logits;   // [R, vocab] f32
   Tensor shard_logits, gathered;  // [R, vocab_stride], [world, R, vocab_stride] f32 (comm only)
   Tensor ids;      // [R] int32 (4-byte f32 storage), the greedy step's argmax of each logit row
+  // The device sampler's plan in (rows, then edits), its results out (ids [R], logprob [R],
+  // top ids [R, N], top logprobs [R, N]; 4-byte values), the edited logits' originals [E].
+  Tensor sample_in, sample_out, sample_saved;
+  PinnedBytes host_sample_in, host_sample_out;
+  // The plan goes up on its own stream while the step's forward runs; the sampler waits on it.
+  cudaStream_t upload_stream = nullptr;
+  cudaEvent_t plan_ready = nullptr;
+
+  // Uploads a checked plan (rows, then edits) to sample_in, on upload_stream.
+  void stage_plan(const SamplePlan& plan);
+  // The sampler over device logits dl [R, vocab] with the staged plan, and its results.
+  std::vector<TokenLogprobs> run_sampler(const float* dl, const SamplePlan& plan);
   std::vector<int32_t> host_meta;
   std::vector<float> rope_cos, rope_sin;
 
@@ -155,6 +198,8 @@ struct LlamaModelCuda::Impl {
 
   ~Impl() {
     graphs.clear();
+    if (plan_ready) cudaEventDestroy(plan_ready);
+    if (upload_stream) cudaStreamDestroy(upload_stream);
     if (cublas) cublasDestroy(cublas);
     if (stream) cudaStreamDestroy(stream);
   }
@@ -688,6 +733,103 @@ std::vector<int32_t> LlamaModelCuda::download_greedy(const float* dl, int32_t R)
   check_cuda(cudaMemcpy(ids.data(), d_ids, size_t(R) * 4, cudaMemcpyDeviceToHost),
              "token ids download");
   return ids;
+}
+
+void LlamaModelCuda::Impl::stage_plan(const SamplePlan& plan) {
+  static_assert(sizeof(cuda::SampleEdit) == sizeof(LogitEdit));
+  if (!upload_stream) {
+    check_cuda(cudaStreamCreateWithFlags(&upload_stream, cudaStreamNonBlocking),
+               "cudaStreamCreate");
+    check_cuda(cudaEventCreateWithFlags(&plan_ready, cudaEventDisableTiming), "cudaEventCreate");
+  } else {
+    // A step that failed or had no logit rows may have left its upload in flight.
+    check_cuda(cudaEventSynchronize(plan_ready), "sample plan upload");
+  }
+  const size_t R = plan.rows.size(), E = plan.edits.size();
+  const size_t desc_bytes = R * sizeof(cuda::SampleRowDesc);
+  const size_t bytes = desc_bytes + E * sizeof(cuda::SampleEdit);
+  // NOTE: the previous step's sampler has finished (its results were downloaded) and its upload
+  // too, so both the page-locked buffer and the device one are free to overwrite.
+  uint8_t* h = host_sample_in.get(bytes);
+  auto* desc = reinterpret_cast<cuda::SampleRowDesc*>(h);
+  for (size_t i = 0; i < R; ++i) {
+    const RowSampling& r = plan.rows[i];
+    desc[i] = cuda::SampleRowDesc{r.temperature,        r.top_p,          r.min_p,
+                                  r.repetition_penalty, r.presence_penalty, r.frequency_penalty,
+                                  r.top_k,              r.logprobs,       r.edit_begin,
+                                  r.edit_end,           r.seed,           r.counter};
+  }
+  if (E > 0) std::memcpy(h + desc_bytes, plan.edits.data(), E * sizeof(LogitEdit));
+  void* din = ensure_growing(sample_in, int64_t((bytes + 3) / 4), DType::f32);
+  check_cuda(cudaMemcpyAsync(din, h, bytes, cudaMemcpyHostToDevice, upload_stream),
+             "sample plan upload");
+  check_cuda(cudaEventRecord(plan_ready, upload_stream), "sample plan upload");
+}
+
+std::vector<TokenLogprobs> LlamaModelCuda::Impl::run_sampler(const float* dl,
+                                                            const SamplePlan& plan) {
+  const int32_t R = int32_t(plan.rows.size()), V = config.vocab_size;
+  std::vector<TokenLogprobs> out(static_cast<size_t>(R));
+  check_cuda(cudaStreamWaitEvent(stream, plan_ready, 0), "sample plan upload");
+  if (!dl) return out;
+  const int32_t N = std::max(plan.max_logprobs(), 0);
+  const size_t E = plan.edits.size();
+  const auto* din = static_cast<const uint8_t*>(sample_in.data());
+  const size_t desc_bytes = size_t(R) * sizeof(cuda::SampleRowDesc);
+  const int64_t n_out = int64_t(R) * (2 + 2 * int64_t(N));
+  auto* dout = static_cast<int32_t*>(ensure_growing(sample_out, n_out, DType::f32));
+  auto* saved = static_cast<float*>(ensure_growing(sample_saved, int64_t(E), DType::f32));
+  int32_t* d_ids = dout;
+  float* d_lp = reinterpret_cast<float*>(dout + R);
+  int32_t* d_top = dout + 2 * R;
+  float* d_top_lp = reinterpret_cast<float*>(dout + 2 * R + int64_t(R) * N);
+  // NOTE: the logits are the step's scratch: the sampler may edit them in place for the draw,
+  // and puts them back.
+  cuda::sample_rows(const_cast<float*>(dl), R, V,
+                    reinterpret_cast<const cuda::SampleRowDesc*>(din),
+                    reinterpret_cast<const cuda::SampleEdit*>(din + desc_bytes), saved, d_ids,
+                    d_lp, d_top, d_top_lp, N, stream);
+  auto* h = reinterpret_cast<int32_t*>(host_sample_out.get(size_t(n_out) * 4));
+  check_cuda(cudaMemcpyAsync(h, dout, size_t(n_out) * 4, cudaMemcpyDeviceToHost, stream),
+             "sampled tokens download");
+  check_cuda(cudaStreamSynchronize(stream), "sampled tokens download");
+  for (int32_t i = 0; i < R; ++i) {
+    TokenLogprobs& t = out[size_t(i)];
+    const RowSampling& r = plan.rows[size_t(i)];
+    t.token = h[i];
+    PA_CHECK(t.token >= 0 && t.token < V, "LlamaModelCuda::forward_sample: row ", i,
+             " sampled token ", t.token, " outside the vocabulary");
+    if (r.logprobs < 0) continue;
+    float chosen;
+    std::memcpy(&chosen, h + R + i, 4);
+    t.logprob = chosen;
+    const int32_t n = std::min(r.logprobs, V);
+    t.top.reserve(size_t(n));
+    for (int32_t j = 0; j < n; ++j) {
+      float lp;
+      std::memcpy(&lp, h + 2 * R + int64_t(R) * N + int64_t(i) * N + j, 4);
+      t.top.emplace_back(h[2 * R + int64_t(i) * N + j], lp);
+    }
+  }
+  return out;
+}
+
+std::vector<TokenLogprobs> LlamaModelCuda::download_sampled(const float* dl,
+                                                           const SamplePlan& plan) {
+  check_sample_plan(plan, int64_t(plan.rows.size()), impl_->config.vocab_size,
+                    "LlamaModelCuda::forward_sample");
+  impl_->stage_plan(plan);
+  return impl_->run_sampler(dl, plan);
+}
+
+std::vector<TokenLogprobs> LlamaModelCuda::forward_sample(const ForwardBatch& batch,
+                                                          KvCache& cache, const SamplePlan& plan) {
+  check_sample_plan(plan, int64_t(batch.logit_rows.size()), impl_->config.vocab_size,
+                    "LlamaModelCuda::forward_sample");
+  // NOTE: the plan's upload overlaps the forward pass (its own stream).
+  impl_->stage_plan(plan);
+  const float* dl = forward_device(batch, cache);
+  return impl_->run_sampler(dl, plan);
 }
 
 Tensor LlamaModelCuda::forward(const ForwardBatch& batch, KvCache& cache) {

@@ -143,6 +143,16 @@ class Leader final : public TensorParallelModel {
     });
   }
 
+  std::vector<TokenLogprobs> forward_sample(const ForwardBatch& batch, KvCache& cache,
+                                            const SamplePlan& plan) override {
+    check_sample_plan(plan, int64_t(batch.logit_rows.size()), config().vocab_size, kOp);
+    send_step(batch, cache);
+    return guarded([&] {
+      const float* dl = run_step(batch, cache);
+      return shard_->download_sampled(dl, plan);
+    });
+  }
+
   KvAbsMax kv_absmax(const std::vector<int32_t>&) override {
     fail(kOp, ": an fp8 KV cache is not supported with tensor parallelism yet");
   }
