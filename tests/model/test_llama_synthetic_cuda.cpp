@@ -3,7 +3,7 @@
 // values (bit-identical logits) and the CPU model on that file within bf16 tolerance; logits
 // returned from reused page-locked buffers are never overwritten while the caller holds them.
 // forward_greedy: the host argmax of forward's logits, and its device argmax kernel on crafted
-// rows.
+// rows; forward_sample: the host twin of the sample plan on forward's logits.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,6 +19,7 @@
 #include "pagedattn/error.h"
 #include "pagedattn/llama.h"
 #include "pagedattn/llama_cuda.h"
+#include "pagedattn/sample_plan.h"
 #include "pagedattn/sampling.h"
 #include "pagedattn/synthetic_model.h"
 #include "tiny_models.h"
@@ -284,6 +285,71 @@ TEST(LlamaCudaSynthetic, ForwardGreedyIsTheHostArgmaxOfForward) {
   ForwardBatch b = make_step_batch(cache, seqs, toks);
   b.logit_rows.clear();
   EXPECT_TRUE(m.forward_greedy(b, cache).empty());
+}
+
+// forward_sample: the device sampler on the step's logits picks what the host twin picks on
+// forward's logits of the same batch (greedy rows and top-N lists exactly; drawn rows the same token
+// but where rounding moves a boundary), with penalties, bias, filters and logprobs.
+TEST(LlamaCudaSynthetic, ForwardSampleIsTheHostTwinOfForward) {
+  PA_SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = tiny_config("llama");
+  LlamaModelCuda m(cfg, 21);
+  KvCache cache(cache_config(cfg, Device::cuda));
+  std::vector<SeqId> seqs;
+  std::vector<std::vector<int32_t>> toks;
+  for (int s = 0; s < 4; ++s) {
+    seqs.push_back(cache.create_sequence());
+    std::vector<int32_t> t;
+    for (int i = 0; i < 6 + 5 * s; ++i) t.push_back(int32_t((i * 41 + s * 13 + 2) % 300));
+    toks.push_back(t);
+  }
+  int rows = 0, equal = 0;
+  for (int step = 0; step < 6; ++step) {
+    const ForwardBatch b = make_step_batch(cache, seqs, toks);
+    SamplePlan plan;
+    for (size_t r = 0; r < b.logit_rows.size(); ++r) {
+      SamplingParams p;
+      p.temperature = r == 0 ? 0.f : 0.6f + 0.2f * float(r);
+      p.top_k = r == 2 ? 0 : 20;
+      p.top_p = r == 3 ? 0.8f : 1.f;
+      p.repetition_penalty = 1.3f;
+      p.logit_bias = {{7, 5.f}};
+      p.seed = 1000 + r;
+      p.logprobs = int32_t(r) * 3;
+      LogitEditor editor(p, toks[r]);
+      RowSampling row = row_sampling(p, uint64_t(step), p.logprobs);
+      row.edit_begin = int32_t(plan.edits.size());
+      plan.edits.insert(plan.edits.end(), editor.edits().begin(), editor.edits().end());
+      row.edit_end = int32_t(plan.edits.size());
+      plan.rows.push_back(row);
+    }
+    const std::vector<TokenLogprobs> dev = m.forward_sample(b, cache, plan);
+    const Tensor logits = m.forward(b, cache);
+    const std::vector<TokenLogprobs> host =
+        sample_rows(logits.data_as<float>(), logits.dim(0), logits.dim(1), plan);
+    ASSERT_EQ(dev.size(), host.size());
+    for (size_t r = 0; r < dev.size(); ++r, ++rows) {
+      equal += dev[r].token == host[r].token;
+      if (plan.rows[r].temperature == 0.f) {
+        EXPECT_EQ(dev[r].token, host[r].token) << step;
+      }
+      const std::span<const float> raw(logits.data_as<float>() + int64_t(r) * cfg.vocab_size,
+                                       size_t(cfg.vocab_size));
+      const TokenLogprobs want = token_logprobs(raw, dev[r].token, plan.rows[r].logprobs);
+      EXPECT_NEAR(dev[r].logprob, want.logprob, 1e-4);
+      ASSERT_EQ(dev[r].top.size(), want.top.size());
+      for (size_t j = 0; j < want.top.size(); ++j)
+        EXPECT_EQ(dev[r].top[j].first, want.top[j].first);
+    }
+    for (SeqId s : seqs) cache.commit(s);
+    for (size_t s = 0; s < seqs.size(); ++s) toks[s] = {dev[s].token};
+  }
+  EXPECT_GE(equal, rows - 1) << equal << " of " << rows << " rows drew the host twin's token";
+  // A plan that does not fit the batch is refused before anything runs.
+  const ForwardBatch b = make_step_batch(cache, seqs, toks);
+  SamplePlan bad;
+  bad.rows.resize(1);
+  EXPECT_THROW(m.forward_sample(b, cache, bad), Error);
 }
 
 // Crafted rows for the device argmax: rows of length V with the id sampling.h's argmax must give
