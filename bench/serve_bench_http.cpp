@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "pagedattn/error.h"
+#include "sampling_mix.h"
 
 namespace pagedattn::bench::serve_bench {
 
@@ -319,6 +320,8 @@ ServerInfo probe_server(const Endpoint& ep) {
 RunResult run_serve_bench_http(const Endpoint& ep, const ServerInfo& info,
                                const std::vector<WorkItem>& work, const WorkloadSpec& spec,
                                const RunConfig& cfg, const HttpRunOptions& opt) {
+  PA_CHECK(cfg.sampling == "greedy" || cfg.sampling == "mixed",
+           "bench serve: --sampling must be greedy or mixed, got '", cfg.sampling, "'");
   PA_CHECK(cfg.target_tokens >= 0 && cfg.concurrency > 0,
            "bench serve: --target-tokens must be >= 0 and --concurrency positive");
   PA_CHECK(!work.empty(), "bench serve: the workload is empty");
@@ -422,6 +425,15 @@ RunResult run_serve_bench_http(const Endpoint& ep, const ServerInfo& info,
               {"stream", true},
               {"stream_options", {{"include_usage", true}}}};
     if (!opt.cache_salt.empty()) b["cache_salt"] = opt.cache_salt;
+    if (cfg.sampling == "mixed") {
+      const SamplingParams m = mixed_sampling();
+      b["temperature"] = m.temperature;
+      b["top_p"] = m.top_p;
+      b["top_k"] = m.top_k;
+      b["repetition_penalty"] = m.repetition_penalty;
+      b["logprobs"] = m.logprobs;
+      b["seed"] = int64_t(i);
+    }
     return b.dump();
   };
   // Under mu.

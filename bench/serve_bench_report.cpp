@@ -92,6 +92,7 @@ nlohmann::json result_json(const RunResult& r, const std::string& model, const s
       {"preemptions_recompute", count_json(r.preemptions_recompute)},
       {"recomputed_tokens", count_json(r.recomputed_tokens)},
       {"preemption", http || c.mode != "paged" ? nlohmann::json() : nlohmann::json(c.preemption)},
+      {"sampling", c.sampling},
       {"preemptions_swap", count_json(r.preemptions_swap)},
       {"swapped_tokens", count_json(r.swapped_tokens)},
       {"swap_bytes", count_json(r.swap_bytes)},

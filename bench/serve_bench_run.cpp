@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "pagedattn/error.h"
+#include "sampling_mix.h"
 #include "static_baseline.h"
 
 namespace pagedattn::bench::serve_bench {
@@ -108,6 +109,8 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
                           const WorkloadSpec& spec, const RunConfig& cfg) {
   PA_CHECK(cfg.mode == "paged" || cfg.mode == "static", "bench serve: --mode must be paged or ",
            "static, got '", cfg.mode, "'");
+  PA_CHECK(cfg.sampling == "greedy" || cfg.sampling == "mixed",
+           "bench serve: --sampling must be greedy or mixed, got '", cfg.sampling, "'");
   PA_CHECK(cfg.kv_budget_tokens > 0, "bench serve: --kv-tokens must be positive, got ",
            cfg.kv_budget_tokens);
   PA_CHECK(cfg.target_tokens >= 0 && cfg.concurrency > 0,
@@ -184,6 +187,10 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
     req.max_tokens = work[i].max_tokens;
     req.ignore_eos = true;
     req.sampling.temperature = 0;  // greedy
+    if (cfg.sampling == "mixed") {
+      req.sampling = mixed_sampling();
+      req.seed = uint64_t(i);
+    }
     by_id[engine.add_request(std::move(req))] = i;
     tr[i].submitted = true;
   };

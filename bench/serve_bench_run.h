@@ -33,6 +33,8 @@ struct RunConfig {
   // the host memory for swapped pages (MiB; -1: the engine's default for the device).
   std::string preemption = "auto";
   double swap_space_mib = -1;
+  // greedy, or mixed: bench::mixed_sampling() (sampling_mix.h), seeded per request.
+  std::string sampling = "greedy";
   int64_t kv_budget_tokens = 4096;  // http: the server's KV capacity (-1 when it does not say)
   int32_t page_size = 16;
   int32_t max_num_seqs = 64;  // http: -1 (the server's setting, not reported)

@@ -16,6 +16,7 @@
 #include "cli.h"
 #include "cuda_bandwidth.h"
 #include "model_session.h"
+#include "sampling_mix.h"
 #include "pagedattn/tensor_parallel.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/error.h"
@@ -36,17 +37,6 @@ struct BenchModelArgs {
   std::string sampling = "greedy";  // greedy | mixed (the non-greedy mix of kMixed)
   bool no_cuda_graphs = false;     // CUDA: LlamaModelCuda::set_cuda_graphs(false)
 };
-
-// The non-greedy requests of --sampling mixed: every filter, a penalty and logprobs at once.
-SamplingParams mixed_sampling() {
-  SamplingParams p;
-  p.temperature = 0.8f;
-  p.top_p = 0.95f;
-  p.top_k = 50;
-  p.repetition_penalty = 1.1f;
-  p.logprobs = 5;
-  return p;
-}
 
 double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -93,7 +83,7 @@ BatchResult run_batch(Engine& engine, int batch, int32_t prompt_len, int32_t dec
     Request r;
     for (int32_t i = 0; i < prompt_len; ++i) r.prompt.push_back(int32_t(gen() % uint32_t(vocab)));
     r.sampling.temperature = 0.f;
-    if (mixed) r.sampling = mixed_sampling();
+    if (mixed) r.sampling = bench::mixed_sampling();
     r.seed = gen();
     r.max_tokens = decode_steps + 1;
     r.ignore_eos = true;

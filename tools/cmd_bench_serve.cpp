@@ -54,6 +54,10 @@ void register_bench_serve(CLI::App& bench) {
                   "is cheaper than recomputing them), recompute and/or swap")
       ->delimiter(',')
       ->capture_default_str();
+  cmd->add_option("--sampling", a->run.sampling,
+                  "greedy, or mixed: temperature 0.8, top-p 0.95, top-k 50, repetition penalty "
+                  "1.1, logprobs 5, seeded per request")
+      ->capture_default_str();
   cmd->add_option("--swap-space", a->run.swap_space_mib,
                   "Paged mode: MiB of host memory for swapped pages (-1: 4096 with a CUDA cache, "
                   "0 on the CPU)")

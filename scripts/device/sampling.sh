@@ -3,7 +3,8 @@
 # tests (against the host twin and the chi-square test) and the rest of the GPU suite, then
 # `bench model` on a synthetic Llama-3-8B at batch 1, 32 and 64: greedy steps against steps of the
 # non-greedy mix (temperature 0.8, top-p 0.95, top-k 50, repetition penalty 1.1, logprobs 5)
-# sampled on the device, and the same mix picked on the host (logits downloaded) for comparison.
+# sampled on the device, and the same mix picked on the host (logits downloaded) for comparison;
+# then `bench serve` (workload A at rate inf) with greedy and with mixed requests.
 # Each bench prints its step next to the memory floor measured in the same run.
 #   scripts/device/sampling.sh
 #   GPU_FILTER='SamplingCuda*' SKIP_MODEL=1 scripts/device/sampling.sh
@@ -56,6 +57,23 @@ for (s, host, b), rs in sorted(runs.items(), key=lambda kv: (kv[0][2], kv[0][1],
         extra = f", {100 * (ms / greedy[b] - 1):+.1f}% vs greedy"
     print(f"{s:7s} host={str(host):5s} batch {b:3d}: {ms:.3f} ms/step (median of {len(rs)}), "
           f"{100 * floor / ms:.1f}% of floor{extra}")
+PY
+# Serving: workload A of docs/BENCHMARKS.md ("Serving on CUDA") at rate inf, paged, greedy
+# requests against the same requests sampled with the mix.
+for s in greedy mixed; do
+  step "serve-$s" 120 serve.log "$B" bench serve --model "$MODEL" --device cuda --mode paged \
+    --request-rate inf --num-requests 128 --prompt-len uniform:64:512 \
+    --output-len lognormal:128:0.8:512 --kv-tokens 16384 --max-num-seqs 64 \
+    --max-num-batched-tokens 2048 --seed 1 --sampling "$s" --json --no-progress
+done
+grep -h '^{' "$OUT/serve.log" >"$OUT/serve.jsonl" 2>/dev/null
+python3 - "$OUT/serve.jsonl" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    print(f"serve {r['sampling']:7s}: {r['requests_per_s']:.2f} req/s, "
+          f"{r['output_tokens_per_s']:.0f} out tok/s (steady {r['steady_output_tokens_per_s']:.0f}), "
+          f"TPOT p50 {1e3 * r['tpot_s']['p50']:.1f} ms, preemptions {r['preemptions']}")
 PY
 # The sampler kernel alone (one launch of a timed step), and the greedy argmax for comparison.
 for b in 1 32 64; do

@@ -532,6 +532,7 @@ void Server::Impl::respond_stream(httplib::Response& res, const api::ParsedReque
       for (int32_t i = 0; i < n; ++i)
         choices.push_back({{"index", i},
                            {"delta", {{"role", "assistant"}, {"content", ""}}},
+                           {"logprobs", nullptr},
                            {"finish_reason", nullptr}});
       if (!write(chunk(choices))) return false;
       ss->opening_sent = true;

@@ -321,9 +321,11 @@ TEST_P(ParamsTest, LogprobsInChatAndCompletions) {
     const size_t end = r->body.find("\n\n", pos);
     const json e = json::parse(r->body.substr(pos + 6, end - pos - 6));
     pos = end;
-    const json& l = e["choices"][0]["logprobs"];
+    const json& choice = e.at("choices").at(0);
+    ASSERT_TRUE(choice.contains("logprobs")) << e.dump();  // null where a chunk has no token
+    const json& l = choice.at("logprobs");
     if (l.is_object())
-      for (const json& t : l["content"]) streamed.push_back(t);
+      for (const json& t : l.at("content")) streamed.push_back(t);
   }
   EXPECT_EQ(streamed, content);
 }
