@@ -174,6 +174,7 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
                               return std::string(b);
                             }());
 
+  const double busy0 = engine.model().device_busy_seconds();
   const Clock::time_point t0 = Clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
   size_t next = 0;                    // next request to arrive
@@ -296,6 +297,10 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
     }
   }
   r.duration_s = elapsed();
+  if (busy0 >= 0) {
+    r.device_busy_s = engine.model().device_busy_seconds() - busy0;
+    r.device_idle_frac = std::max(0.0, 1.0 - r.device_busy_s / r.duration_s);
+  }
   if (cfg.progress)
     print_progress(label, completed, completed, r.output_tokens, r.duration_s, true);
 

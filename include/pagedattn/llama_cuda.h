@@ -68,6 +68,9 @@ class LlamaModelCuda : public Model {
   std::vector<TokenLogprobs> forward_sample(const ForwardBatch& batch, KvCache& cache,
                                             const SamplePlan& plan) override;
 
+  // Measured with a pair of CUDA events around each step (Model::device_busy_seconds).
+  double device_busy_seconds() const override;
+
   // Checks a batch against the cache and this model without touching either (the CPU model's
   // rules and messages, prefixed "LlamaModelCuda::forward"; the cache must be a CUDA one).
   void validate(const ForwardBatch& batch, const KvCache& cache) const;

@@ -79,6 +79,10 @@ class Model {
   // The cache this runner needs, from the engine's choice: a tensor-parallel runner keeps only its
   // rank's KV heads and asks for a log of page copies to replay on the other ranks.
   virtual void adapt_cache_config(KvCacheConfig&) const {}
+  // Seconds the device has spent on this runner's forward steps so far, each from its first upload
+  // to its results' download (what is left of the wall time is the device idling between steps,
+  // for the host's work); -1 where the runner does not measure it (the CPU).
+  virtual double device_busy_seconds() const { return -1; }
   // Empty while the runner can run; else why it cannot (a tensor-parallel rank has failed).
   // Callable from any thread.
   virtual std::string health() const { return ""; }

@@ -73,7 +73,8 @@ for line in open(sys.argv[1]):
     r = json.loads(line)
     print(f"serve {r['sampling']:7s}: {r['requests_per_s']:.2f} req/s, "
           f"{r['output_tokens_per_s']:.0f} out tok/s (steady {r['steady_output_tokens_per_s']:.0f}), "
-          f"TPOT p50 {1e3 * r['tpot_s']['p50']:.1f} ms, preemptions {r['preemptions']}")
+          f"TPOT p50 {1e3 * r['tpot_s']['p50']:.1f} ms, preemptions {r['preemptions']}, "
+          f"device idle {100 * (r['device_idle_frac'] or 0):.1f}% of the run")
 PY
 # The sampler kernel alone (one launch of a timed step), and the greedy argmax for comparison.
 for b in 1 32 64; do

@@ -53,6 +53,8 @@ std::vector<TokenLogprobs> LlamaModelCuda::forward_sample(const ForwardBatch&, K
   fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
 }
 
+double LlamaModelCuda::device_busy_seconds() const { return -1; }
+
 void LlamaModelCuda::validate(const ForwardBatch&, const KvCache&) const {
   fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
 }

@@ -170,6 +170,12 @@ struct LlamaModelCuda::Impl {
   // top ids [R, N], top logprobs [R, N]; 4-byte values), the edited logits' originals [E].
   Tensor sample_in, sample_out, sample_saved;
   PinnedBytes host_sample_in, host_sample_out;
+  // Device time of the steps: an event before a step's first upload and one after its download.
+  cudaEvent_t step_begin = nullptr, step_end = nullptr;
+  bool step_open = false;
+  double busy_seconds = 0;
+  void begin_step_timing();
+  void end_step_timing();  // after the step's last (synchronous) copy
   // The plan goes up on its own stream while the step's forward runs; the sampler waits on it.
   cudaStream_t upload_stream = nullptr;
   cudaEvent_t plan_ready = nullptr;
@@ -198,6 +204,8 @@ struct LlamaModelCuda::Impl {
 
   ~Impl() {
     graphs.clear();
+    if (step_begin) cudaEventDestroy(step_begin);
+    if (step_end) cudaEventDestroy(step_end);
     if (plan_ready) cudaEventDestroy(plan_ready);
     if (upload_stream) cudaStreamDestroy(upload_stream);
     if (cublas) cublasDestroy(cublas);
@@ -551,6 +559,8 @@ LlamaModelCuda::Impl::Step LlamaModelCuda::Impl::prepare_step(const ForwardBatch
   std::memcpy(hm + 2 * T + R, rope_cos.data(), rope_cos.size() * 4);
   std::memcpy(hm + 2 * T + R + rope_cos.size(), rope_sin.data(), rope_sin.size() * 4);
   auto* dm = static_cast<int32_t*>(ensure(meta, int64_t(n_meta), DType::f32));
+  // NOTE: the step's device time starts with its first enqueued work, after the host's part.
+  begin_step_timing();
   check_cuda(cudaMemcpyAsync(dm, hm, n_meta * 4, cudaMemcpyHostToDevice, stream), "batch upload");
   s.tokens = dm;
   s.slots = dm + T;
@@ -702,8 +712,12 @@ const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& 
     launch();
   }
   if (s.R > 0) return s.logits;  // the caller's download (or argmax) follows on the same stream
-  // NOTE: a tensor-parallel rank's caller waits itself, watching the group while it does.
-  if (!m.comm) check_cuda(cudaStreamSynchronize(st), "forward");
+  // NOTE: a tensor-parallel rank's caller waits itself, watching the group while it does (such a
+  // step is not timed).
+  if (!m.comm) {
+    check_cuda(cudaStreamSynchronize(st), "forward");
+    m.end_step_timing();
+  }
   return nullptr;
 }
 
@@ -720,6 +734,7 @@ Tensor LlamaModelCuda::download_logits(const float* dl, int64_t R) {
   Tensor logits = impl_->host_logits(R, V);
   check_cuda(cudaMemcpy(logits.data(), dl, logits.nbytes(), cudaMemcpyDeviceToHost),
              "logits download");
+  impl_->end_step_timing();
   return logits;
 }
 
@@ -732,8 +747,30 @@ std::vector<int32_t> LlamaModelCuda::download_greedy(const float* dl, int32_t R)
   cuda::argmax_rows(dl, R, impl_->config.vocab_size, d_ids, impl_->stream);
   check_cuda(cudaMemcpy(ids.data(), d_ids, size_t(R) * 4, cudaMemcpyDeviceToHost),
              "token ids download");
+  impl_->end_step_timing();
   return ids;
 }
+
+void LlamaModelCuda::Impl::begin_step_timing() {
+  if (!step_begin) {
+    check_cuda(cudaEventCreate(&step_begin), "cudaEventCreate");
+    check_cuda(cudaEventCreate(&step_end), "cudaEventCreate");
+  }
+  check_cuda(cudaEventRecord(step_begin, stream), "cudaEventRecord");
+  step_open = true;
+}
+
+void LlamaModelCuda::Impl::end_step_timing() {
+  if (!step_open) return;
+  step_open = false;
+  check_cuda(cudaEventRecord(step_end, stream), "cudaEventRecord");
+  check_cuda(cudaEventSynchronize(step_end), "cudaEventSynchronize");
+  float ms = 0;
+  check_cuda(cudaEventElapsedTime(&ms, step_begin, step_end), "cudaEventElapsedTime");
+  busy_seconds += double(ms) * 1e-3;
+}
+
+double LlamaModelCuda::device_busy_seconds() const { return impl_->busy_seconds; }
 
 void LlamaModelCuda::Impl::stage_plan(const SamplePlan& plan) {
   static_assert(sizeof(cuda::SampleEdit) == sizeof(LogitEdit));
@@ -793,6 +830,7 @@ std::vector<TokenLogprobs> LlamaModelCuda::Impl::run_sampler(const float* dl,
   check_cuda(cudaMemcpyAsync(h, dout, size_t(n_out) * 4, cudaMemcpyDeviceToHost, stream),
              "sampled tokens download");
   check_cuda(cudaStreamSynchronize(stream), "sampled tokens download");
+  end_step_timing();
   for (int32_t i = 0; i < R; ++i) {
     TokenLogprobs& t = out[size_t(i)];
     const RowSampling& r = plan.rows[size_t(i)];

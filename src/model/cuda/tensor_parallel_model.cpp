@@ -153,6 +153,8 @@ class Leader final : public TensorParallelModel {
     });
   }
 
+  double device_busy_seconds() const override { return shard_->device_busy_seconds(); }
+
   KvAbsMax kv_absmax(const std::vector<int32_t>&) override {
     fail(kOp, ": an fp8 KV cache is not supported with tensor parallelism yet");
   }
