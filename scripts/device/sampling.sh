@@ -18,16 +18,11 @@ end=$(($(date +%s) + ${BUDGET:-560}))
 source scripts/device/steps.sh
 record_device
 
-step build 240 build.log env BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh pagedattn \
-  test_gpu || tail -30 "$OUT/build.log"
-if [[ -f "$BUILD_DIR/deps-env.sh" ]]; then source "$BUILD_DIR/deps-env.sh"; fi
+build_cli_and_gpu_tests
 step sampler 120 test_sampler.log "$BUILD_DIR/tests/test_gpu" --gtest_filter='SamplingCuda*'
 tail -4 "$OUT/test_sampler.log" 2>/dev/null
 grep -E "^\[  FAILED|Failure|error" -A6 "$OUT/test_sampler.log" 2>/dev/null | head -40
-[[ -n "${SKIP_GPU_TESTS:-}" ]] ||
-  step gpu 200 test_gpu.log "$BUILD_DIR/tests/test_gpu" ${GPU_FILTER:+--gtest_filter=$GPU_FILTER}
-tail -4 "$OUT/test_gpu.log" 2>/dev/null
-grep -E "^\[  FAILED" "$OUT/test_gpu.log" 2>/dev/null | head -20
+run_gpu_suite
 [[ -n "${SKIP_MODEL:-}" ]] && { print_summary; exit 0; }
 B="$BUILD_DIR/pagedattn"
 # Greedy and mixed alternately, REPEAT times (the table below takes the medians).

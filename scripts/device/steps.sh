@@ -26,3 +26,17 @@ record_device() {
   } >"$OUT/device.txt" 2>&1
   cat "$OUT/device.txt"
 }
+# Builds the CLI and the GPU tests into $BUILD_DIR (the build log's tail on failure) and takes
+# the environment of its dependencies.
+build_cli_and_gpu_tests() {
+  step build 240 build.log env BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh pagedattn \
+    test_gpu || tail -30 "$OUT/build.log"
+  if [[ -f "$BUILD_DIR/deps-env.sh" ]]; then source "$BUILD_DIR/deps-env.sh"; fi
+}
+# The GPU suite (GPU_FILTER narrows it) unless SKIP_GPU_TESTS is set; its tail and failures.
+run_gpu_suite() {
+  [[ -n "${SKIP_GPU_TESTS:-}" ]] ||
+    step gpu 200 test_gpu.log "$BUILD_DIR/tests/test_gpu" ${GPU_FILTER:+--gtest_filter=$GPU_FILTER}
+  tail -4 "$OUT/test_gpu.log" 2>/dev/null
+  grep -E "^\[  FAILED" "$OUT/test_gpu.log" 2>/dev/null | head -20
+}

@@ -17,13 +17,8 @@ end=$(($(date +%s) + ${BUDGET:-560}))
 source scripts/device/steps.sh
 record_device
 
-step build 240 build.log env BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh pagedattn \
-  test_gpu || tail -30 "$OUT/build.log"
-if [[ -f "$BUILD_DIR/deps-env.sh" ]]; then source "$BUILD_DIR/deps-env.sh"; fi
-[[ -n "${SKIP_GPU_TESTS:-}" ]] ||
-  step gpu 200 test_gpu.log "$BUILD_DIR/tests/test_gpu" ${GPU_FILTER:+--gtest_filter=$GPU_FILTER}
-tail -4 "$OUT/test_gpu.log" 2>/dev/null
-grep -E "^\[  FAILED" "$OUT/test_gpu.log" 2>/dev/null | head -20
+build_cli_and_gpu_tests
+run_gpu_suite
 B="$BUILD_DIR/pagedattn"
 # The bus's roofline for swap: torch's page-locked copies each way (medians of 20 of 256 MiB).
 step roofline 60 roofline.log python3 - <<'PY'

@@ -18,17 +18,9 @@ double token_logprob(std::span<const float> logits, int32_t token) {
 
 std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int32_t k) {
   PA_CHECK(k >= 0, "top_logprobs: k must be >= 0, got ", k);
-  const size_t kk = std::min(size_t(k), logits.size());
-  std::vector<int32_t> ids(logits.size());
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
-  auto better = [&](int32_t a, int32_t b) {
-    const float la = logits[size_t(a)], lb = logits[size_t(b)];
-    return la != lb ? la > lb : a < b;
-  };
-  std::partial_sort(ids.begin(), ids.begin() + int64_t(kk), ids.end(), better);
-  const double lse = log_sum_exp(logits);
-  std::vector<TokenLogprob> out(kk);
-  for (size_t i = 0; i < kk; ++i) out[i] = {ids[i], double(logits[size_t(ids[i])]) - lse};
+  PA_CHECK(!logits.empty(), "top_logprobs: logits are empty");
+  std::vector<TokenLogprob> out;
+  for (const auto& [token, lp] : token_logprobs(logits, 0, k).top) out.push_back({token, lp});
   return out;
 }
 

@@ -195,18 +195,20 @@ Sampler::Sampler(const SamplingParams& params) : params_(params) {
 
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history,
                         size_t prompt_len) const {
-  if (params_.temperature == 0.f) {
-    if (params_.repetition_penalty == 1.f && params_.presence_penalty == 0.f &&
-        params_.frequency_penalty == 0.f && params_.logit_bias.empty()) {
-      PA_CHECK(!logits.empty(), "sampling: logits are empty");
-      return argmax(logits);
-    }
-    return sampling_distribution(logits, params_, history, prompt_len).front().token;
-  }
+  PA_CHECK(!logits.empty(), "sampling: logits are empty");
   PA_CHECK(prompt_len <= history.size(), "sampling: prompt_len ", prompt_len,
            " is past the history of ", history.size());
-  const double u = philox_uniform(params_.seed, uint64_t(history.size() - prompt_len));
-  return draw_in_id_order(sampling_distribution(logits, params_, history, prompt_len), u);
+  for (size_t i = 0; i < history.size(); ++i)
+    PA_CHECK(history[i] >= 0 && size_t(history[i]) < logits.size(), "sampling: history[", i,
+             "] = ", history[i], " is outside the vocabulary of ", logits.size());
+  for (const auto& [t, b] : params_.logit_bias)
+    PA_CHECK(t >= 0 && size_t(t) < logits.size(), "logit_bias: token ", t,
+             " is outside the vocabulary of ", logits.size());
+  // The engine's rule: the history's edits, then sample_plan.h's pick.
+  LogitEditor editor(params_, history.first(prompt_len));
+  for (int32_t t : history.subspan(prompt_len)) editor.add_output(t);
+  const RowSampling row = row_sampling(params_, uint64_t(history.size() - prompt_len), -1);
+  return sample_row(logits, row, editor.edits()).token;
 }
 
 bool Sampler::is_stop_token(int32_t token) const {

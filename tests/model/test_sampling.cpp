@@ -310,9 +310,10 @@ TEST(SamplePlan, EditsMatchThePenaltyFunctions) {
   }
 }
 
-// sample_row (the plan's host twin) and Sampler draw the same token for the same seed and
-// counter; draw_in_id_order walks the survivors in ascending id order.
-TEST(SamplePlan, HostTwinMatchesSamplerAndDrawsInIdOrder) {
+// sample_row (the plan's host twin, with the editor's edits) and Sampler draw the token that
+// sampling_distribution (the penalty functions over the whole history) and the same u give;
+// draw_in_id_order walks the survivors in ascending id order.
+TEST(SamplePlan, HostTwinMatchesTheReferenceDistribution) {
   std::mt19937 rng(9);
   std::uniform_real_distribution<float> val(-3.f, 3.f);
   std::vector<float> logits(500);
@@ -329,7 +330,10 @@ TEST(SamplePlan, HostTwinMatchesSamplerAndDrawsInIdOrder) {
   const Sampler sampler(p);
   for (int g = 0; g < 50; ++g) {
     const TokenLogprobs t = sample_row(logits, row_sampling(p, uint64_t(g), -1), editor.edits());
-    ASSERT_EQ(t.token, sampler.sample(logits, history, prompt.size())) << "token " << g;
+    const int32_t want = draw_in_id_order(sampling_distribution(logits, p, history, prompt.size()),
+                                          philox_uniform(p.seed, uint64_t(g)));
+    ASSERT_EQ(t.token, want) << "token " << g;
+    ASSERT_EQ(sampler.sample(logits, history, prompt.size()), want) << "token " << g;
     history.push_back(t.token);
     editor.add_output(t.token);
   }

@@ -329,6 +329,18 @@ __device__ int32_t draw(const Acc& a, int n, Cut cut, const Weight& w, float min
   return s.token;
 }
 
+// Places the n gathered candidates (s.gk, s.gid) in ascending id order in s.ck, s.cid.
+__device__ void sort_gathered_by_id(uint32_t n, Smem& s) {
+  for (uint32_t c = threadIdx.x; c < n; c += kThreads) {
+    const int32_t id = s.gid[c];
+    uint32_t rank = 0;
+    for (uint32_t o = 0; o < n; ++o) rank += s.gid[o] < id;
+    s.ck[rank] = s.gk[c];
+    s.cid[rank] = id;
+  }
+  __syncthreads();
+}
+
 // The elements of the row with key >= lo into s.ck / s.cid in ascending id order, in one pass:
 // gathered in any order with a shared counter, then placed by their rank among the ids. Returns
 // how many there are (nothing placed when more than kCap).
@@ -346,15 +358,7 @@ __device__ uint32_t gather_at_least(const float* x, int vocab, uint32_t lo, Smem
   });
   __syncthreads();
   const uint32_t n = s.gathered;
-  if (n > uint32_t(kCap)) return n;
-  for (uint32_t c = threadIdx.x; c < n; c += kThreads) {
-    const int32_t id = s.gid[c];
-    uint32_t rank = 0;
-    for (uint32_t o = 0; o < n; ++o) rank += s.gid[o] < id;
-    s.ck[rank] = s.gk[c];
-    s.cid[rank] = id;
-  }
-  __syncthreads();
+  if (n <= uint32_t(kCap)) sort_gathered_by_id(n, s);
   return n;
 }
 
@@ -472,18 +476,6 @@ __device__ __forceinline__ void lse_add(float v, float& tm, float& ts) {
   } else {
     ts += expf(v - tm);
   }
-}
-
-// Places the n gathered candidates (s.gk, s.gid) in ascending id order in s.ck, s.cid.
-__device__ void sort_gathered_by_id(uint32_t n, Smem& s) {
-  for (uint32_t c = threadIdx.x; c < n; c += kThreads) {
-    const int32_t id = s.gid[c];
-    uint32_t rank = 0;
-    for (uint32_t o = 0; o < n; ++o) rank += s.gid[o] < id;
-    s.ck[rank] = s.gk[c];
-    s.cid[rank] = id;
-  }
-  __syncthreads();
 }
 
 // The token drawn from the candidate list (s.ck, s.cid, n in id order) after the cut `cut`
@@ -733,11 +725,11 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
-    if (in_list) {
-      const ListAcc list{s.ck, s.cid};
-      if (r.top_p < 1.f && !top_p_done)
-        cut = radix_select(list, list_n, 0, double(r.top_p), cut, mass, s);
-      token = draw(list, list_n, cut, mass, r.min_p, philox::uniform(r.seed, r.counter), s);
+    if (in_list && !top_p_done) {
+      token = draw_from_list(list_n, cut, m, r, s);
+    } else if (in_list) {
+      token = draw(ListAcc{s.ck, s.cid}, list_n, cut, mass, r.min_p,
+                   philox::uniform(r.seed, r.counter), s);
     } else {
       const RowAcc row{x};
       if (r.top_p < 1.f && !top_p_done)
