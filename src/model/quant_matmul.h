@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 #include <vector>
 
 #include "pagedattn/weight_view.h"
@@ -37,10 +38,12 @@ void matmul(MatmulInput& x, std::initializer_list<MatmulOutput> outs,
 // Row r of w dequantised into dst [cols] (embedding lookups).
 void weight_row(const WeightView& w, int64_t r, float* dst);
 
-// Which kernels matmul uses: "avx2" or "generic" (PAGEDATTN_CPU_ISA=generic forces the portable
-// ones, for tests and comparisons).
+// Which kernels matmul uses: "avxvnni", "avx512vnni", "avx2" or "generic" (the widest the CPU
+// has; PAGEDATTN_CPU_ISA=generic forces the portable ones, =avx2 the AVX2 ones without VNNI).
 const char* matmul_isa();
-// Tests: force the portable kernels (true) or the widest the CPU has (false).
-void set_matmul_generic(bool generic);
+// Every table this CPU can run, widest first ("generic" last).
+std::vector<std::string> matmul_isas();
+// Tests: force one of matmul_isas() ("" goes back to the default). Throws Error for another name.
+void set_matmul_isa(const std::string& name);
 
 }  // namespace pagedattn::cpu
