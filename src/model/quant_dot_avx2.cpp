@@ -16,6 +16,7 @@
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 #define PA_X8_NAME avx2
+#define PA_X8_ROWS 4
 #define PA_X8_VNNI 0
 #define PA_X8_DPBUSD 
 #include "quant_dot_x86.inc"

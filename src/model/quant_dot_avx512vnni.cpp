@@ -16,6 +16,7 @@
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
 #define PA_X8_NAME avx512vnni
+#define PA_X8_ROWS 8
 #define PA_X8_VNNI 1
 #define PA_X8_DPBUSD _mm256_dpbusd_epi32
 #include "quant_dot_x86.inc"

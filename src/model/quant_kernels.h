@@ -1,7 +1,7 @@
 // The dot-product kernels behind quant_matmul.h, one table per ISA. Internal to src/model.
 //
 // Q4_0 / Q4_1 / Q8_0 (x8 layout, quant_pack.h): a kernel takes one group of 8 weight rows and R
-// (1..kMaxRows) activation rows and gives the 8 x R dot products. Every ISA computes the same
+// (1..kMaxGroupRows) activation rows and gives the 8 x R dot products. Every ISA computes the same
 // function, for weight row j and activation row r:
 //
 //   acc = 0, mn = 0
@@ -24,7 +24,8 @@
 
 namespace pagedattn::cpu::qk {
 
-constexpr int kMaxRows = 4;
+constexpr int kMaxRows = 4;       // activation rows per call of an f32 or K-quant kernel
+constexpr int kMaxGroupRows = 8;  // activation rows per call of an x8 group kernel
 constexpr int64_t kBlock = 32;  // activation block (values per int8 scale)
 constexpr int kGroup = 8;       // weight rows per x8 group
 
