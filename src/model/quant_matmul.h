@@ -1,5 +1,6 @@
 // Matrix products y = x w^T over weights kept in their file's format (F32, F16, BF16, Q8_0, Q4_0,
-// Q4_1, Q4_K, Q6_K), read in place.
+// Q4_1, Q4_K, Q6_K): Q4_0/Q4_1/Q8_0 in the x8 layout (quant_pack.h, pack_x8 first), the others read
+// in place.
 //
 // Two modes:
 //   fast  (default): for the block formats, x is quantised per block of 32 values to int8 with one
@@ -8,10 +9,10 @@
 //   exact: f32 x against the weights dequantised to f32 (no activation rounding).
 //
 // Batch invariance by construction: every y[r][c] is one dot product of x row r and w row c whose
-// order of operations is fixed by k alone (8 f32 lanes in block order, then a fixed tree), so a
-// row's result is bit-identical whatever m is and wherever the row sits. The AVX2 kernels and the
-// portable ones compute exactly the same function (the portable code replays the 8 lanes with
-// std::fma), so the ISA changes speed, never results.
+// order of operations is fixed by k alone (quant_kernels.h: block by block for the block formats,
+// 8 f32 lanes then a fixed tree for F32), so a row's result is bit-identical whatever m is and
+// wherever the row sits. Every ISA's kernels compute exactly the same function (the portable code
+// replays it with std::fma), so the ISA changes speed, never results.
 #pragma once
 
 #include <cstdint>

@@ -253,4 +253,32 @@ TEST(QuantPack, ReleasingMappedPagesKeepsTheFileIntact) {
   munmap(m, w.bytes.size());
 }
 
+// The activation blocks are the same bits on every ISA, halves rounded to even: with max|x| = 127
+// the scale is 1, so x = 2.5 gives 2, -3.5 gives -4, 0.5 gives 0.
+TEST(QuantMatmulInput, BlocksAreTheSameOnEveryIsaHalvesToEven) {
+  std::vector<float> x(64);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i % 32) - 16) + 0.5f;
+  x[0] = 127.f, x[32] = -127.f;
+  for (const std::string& isa : cpu::matmul_isas()) {
+    cpu::set_matmul_isa(isa);
+    cpu::MatmulInput in;
+    in.set(x.data(), 1, 64);
+    const int8_t* q = in.q();
+    for (int b = 0; b < 2; ++b) {
+      EXPECT_EQ(in.d()[b], 1.f) << isa;
+      int sum = 0;
+      for (int i = 0; i < 32; ++i) {
+        const float v = x[size_t(32 * b + i)];
+        EXPECT_EQ(q[32 * b + i], int8_t(std::nearbyint(v))) << isa << " value " << v;
+        sum += q[32 * b + i];
+      }
+      EXPECT_EQ(in.sum()[b], sum) << isa;
+      EXPECT_EQ(in.s()[b], float(sum)) << isa;
+    }
+    EXPECT_EQ(q[1], -14) << isa;  // -14.5 -> -14
+    EXPECT_EQ(q[3], -12) << isa;  // -12.5 -> -12
+  }
+  cpu::set_matmul_isa("");
+}
+
 }  // namespace
