@@ -99,6 +99,8 @@ class GGUFFile {
   const uint8_t* tensor_data(const GGUFTensorInfo& info) const;
   // The same bytes, kept alive by the returned pointer (it shares the mapping).
   std::shared_ptr<const uint8_t> tensor_bytes(const GGUFTensorInfo& info) const;
+  // Whether the bytes are a private read-only mapping of the file (open), not a buffer (from_bytes).
+  bool mapped() const { return mapped_; }
   // Dequantises a tensor to an f32 CPU tensor of shape info.shape().
   Tensor load_f32(const GGUFTensorInfo& info) const;
 
@@ -107,6 +109,7 @@ class GGUFFile {
 
   std::string path_;
   std::shared_ptr<const uint8_t> base_;  // the mapping or buffer
+  bool mapped_ = false;
   uint64_t size_ = 0;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;

@@ -57,6 +57,7 @@ struct FileWeight {
   std::vector<int64_t> shape;           // [rows, cols], cols a multiple of the block size
   int64_t row_bytes = 0;                // bytes of one row of blocks
   std::shared_ptr<const uint8_t> data;  // [rows * row_bytes], shares the mapping or a copy
+  bool mapped = false;  // data lies in a private read-only mapping of the file (pages re-readable)
 };
 
 struct ModelFile {

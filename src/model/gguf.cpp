@@ -240,6 +240,7 @@ GGUFFile GGUFFile::open(const std::string& path) {
   const size_t len = size_t(f.size_);
   f.base_ = std::shared_ptr<const uint8_t>(static_cast<const uint8_t*>(m),
                                            [len](const uint8_t* p) { munmap((void*)p, len); });
+  f.mapped_ = true;
   f.parse();
   return f;
 }

@@ -121,6 +121,7 @@ FileWeight unpermute_file_rows(const FileWeight& w, int32_t n_heads, const std::
                     w.data.get() + (h * head_dim + 2 * j + i) * rb, size_t(rb));
   FileWeight r = w;
   r.data = std::shared_ptr<const uint8_t>(out, out.get());
+  r.mapped = false;
   return r;
 }
 
@@ -199,6 +200,7 @@ ModelFile load_gguf_model(const std::string& path, WeightFormat format) {
       w.shape = ti.shape();
       w.row_bytes = ti.ne[0] / ggml_block_size(GGMLType(ti.type)) * ggml_block_bytes(GGMLType(ti.type));
       w.data = g.tensor_bytes(ti);
+      w.mapped = g.mapped();
       if (permuted && ti.name.ends_with(".attn_q.weight"))
         w = unpermute_file_rows(w, c.num_q_heads, path, ti.name);
       if (permuted && ti.name.ends_with(".attn_k.weight"))

@@ -2,9 +2,11 @@
 // the paged KV cache.
 #include <algorithm>
 #include <cstring>
+#include <set>
 
 #include "cpu_ops.h"
 #include "quant_matmul.h"
+#include "quant_pack.h"
 #include "pagedattn/attention.h"
 #include "pagedattn/error.h"
 #include "pagedattn/llama.h"
@@ -130,6 +132,36 @@ LlamaModel::LlamaModel(const ModelFile& file)
     L.w_down = mat(p + "mlp.down_proj.weight", {hidden, inter});
     layers_.push_back(L);
   }
+  pack_matrices();
+}
+
+// NOTE: the Q4_0/Q4_1/Q8_0 matrices are read in the x8 layout (quant_pack.h): the same blocks with
+// eight rows interleaved, so a vector instruction serves eight output rows and their scales load
+// together. Packing copies them once; the mapped file pages already packed are handed back as it
+// goes, so resident memory stays one copy of the weights. The file matrices packed are dropped
+// here (the copies the loader made, e.g. of reordered q/k rows, are freed with the file).
+void LlamaModel::pack_matrices() {
+  std::map<const uint8_t*, std::pair<std::string, cpu::PackedWeight>> done;  // by source data
+  std::set<std::string> packed_names;
+  auto pack = [&](W& v) {
+    if (!cpu::x8_packable(v.type) || v.x8) return;
+    auto it = done.find(v.data);
+    if (it == done.end()) {
+      std::string name;
+      bool mapped = false;
+      for (const auto& [n, w] : weights_)
+        if (w.data.get() == v.data) name = n, mapped = w.mapped;
+      it = done.emplace(v.data, std::make_pair(name, cpu::pack_x8(v, mapped))).first;
+      packed_.push_back(it->second.second.storage);
+      packed_names.insert(name);
+    }
+    v = it->second.second.view;
+  };
+  for (Layer& L : layers_)
+    for (W* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) pack(*v);
+  pack(embed_);
+  pack(lm_head_);
+  for (const std::string& n : packed_names) weights_.erase(n);
 }
 
 void LlamaModel::validate(const ForwardBatch& b, const KvCache& cache) const {

@@ -1,5 +1,6 @@
-// The portable dot-product kernels: the exact function of the AVX2 ones (quant_kernels.h), lane by
-// lane, with std::fma where those use a fused multiply-add.
+// The portable dot-product kernels: the exact function of the vector ones (quant_kernels.h), with
+// std::fma where those use a fused multiply-add.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -16,62 +17,45 @@ float f16_at(const uint8_t* p) {
   return f16_to_f32(h);
 }
 
-// One block of 32: acc[j] = fma(sum of w[i] * x[i] over i in 4j..4j+3, dd, acc[j]).
-void block_lanes(const int* w, const int8_t* x, float dd, float* acc) {
-  for (int j = 0; j < 8; ++j) {
-    int isum = 0;
-    for (int i = 4 * j; i < 4 * j + 4; ++i) isum += w[i] * int(x[i]);
-    acc[j] = std::fma(float(isum), dd, acc[j]);
-  }
-}
-
-// Q4_0 block (18 bytes): f16 d, 16 bytes of nibbles; value = nibble - 8.
-void q4_0(const uint8_t* w, const ActRows& a, int R, float* out) {
-  int v[32];
+// One x8 format: group-block bytes, header bytes per row (f16 fields), quant bytes per row, and
+// whether the quants are nibbles (value i low of byte i, value 16 + i high).
+template <int Header, int Quants, bool Nibbles, int Offset>
+void group_dot(const uint8_t* group, const ActRows& a, int R, float* out) {
+  constexpr int64_t kBytes = kGroup * (Header + Quants);
   for (int r = 0; r < R; ++r) {
-    float acc[8] = {};
-    for (int64_t b = 0; b < a.nb; ++b) {
-      const uint8_t* blk = w + b * 18;
-      for (int i = 0; i < 16; ++i) {
-        v[i] = int(blk[2 + i] & 0xf) - 8;
-        v[i + 16] = int(blk[2 + i] >> 4) - 8;
+    for (int j = 0; j < kGroup; ++j) {
+      float acc = 0.f, mn = 0.f;
+      for (int64_t b = 0; b < a.nb; ++b) {
+        const uint8_t* blk = group + b * kBytes;
+        const uint8_t* quants = blk + kGroup * Header;
+        const int8_t* x = a.q + r * a.k + b * kBlock;
+        int isum = 0;
+        for (int c = 0; c < Quants / 4; ++c)
+          for (int t = 0; t < 4; ++t) {
+            const uint8_t byte = quants[32 * c + 4 * j + t];
+            if (Nibbles) {
+              isum += int(byte & 0xf) * int(x[4 * c + t]) + int(byte >> 4) * int(x[16 + 4 * c + t]);
+            } else {
+              isum += int(int8_t(byte)) * int(x[4 * c + t]);
+            }
+          }
+        isum -= Offset * a.sum[r * a.nb + b];
+        acc = std::fma(float(isum), f16_at(blk + 2 * j) * a.d[r * a.nb + b], acc);
+        if (Header == 4) mn = std::fma(f16_at(blk + 16 + 2 * j), a.s[r * a.nb + b], mn);
       }
-      block_lanes(v, a.q + r * a.k + b * kBlock, f16_at(blk) * a.d[r * a.nb + b], acc);
+      out[r * kGroup + j] = acc + mn;
     }
-    out[r] = hsum8(acc);
   }
 }
 
-// Q4_1 block (20 bytes): f16 d, f16 m, 16 bytes of nibbles; value = d * nibble + m.
-void q4_1(const uint8_t* w, const ActRows& a, int R, float* out) {
-  int v[32];
-  for (int r = 0; r < R; ++r) {
-    float acc[8] = {}, acc_min = 0.f;
-    for (int64_t b = 0; b < a.nb; ++b) {
-      const uint8_t* blk = w + b * 20;
-      for (int i = 0; i < 16; ++i) {
-        v[i] = int(blk[4 + i] & 0xf);
-        v[i + 16] = int(blk[4 + i] >> 4);
-      }
-      block_lanes(v, a.q + r * a.k + b * kBlock, f16_at(blk) * a.d[r * a.nb + b], acc);
-      acc_min += f16_at(blk + 2) * a.s[r * a.nb + b];
-    }
-    out[r] = hsum8(acc) + acc_min;
-  }
+void q4_0(const uint8_t* g, const ActRows& a, int R, float* out) {
+  group_dot<2, 16, true, 8>(g, a, R, out);
 }
-
-// Q8_0 block (34 bytes): f16 d, 32 int8.
-void q8_0(const uint8_t* w, const ActRows& a, int R, float* out) {
-  int v[32];
-  for (int r = 0; r < R; ++r) {
-    float acc[8] = {};
-    for (int64_t b = 0; b < a.nb; ++b) {
-      const uint8_t* blk = w + b * 34;
-      for (int i = 0; i < 32; ++i) v[i] = int(int8_t(blk[2 + i]));
-      block_lanes(v, a.q + r * a.k + b * kBlock, f16_at(blk) * a.d[r * a.nb + b], acc);
-    }
-    out[r] = hsum8(acc);
-  }
+void q4_1(const uint8_t* g, const ActRows& a, int R, float* out) {
+  group_dot<4, 16, true, 0>(g, a, R, out);
+}
+void q8_0(const uint8_t* g, const ActRows& a, int R, float* out) {
+  group_dot<2, 32, false, 0>(g, a, R, out);
 }
 
 void f32(const float* w, const float* x, int64_t ldx, int64_t k, int R, float* out) {
@@ -86,10 +70,28 @@ void f32(const float* w, const float* x, int64_t ldx, int64_t k, int R, float* o
   }
 }
 
+void quantize(const float* x, int64_t nb, int8_t* q, float* d, float* s, int32_t* sum) {
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* xb = x + b * kBlock;
+    float amax = 0.f;
+    for (int64_t i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    const float db = amax / 127.f, id = db > 0.f ? 1.f / db : 0.f;
+    int total = 0;
+    for (int64_t i = 0; i < kBlock; ++i) {
+      const int v = int(std::nearbyint(xb[i] * id));
+      q[b * kBlock + i] = int8_t(v);
+      total += v;
+    }
+    d[b] = db;
+    s[b] = db * float(total);
+    sum[b] = total;
+  }
+}
+
 }  // namespace
 
 const Kernels& generic_kernels() {
-  static const Kernels k{"generic", q4_0, q4_1, q8_0, f32};
+  static const Kernels k{"generic", q4_0, q4_1, q8_0, f32, quantize};
   return k;
 }
 

@@ -1,42 +1,66 @@
 // The dot-product kernels behind quant_matmul.h, one table per ISA. Internal to src/model.
 //
-// Every kernel computes, for R (1..kMaxRows) activation rows at once against one weight row, the
-// same function: per block of 32 values an integer (or f32) partial sum in 8 lanes (lane j holds
-// values 4j..4j+3 of the block; f32: lane j holds values i with i % 8 == j), folded into 8 f32
-// accumulators with one fused multiply-add each, then hsum8 (and, for Q4_1, the block minimums).
-// Taking R rows together only reuses the weight block; each row's arithmetic is unchanged.
+// Q4_0 / Q4_1 / Q8_0 (x8 layout, quant_pack.h): a kernel takes one group of 8 weight rows and R
+// (1..kMaxGroupRows) activation rows and gives the 8 x R dot products. Every ISA computes the same
+// function, for weight row j and activation row r:
+//
+//   acc = 0, mn = 0
+//   for each block b of 32 values, in order:
+//     isum = the exact integer dot of the block's quants with the activation's int8 block
+//            (Q4_0: nibbles times x minus 8 * sum of x; Q4_1: nibbles times x; Q8_0: q times x)
+//     acc  = fma(float(isum), d_w[j] * d_x[r][b], acc)
+//     mn   = fma(m_w[j], s_x[r][b], mn)            (Q4_1 only: the blocks' minimums)
+//   out  = acc + mn
+//
+// The integer sums are exact whichever instructions form them, and the float operations are the
+// same sequence everywhere, so the ISA changes speed, never results; nor does R, or where a row
+// sits in the batch.
+//
+// F32 (and F16/BF16 dequantised a tile at a time): out = dot of w and x row r over 8 f32 lanes
+// (lane j holds values i with i % 8 == j, one fused multiply-add each), then hsum8.
 #pragma once
 
 #include <cstdint>
 
 namespace pagedattn::cpu::qk {
 
-constexpr int kMaxRows = 4;
+constexpr int kMaxRows = 4;       // activation rows per call of an f32 or K-quant kernel
+constexpr int kMaxGroupRows = 8;  // activation rows per call of an x8 group kernel
 constexpr int64_t kBlock = 32;  // activation block (values per int8 scale)
+constexpr int kGroup = 8;       // weight rows per x8 group
 
-// R activation rows in int8 blocks: row r's values at q + r * k, its scales at d + r * nb and its
-// block sums (d * sum of q) at s + r * nb.
+// R activation rows in int8 blocks: row r's values at q + r * k, its scales at d + r * nb, its
+// block sums d * sum(q) at s + r * nb and the integer sums at sum + r * nb.
 struct ActRows {
   const int8_t* q;
   const float* d;
   const float* s;
+  const int32_t* sum;
   int64_t k, nb;
 };
 
-// out[r] = dot(weight row w, activation row r), r < R.
-using QDotFn = void (*)(const uint8_t* w, const ActRows& a, int R, float* out);
+// out[r * 8 + j] = dot(row j of the x8 group at `group`, activation row r), r < R.
+using GroupDotFn = void (*)(const uint8_t* group, const ActRows& a, int R, float* out);
 // out[r] = dot(w [k], x + r * ldx [k]), r < R.
 using FDotFn = void (*)(const float* w, const float* x, int64_t ldx, int64_t k, int R, float* out);
+// One row x [nb * 32] into int8 blocks, the same bits on every ISA: per block d = max|x| / 127,
+// q = round-to-nearest-even(x * (1 / d)) (0 where d = 0), sum = the sum of q, s = d * sum.
+using QuantizeFn = void (*)(const float* x, int64_t nb, int8_t* q, float* d, float* s,
+                            int32_t* sum);
 
 struct Kernels {
   const char* name;
-  QDotFn q4_0, q4_1, q8_0;
+  GroupDotFn q4_0, q4_1, q8_0;
   FDotFn f32;
+  QuantizeFn quantize;
 };
 
 const Kernels& generic_kernels();
-// Null when the build has no AVX2 version (not x86-64 GCC/Clang).
+// Null when the build or the CPU lacks them: AVX2 + FMA + F16C, and the same with the 256-bit
+// VNNI byte dot products (AVX-VNNI, or AVX-512 VNNI with VL).
 const Kernels* avx2_kernels();
+const Kernels* avxvnni_kernels();
+const Kernels* avx512vnni_kernels();
 
 // The fixed final reduction of the 8 lanes.
 inline float hsum8(const float* l) {

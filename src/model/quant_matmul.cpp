@@ -8,11 +8,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "pagedattn/dtype.h"
 #include "pagedattn/error.h"
 #include "pagedattn/thread_pool.h"
 #include "quant_kernels.h"
+#include "quant_pack.h"
 
 namespace pagedattn::cpu {
 
@@ -22,20 +24,47 @@ using qk::ActRows;
 using qk::kBlock;
 using qk::kMaxRows;
 
-std::atomic<int> g_force_generic{-1};  // -1: not set (environment / CPU decide)
+// The kernel tables this CPU can run, widest first, the portable one last.
+const std::vector<const qk::Kernels*>& available() {
+  static const std::vector<const qk::Kernels*> list = [] {
+    std::vector<const qk::Kernels*> l;
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)  // (quant_dot_avx2.cpp)
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c")) {
+      // NOTE: AVX-512 VNNI first: the same 256-bit products, but its 32 vector registers hold
+      // the accumulators of 8 activation rows per pass over the weights (4 with 16).
+      if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+          qk::avx512vnni_kernels())
+        l.push_back(qk::avx512vnni_kernels());
+      if (__builtin_cpu_supports("avxvnni") && qk::avxvnni_kernels())
+        l.push_back(qk::avxvnni_kernels());
+      if (qk::avx2_kernels()) l.push_back(qk::avx2_kernels());
+    }
+#endif
+    l.push_back(&qk::generic_kernels());
+    return l;
+  }();
+  return list;
+}
 
+const qk::Kernels* by_name(const std::string& name) {
+  for (const qk::Kernels* k : available())
+    if (name == k->name) return k;
+  return nullptr;
+}
+
+std::atomic<const qk::Kernels*> g_forced{nullptr};  // set_matmul_isa
+
+// The widest table, or what PAGEDATTN_CPU_ISA caps it to: generic, or avx2 (no VNNI).
 const qk::Kernels& kernels() {
   static const qk::Kernels* best = [] {
     const char* env = std::getenv("PAGEDATTN_CPU_ISA");
     if (env && std::string(env) == "generic") return &qk::generic_kernels();
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)  // (quant_dot_avx2.cpp)
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c") && qk::avx2_kernels())
-      return qk::avx2_kernels();
-#endif
-    return &qk::generic_kernels();
+    if (env && std::string(env) == "avx2" && by_name("avx2")) return by_name("avx2");
+    return available().front();
   }();
-  return g_force_generic.load() == 1 ? qk::generic_kernels() : *best;
+  const qk::Kernels* forced = g_forced.load();
+  return forced ? *forced : *best;
 }
 
 float f16_at(const uint8_t* p) {
@@ -110,26 +139,42 @@ void q6_k(const uint8_t* w, const ActRows& a, int R, float* out) {
   }
 }
 
-qk::QDotFn int8_kernel(GGMLType t, const qk::Kernels& k) {
-  switch (t) {
+// A K-quant kernel: out[r] = dot(the weight row at w, activation row r), r < R (file layout).
+using RowDotFn = void (*)(const uint8_t* w, const ActRows& a, int R, float* out);
+
+// The int8 kernel of a matrix: a group kernel (x8 layout) or a row kernel (K-quants); neither for
+// F32/F16/BF16, which take f32 activations.
+struct Int8Kernel {
+  qk::GroupDotFn group = nullptr;
+  RowDotFn row = nullptr;
+  explicit operator bool() const { return group || row; }
+};
+
+Int8Kernel int8_kernel(const WeightView& w, const qk::Kernels& k) {
+  if (x8_packable(w.type))
+    PA_CHECK(w.x8, "matmul: ", ggml_type_name(uint32_t(w.type)),
+             " matrix is not in the x8 layout (pack it with pack_x8 first)");
+  switch (w.type) {
     case GGMLType::q4_0:
-      return k.q4_0;
+      return {k.q4_0, nullptr};
     case GGMLType::q4_1:
-      return k.q4_1;
+      return {k.q4_1, nullptr};
     case GGMLType::q8_0:
-      return k.q8_0;
+      return {k.q8_0, nullptr};
     case GGMLType::q4_k:
-      return q4_k;
+      return {nullptr, q4_k};
     case GGMLType::q6_k:
-      return q6_k;
+      return {nullptr, q6_k};
     default:
-      return nullptr;
+      return {};
   }
 }
 
 // NOTE: a tile of weight rows (a few KiB of blocks) stays in cache while every activation row
-// passes it, so a product of many rows reads each weight block from memory once per tile.
-constexpr int64_t kTileRows = 16;
+// passes it, so a product of many rows reads each weight block from memory once per tile. A
+// whole number of x8 groups.
+constexpr int64_t kTileRows = 32;
+static_assert(kTileRows % kGroupRows == 0);
 
 }  // namespace
 
@@ -148,50 +193,54 @@ const int8_t* MatmulInput::q() {
   q_.resize(size_t(m_ * k_));
   d_.resize(size_t(m_ * nb));
   s_.resize(size_t(m_ * nb));
+  sum_.resize(size_t(m_ * nb));
   const int64_t chunks = std::min<int64_t>(m_, 64);
+  const qk::QuantizeFn quantize = kernels().quantize;
   parallel_for(chunks, [&](int64_t c) {
-    for (int64_t r = m_ * c / chunks; r < m_ * (c + 1) / chunks; ++r) {
-      for (int64_t b = 0; b < nb; ++b) {
-        const float* x = x_ + r * k_ + b * kBlock;
-        int8_t* q = q_.data() + r * k_ + b * kBlock;
-        float amax = 0.f;
-        for (int64_t i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(x[i]));
-        const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-        int sum = 0;
-        for (int64_t i = 0; i < kBlock; ++i) {
-          const int v = int(std::nearbyint(x[i] * id));
-          q[i] = int8_t(v);
-          sum += v;
-        }
-        d_[size_t(r * nb + b)] = d;
-        s_[size_t(r * nb + b)] = d * float(sum);
-      }
-    }
+    for (int64_t r = m_ * c / chunks; r < m_ * (c + 1) / chunks; ++r)
+      quantize(x_ + r * k_, nb, q_.data() + r * k_, d_.data() + r * nb, s_.data() + r * nb,
+               sum_.data() + r * nb);
   });
   quantized_ = true;
   return q_.data();
 }
 
 void weight_row(const WeightView& w, int64_t r, float* dst) {
-  dequantize_row(w.type, w.data + r * w.row_bytes, dst, w.cols);
+  if (!w.x8) return dequantize_row(w.type, w.data + r * w.row_bytes, dst, w.cols);
+  thread_local std::vector<uint8_t> row;
+  row.resize(size_t(w.row_bytes));
+  x8_file_row(w, r, row.data());
+  dequantize_row(w.type, row.data(), dst, w.cols);
 }
 
 namespace {
 
 // Tile t (kTileRows rows of w from c0) of y = x w^T.
-void run_tile(MatmulInput& x, const WeightView& w, float* y, int64_t t, qk::QDotFn qfn,
+void run_tile(MatmulInput& x, const WeightView& w, float* y, int64_t t, Int8Kernel kfn,
               const qk::Kernels& kern) {
   const int64_t m = x.m(), n = w.rows, k = w.cols;
   const int64_t c0 = t * kTileRows, c1 = std::min(n, c0 + kTileRows);
-  float out[kMaxRows];
-  if (qfn) {
+  if (kfn) {
     const int64_t nb = k / kBlock;
-    for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {
-      const int R = int(std::min<int64_t>(kMaxRows, m - r0));
-      const ActRows a{x.q() + r0 * k, x.d() + r0 * nb, x.s() + r0 * nb, k, nb};
-      for (int64_t c = c0; c < c1; ++c) {
-        qfn(w.data + c * w.row_bytes, a, R, out);
-        for (int r = 0; r < R; ++r) y[(r0 + r) * n + c] = out[r];
+    const int64_t rows_per_call = kfn.group ? qk::kMaxGroupRows : kMaxRows;
+    for (int64_t r0 = 0; r0 < m; r0 += rows_per_call) {
+      const int R = int(std::min<int64_t>(rows_per_call, m - r0));
+      const ActRows a{x.q() + r0 * k, x.d() + r0 * nb, x.s() + r0 * nb, x.sum() + r0 * nb, k, nb};
+      if (kfn.group) {
+        float out[qk::kMaxGroupRows * kGroupRows];
+        for (int64_t g = c0 / kGroupRows; g * kGroupRows < c1; ++g) {
+          kfn.group(w.data + g * kGroupRows * w.row_bytes, a, R, out);
+          const int64_t rows = std::min<int64_t>(kGroupRows, n - g * kGroupRows);
+          for (int r = 0; r < R; ++r)
+            for (int64_t j = 0; j < rows; ++j)
+              y[(r0 + r) * n + g * kGroupRows + j] = out[r * kGroupRows + j];
+        }
+      } else {
+        float out[kMaxRows];
+        for (int64_t c = c0; c < c1; ++c) {
+          kfn.row(w.data + c * w.row_bytes, a, R, out);
+          for (int r = 0; r < R; ++r) y[(r0 + r) * n + c] = out[r];
+        }
       }
     }
     return;
@@ -199,6 +248,7 @@ void run_tile(MatmulInput& x, const WeightView& w, float* y, int64_t t, qk::QDot
   // f32 activations: F32 weights in place, any other format dequantised a tile at a time.
   thread_local std::vector<float> buf;
   const float* wt;
+  float out[kMaxRows];
   if (w.type == GGMLType::f32) {
     wt = reinterpret_cast<const float*>(w.data + c0 * w.row_bytes);
   } else {
@@ -226,7 +276,7 @@ void matmul(MatmulInput& x, std::initializer_list<MatmulOutput> outs, MatmulMode
   struct Part {
     const WeightView* w;
     float* y;
-    qk::QDotFn qfn;
+    Int8Kernel kfn;
     int64_t first_tile;
   };
   std::vector<Part> parts;
@@ -234,21 +284,32 @@ void matmul(MatmulInput& x, std::initializer_list<MatmulOutput> outs, MatmulMode
   for (const MatmulOutput& o : outs) {
     PA_CHECK(o.w->cols == x.k(), "matmul: weight has ", o.w->cols,
              " columns but x has k = ", x.k());
-    const qk::QDotFn qfn = mode == MatmulMode::fast ? int8_kernel(o.w->type, kern) : nullptr;
-    if (qfn) x.q();  // once, before the tiles share it
-    parts.push_back({o.w, o.y, qfn, tiles});
+    const Int8Kernel kfn = mode == MatmulMode::fast ? int8_kernel(*o.w, kern) : Int8Kernel{};
+    if (kfn) x.q();  // once, before the tiles share it
+    parts.push_back({o.w, o.y, kfn, tiles});
     tiles += x.m() == 0 ? 0 : (o.w->rows + kTileRows - 1) / kTileRows;
   }
   if (tiles == 0) return;
   parallel_for(tiles, [&](int64_t t) {
     size_t i = parts.size() - 1;
     while (parts[i].first_tile > t) --i;
-    run_tile(x, *parts[i].w, parts[i].y, t - parts[i].first_tile, parts[i].qfn, kern);
+    run_tile(x, *parts[i].w, parts[i].y, t - parts[i].first_tile, parts[i].kfn, kern);
   });
 }
 
 const char* matmul_isa() { return kernels().name; }
 
-void set_matmul_generic(bool generic) { g_force_generic.store(generic ? 1 : 0); }
+std::vector<std::string> matmul_isas() {
+  std::vector<std::string> names;
+  for (const qk::Kernels* k : available()) names.push_back(k->name);
+  return names;
+}
+
+void set_matmul_isa(const std::string& name) {
+  if (name.empty()) return g_forced.store(nullptr);
+  const qk::Kernels* k = by_name(name);
+  PA_CHECK(k, "set_matmul_isa: '", name, "' is not among this CPU's kernels");
+  g_forced.store(k);
+}
 
 }  // namespace pagedattn::cpu

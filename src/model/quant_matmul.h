@@ -1,5 +1,6 @@
 // Matrix products y = x w^T over weights kept in their file's format (F32, F16, BF16, Q8_0, Q4_0,
-// Q4_1, Q4_K, Q6_K), read in place.
+// Q4_1, Q4_K, Q6_K): Q4_0/Q4_1/Q8_0 in the x8 layout (quant_pack.h, pack_x8 first), the others read
+// in place.
 //
 // Two modes:
 //   fast  (default): for the block formats, x is quantised per block of 32 values to int8 with one
@@ -8,14 +9,15 @@
 //   exact: f32 x against the weights dequantised to f32 (no activation rounding).
 //
 // Batch invariance by construction: every y[r][c] is one dot product of x row r and w row c whose
-// order of operations is fixed by k alone (8 f32 lanes in block order, then a fixed tree), so a
-// row's result is bit-identical whatever m is and wherever the row sits. The AVX2 kernels and the
-// portable ones compute exactly the same function (the portable code replays the 8 lanes with
-// std::fma), so the ISA changes speed, never results.
+// order of operations is fixed by k alone (quant_kernels.h: block by block for the block formats,
+// 8 f32 lanes then a fixed tree for F32), so a row's result is bit-identical whatever m is and
+// wherever the row sits. Every ISA's kernels compute exactly the same function (the portable code
+// replays it with std::fma), so the ISA changes speed, never results.
 #pragma once
 
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 #include <vector>
 
 #include "pagedattn/weight_view.h"
@@ -37,10 +39,12 @@ void matmul(MatmulInput& x, std::initializer_list<MatmulOutput> outs,
 // Row r of w dequantised into dst [cols] (embedding lookups).
 void weight_row(const WeightView& w, int64_t r, float* dst);
 
-// Which kernels matmul uses: "avx2" or "generic" (PAGEDATTN_CPU_ISA=generic forces the portable
-// ones, for tests and comparisons).
+// Which kernels matmul uses: "avxvnni", "avx512vnni", "avx2" or "generic" (the widest the CPU
+// has; PAGEDATTN_CPU_ISA=generic forces the portable ones, =avx2 the AVX2 ones without VNNI).
 const char* matmul_isa();
-// Tests: force the portable kernels (true) or the widest the CPU has (false).
-void set_matmul_generic(bool generic);
+// Every table this CPU can run, widest first ("generic" last).
+std::vector<std::string> matmul_isas();
+// Tests: force one of matmul_isas() ("" goes back to the default). Throws Error for another name.
+void set_matmul_isa(const std::string& name);
 
 }  // namespace pagedattn::cpu

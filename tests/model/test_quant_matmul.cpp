@@ -6,6 +6,8 @@
 //   - the AVX2 and portable kernels bit-identical;
 //   - a row's result bit-identical whatever the number of rows and its place among them.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -13,6 +15,7 @@
 #include <string>
 
 #include "model/quant_matmul.h"
+#include "model/quant_pack.h"
 #include "pagedattn/dtype.h"
 #include "pagedattn/error.h"
 
@@ -21,9 +24,12 @@ using cpu::MatmulMode;
 
 namespace {
 
+// A matrix as the model keeps it: Q4_0/Q4_1/Q8_0 in the x8 layout (packed from the file bytes),
+// the other formats in place.
 struct RandomWeight {
-  std::vector<uint8_t> bytes;
+  std::vector<uint8_t> bytes;  // the file layout
   cpu::WeightView view;
+  cpu::PackedWeight packed;
 };
 
 void put_f16(uint8_t* p, float v) {
@@ -73,6 +79,8 @@ RandomWeight random_weight(GGMLType t, int64_t rows, int64_t cols, uint64_t seed
     }
   }
   w.view.data = w.bytes.data();
+  w.packed = cpu::pack_x8(w.view);
+  w.view = w.packed.view;
   return w;
 }
 
@@ -98,7 +106,7 @@ bool is_block_format(GGMLType t) {
 
 class QuantMatmul : public ::testing::TestWithParam<GGMLType> {
  protected:
-  void TearDown() override { cpu::set_matmul_generic(false); }
+  void TearDown() override { cpu::set_matmul_isa(""); }
 };
 
 TEST_P(QuantMatmul, MatchesDoublePrecisionOracle) {
@@ -136,15 +144,19 @@ TEST_P(QuantMatmul, PortableKernelsComputeTheSameBits) {
   const int64_t m = 7, n = 40, k = 256 + 256;
   const RandomWeight w = random_weight(t, n, k, 3);
   const std::vector<float> x = random_x(m, k, 4);
+  const std::vector<std::string> isas = cpu::matmul_isas();
+  ASSERT_EQ(isas.back(), "generic");
   for (MatmulMode mode : {MatmulMode::fast, MatmulMode::exact}) {
-    cpu::set_matmul_generic(false);
-    const std::string isa = cpu::matmul_isa();
-    const std::vector<float> wide = run(x.data(), m, w.view, mode);
-    cpu::set_matmul_generic(true);
+    cpu::set_matmul_isa("generic");
     ASSERT_STREQ(cpu::matmul_isa(), "generic");
     const std::vector<float> portable = run(x.data(), m, w.view, mode);
-    EXPECT_EQ(std::memcmp(wide.data(), portable.data(), wide.size() * 4), 0)
-        << ggml_type_name(uint32_t(t)) << ": " << isa << " and generic kernels differ";
+    for (const std::string& isa : isas) {
+      cpu::set_matmul_isa(isa);
+      ASSERT_EQ(cpu::matmul_isa(), isa);
+      const std::vector<float> wide = run(x.data(), m, w.view, mode);
+      EXPECT_EQ(std::memcmp(wide.data(), portable.data(), wide.size() * 4), 0)
+          << ggml_type_name(uint32_t(t)) << ": " << isa << " and generic kernels differ";
+    }
   }
 }
 
@@ -183,6 +195,90 @@ TEST(QuantMatmulErrors, ShapeMismatchNamesTheOperation) {
     EXPECT_NE(std::string(e.what()).find("matmul"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("96"), std::string::npos) << e.what();
   }
+}
+
+TEST(QuantMatmulErrors, UnpackedBlockMatrixIsRefusedByName) {
+  RandomWeight w = random_weight(GGMLType::q4_0, 8, 64, 8);
+  cpu::WeightView file = w.view;
+  file.data = w.bytes.data();
+  file.x8 = false;
+  std::vector<float> x(64, 1.f), y(8);
+  cpu::MatmulInput in;
+  in.set(x.data(), 1, 64);
+  try {
+    cpu::matmul(in, file, y.data());
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("x8"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Q4_0"), std::string::npos) << e.what();
+  }
+  // The exact path dequantises rows, so it reads the file layout as it is.
+  cpu::matmul(in, file, y.data(), MatmulMode::exact);
+}
+
+// Every row of a packed matrix reads back as the file's bytes, padded groups included.
+TEST(QuantPack, RowsReadBackAsTheFileBytes) {
+  for (GGMLType t : {GGMLType::q4_0, GGMLType::q4_1, GGMLType::q8_0})
+    for (int64_t rows : {1, 7, 8, 9, 37}) {
+      const RandomWeight w = random_weight(t, rows, 96, 9 + uint64_t(rows));
+      ASSERT_TRUE(w.view.x8);
+      std::vector<uint8_t> row(size_t(w.view.row_bytes));
+      for (int64_t r = 0; r < rows; ++r) {
+        cpu::x8_file_row(w.view, r, row.data());
+        ASSERT_EQ(std::memcmp(row.data(), w.bytes.data() + r * w.view.row_bytes, row.size()), 0)
+            << ggml_type_name(uint32_t(t)) << " rows " << rows << " row " << r;
+      }
+    }
+}
+
+// Packing from a file mapping hands its pages back as it goes: the copy equals one packed from
+// memory, and the file's bytes read the same afterwards (the pages come back from the file).
+TEST(QuantPack, ReleasingMappedPagesKeepsTheFileIntact) {
+  const int64_t rows = 4096, cols = 256;
+  const RandomWeight w = random_weight(GGMLType::q4_1, rows, cols, 10);
+  char path[] = "/tmp/pagedattn_pack_XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(write(fd, w.bytes.data(), w.bytes.size()), ssize_t(w.bytes.size()));
+  void* m = mmap(nullptr, w.bytes.size(), PROT_READ, MAP_PRIVATE, fd, 0);
+  close(fd);
+  unlink(path);
+  ASSERT_NE(m, MAP_FAILED);
+  cpu::WeightView file = w.view;
+  file.data = static_cast<const uint8_t*>(m);
+  file.x8 = false;
+  const cpu::PackedWeight p = cpu::pack_x8(file, /*release_source=*/true);
+  EXPECT_EQ(std::memcmp(p.view.data, w.view.data, w.bytes.size()), 0);
+  EXPECT_EQ(std::memcmp(m, w.bytes.data(), w.bytes.size()), 0);
+  munmap(m, w.bytes.size());
+}
+
+// The activation blocks are the same bits on every ISA, halves rounded to even: with max|x| = 127
+// the scale is 1, so x = 2.5 gives 2, -3.5 gives -4, 0.5 gives 0.
+TEST(QuantMatmulInput, BlocksAreTheSameOnEveryIsaHalvesToEven) {
+  std::vector<float> x(64);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i % 32) - 16) + 0.5f;
+  x[0] = 127.f, x[32] = -127.f;
+  for (const std::string& isa : cpu::matmul_isas()) {
+    cpu::set_matmul_isa(isa);
+    cpu::MatmulInput in;
+    in.set(x.data(), 1, 64);
+    const int8_t* q = in.q();
+    for (int b = 0; b < 2; ++b) {
+      EXPECT_EQ(in.d()[b], 1.f) << isa;
+      int sum = 0;
+      for (int i = 0; i < 32; ++i) {
+        const float v = x[size_t(32 * b + i)];
+        EXPECT_EQ(q[32 * b + i], int8_t(std::nearbyint(v))) << isa << " value " << v;
+        sum += q[32 * b + i];
+      }
+      EXPECT_EQ(in.sum()[b], sum) << isa;
+      EXPECT_EQ(in.s()[b], float(sum)) << isa;
+    }
+    EXPECT_EQ(q[1], -14) << isa;  // -14.5 -> -14
+    EXPECT_EQ(q[3], -12) << isa;  // -12.5 -> -12
+  }
+  cpu::set_matmul_isa("");
 }
 
 }  // namespace
