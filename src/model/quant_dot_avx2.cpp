@@ -18,7 +18,6 @@
 #define PA_X8_NAME avx2
 #define PA_X8_ROWS 4
 #define PA_X8_VNNI 0
-#define PA_X8_DPBUSD 
 #include "quant_dot_x86.inc"
 #pragma GCC pop_options
 

@@ -1,5 +1,6 @@
-// The x8 kernels (quant_dot_x86.inc) for AVX2 + FMA + F16C with AVX-VNNI's 256-bit byte dot products, chosen at
-// run time only on CPUs that have them (quant_matmul.cpp).
+// The x8 kernels (quant_dot_x86.inc) for AVX2 + FMA + F16C with AVX-VNNI's 256-bit byte dot
+// products, chosen at run time only on CPUs that have them
+// (quant_matmul.cpp).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
