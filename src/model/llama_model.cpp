@@ -2,7 +2,6 @@
 // the paged KV cache.
 #include <algorithm>
 #include <cstring>
-#include <set>
 
 #include "cpu_ops.h"
 #include "quant_matmul.h"
@@ -141,27 +140,24 @@ LlamaModel::LlamaModel(const ModelFile& file)
 // goes, so resident memory stays one copy of the weights. The file matrices packed are dropped
 // here (the copies the loader made, e.g. of reordered q/k rows, are freed with the file).
 void LlamaModel::pack_matrices() {
-  std::map<const uint8_t*, std::pair<std::string, cpu::PackedWeight>> done;  // by source data
-  std::set<std::string> packed_names;
+  std::map<const uint8_t*, cpu::PackedWeight> done;  // by source data (tied matrices pack once)
   auto pack = [&](W& v) {
     if (!cpu::x8_packable(v.type) || v.x8) return;
     auto it = done.find(v.data);
     if (it == done.end()) {
-      std::string name;
-      bool mapped = false;
-      for (const auto& [n, w] : weights_)
-        if (w.data.get() == v.data) name = n, mapped = w.mapped;
-      it = done.emplace(v.data, std::make_pair(name, cpu::pack_x8(v, mapped))).first;
-      packed_.push_back(it->second.second.storage);
-      packed_names.insert(name);
+      auto file = std::find_if(weights_.begin(), weights_.end(),
+                               [&](const auto& w) { return w.second.data.get() == v.data; });
+      const bool mapped = file != weights_.end() && file->second.mapped;
+      it = done.emplace(v.data, cpu::pack_x8(v, mapped)).first;
+      packed_.push_back(it->second.storage);
+      if (file != weights_.end()) weights_.erase(file);
     }
-    v = it->second.second.view;
+    v = it->second.view;
   };
   for (Layer& L : layers_)
     for (W* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) pack(*v);
   pack(embed_);
   pack(lm_head_);
-  for (const std::string& n : packed_names) weights_.erase(n);
 }
 
 void LlamaModel::validate(const ForwardBatch& b, const KvCache& cache) const {

@@ -28,7 +28,7 @@ using qk::kMaxRows;
 const std::vector<const qk::Kernels*>& available() {
   static const std::vector<const qk::Kernels*> list = [] {
     std::vector<const qk::Kernels*> l;
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)  // (quant_dot_avx2.cpp)
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)  // (quant_dot_x86.cpp)
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("f16c")) {
       // NOTE: AVX-512 VNNI first: the same 256-bit products, but its 32 vector registers hold
