@@ -232,8 +232,8 @@ void run_tile(MatmulInput& x, const WeightView& w, float* y, int64_t t, Int8Kern
           kfn.group(w.data + g * kGroupRows * w.row_bytes, a, R, out);
           const int64_t rows = std::min<int64_t>(kGroupRows, n - g * kGroupRows);
           for (int r = 0; r < R; ++r)
-            for (int64_t j = 0; j < rows; ++j)
-              y[(r0 + r) * n + g * kGroupRows + j] = out[r * kGroupRows + j];
+            std::memcpy(y + (r0 + r) * n + g * kGroupRows, out + r * kGroupRows,
+                        size_t(rows) * sizeof(float));
         }
       } else {
         float out[kMaxRows];
