@@ -17,7 +17,7 @@ float f16_at(const uint8_t* p) {
   return f16_to_f32(h);
 }
 
-// One x8 format: group-block bytes, header bytes per row (f16 fields), quant bytes per row, and
+// One x16 format: group-block bytes, header bytes per row (f16 fields), quant bytes per row, and
 // whether the quants are nibbles (value i low of byte i, value 16 + i high).
 template <int Header, int Quants, bool Nibbles, int Offset>
 void group_dot(const uint8_t* group, const ActRows& a, int R, float* out) {
@@ -32,7 +32,7 @@ void group_dot(const uint8_t* group, const ActRows& a, int R, float* out) {
         int isum = 0;
         for (int c = 0; c < Quants / 4; ++c)
           for (int t = 0; t < 4; ++t) {
-            const uint8_t byte = quants[32 * c + 4 * j + t];
+            const uint8_t byte = quants[4 * kGroup * c + 4 * j + t];
             if (Nibbles) {
               isum += int(byte & 0xf) * int(x[4 * c + t]) + int(byte >> 4) * int(x[16 + 4 * c + t]);
             } else {
@@ -41,7 +41,7 @@ void group_dot(const uint8_t* group, const ActRows& a, int R, float* out) {
           }
         isum -= Offset * a.sum[r * a.nb + b];
         acc = std::fma(float(isum), f16_at(blk + 2 * j) * a.d[r * a.nb + b], acc);
-        if (Header == 4) mn = std::fma(f16_at(blk + 16 + 2 * j), a.s[r * a.nb + b], mn);
+        if (Header == 4) mn = std::fma(f16_at(blk + 2 * kGroup + 2 * j), a.s[r * a.nb + b], mn);
       }
       out[r * kGroup + j] = acc + mn;
     }

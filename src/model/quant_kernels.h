@@ -1,7 +1,7 @@
 // The dot-product kernels behind quant_matmul.h, one table per ISA. Internal to src/model.
 //
-// Q4_0 / Q4_1 / Q8_0 (x8 layout, quant_pack.h): a kernel takes one group of 8 weight rows and R
-// (1..kMaxGroupRows) activation rows and gives the 8 x R dot products. Every ISA computes the same
+// Q4_0 / Q4_1 / Q8_0 (x16 layout, quant_pack.h): a kernel takes one group of 16 weight rows and R
+// (1..kMaxGroupRows) activation rows and gives the 16 x R dot products. Every ISA computes the same
 // function, for weight row j and activation row r:
 //
 //   acc = 0, mn = 0
@@ -25,9 +25,9 @@
 namespace pagedattn::cpu::qk {
 
 constexpr int kMaxRows = 4;       // activation rows per call of an f32 or K-quant kernel
-constexpr int kMaxGroupRows = 8;  // activation rows per call of an x8 group kernel
+constexpr int kMaxGroupRows = 8;  // activation rows per call of an x16 group kernel
 constexpr int64_t kBlock = 32;  // activation block (values per int8 scale)
-constexpr int kGroup = 8;       // weight rows per x8 group
+constexpr int kGroup = 16;      // weight rows per group (quant_pack.h)
 
 // R activation rows in int8 blocks: row r's values at q + r * k, its scales at d + r * nb, its
 // block sums d * sum(q) at s + r * nb and the integer sums at sum + r * nb.
@@ -39,7 +39,7 @@ struct ActRows {
   int64_t k, nb;
 };
 
-// out[r * 8 + j] = dot(row j of the x8 group at `group`, activation row r), r < R.
+// out[r * 16 + j] = dot(row j of the x16 group at `group`, activation row r), r < R.
 using GroupDotFn = void (*)(const uint8_t* group, const ActRows& a, int R, float* out);
 // out[r] = dot(w [k], x + r * ldx [k]), r < R.
 using FDotFn = void (*)(const float* w, const float* x, int64_t ldx, int64_t k, int R, float* out);

@@ -31,10 +31,10 @@ const std::vector<const qk::Kernels*>& available() {
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)  // (quant_dot_x86.cpp)
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("f16c")) {
-      // NOTE: AVX-512 VNNI first: the same 256-bit products, but its 32 vector registers hold
-      // the accumulators of 8 activation rows per pass over the weights (4 with 16).
-      if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
-          qk::avx512vnni_kernels())
+      // NOTE: AVX-512 VNNI first: a group's 16 rows in one register, and 32 registers for the
+      // accumulators of 8 activation rows per pass over the weights (4 with 16).
+      if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+          __builtin_cpu_supports("avx512vl") && qk::avx512vnni_kernels())
         l.push_back(qk::avx512vnni_kernels());
       if (__builtin_cpu_supports("avxvnni") && qk::avxvnni_kernels())
         l.push_back(qk::avxvnni_kernels());
@@ -142,7 +142,7 @@ void q6_k(const uint8_t* w, const ActRows& a, int R, float* out) {
 // A K-quant kernel: out[r] = dot(the weight row at w, activation row r), r < R (file layout).
 using RowDotFn = void (*)(const uint8_t* w, const ActRows& a, int R, float* out);
 
-// The int8 kernel of a matrix: a group kernel (x8 layout) or a row kernel (K-quants); neither for
+// The int8 kernel of a matrix: a group kernel (x16 layout) or a row kernel (K-quants); neither for
 // F32/F16/BF16, which take f32 activations.
 struct Int8Kernel {
   qk::GroupDotFn group = nullptr;
@@ -151,9 +151,9 @@ struct Int8Kernel {
 };
 
 Int8Kernel int8_kernel(const WeightView& w, const qk::Kernels& k) {
-  if (x8_packable(w.type))
-    PA_CHECK(w.x8, "matmul: ", ggml_type_name(uint32_t(w.type)),
-             " matrix is not in the x8 layout (pack it with pack_x8 first)");
+  if (x16_packable(w.type))
+    PA_CHECK(w.x16, "matmul: ", ggml_type_name(uint32_t(w.type)),
+             " matrix is not in the x16 layout (pack it with pack_x16 first)");
   switch (w.type) {
     case GGMLType::q4_0:
       return {k.q4_0, nullptr};
@@ -172,7 +172,7 @@ Int8Kernel int8_kernel(const WeightView& w, const qk::Kernels& k) {
 
 // NOTE: a tile of weight rows (a few KiB of blocks) stays in cache while every activation row
 // passes it, so a product of many rows reads each weight block from memory once per tile. A
-// whole number of x8 groups.
+// whole number of x16 groups.
 constexpr int64_t kTileRows = 32;
 static_assert(kTileRows % kGroupRows == 0);
 
@@ -206,10 +206,10 @@ const int8_t* MatmulInput::q() {
 }
 
 void weight_row(const WeightView& w, int64_t r, float* dst) {
-  if (!w.x8) return dequantize_row(w.type, w.data + r * w.row_bytes, dst, w.cols);
+  if (!w.x16) return dequantize_row(w.type, w.data + r * w.row_bytes, dst, w.cols);
   thread_local std::vector<uint8_t> row;
   row.resize(size_t(w.row_bytes));
-  x8_file_row(w, r, row.data());
+  x16_file_row(w, r, row.data());
   dequantize_row(w.type, row.data(), dst, w.cols);
 }
 
