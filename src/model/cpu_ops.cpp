@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdint>
-#include <cstring>
 
 #include "pagedattn/thread_pool.h"
 
@@ -92,40 +90,16 @@ void add_inplace(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
-namespace {
-
-// exp(x) for x clamped to [-87, 88], relative error a few 1e-7 (range reduction by ln 2, a degree-6
-// polynomial). Plain arithmetic, so the loop that calls it vectorises, where std::exp is a call
-// per element.
-inline float exp_clamped(float x) {
-  x = std::min(std::max(x, -87.f), 88.f);
-  const float n = (x * 1.44269504088896341f + 12582912.f) - 12582912.f;  // round(x / ln 2)
-  const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-06f;
-  float p = 1.f / 720.f;
-  p = p * r + 1.f / 120.f;
-  p = p * r + 1.f / 24.f;
-  p = p * r + 1.f / 6.f;
-  p = p * r + 0.5f;
-  p = p * r + 1.f;
-  p = p * r + 1.f;
-  const uint32_t bits = uint32_t(int32_t(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, 4);
-  return p * scale;
-}
-
-}  // namespace
-
 void silu_mul(float* gate, const float* up, int64_t n) {
   // NOTE: chunks of 1024 spread the exps over the pool's threads (12k of them at batch 8 for
-  // SmolLM2), which would otherwise wait.
-  constexpr int64_t kChunk = 1024;
-  parallel_for((n + kChunk - 1) / kChunk, [&](int64_t c) {
-    const int64_t end = std::min(n, (c + 1) * kChunk);
-    for (int64_t i = c * kChunk; i < end; ++i) {
-      const float g = gate[i];
-      gate[i] = g / (1.f + exp_clamped(-g)) * up[i];
-    }
+  // SmolLM2), which would otherwise wait. (A vectorised polynomial exp was slower here than libm's
+  // scalar one: 9.4 against 1.9 ms for 786k values.)
+  static constexpr int64_t kChunk = 1024;
+  parallel_for((n + kChunk - 1) / kChunk, [gate, up, n](int64_t c) {
+    float* __restrict g = gate + c * kChunk;
+    const float* __restrict u = up + c * kChunk;
+    const int64_t len = std::min(kChunk, n - c * kChunk);
+    for (int64_t i = 0; i < len; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
   });
 }
 
