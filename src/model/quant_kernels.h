@@ -41,6 +41,10 @@ struct ActRows {
 
 // out[r * 16 + j] = dot(row j of the x16 group at `group`, activation row r), r < R.
 using GroupDotFn = void (*)(const uint8_t* group, const ActRows& a, int R, float* out);
+// K-quants (file layout): out[r] = dot(the weight row at w, activation row r), r < R. Per 32-value
+// sub-block an exact integer sum, then the same scalar float operations in the same order on
+// every ISA (quant_dot_generic.cpp writes them out).
+using RowDotFn = void (*)(const uint8_t* w, const ActRows& a, int R, float* out);
 // out[r] = dot(w [k], x + r * ldx [k]), r < R.
 using FDotFn = void (*)(const float* w, const float* x, int64_t ldx, int64_t k, int R, float* out);
 // One row x [nb * 32] into int8 blocks, the same bits on every ISA: per block d = max|x| / 127,
@@ -51,6 +55,7 @@ using QuantizeFn = void (*)(const float* x, int64_t nb, int8_t* q, float* d, flo
 struct Kernels {
   const char* name;
   GroupDotFn q4_0, q4_1, q8_0;
+  RowDotFn q4_k, q6_k;
   FDotFn f32;
   QuantizeFn quantize;
 };
@@ -61,6 +66,17 @@ const Kernels& generic_kernels();
 const Kernels* avx2_kernels();
 const Kernels* avxvnni_kernels();
 const Kernels* avx512vnni_kernels();
+
+// Q4_K sub-block j's 6-bit scale and min from the block's 12 scale bytes s.
+inline void q4_k_scale_min(const uint8_t* s, int j, int& sc, int& mn) {
+  if (j < 4) {
+    sc = s[j] & 63;
+    mn = s[j + 4] & 63;
+  } else {
+    sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
+    mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
 
 // The fixed final reduction of the 8 lanes.
 inline float hsum8(const float* l) {

@@ -67,80 +67,7 @@ const qk::Kernels& kernels() {
   return forced ? *forced : *best;
 }
 
-float f16_at(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return f16_to_f32(h);
-}
-
-// Q4_K (256 values, 144 bytes) against 8 activation blocks: sub-block j of 32 has a 6-bit scale and
-// min; value = d * sc * nibble - dmin * mn. One code path on every ISA.
-void q4_k(const uint8_t* w, const ActRows& a, int R, float* out) {
-  const int64_t nsb = a.nb / 8;
-  for (int r = 0; r < R; ++r) {
-    float acc = 0.f;
-    for (int64_t sb = 0; sb < nsb; ++sb) {
-      const uint8_t* blk = w + sb * 144;
-      const float d = f16_at(blk), dmin = f16_at(blk + 2);
-      const uint8_t* s = blk + 4;
-      const uint8_t* qs = blk + 16;
-      for (int j = 0; j < 8; ++j) {
-        int sc, mn;
-        if (j < 4) {
-          sc = s[j] & 63;
-          mn = s[j + 4] & 63;
-        } else {
-          sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
-          mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-        }
-        const int64_t b = sb * 8 + j;
-        const int8_t* x = a.q + r * a.k + b * kBlock;
-        const uint8_t* q = qs + 32 * (j / 2);
-        int isum = 0;
-        for (int l = 0; l < 32; ++l) isum += int(j % 2 ? q[l] >> 4 : q[l] & 0xf) * int(x[l]);
-        acc += (d * float(sc)) * (a.d[r * a.nb + b] * float(isum));
-        acc -= (dmin * float(mn)) * a.s[r * a.nb + b];
-      }
-    }
-    out[r] = acc;
-  }
-}
-
-// Q6_K (256 values, 210 bytes): value v = d * scale[v / 16] * (q6 - 32), q6 from 4 low bits in ql
-// and 2 high bits in qh (layout in dequant.cpp). One code path on every ISA.
-void q6_k(const uint8_t* w, const ActRows& a, int R, float* out) {
-  const int64_t nsb = a.nb / 8;
-  for (int r = 0; r < R; ++r) {
-    float acc = 0.f;
-    for (int64_t sb = 0; sb < nsb; ++sb) {
-      const uint8_t* blk = w + sb * 210;
-      const uint8_t* ql = blk;
-      const uint8_t* qh = blk + 128;
-      const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
-      const float d = f16_at(blk + 208);
-      for (int h = 0; h < 2; ++h) {
-        for (int t = 0; t < 4; ++t) {  // activation block 4h + t: values 128h + 32t + l
-          const int64_t b = sb * 8 + 4 * h + t;
-          const int8_t* x = a.q + r * a.k + b * kBlock;
-          int isum[2] = {0, 0};
-          for (int l = 0; l < 32; ++l) {
-            const uint8_t lo = ql[64 * h + l + 32 * (t & 1)];
-            const int q4 = t < 2 ? lo & 0xf : lo >> 4;
-            const int q2 = (qh[32 * h + l] >> (2 * t)) & 3;
-            isum[l / 16] += (int(q4 | (q2 << 4)) - 32) * int(x[l]);
-          }
-          const float dx = a.d[r * a.nb + b];
-          acc += (d * float(sc[8 * h + 2 * t])) * (dx * float(isum[0]));
-          acc += (d * float(sc[8 * h + 2 * t + 1])) * (dx * float(isum[1]));
-        }
-      }
-    }
-    out[r] = acc;
-  }
-}
-
-// A K-quant kernel: out[r] = dot(the weight row at w, activation row r), r < R (file layout).
-using RowDotFn = void (*)(const uint8_t* w, const ActRows& a, int R, float* out);
+using qk::RowDotFn;
 
 // The int8 kernel of a matrix: a group kernel (x16 layout) or a row kernel (K-quants); neither for
 // F32/F16/BF16, which take f32 activations.
@@ -162,9 +89,9 @@ Int8Kernel int8_kernel(const WeightView& w, const qk::Kernels& k) {
     case GGMLType::q8_0:
       return {k.q8_0, nullptr};
     case GGMLType::q4_k:
-      return {nullptr, q4_k};
+      return {nullptr, k.q4_k};
     case GGMLType::q6_k:
-      return {nullptr, q6_k};
+      return {nullptr, k.q6_k};
     default:
       return {};
   }
