@@ -74,7 +74,7 @@ class LlamaModel : public Model {
 
   void run_layer(const Layer& w, int32_t layer, int32_t num_tokens, const int32_t* slots,
                  KvCache& cache);
-  // The Q4_0/Q4_1/Q8_0 matrices into the x8 layout (the constructor's last step).
+  // The Q4_0/Q4_1/Q8_0 matrices into the x16 layout (the constructor's last step).
   void pack_matrices();
   // Folds this layer's k, v (ws_.k, ws_.v) into *absmax_ (the calibration pass).
   void observe_kv(int32_t layer, int32_t num_tokens);
@@ -82,7 +82,7 @@ class LlamaModel : public Model {
   ModelConfig config_;
   std::map<std::string, Tensor> tensors_;      // keeps the f32 tensors alive
   std::map<std::string, FileWeight> weights_;  // keeps the file-format matrices read in place alive
-  std::vector<std::shared_ptr<const uint8_t>> packed_;  // the x8 copies (cpu/quant_pack.h)
+  std::vector<std::shared_ptr<const uint8_t>> packed_;  // the x16 copies (cpu/quant_pack.h)
   std::vector<Layer> layers_;
   W embed_;                            // [vocab, hidden]
   const float* final_norm_ = nullptr;  // [hidden]

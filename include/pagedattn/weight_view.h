@@ -9,14 +9,15 @@
 
 namespace pagedattn::cpu {
 
-// Row r of the matrix is at data + r * row_bytes: cols values in blocks of `type`; or, with x8,
-// the rows interleaved eight at a time (src/model/quant_pack.h), group g at data + g * 8 * row_bytes.
+// Row r of the matrix is at data + r * row_bytes: cols values in blocks of `type`; or, with x16,
+// the rows interleaved sixteen at a time (src/model/quant_pack.h), group g at
+// data + g * 16 * row_bytes.
 struct WeightView {
   GGMLType type = GGMLType::f32;
   int64_t rows = 0, cols = 0;  // [rows (out features), cols (in features)]
   int64_t row_bytes = 0;       // bytes of one row of blocks in the file layout
   const uint8_t* data = nullptr;
-  bool x8 = false;
+  bool x16 = false;
 };
 
 // Activations x [m, k] and, made on first need and reused by every weight that reads the same x,

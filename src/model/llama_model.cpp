@@ -134,21 +134,21 @@ LlamaModel::LlamaModel(const ModelFile& file)
   pack_matrices();
 }
 
-// NOTE: the Q4_0/Q4_1/Q8_0 matrices are read in the x8 layout (quant_pack.h): the same blocks with
-// eight rows interleaved, so a vector instruction serves eight output rows and their scales load
-// together. Packing copies them once; the mapped file pages already packed are handed back as it
-// goes, so resident memory stays one copy of the weights. The file matrices packed are dropped
-// here (the copies the loader made, e.g. of reordered q/k rows, are freed with the file).
+// NOTE: the Q4_0/Q4_1/Q8_0 matrices are read in the x16 layout (quant_pack.h): the same blocks
+// with sixteen rows interleaved, so a vector instruction serves 16 (or 8) output rows and their
+// scales load together. Packing copies them once; the mapped file pages already packed are handed
+// back as it goes, so resident memory stays one copy of the weights. The file matrices packed are
+// dropped here (the copies the loader made, e.g. of reordered q/k rows, are freed with the file).
 void LlamaModel::pack_matrices() {
   std::map<const uint8_t*, cpu::PackedWeight> done;  // by source data (tied matrices pack once)
   auto pack = [&](W& v) {
-    if (!cpu::x8_packable(v.type) || v.x8) return;
+    if (!cpu::x16_packable(v.type) || v.x16) return;
     auto it = done.find(v.data);
     if (it == done.end()) {
       auto file = std::find_if(weights_.begin(), weights_.end(),
                                [&](const auto& w) { return w.second.data.get() == v.data; });
       const bool mapped = file != weights_.end() && file->second.mapped;
-      it = done.emplace(v.data, cpu::pack_x8(v, mapped)).first;
+      it = done.emplace(v.data, cpu::pack_x16(v, mapped)).first;
       packed_.push_back(it->second.storage);
       if (file != weights_.end()) weights_.erase(file);
     }

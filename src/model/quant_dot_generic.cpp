@@ -17,7 +17,7 @@ float f16_at(const uint8_t* p) {
   return f16_to_f32(h);
 }
 
-// One x8 format: group-block bytes, header bytes per row (f16 fields), quant bytes per row, and
+// One x16 format: group-block bytes, header bytes per row (f16 fields), quant bytes per row, and
 // whether the quants are nibbles (value i low of byte i, value 16 + i high).
 template <int Header, int Quants, bool Nibbles, int Offset>
 void group_dot(const uint8_t* group, const ActRows& a, int R, float* out) {
@@ -32,7 +32,7 @@ void group_dot(const uint8_t* group, const ActRows& a, int R, float* out) {
         int isum = 0;
         for (int c = 0; c < Quants / 4; ++c)
           for (int t = 0; t < 4; ++t) {
-            const uint8_t byte = quants[32 * c + 4 * j + t];
+            const uint8_t byte = quants[4 * kGroup * c + 4 * j + t];
             if (Nibbles) {
               isum += int(byte & 0xf) * int(x[4 * c + t]) + int(byte >> 4) * int(x[16 + 4 * c + t]);
             } else {
@@ -41,7 +41,7 @@ void group_dot(const uint8_t* group, const ActRows& a, int R, float* out) {
           }
         isum -= Offset * a.sum[r * a.nb + b];
         acc = std::fma(float(isum), f16_at(blk + 2 * j) * a.d[r * a.nb + b], acc);
-        if (Header == 4) mn = std::fma(f16_at(blk + 16 + 2 * j), a.s[r * a.nb + b], mn);
+        if (Header == 4) mn = std::fma(f16_at(blk + 2 * kGroup + 2 * j), a.s[r * a.nb + b], mn);
       }
       out[r * kGroup + j] = acc + mn;
     }
@@ -56,6 +56,66 @@ void q4_1(const uint8_t* g, const ActRows& a, int R, float* out) {
 }
 void q8_0(const uint8_t* g, const ActRows& a, int R, float* out) {
   group_dot<2, 32, false, 0>(g, a, R, out);
+}
+
+// Q4_K (256 values, 144 bytes) against 8 activation blocks: sub-block j of 32 has a 6-bit scale and
+// min; value = d * sc * nibble - dmin * mn.
+void q4_k(const uint8_t* w, const ActRows& a, int R, float* out) {
+  const int64_t nsb = a.nb / 8;
+  for (int r = 0; r < R; ++r) {
+    float acc = 0.f;
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      const uint8_t* blk = w + sb * 144;
+      const float d = f16_at(blk), dmin = f16_at(blk + 2);
+      const uint8_t* s = blk + 4;
+      const uint8_t* qs = blk + 16;
+      for (int j = 0; j < 8; ++j) {
+        int sc, mn;
+        q4_k_scale_min(s, j, sc, mn);
+        const int64_t b = sb * 8 + j;
+        const int8_t* x = a.q + r * a.k + b * kBlock;
+        const uint8_t* q = qs + 32 * (j / 2);
+        int isum = 0;
+        for (int l = 0; l < 32; ++l) isum += int(j % 2 ? q[l] >> 4 : q[l] & 0xf) * int(x[l]);
+        acc += (d * float(sc)) * (a.d[r * a.nb + b] * float(isum));
+        acc -= (dmin * float(mn)) * a.s[r * a.nb + b];
+      }
+    }
+    out[r] = acc;
+  }
+}
+
+// Q6_K (256 values, 210 bytes): value v = d * scale[v / 16] * (q6 - 32), q6 from 4 low bits in ql
+// and 2 high bits in qh (layout in dequant.cpp).
+void q6_k(const uint8_t* w, const ActRows& a, int R, float* out) {
+  const int64_t nsb = a.nb / 8;
+  for (int r = 0; r < R; ++r) {
+    float acc = 0.f;
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      const uint8_t* blk = w + sb * 210;
+      const uint8_t* ql = blk;
+      const uint8_t* qh = blk + 128;
+      const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+      const float d = f16_at(blk + 208);
+      for (int h = 0; h < 2; ++h) {
+        for (int t = 0; t < 4; ++t) {  // activation block 4h + t: values 128h + 32t + l
+          const int64_t b = sb * 8 + 4 * h + t;
+          const int8_t* x = a.q + r * a.k + b * kBlock;
+          int isum[2] = {0, 0};
+          for (int l = 0; l < 32; ++l) {
+            const uint8_t lo = ql[64 * h + l + 32 * (t & 1)];
+            const int q4 = t < 2 ? lo & 0xf : lo >> 4;
+            const int q2 = (qh[32 * h + l] >> (2 * t)) & 3;
+            isum[l / 16] += (int(q4 | (q2 << 4)) - 32) * int(x[l]);
+          }
+          const float dx = a.d[r * a.nb + b];
+          acc += (d * float(sc[8 * h + 2 * t])) * (dx * float(isum[0]));
+          acc += (d * float(sc[8 * h + 2 * t + 1])) * (dx * float(isum[1]));
+        }
+      }
+    }
+    out[r] = acc;
+  }
 }
 
 void f32(const float* w, const float* x, int64_t ldx, int64_t k, int R, float* out) {
@@ -91,7 +151,7 @@ void quantize(const float* x, int64_t nb, int8_t* q, float* d, float* s, int32_t
 }  // namespace
 
 const Kernels& generic_kernels() {
-  static const Kernels k{"generic", q4_0, q4_1, q8_0, f32, quantize};
+  static const Kernels k{"generic", q4_0, q4_1, q8_0, q4_k, q6_k, f32, quantize};
   return k;
 }
 

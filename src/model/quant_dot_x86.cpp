@@ -1,9 +1,9 @@
-// The x8 kernels of quant_kernels.h for x86, compiled three times from quant_dot_x86.inc, each
+// The x16 kernels of quant_kernels.h for x86, compiled three times from quant_dot_x86.inc, each
 // chosen at run time only on CPUs that have its extensions (quant_matmul.cpp):
 //   avx2        AVX2 + FMA + F16C, byte products with pmaddubsw + pmaddwd, 4 activation rows a pass
 //   avxvnni     the same with AVX-VNNI's 256-bit byte dot products (vpdpbusd)
-//   avx512vnni  the same with AVX-512 VNNI's 256-bit byte dot products (VL), 8 activation rows a
-//               pass in its 32 vector registers
+//   avx512vnni  AVX-512 (F, BW) with VNNI's 512-bit byte dot products: a group's 16 rows in one
+//               register, 8 activation rows a pass in its 32 registers
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -19,39 +19,45 @@
 // wider ISAs and the binary still runs on any x86-64.
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
-#define PA_X8_NAME avx2
-#define PA_X8_ROWS 4
-#define PA_X8_VNNI 0
+#define PA_QK_NAME avx2
+#define PA_QK_ROWS 4
+#define PA_QK_ZMM 0
+#define PA_QK_VNNI 0
 #include "quant_dot_x86.inc"
-#undef PA_X8_VNNI
-#undef PA_X8_ROWS
-#undef PA_X8_NAME
+#undef PA_QK_VNNI
+#undef PA_QK_ZMM
+#undef PA_QK_ROWS
+#undef PA_QK_NAME
 #pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avxvnni")
-#define PA_X8_NAME avxvnni
-#define PA_X8_ROWS 4
-#define PA_X8_VNNI 1
-#define PA_X8_DPBUSD _mm256_dpbusd_avx_epi32
+#define PA_QK_NAME avxvnni
+#define PA_QK_ROWS 4
+#define PA_QK_ZMM 0
+#define PA_QK_VNNI 1
+#define PA_QK_DPBUSD _mm256_dpbusd_avx_epi32
 #include "quant_dot_x86.inc"
-#undef PA_X8_DPBUSD
-#undef PA_X8_VNNI
-#undef PA_X8_ROWS
-#undef PA_X8_NAME
+#undef PA_QK_DPBUSD
+#undef PA_QK_VNNI
+#undef PA_QK_ZMM
+#undef PA_QK_ROWS
+#undef PA_QK_NAME
 #pragma GCC pop_options
 
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
-#define PA_X8_NAME avx512vnni
-#define PA_X8_ROWS 8
-#define PA_X8_VNNI 1
-#define PA_X8_DPBUSD _mm256_dpbusd_epi32
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#define PA_QK_NAME avx512vnni
+#define PA_QK_ROWS 8
+#define PA_QK_ZMM 1
+#define PA_QK_VNNI 1
+#define PA_QK_DPBUSD _mm256_dpbusd_epi32
 #include "quant_dot_x86.inc"
-#undef PA_X8_DPBUSD
-#undef PA_X8_VNNI
-#undef PA_X8_ROWS
-#undef PA_X8_NAME
+#undef PA_QK_DPBUSD
+#undef PA_QK_VNNI
+#undef PA_QK_ZMM
+#undef PA_QK_ROWS
+#undef PA_QK_NAME
 #pragma GCC pop_options
 
 namespace pagedattn::cpu::qk {

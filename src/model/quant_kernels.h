@@ -1,7 +1,7 @@
 // The dot-product kernels behind quant_matmul.h, one table per ISA. Internal to src/model.
 //
-// Q4_0 / Q4_1 / Q8_0 (x8 layout, quant_pack.h): a kernel takes one group of 8 weight rows and R
-// (1..kMaxGroupRows) activation rows and gives the 8 x R dot products. Every ISA computes the same
+// Q4_0 / Q4_1 / Q8_0 (x16 layout, quant_pack.h): a kernel takes one group of 16 weight rows and R
+// (1..kMaxGroupRows) activation rows and gives the 16 x R dot products. Every ISA computes the same
 // function, for weight row j and activation row r:
 //
 //   acc = 0, mn = 0
@@ -25,9 +25,9 @@
 namespace pagedattn::cpu::qk {
 
 constexpr int kMaxRows = 4;       // activation rows per call of an f32 or K-quant kernel
-constexpr int kMaxGroupRows = 8;  // activation rows per call of an x8 group kernel
+constexpr int kMaxGroupRows = 8;  // activation rows per call of an x16 group kernel
 constexpr int64_t kBlock = 32;  // activation block (values per int8 scale)
-constexpr int kGroup = 8;       // weight rows per x8 group
+constexpr int kGroup = 16;      // weight rows per group (quant_pack.h)
 
 // R activation rows in int8 blocks: row r's values at q + r * k, its scales at d + r * nb, its
 // block sums d * sum(q) at s + r * nb and the integer sums at sum + r * nb.
@@ -39,8 +39,12 @@ struct ActRows {
   int64_t k, nb;
 };
 
-// out[r * 8 + j] = dot(row j of the x8 group at `group`, activation row r), r < R.
+// out[r * 16 + j] = dot(row j of the x16 group at `group`, activation row r), r < R.
 using GroupDotFn = void (*)(const uint8_t* group, const ActRows& a, int R, float* out);
+// K-quants (file layout): out[r] = dot(the weight row at w, activation row r), r < R. Per 32-value
+// sub-block an exact integer sum, then the same scalar float operations in the same order on
+// every ISA (quant_dot_generic.cpp writes them out).
+using RowDotFn = void (*)(const uint8_t* w, const ActRows& a, int R, float* out);
 // out[r] = dot(w [k], x + r * ldx [k]), r < R.
 using FDotFn = void (*)(const float* w, const float* x, int64_t ldx, int64_t k, int R, float* out);
 // One row x [nb * 32] into int8 blocks, the same bits on every ISA: per block d = max|x| / 127,
@@ -51,6 +55,7 @@ using QuantizeFn = void (*)(const float* x, int64_t nb, int8_t* q, float* d, flo
 struct Kernels {
   const char* name;
   GroupDotFn q4_0, q4_1, q8_0;
+  RowDotFn q4_k, q6_k;
   FDotFn f32;
   QuantizeFn quantize;
 };
@@ -61,6 +66,17 @@ const Kernels& generic_kernels();
 const Kernels* avx2_kernels();
 const Kernels* avxvnni_kernels();
 const Kernels* avx512vnni_kernels();
+
+// Q4_K sub-block j's 6-bit scale and min from the block's 12 scale bytes s.
+inline void q4_k_scale_min(const uint8_t* s, int j, int& sc, int& mn) {
+  if (j < 4) {
+    sc = s[j] & 63;
+    mn = s[j + 4] & 63;
+  } else {
+    sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
+    mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
 
 // The fixed final reduction of the 8 lanes.
 inline float hsum8(const float* l) {

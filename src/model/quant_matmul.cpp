@@ -31,10 +31,10 @@ const std::vector<const qk::Kernels*>& available() {
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)  // (quant_dot_x86.cpp)
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("f16c")) {
-      // NOTE: AVX-512 VNNI first: the same 256-bit products, but its 32 vector registers hold
-      // the accumulators of 8 activation rows per pass over the weights (4 with 16).
-      if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
-          qk::avx512vnni_kernels())
+      // NOTE: AVX-512 VNNI first: a group's 16 rows in one register, and 32 registers for the
+      // accumulators of 8 activation rows per pass over the weights (4 with 16).
+      if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+          __builtin_cpu_supports("avx512vl") && qk::avx512vnni_kernels())
         l.push_back(qk::avx512vnni_kernels());
       if (__builtin_cpu_supports("avxvnni") && qk::avxvnni_kernels())
         l.push_back(qk::avxvnni_kernels());
@@ -67,82 +67,9 @@ const qk::Kernels& kernels() {
   return forced ? *forced : *best;
 }
 
-float f16_at(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return f16_to_f32(h);
-}
+using qk::RowDotFn;
 
-// Q4_K (256 values, 144 bytes) against 8 activation blocks: sub-block j of 32 has a 6-bit scale and
-// min; value = d * sc * nibble - dmin * mn. One code path on every ISA.
-void q4_k(const uint8_t* w, const ActRows& a, int R, float* out) {
-  const int64_t nsb = a.nb / 8;
-  for (int r = 0; r < R; ++r) {
-    float acc = 0.f;
-    for (int64_t sb = 0; sb < nsb; ++sb) {
-      const uint8_t* blk = w + sb * 144;
-      const float d = f16_at(blk), dmin = f16_at(blk + 2);
-      const uint8_t* s = blk + 4;
-      const uint8_t* qs = blk + 16;
-      for (int j = 0; j < 8; ++j) {
-        int sc, mn;
-        if (j < 4) {
-          sc = s[j] & 63;
-          mn = s[j + 4] & 63;
-        } else {
-          sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
-          mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-        }
-        const int64_t b = sb * 8 + j;
-        const int8_t* x = a.q + r * a.k + b * kBlock;
-        const uint8_t* q = qs + 32 * (j / 2);
-        int isum = 0;
-        for (int l = 0; l < 32; ++l) isum += int(j % 2 ? q[l] >> 4 : q[l] & 0xf) * int(x[l]);
-        acc += (d * float(sc)) * (a.d[r * a.nb + b] * float(isum));
-        acc -= (dmin * float(mn)) * a.s[r * a.nb + b];
-      }
-    }
-    out[r] = acc;
-  }
-}
-
-// Q6_K (256 values, 210 bytes): value v = d * scale[v / 16] * (q6 - 32), q6 from 4 low bits in ql
-// and 2 high bits in qh (layout in dequant.cpp). One code path on every ISA.
-void q6_k(const uint8_t* w, const ActRows& a, int R, float* out) {
-  const int64_t nsb = a.nb / 8;
-  for (int r = 0; r < R; ++r) {
-    float acc = 0.f;
-    for (int64_t sb = 0; sb < nsb; ++sb) {
-      const uint8_t* blk = w + sb * 210;
-      const uint8_t* ql = blk;
-      const uint8_t* qh = blk + 128;
-      const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
-      const float d = f16_at(blk + 208);
-      for (int h = 0; h < 2; ++h) {
-        for (int t = 0; t < 4; ++t) {  // activation block 4h + t: values 128h + 32t + l
-          const int64_t b = sb * 8 + 4 * h + t;
-          const int8_t* x = a.q + r * a.k + b * kBlock;
-          int isum[2] = {0, 0};
-          for (int l = 0; l < 32; ++l) {
-            const uint8_t lo = ql[64 * h + l + 32 * (t & 1)];
-            const int q4 = t < 2 ? lo & 0xf : lo >> 4;
-            const int q2 = (qh[32 * h + l] >> (2 * t)) & 3;
-            isum[l / 16] += (int(q4 | (q2 << 4)) - 32) * int(x[l]);
-          }
-          const float dx = a.d[r * a.nb + b];
-          acc += (d * float(sc[8 * h + 2 * t])) * (dx * float(isum[0]));
-          acc += (d * float(sc[8 * h + 2 * t + 1])) * (dx * float(isum[1]));
-        }
-      }
-    }
-    out[r] = acc;
-  }
-}
-
-// A K-quant kernel: out[r] = dot(the weight row at w, activation row r), r < R (file layout).
-using RowDotFn = void (*)(const uint8_t* w, const ActRows& a, int R, float* out);
-
-// The int8 kernel of a matrix: a group kernel (x8 layout) or a row kernel (K-quants); neither for
+// The int8 kernel of a matrix: a group kernel (x16 layout) or a row kernel (K-quants); neither for
 // F32/F16/BF16, which take f32 activations.
 struct Int8Kernel {
   qk::GroupDotFn group = nullptr;
@@ -151,9 +78,9 @@ struct Int8Kernel {
 };
 
 Int8Kernel int8_kernel(const WeightView& w, const qk::Kernels& k) {
-  if (x8_packable(w.type))
-    PA_CHECK(w.x8, "matmul: ", ggml_type_name(uint32_t(w.type)),
-             " matrix is not in the x8 layout (pack it with pack_x8 first)");
+  if (x16_packable(w.type))
+    PA_CHECK(w.x16, "matmul: ", ggml_type_name(uint32_t(w.type)),
+             " matrix is not in the x16 layout (pack it with pack_x16 first)");
   switch (w.type) {
     case GGMLType::q4_0:
       return {k.q4_0, nullptr};
@@ -162,19 +89,28 @@ Int8Kernel int8_kernel(const WeightView& w, const qk::Kernels& k) {
     case GGMLType::q8_0:
       return {k.q8_0, nullptr};
     case GGMLType::q4_k:
-      return {nullptr, q4_k};
+      return {nullptr, k.q4_k};
     case GGMLType::q6_k:
-      return {nullptr, q6_k};
+      return {nullptr, k.q6_k};
     default:
       return {};
   }
 }
 
-// NOTE: a tile of weight rows (a few KiB of blocks) stays in cache while every activation row
-// passes it, so a product of many rows reads each weight block from memory once per tile. A
-// whole number of x8 groups.
-constexpr int64_t kTileRows = 32;
-static_assert(kTileRows % kGroupRows == 0);
+// Weight rows per tile (a parallel task) of a matrix of `rows` rows: for the int8 kernels about two
+// tiles per pool thread, a whole number of x16 groups, 32 to 512 rows; 32 for the f32 path, which
+// dequantises a tile into a buffer that must stay in cache.
+// NOTE: a tile stays in cache while every activation row passes it, so a product of many rows
+// reads each weight block from memory once per tile. Small tiles cost a claim on a shared counter
+// each and restart the weight stream: with 32-row tiles a one-sequence decode step ran 172 tok/s,
+// with two tiles a thread 199 (medians of five, interleaved; 2 threads).
+int64_t tile_rows(int64_t rows, bool int8) {
+  if (!int8) return 32;
+  const int64_t tiles = 2 * int64_t(ThreadPool::global().num_threads());
+  const int64_t t = (rows + tiles - 1) / tiles;
+  return std::clamp<int64_t>((t + kGroupRows - 1) / kGroupRows * kGroupRows, 32, 512);
+}
+static_assert(32 % kGroupRows == 0 && 512 % kGroupRows == 0);
 
 }  // namespace
 
@@ -206,20 +142,20 @@ const int8_t* MatmulInput::q() {
 }
 
 void weight_row(const WeightView& w, int64_t r, float* dst) {
-  if (!w.x8) return dequantize_row(w.type, w.data + r * w.row_bytes, dst, w.cols);
+  if (!w.x16) return dequantize_row(w.type, w.data + r * w.row_bytes, dst, w.cols);
   thread_local std::vector<uint8_t> row;
   row.resize(size_t(w.row_bytes));
-  x8_file_row(w, r, row.data());
+  x16_file_row(w, r, row.data());
   dequantize_row(w.type, row.data(), dst, w.cols);
 }
 
 namespace {
 
-// Tile t (kTileRows rows of w from c0) of y = x w^T.
+// Tile t (tile_rows rows of w from c0) of y = x w^T.
 void run_tile(MatmulInput& x, const WeightView& w, float* y, int64_t t, Int8Kernel kfn,
               const qk::Kernels& kern) {
-  const int64_t m = x.m(), n = w.rows, k = w.cols;
-  const int64_t c0 = t * kTileRows, c1 = std::min(n, c0 + kTileRows);
+  const int64_t m = x.m(), n = w.rows, k = w.cols, rows = tile_rows(n, bool(kfn));
+  const int64_t c0 = t * rows, c1 = std::min(n, c0 + rows);
   if (kfn) {
     const int64_t nb = k / kBlock;
     const int64_t rows_per_call = kfn.group ? qk::kMaxGroupRows : kMaxRows;
@@ -232,8 +168,8 @@ void run_tile(MatmulInput& x, const WeightView& w, float* y, int64_t t, Int8Kern
           kfn.group(w.data + g * kGroupRows * w.row_bytes, a, R, out);
           const int64_t rows = std::min<int64_t>(kGroupRows, n - g * kGroupRows);
           for (int r = 0; r < R; ++r)
-            for (int64_t j = 0; j < rows; ++j)
-              y[(r0 + r) * n + g * kGroupRows + j] = out[r * kGroupRows + j];
+            std::memcpy(y + (r0 + r) * n + g * kGroupRows, out + r * kGroupRows,
+                        size_t(rows) * sizeof(float));
         }
       } else {
         float out[kMaxRows];
@@ -287,7 +223,8 @@ void matmul(MatmulInput& x, std::initializer_list<MatmulOutput> outs, MatmulMode
     const Int8Kernel kfn = mode == MatmulMode::fast ? int8_kernel(*o.w, kern) : Int8Kernel{};
     if (kfn) x.q();  // once, before the tiles share it
     parts.push_back({o.w, o.y, kfn, tiles});
-    tiles += x.m() == 0 ? 0 : (o.w->rows + kTileRows - 1) / kTileRows;
+    const int64_t rows = tile_rows(o.w->rows, bool(kfn));
+    tiles += x.m() == 0 ? 0 : (o.w->rows + rows - 1) / rows;
   }
   if (tiles == 0) return;
   parallel_for(tiles, [&](int64_t t) {

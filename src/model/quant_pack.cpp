@@ -1,4 +1,4 @@
-// Packing Q4_0 / Q4_1 / Q8_0 matrices into the x8 layout (quant_pack.h), and reading rows back.
+// Packing Q4_0 / Q4_1 / Q8_0 matrices into the x16 layout (quant_pack.h), and reading rows back.
 #include "quant_pack.h"
 
 #include <sys/mman.h>
@@ -27,7 +27,7 @@ BlockShape block_shape(GGMLType t) {
     case GGMLType::q8_0:
       return {34, 2, 32};
     default:
-      fail("x8 layout: type ", ggml_type_name(uint32_t(t)), " is not packed");
+      fail("x16 layout: type ", ggml_type_name(uint32_t(t)), " is not packed");
   }
 }
 
@@ -41,7 +41,7 @@ void pack_block(const BlockShape& s, const uint8_t* const* rows, uint8_t* out) {
       std::memcpy(out + f * 2 * kGroupRows + 2 * j, blk + 2 * f, 2);
     uint8_t* quants = out + kGroupRows * s.header;
     for (int64_t c = 0; c < s.quants / 4; ++c)
-      std::memcpy(quants + 32 * c + 4 * j, blk + s.header + 4 * c, 4);
+      std::memcpy(quants + 4 * kGroupRows * c + 4 * j, blk + s.header + 4 * c, 4);
   }
 }
 
@@ -51,7 +51,7 @@ void unpack_block(const BlockShape& s, const uint8_t* in, int j, uint8_t* blk) {
     std::memcpy(blk + 2 * f, in + f * 2 * kGroupRows + 2 * j, 2);
   const uint8_t* quants = in + kGroupRows * s.header;
   for (int64_t c = 0; c < s.quants / 4; ++c)
-    std::memcpy(blk + s.header + 4 * c, quants + 32 * c + 4 * j, 4);
+    std::memcpy(blk + s.header + 4 * c, quants + 4 * kGroupRows * c + 4 * j, 4);
 }
 
 // Hands the whole pages of [from, to) back (clean pages of a private file mapping: a later read
@@ -64,15 +64,15 @@ void release_pages(const uint8_t* from, const uint8_t* to) {
 
 }  // namespace
 
-bool x8_packable(GGMLType t) {
+bool x16_packable(GGMLType t) {
   return t == GGMLType::q4_0 || t == GGMLType::q4_1 || t == GGMLType::q8_0;
 }
 
-PackedWeight pack_x8(const WeightView& w, bool release_source) {
-  if (!x8_packable(w.type) || w.x8) return {w, nullptr};
+PackedWeight pack_x16(const WeightView& w, bool release_source) {
+  if (!x16_packable(w.type) || w.x16) return {w, nullptr};
   const BlockShape s = block_shape(w.type);
   const int64_t nb = w.cols / 32, groups = (w.rows + kGroupRows - 1) / kGroupRows;
-  PA_CHECK(w.cols % 32 == 0 && w.row_bytes == nb * s.bytes, "x8 layout: ",
+  PA_CHECK(w.cols % 32 == 0 && w.row_bytes == nb * s.bytes, "x16 layout: ",
            ggml_type_name(uint32_t(w.type)), " matrix of ", w.cols, " columns has rows of ",
            w.row_bytes, " bytes");
   const size_t total = size_t(groups * kGroupRows * w.row_bytes);
@@ -98,12 +98,12 @@ PackedWeight pack_x8(const WeightView& w, bool release_source) {
   PackedWeight p;
   p.view = w;
   p.view.data = buf.get();
-  p.view.x8 = true;
+  p.view.x16 = true;
   p.storage = std::shared_ptr<const uint8_t>(buf, buf.get());
   return p;
 }
 
-void x8_file_row(const WeightView& w, int64_t r, uint8_t* dst) {
+void x16_file_row(const WeightView& w, int64_t r, uint8_t* dst) {
   const BlockShape s = block_shape(w.type);
   const int64_t nb = w.cols / 32, g = r / kGroupRows;
   const uint8_t* group = w.data + g * kGroupRows * w.row_bytes;

@@ -73,6 +73,19 @@ TEST(CpuOps, RmsNormSiluBias) {
   EXPECT_FLOAT_EQ(b[25], x[25] + g[5]);
 }
 
+// SwiGLU's gate over the whole range a float activation takes, large magnitudes included (exp of
+// -g saturates at either end: silu(g) -> g for large g, -> -0 for very negative g).
+TEST(CpuOps, SiluMulAcrossTheRange) {
+  std::vector<float> gate, up;
+  for (float v = -120.f; v <= 120.f; v += 0.173f) gate.push_back(v), up.push_back(1.5f);
+  std::vector<float> y = gate;
+  cpu::silu_mul(y.data(), up.data(), int64_t(y.size()));
+  for (size_t i = 0; i < y.size(); ++i) {
+    const double g = gate[i], want = g / (1.0 + std::exp(-g)) * 1.5;
+    EXPECT_NEAR(y[i], want, 1e-6 * std::abs(want) + 1e-30) << "gate " << g;
+  }
+}
+
 TEST(Rope, PlainFrequenciesAndRotation) {
   const auto f = rope_inv_freq(8, 10000.f, RopeScaling{});
   ASSERT_EQ(f.size(), 4u);

@@ -24,7 +24,7 @@ using cpu::MatmulMode;
 
 namespace {
 
-// A matrix as the model keeps it: Q4_0/Q4_1/Q8_0 in the x8 layout (packed from the file bytes),
+// A matrix as the model keeps it: Q4_0/Q4_1/Q8_0 in the x16 layout (packed from the file bytes),
 // the other formats in place.
 struct RandomWeight {
   std::vector<uint8_t> bytes;  // the file layout
@@ -79,7 +79,7 @@ RandomWeight random_weight(GGMLType t, int64_t rows, int64_t cols, uint64_t seed
     }
   }
   w.view.data = w.bytes.data();
-  w.packed = cpu::pack_x8(w.view);
+  w.packed = cpu::pack_x16(w.view);
   w.view = w.packed.view;
   return w;
 }
@@ -201,7 +201,7 @@ TEST(QuantMatmulErrors, UnpackedBlockMatrixIsRefusedByName) {
   RandomWeight w = random_weight(GGMLType::q4_0, 8, 64, 8);
   cpu::WeightView file = w.view;
   file.data = w.bytes.data();
-  file.x8 = false;
+  file.x16 = false;
   std::vector<float> x(64, 1.f), y(8);
   cpu::MatmulInput in;
   in.set(x.data(), 1, 64);
@@ -209,7 +209,7 @@ TEST(QuantMatmulErrors, UnpackedBlockMatrixIsRefusedByName) {
     cpu::matmul(in, file, y.data());
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("x8"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("x16"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("Q4_0"), std::string::npos) << e.what();
   }
   // The exact path dequantises rows, so it reads the file layout as it is.
@@ -219,12 +219,12 @@ TEST(QuantMatmulErrors, UnpackedBlockMatrixIsRefusedByName) {
 // Every row of a packed matrix reads back as the file's bytes, padded groups included.
 TEST(QuantPack, RowsReadBackAsTheFileBytes) {
   for (GGMLType t : {GGMLType::q4_0, GGMLType::q4_1, GGMLType::q8_0})
-    for (int64_t rows : {1, 7, 8, 9, 37}) {
+    for (int64_t rows : {1, 7, 8, 9, 15, 16, 17, 37}) {
       const RandomWeight w = random_weight(t, rows, 96, 9 + uint64_t(rows));
-      ASSERT_TRUE(w.view.x8);
+      ASSERT_TRUE(w.view.x16);
       std::vector<uint8_t> row(size_t(w.view.row_bytes));
       for (int64_t r = 0; r < rows; ++r) {
-        cpu::x8_file_row(w.view, r, row.data());
+        cpu::x16_file_row(w.view, r, row.data());
         ASSERT_EQ(std::memcmp(row.data(), w.bytes.data() + r * w.view.row_bytes, row.size()), 0)
             << ggml_type_name(uint32_t(t)) << " rows " << rows << " row " << r;
       }
@@ -246,8 +246,8 @@ TEST(QuantPack, ReleasingMappedPagesKeepsTheFileIntact) {
   ASSERT_NE(m, MAP_FAILED);
   cpu::WeightView file = w.view;
   file.data = static_cast<const uint8_t*>(m);
-  file.x8 = false;
-  const cpu::PackedWeight p = cpu::pack_x8(file, /*release_source=*/true);
+  file.x16 = false;
+  const cpu::PackedWeight p = cpu::pack_x16(file, /*release_source=*/true);
   EXPECT_EQ(std::memcmp(p.view.data, w.view.data, w.bytes.size()), 0);
   EXPECT_EQ(std::memcmp(m, w.bytes.data(), w.bytes.size()), 0);
   munmap(m, w.bytes.size());
