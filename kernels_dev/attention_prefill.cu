@@ -13,8 +13,9 @@
 //       over each pool, the page id as its outer coordinate) into stages guarded by mbarriers;
 //       two consumer warpgroups of 64 packed rows each run S = Q K^T and O += P V on wgmma (P
 //       from registers, V N-major from shared memory), one step after the other.
-//   v4  v3 with the softmax of tile i running while P V of tile i - 1 is on the tensor cores.
-//       The library runs v4 where pages hold at least 64 tokens and v3 below (measured below).
+//   v4  (promoted, the default) v3 with the softmax of tile i running while P V of tile i - 1
+//       is on the tensor cores; since 2026-11-25 warp 0 issues the K copies and warp 1 the V
+//       copies (one warp issued both).
 //   v5  v4 with K and V gathered by the producer warpgroup's 128 threads with cp.async into the
 //       same swizzled stages instead of one bulk tensor copy per page-sized run of rows (2 KiB
 //       copies at page 16), slots past kv_len zero-filled by the copies: the library's path for
@@ -37,18 +38,21 @@
 // v3 / v4 at the sweep's shapes (two-stage version): 1x2048 286.9 / 272.3, 4x2048 351.2 / 335.8,
 // 4x8192 459.0 / 421.9, 1x32768 474.7 / 459.0, 32/32 heads 424.4 / 411.5, d64 316.5 / 295.3,
 // d256 482.6 / 483.2 (d256 always runs v3: the overlapped loop spills there).
-// Small pages (2026-11-25, three calls; TFLOP/s at batch 1, length 8192, d128; v3 / v4 / v5):
-//   page 16    465-476 / 439-449 / 428-431   (4 x 8192: 477-479 / 440-450; 1 x 32768: 491-503 /
-//                                             475-479; every page-16 shape: v3 2-8% ahead of v4)
+// Small pages (2026-11-25; TFLOP/s at batch 1, length 8192, d128; v3 / v4 / v5), with one warp
+// issuing every K and V copy (three calls):
+//   page 16    465-476 / 439-449 / 428-431   (every page-16 shape: v3 2-8% ahead of v4)
 //   page 32    529-531 / 525-527 / 431
 //   page 64    522-527 / 548-556 / 427-431
 //   page 128   531-533 / 555-556 / 429-433
-//   v5's first version waited on its own copies one tile behind (177); with a division by the
-//   page size per copied row the consumers waited on K 39% of their samples (183); one offset per
-//   lane and tile passed by shuffles: 428. Gathering V alone (K by tensor copies): 387 overlapped,
-//   399 serial. The producer's copies cost issue slots that the consumers need; at page 16 the
-//   tensor copies are 2 KiB each, 32 per tile, and the overlapped loop asks for K earlier.
-
+// v5's first version waited on its own copies one tile behind (177); with a division by the page
+// size per copied row the consumers waited on K 39% of their samples (183); one offset per lane
+// and tile passed by shuffles: 428. Gathering V alone (K by tensor copies): 387 overlapped, 399
+// serial. At page 16 a tile is 32 bulk copies of 2 KiB, and one warp issued them all: with K
+// issued by warp 0 and V by warp 1 (the library since),
+//   page 16    515-517 / 527 / 425-428   (4 x 8192: 525-531 / 470-496; 1 x 32768: 511-519 /
+//                                          534-538; d256: 590-601)
+//   page 32    518-528 / 536-544,  page 64  513-524 / 545-556,  page 128  515-523 / 536-563
+// Four issuing warps (two per tile, a column block each) were no faster than two.
 #include <cstdio>
 
 #include "lab_common.h"
@@ -63,7 +67,6 @@ std::function<void()> make_version(int v, const lab::Problem& p,
   o.tensor_core_prefill = v >= 2;
   o.hopper_prefill = v >= 3;
   o.hopper_prefill_overlap = v >= 4;
-  o.hopper_overlap_min_page = 0;  // each version as it is at every page size
   o.hopper_gather = v >= 5;
   plan = std::make_unique<CudaAttentionPlan>(size_t(256) << 20, o);
   plan->plan(p.dev_q(), p.dev_view(), p.batch(), p.s.opt, p.dev_out());

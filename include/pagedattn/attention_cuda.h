@@ -48,9 +48,6 @@ struct CudaPlanOptions {
   // In the Hopper kernel, the softmax of one KV tile runs while the tensor cores do P V of the
   // previous one (false: one step after the other, kept for the kernel lab).
   bool hopper_prefill_overlap = true;
-  // ... where pages hold at least this many tokens; below, one step after the other (measured on
-  // an H100: the overlapped loop 6% slower at page 16, level at 32, 4% faster at 64 and 128).
-  int32_t hopper_overlap_min_page = 64;
   // In the Hopper kernel, K and V gathered by the producer warpgroup's threads with cp.async
   // instead of bulk tensor copies of page-sized runs of rows (slower wherever both work: kept for
   // the kernel lab); pages that are not a multiple of 8 tokens are always gathered (no tensor

@@ -58,15 +58,14 @@ Spec random_hopper_spec(std::mt19937_64& rng) {
   return s;
 }
 
-// The plan's choices (tensor copies wherever the page size allows, overlapped loop from 64-token
-// pages), K/V gathered, the overlapped loop at every page size, the serial one at every size.
-enum class Variant { automatic, gather, overlap_always, gather_serial };
+// The plan's choices (tensor copies wherever the page size allows, the overlapped loop), K/V
+// gathered, the serial loop, both.
+enum class Variant { automatic, gather, serial, gather_serial };
 
 CudaPlanOptions options(Variant v) {
   CudaPlanOptions o;
   o.hopper_gather = v == Variant::gather || v == Variant::gather_serial;
-  if (v == Variant::overlap_always) o.hopper_overlap_min_page = 0;
-  if (v == Variant::gather_serial) o.hopper_prefill_overlap = false;
+  o.hopper_prefill_overlap = !(v == Variant::serial || v == Variant::gather_serial);
   return o;
 }
 
@@ -98,7 +97,7 @@ TEST(HopperPrefill, MatchesReferenceOnRandomShapes) {
     problems.push_back(std::make_unique<Problem>(s, 5000 + uint64_t(i)));
     // Both producers and both loops over every page size (tensor copies fall back to gathering
     // where a page is not a multiple of 8 tokens).
-    const Variant variants[] = {Variant::automatic, Variant::gather, Variant::overlap_always,
+    const Variant variants[] = {Variant::automatic, Variant::gather, Variant::serial,
                                   Variant::gather_serial};
     CudaAttentionPlan plan(size_t(64) << 20, options(variants[i % 4]));
     got.push_back(problems.back()->run_cuda(plan));
@@ -138,7 +137,7 @@ TEST(HopperPrefill, ChunksAtTheEndOfLongContexts) {
   check_hopper(s, 21);
   s.opt.window = 1000;
   check_hopper(s, 22);
-  check_hopper(s, 22, true, Variant::overlap_always);
+  check_hopper(s, 22, true, Variant::serial);
   s.opt.window = 0;
   s.page_size = 128;
   s.q_len = {700};

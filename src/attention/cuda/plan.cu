@@ -282,11 +282,9 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   p.decode_tc_rows = tc_rows;
   p.prefill_items = reinterpret_cast<const cuda::PrefillItem*>(im.ws + o_prefill);
   p.num_prefill_items = int32_t(prefill.size());
-  const bool overlap =
-      im.opts.hopper_prefill_overlap && kv.page_size >= im.opts.hopper_overlap_min_page;
-  p.prefill_kernel = !use_hopper ? cuda::kPrefillMma
-                     : overlap   ? cuda::kPrefillWgmma
-                                 : cuda::kPrefillWgmmaSerial;
+  p.prefill_kernel = !use_hopper                      ? cuda::kPrefillMma
+                     : im.opts.hopper_prefill_overlap ? cuda::kPrefillWgmma
+                                                      : cuda::kPrefillWgmmaSerial;
   p.hopper_gather = gather;
   p.num_tokens = q.num_tokens;
   p.num_pages = kv.num_pages;

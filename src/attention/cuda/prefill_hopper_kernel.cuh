@@ -6,18 +6,18 @@
 //   warpgroup 0 (producer): Q once by a bulk tensor copy, then for each KV tile of kBN positions
 //     its K and V, page by page through the block table, into kStages shared-memory stages; each
 //     stage has a full barrier and an empty barrier (the consumers' arrivals). Two ways:
-//     - tensor copies (GATHER false, wherever the page size allows them): warp 0 alone issues
-//       one bulk tensor copy per page-sized run of rows and column block (one tensor map over the
-//       pool: coordinates (dim, slot, kv head, page id)); the full barriers count the
-//       transaction bytes;
+//     - tensor copies (GATHER false, wherever the page size allows them): warp 0 (Q and K) and
+//       warp 1 (V) issue one bulk tensor copy per page-sized run of rows and column block (one
+//       tensor map over the pool: coordinates (dim, slot, kv head, page id)); the full barriers
+//       count the transaction bytes;
 //     - gathered (GATHER true: pages that are not a multiple of 8 tokens, which no tensor copy
 //       takes): the warpgroup's 128 threads copy 16-byte chunks with cp.async into the same
 //       swizzled layout (produce_gather below); slots past kv_len are zero-filled by the copy
 //       itself, and each thread's copies of a tile arrive on its full barrier as they land
 //       (cp.async.mbarrier.arrive), so the full barriers count 128 arrivals.
 //       NOTE: measured on an H100 at page 16 (batch 1, length 8192, d128): 428 TFLOP/s gathered,
-//       387 with V alone gathered, 445 by tensor copies (473 with the serial loop): the producer
-//       threads' instructions take issue slots from the consumers.
+//       387 with V alone gathered, 527 by tensor copies: the producer threads' instructions take
+//       issue slots from the consumers.
 //   warpgroups 1 and 2 (consumers): 64 packed rows each (packed row r = query r / group, head
 //     r % group of this KV head, so a K/V tile serves the whole GQA group); S = Q K^T by wgmma
 //     m64nBNk16 from shared memory, the online softmax in fp32 registers, O += P V by wgmma with P
@@ -194,7 +194,12 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
                                v_empty);
       return;
     }
-    if (warp != 0) return;
+    // Warp 0 brings Q and the K tiles, warp 1 the V tiles: their bulk copies issue side by side.
+    // NOTE: measured on an H100 (batch 1, length 8192, d128, page 16, where a tile is 16 copies
+    // of 2 KiB for K and 16 for V): one warp issuing both, 445 TFLOP/s; two, 527; four (two
+    // per tile, a column block each), no faster.
+    if (warp > 1) return;
+    const bool v_warp = warp == 1;
     const int32_t* bt = p.block_table + int64_t(it.seq) * p.max_pages_per_seq;
     const int P = p.page_size, PB = p.tma_box_rows, nsub = BN / PB;  // nsub <= 16
     // Lane j < nsub copies rows [t0 + j PB, t0 + (j + 1) PB) of a tile: one box per column block,
@@ -215,13 +220,14 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       }
     };
     if (lane == 0) {
-      prefetch_tensor_map(&tm_q);
-      prefetch_tensor_map(&tm_k);
-      prefetch_tensor_map(&tm_v);
-      mbar_arrive_expect_tx(q_full, S::kQBytes);
+      prefetch_tensor_map(v_warp ? &tm_v : &tm_k);
+      if (!v_warp) {
+        prefetch_tensor_map(&tm_q);
+        mbar_arrive_expect_tx(q_full, S::kQBytes);
 #pragma unroll
-      for (int b = 0; b < NB; ++b)
-        tma_load_3d(sQ + b * BM * 64, &tm_q, q_full, b * 64, kvh * G, q0 + it.row_begin / G);
+        for (int b = 0; b < NB; ++b)
+          tma_load_3d(sQ + b * BM * 64, &tm_q, q_full, b * 64, kvh * G, q0 + it.row_begin / G);
+      }
     }
     int page = 0, slot = 0;
     if (ntiles > 0) box_of(0, page, slot);
@@ -229,33 +235,36 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       const int s = i % ST;
       const uint32_t ph = (i / ST) & 1;
       const int t0 = t_first + i * BN;
-      const bool zero = t0 + BN > L;  // warp-uniform
       int next_page = 0, next_slot = 0;
       if (i + 1 < ntiles) box_of(i + 1, next_page, next_slot);
-      if (lane == 0) {
-        mbar_wait(&k_empty[s], ph ^ 1);
-        mbar_arrive_expect_tx(&k_full[s], S::kTileBytes);
-      }
-      __syncwarp();
-      load_tile(sK + s * BN * HEAD_DIM, &tm_k, &k_full[s], page, slot);
-      uint64_t* vbar = zero ? v_zero : &v_full[s];
-      if (lane == 0) {
-        mbar_wait(&v_empty[s], ph ^ 1);
-        mbar_arrive_expect_tx(vbar, S::kTileBytes);
-      }
-      __syncwarp();
-      load_tile(sV + s * BN * HEAD_DIM, &tm_v, vbar, page, slot);
-      if (zero) {
-        mbar_wait(v_zero, 0);  // at most one tile per CTA crosses kv_len
-        uint16_t* tile = sV + s * BN * HEAD_DIM;
-        const int r0 = L - t0, per_block = (BN - r0) * 8;  // 16-byte chunks
-        for (int c = lane; c < per_block * NB; c += 32) {
-          const int b = c / per_block, r = r0 + c % per_block / 8, ch = c % 8;
-          *reinterpret_cast<uint4*>(tile + (b * BN + r) * 64 + ch * 8) = make_uint4(0, 0, 0, 0);
+      if (!v_warp) {
+        if (lane == 0) {
+          mbar_wait(&k_empty[s], ph ^ 1);
+          mbar_arrive_expect_tx(&k_full[s], S::kTileBytes);
         }
-        fence_proxy_async();
         __syncwarp();
-        if (lane == 0) mbar_arrive(&v_full[s]);
+        load_tile(sK + s * BN * HEAD_DIM, &tm_k, &k_full[s], page, slot);
+      } else {
+        const bool zero = t0 + BN > L;  // warp-uniform
+        uint64_t* vbar = zero ? v_zero : &v_full[s];
+        if (lane == 0) {
+          mbar_wait(&v_empty[s], ph ^ 1);
+          mbar_arrive_expect_tx(vbar, S::kTileBytes);
+        }
+        __syncwarp();
+        load_tile(sV + s * BN * HEAD_DIM, &tm_v, vbar, page, slot);
+        if (zero) {
+          mbar_wait(v_zero, 0);  // at most one tile per CTA crosses kv_len
+          uint16_t* tile = sV + s * BN * HEAD_DIM;
+          const int r0 = L - t0, per_block = (BN - r0) * 8;  // 16-byte chunks
+          for (int c = lane; c < per_block * NB; c += 32) {
+            const int b = c / per_block, r = r0 + c % per_block / 8, ch = c % 8;
+            *reinterpret_cast<uint4*>(tile + (b * BN + r) * 64 + ch * 8) = make_uint4(0, 0, 0, 0);
+          }
+          fence_proxy_async();
+          __syncwarp();
+          if (lane == 0) mbar_arrive(&v_full[s]);
+        }
       }
       page = next_page;
       slot = next_slot;
