@@ -14,7 +14,12 @@
 //       two consumer warpgroups of 64 packed rows each run S = Q K^T and O += P V on wgmma (P
 //       from registers, V N-major from shared memory), one step after the other.
 //   v4  (promoted, the default) v3 with the softmax of tile i running while P V of tile i - 1
-//       is on the tensor cores.
+//       is on the tensor cores; since 2026-11-25 warp 0 issues the K copies and warp 1 the V
+//       copies (one warp issued both).
+//   v5  v4 with K and V gathered by the producer warpgroup's 128 threads with cp.async into the
+//       same swizzled stages instead of one bulk tensor copy per page-sized run of rows (2 KiB
+//       copies at page 16), slots past kv_len zero-filled by the copies: the library's path for
+//       pages that are not a multiple of 8 tokens, which no tensor copy takes.
 //
 // Measured: H100 80GB HBM3, 2026-11-22/23, 32 query heads, 8 KV heads, head dim 128, page 16,
 // bf16, causal, cold L2, median of 10 (TFLOP/s; torch flash-attention 2: 206-356, cuDNN:
@@ -33,6 +38,21 @@
 // v3 / v4 at the sweep's shapes (two-stage version): 1x2048 286.9 / 272.3, 4x2048 351.2 / 335.8,
 // 4x8192 459.0 / 421.9, 1x32768 474.7 / 459.0, 32/32 heads 424.4 / 411.5, d64 316.5 / 295.3,
 // d256 482.6 / 483.2 (d256 always runs v3: the overlapped loop spills there).
+// Small pages (2026-11-25; TFLOP/s at batch 1, length 8192, d128; v3 / v4 / v5), with one warp
+// issuing every K and V copy (three calls):
+//   page 16    465-476 / 439-449 / 428-431   (every page-16 shape: v3 2-8% ahead of v4)
+//   page 32    529-531 / 525-527 / 431
+//   page 64    522-527 / 548-556 / 427-431
+//   page 128   531-533 / 555-556 / 429-433
+// v5's first version waited on its own copies one tile behind (177); with a division by the page
+// size per copied row the consumers waited on K 39% of their samples (183); one offset per lane
+// and tile passed by shuffles: 428. Gathering V alone (K by tensor copies): 387 overlapped, 399
+// serial. At page 16 a tile is 32 bulk copies of 2 KiB, and one warp issued them all: with K
+// issued by warp 0 and V by warp 1 (the library since),
+//   page 16    515-517 / 527 / 425-428   (4 x 8192: 525-531 / 470-496; 1 x 32768: 511-519 /
+//                                          534-538; d256: 590-601)
+//   page 32    518-528 / 536-544,  page 64  513-524 / 545-556,  page 128  515-523 / 536-563
+// Four issuing warps (two per tile, a column block each) were no faster than two.
 #include <cstdio>
 
 #include "lab_common.h"
@@ -47,6 +67,7 @@ std::function<void()> make_version(int v, const lab::Problem& p,
   o.tensor_core_prefill = v >= 2;
   o.hopper_prefill = v >= 3;
   o.hopper_prefill_overlap = v >= 4;
+  o.hopper_gather = v >= 5;
   plan = std::make_unique<CudaAttentionPlan>(size_t(256) << 20, o);
   plan->plan(p.dev_q(), p.dev_view(), p.batch(), p.s.opt, p.dev_out());
   return [&p, &plan] {
@@ -58,7 +79,7 @@ std::function<void()> make_version(int v, const lab::Problem& p,
 }  // namespace
 
 int main() {
-  constexpr int kVersions = 4;
+  constexpr int kVersions = 5;
   int failures = 0;
   std::printf("== correctness gate (relative L2 error vs the double-precision reference)\n");
   for (DType kv : {DType::bf16, DType::fp8_e4m3})
@@ -88,21 +109,25 @@ int main() {
   std::printf(
       "== timing sweep (page 16, bf16, causal; TFLOP/s counting the causal half; v1 only "
       "up to length 2048)\n");
-  std::printf("%-6s %-6s %-4s %-4s %-4s %10s %10s %10s %10s %7s %7s %7s %7s\n", "batch", "len",
-              "hq", "hkv", "d", "v1_us", "v2_us", "v3_us", "v4_us", "v1_TF", "v2_TF", "v3_TF",
-              "v4_TF");
+  std::printf("%-6s %-6s %-4s %-4s %-4s %-4s", "batch", "len", "hq", "hkv", "d", "page");
+  for (int v = 1; v <= kVersions; ++v) std::printf(" %8s%d_us", "v", v);
+  for (int v = 1; v <= kVersions; ++v) std::printf(" %5s%d_TF", "v", v);
+  std::printf("\n");
   struct Sweep {
-    int batch, len, hq, hkv, d;
+    int batch, len, hq, hkv, d, page = 16;
   };
-  const Sweep sweep[] = {{1, 2048, 32, 8, 128}, {1, 8192, 32, 8, 128},  {4, 2048, 32, 8, 128},
-                         {4, 8192, 32, 8, 128}, {1, 32768, 32, 8, 128}, {1, 8192, 32, 32, 128},
-                         {1, 8192, 32, 8, 64},  {1, 8192, 32, 8, 256},  {4, 8192, 32, 8, 64},
-                         {4, 8192, 32, 8, 256}};
+  const Sweep sweep[] = {
+      {1, 2048, 32, 8, 128},     {1, 8192, 32, 8, 128},     {4, 2048, 32, 8, 128},
+      {4, 8192, 32, 8, 128},     {1, 32768, 32, 8, 128},    {1, 8192, 32, 32, 128},
+      {1, 8192, 32, 8, 64},      {1, 8192, 32, 8, 256},     {4, 8192, 32, 8, 64},
+      {4, 8192, 32, 8, 256},     {1, 8192, 32, 8, 128, 32}, {1, 8192, 32, 8, 128, 64},
+      {1, 8192, 32, 8, 128, 128}};
   for (const Sweep& w : sweep) {
     lab::Shape s;
     s.hq = w.hq;
     s.hkv = w.hkv;
     s.d = w.d;
+    s.page = w.page;
     s.q_len.assign(size_t(w.batch), w.len);
     s.kv_len.assign(size_t(w.batch), w.len);
     lab::Problem p(s, 3, false);
@@ -114,9 +139,10 @@ int main() {
     }
     const double flops = 4.0 * w.batch * s.hq * s.d * (double(w.len) * (w.len + 1) / 2);
     auto tf = [&](double t) { return t > 0 ? flops / t / 1e6 : 0.0; };
-    std::printf("%-6d %-6d %-4d %-4d %-4d %10.1f %10.1f %10.1f %10.1f %7.1f %7.1f %7.1f %7.1f\n",
-                w.batch, w.len, w.hq, w.hkv, w.d, us[1], us[2], us[3], us[4], tf(us[1]), tf(us[2]),
-                tf(us[3]), tf(us[4]));
+    std::printf("%-6d %-6d %-4d %-4d %-4d %-4d", w.batch, w.len, w.hq, w.hkv, w.d, w.page);
+    for (int v = 1; v <= kVersions; ++v) std::printf(" %12.1f", us[v]);
+    for (int v = 1; v <= kVersions; ++v) std::printf(" %9.1f", tf(us[v]));
+    std::printf("\n");
   }
   std::printf("gate: %s (%d failures)\n", failures ? "FAIL" : "ok", failures);
   return failures ? 1 : 0;

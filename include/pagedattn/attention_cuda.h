@@ -48,6 +48,11 @@ struct CudaPlanOptions {
   // In the Hopper kernel, the softmax of one KV tile runs while the tensor cores do P V of the
   // previous one (false: one step after the other, kept for the kernel lab).
   bool hopper_prefill_overlap = true;
+  // In the Hopper kernel, K and V gathered by the producer warpgroup's threads with cp.async
+  // instead of bulk tensor copies of page-sized runs of rows (slower wherever both work: kept for
+  // the kernel lab); pages that are not a multiple of 8 tokens are always gathered (no tensor
+  // copy takes them).
+  bool hopper_gather = false;
   // Decode rows of GQA groups of at least this many query heads per KV head run on the
   // tensor-core decode kernel, the others on the CUDA-core one. It depends on the model's shape
   // only, never on the batch, so a row's output does not depend on the batch it is in.

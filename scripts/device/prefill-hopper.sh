@@ -4,8 +4,9 @@
 # first, then the whole GPU suite, compute-sanitizer memcheck and racecheck on the prefill tests,
 # the lab (gate and sweep), the prefill benchmark and torch's cuDNN and flash backends at the same
 # shapes. Every step has a time limit; logs go to $OUT (default ./out/gpu), a summary is printed
-# last. Steps: any of build sass hopper sanitize lab suite profile torch bench (default: all, in
-# that order). At most 8 files come back: sanitizer output goes to hopper.log, torch's to bench.log.
+# last. Steps: any of build sass hopper sanitize lab suite profile torch bench model (default:
+# all, in that order; model: the CLI's whole-model prefill on synthetic Llama-3-8B at 8192 and
+# 32768 tokens). At most 8 files come back: sanitizer output goes to hopper.log, torch's to bench.log.
 #   scripts/device/prefill-hopper.sh
 #   scripts/device/prefill-hopper.sh build hopper lab
 set -uo pipefail
@@ -13,7 +14,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out/gpu}
 BUILD_DIR=${BUILD_DIR:-build-gpu}
 mkdir -p "$OUT"
-steps=${*:-build sass hopper sanitize lab suite profile torch bench}
+steps=${*:-build sass hopper sanitize lab suite profile torch bench model}
 # NOTE: the whole call has a time limit on the GPU machine: no step runs past BUDGET seconds from
 # the start (default 570), so the logs and the summary always come back.
 end=$(($(date +%s) + ${BUDGET:-570}))
@@ -27,8 +28,10 @@ source scripts/device/steps.sh
 cat "$OUT/device.txt"
 
 if has build; then
-  step build 420 build.log env BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh test_gpu \
-    attention_prefill_lab bench_attention_cuda_main || { tail -40 "$OUT/build.log"; }
+  targets=(test_gpu attention_prefill_lab bench_attention_cuda_main)
+  if has model; then targets+=(pagedattn); fi
+  step build 420 build.log env BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh "${targets[@]}" ||
+    { tail -40 "$OUT/build.log"; }
 fi
 if [[ -f "$BUILD_DIR/deps-env.sh" ]]; then source "$BUILD_DIR/deps-env.sh"; fi
 T="$BUILD_DIR/tests/test_gpu"
@@ -76,6 +79,25 @@ if has profile; then
   ncu -i "$OUT/prof.ncu-rep" --page source --csv --print-source sass >"$OUT/source.csv" 2>&1
   rm -f "$OUT/prof.ncu-rep"
   grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Tensor" "$OUT/profile.txt" | head -20
+  # The instructions where the warps' stall samples fall most (a barrier's wait loop shows as its
+  # branch back).
+  python3 - "$OUT/source.csv" <<'PY'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+hdr = next(i for i, r in enumerate(rows) if 'Source' in r and 'Address' in r)
+h = rows[hdr]
+src, addr = h.index('Source'), h.index('Address')
+col = next(j for j, c in enumerate(h) if c.startswith('Warp Stall Sampling (All'))
+data = []
+for r in rows[hdr + 1:]:
+    try:
+        data.append((float(r[col]), r[addr], r[src]))
+    except (ValueError, IndexError):
+        pass
+total = sum(d[0] for d in data) or 1.0
+for v, a, s in sorted(data, reverse=True)[:15]:
+    print('%5.1f%%  %s  %s' % (100 * v / total, a, s.strip()[:90]))
+PY
 fi
 if has torch; then
   step torch 120 bench.log env PYTHONUNBUFFERED=1 python3 scripts/device/torch_baseline.py \
@@ -94,5 +116,12 @@ if has bench; then
   step bench_chunk 80 bench.log "$B" "${common[@]}" --batch 1,4 --context 8192,32768 \
     --prefill-chunk 2048 --num-kv-heads 8 --head-dim 128
   grep -E "prefill|copy" "$OUT/bench.log" | tail -40
+fi
+if has model; then
+  for len in 8192 32768; do
+    step "model_$len" 120 model.log "$BUILD_DIR/pagedattn" bench model --model synthetic:llama3-8b \
+      --device cuda --batch 1 --prompt-len "$len" --decode-steps 8
+  done
+  grep -E "prefill" "$OUT/model.log" | tail -4
 fi
 printf '%s\n' "== summary" "${summary[@]}" | tee -a "$OUT/device.txt"

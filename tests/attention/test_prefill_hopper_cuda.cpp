@@ -37,7 +37,7 @@ Spec random_hopper_spec(std::mt19937_64& rng) {
   Spec s;
   s.q_dtype = s.kv_dtype = rng() % 3 ? DType::bf16 : DType::f16;
   s.head_dim = pick({64, 128, 256});
-  s.page_size = pick({8, 16, 32, 48, 64, 128});
+  s.page_size = pick({1, 8, 12, 16, 32, 48, 64, 128, 384, 1024});
   s.num_kv_heads = pick({1, 2, 4});
   s.num_q_heads = s.num_kv_heads * pick({1, 2, 4, 8, 16});
   if (s.num_q_heads > 32) s.num_q_heads = s.num_kv_heads * 8;
@@ -58,13 +58,27 @@ Spec random_hopper_spec(std::mt19937_64& rng) {
   return s;
 }
 
-void check_hopper(const Spec& s, uint64_t seed, bool expect_hopper = true) {
+// The plan's choices (tensor copies wherever the page size allows, the overlapped loop), K/V
+// gathered, the serial loop, both.
+enum class Variant { automatic, gather, serial, gather_serial };
+
+CudaPlanOptions options(Variant v) {
+  CudaPlanOptions o;
+  o.hopper_gather = v == Variant::gather || v == Variant::gather_serial;
+  o.hopper_prefill_overlap = !(v == Variant::serial || v == Variant::gather_serial);
+  return o;
+}
+
+void check_hopper(const Spec& s, uint64_t seed, bool expect_hopper = true,
+                  Variant variant = Variant::automatic) {
   Problem pr(s, seed);
-  CudaAttentionPlan plan;
+  CudaAttentionPlan plan(size_t(64) << 20, options(variant));
   const std::vector<uint8_t> got = pr.run_cuda(plan);
   bool any_prefill = false;
   for (int32_t q : s.q_len) any_prefill |= q > 1;
-  if (any_prefill) EXPECT_EQ(plan.info().prefill_hopper, expect_hopper) << describe(s);
+  if (any_prefill) {
+    EXPECT_EQ(plan.info().prefill_hopper, expect_hopper) << describe(s);
+  }
   expect_close(got, s.q_dtype, pr.reference(), describe(s) + " seed " + std::to_string(seed));
 }
 
@@ -81,11 +95,17 @@ TEST(HopperPrefill, MatchesReferenceOnRandomShapes) {
   for (int i = 0; i < kProblems; ++i) {
     const Spec s = random_hopper_spec(rng);
     problems.push_back(std::make_unique<Problem>(s, 5000 + uint64_t(i)));
-    CudaAttentionPlan plan;
+    // Both producers and both loops over every page size (tensor copies fall back to gathering
+    // where a page is not a multiple of 8 tokens).
+    const Variant variants[] = {Variant::automatic, Variant::gather, Variant::serial,
+                                  Variant::gather_serial};
+    CudaAttentionPlan plan(size_t(64) << 20, options(variants[i % 4]));
     got.push_back(problems.back()->run_cuda(plan));
     bool any_prefill = false;
     for (int32_t q : s.q_len) any_prefill |= q > 1;
-    if (any_prefill) EXPECT_TRUE(plan.info().prefill_hopper) << describe(s);
+    if (any_prefill) {
+      EXPECT_TRUE(plan.info().prefill_hopper) << describe(s);
+    }
   }
   std::vector<std::vector<float>> refs(problems.size());
   std::atomic<size_t> next{0};
@@ -117,11 +137,29 @@ TEST(HopperPrefill, ChunksAtTheEndOfLongContexts) {
   check_hopper(s, 21);
   s.opt.window = 1000;
   check_hopper(s, 22);
+  check_hopper(s, 22, true, Variant::serial);
   s.opt.window = 0;
   s.page_size = 128;
   s.q_len = {700};
   s.kv_len = {700};
   check_hopper(s, 23);
+  check_hopper(s, 23, true, Variant::gather);
+}
+
+// The two producers fill the stages with the same values (slots past kv_len: zeroed in V, masked
+// in K), so the outputs are the same bits.
+TEST(HopperPrefill, GatherAndTensorCopiesGiveTheSameBits) {
+  PA_SKIP_WITHOUT_HOPPER();
+  std::mt19937_64 rng(77);
+  for (int i = 0; i < 40; ++i) {
+    Spec s = random_hopper_spec(rng);
+    if (s.page_size % 8 != 0) s.page_size = 16;
+    Problem pr(s, 9000 + uint64_t(i));
+    CudaAttentionPlan tensor(size_t(64) << 20, options(Variant::automatic));
+    CudaAttentionPlan gather(size_t(64) << 20, options(Variant::gather));
+    const std::vector<uint8_t> a = pr.run_cuda(tensor);
+    ASSERT_EQ(a, pr.run_cuda(gather)) << describe(s);
+  }
 }
 
 // Shapes the Hopper kernel does not take run on the mma.sync kernel, correctly.
@@ -133,7 +171,8 @@ TEST(HopperPrefill, OtherShapesTakeTheMmaKernel) {
   s.q_len = {100, 1};
   s.kv_len = {300, 50};
   check_hopper(s, 31, false);
+  // A page that is not a multiple of 8 tokens has no bulk tensor copy, but is gathered.
   s.num_q_heads = 8;
-  s.page_size = 12;  // not a multiple of 8
-  check_hopper(s, 32, false);
+  s.page_size = 12;
+  check_hopper(s, 32, true);
 }

@@ -68,6 +68,7 @@ struct AttentionParams {
   int32_t prefill_kernel = 0;
   int32_t num_tokens = 0, num_pages = 0;  // the Hopper kernel's tensor maps
   int32_t tma_box_rows = 0;               // K/V rows per bulk copy (set by its launcher)
+  bool hopper_gather = false;             // K/V gathered by cp.async instead of tensor copies
 };
 
 constexpr int32_t kPrefillMma = 0;
@@ -107,8 +108,15 @@ bool prefill_supported(DType q, DType kv, int head_dim);
 void launch_prefill_hopper(const AttentionParams& p, DType q, DType kv, int head_dim,
                            cudaStream_t s);
 // Whether the Hopper kernel handles this shape: q and KV bf16 or f16 of one dtype, head_dim 64,
-// 128 or 256, page_size a multiple of 8 (at most 256), a GQA group dividing kPrefillRows.
-bool prefill_hopper_supported(DType q, DType kv, int head_dim, int group, int page_size);
+// 128 or 256, a GQA group dividing kPrefillRows; by tensor copies (gather false) page_size a
+// multiple of 8 (a copy takes gcd(page_size, tile) rows); gathered, any page size.
+bool prefill_hopper_supported(DType q, DType kv, int head_dim, int group, int page_size,
+                              bool gather);
+// Whether the Hopper kernel gathers K/V for this page size: when asked
+// (CudaPlanOptions::hopper_gather), or when no tensor copy takes the page size.
+inline bool prefill_hopper_gathers(bool asked, int page_size) {
+  return asked || page_size % 8 != 0;
+}
 // Whether it can run here: the current device is sm_90 and the kernel was built for sm_90a, and
 // the driver's tensor-map encoder is reachable.
 bool prefill_hopper_available();

@@ -193,9 +193,10 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   const bool fp8 = kv.dtype == DType::fp8_e4m3;
   const bool use_prefill =
       im.opts.tensor_core_prefill && cuda::prefill_supported(q.dtype, kv.dtype, D);
+  const bool gather = cuda::prefill_hopper_gathers(im.opts.hopper_gather, kv.page_size);
   const bool use_hopper =
       use_prefill && im.opts.hopper_prefill &&
-      cuda::prefill_hopper_supported(q.dtype, kv.dtype, D, group, kv.page_size) &&
+      cuda::prefill_hopper_supported(q.dtype, kv.dtype, D, group, kv.page_size, gather) &&
       cuda::prefill_hopper_available();
 
   // ---- rows for the decode kernel, prefill tiles for the rest ----
@@ -284,6 +285,7 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   p.prefill_kernel = !use_hopper                      ? cuda::kPrefillMma
                      : im.opts.hopper_prefill_overlap ? cuda::kPrefillWgmma
                                                       : cuda::kPrefillWgmmaSerial;
+  p.hopper_gather = gather;
   p.num_tokens = q.num_tokens;
   p.num_pages = kv.num_pages;
   p.partial_md = reinterpret_cast<float*>(im.ws + o_partial);

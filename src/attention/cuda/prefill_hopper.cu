@@ -51,10 +51,12 @@ bool encode(CUtensorMap* map, DType t, const void* ptr, int rank, const cuuint64
 
 }  // namespace
 
-bool prefill_hopper_supported(DType q, DType kv, int head_dim, int group, int page_size) {
+bool prefill_hopper_supported(DType q, DType kv, int head_dim, int group, int page_size,
+                              bool gather) {
   return (q == DType::bf16 || q == DType::f16) && kv == q &&
          (head_dim == 64 || head_dim == 128 || head_dim == 256) && group >= 1 &&
-         kPrefillRows % group == 0 && page_size % 8 == 0 && page_size <= 256;
+         kPrefillRows % group == 0 && page_size >= 1 &&
+         (gather || page_size % 8 == 0);
 }
 
 bool prefill_hopper_available() {
@@ -76,13 +78,13 @@ bool prefill_hopper_available() {
 
 void launch_prefill_hopper(const AttentionParams& p_in, DType q, DType kv, int head_dim,
                            cudaStream_t s) {
-  PA_CHECK(prefill_hopper_supported(q, kv, head_dim, p_in.group, p_in.page_size),
+  PA_CHECK(prefill_hopper_supported(q, kv, head_dim, p_in.group, p_in.page_size, p_in.hopper_gather),
            "paged_attention_cuda: no Hopper prefill kernel for q ", dtype_name(q), ", KV ",
            dtype_name(kv), ", head_dim ", head_dim, ", group ", p_in.group, ", page_size ",
            p_in.page_size);
   if (p_in.num_prefill_items == 0) return;
   AttentionParams p = p_in;
-  p.tma_box_rows = hopper_box_rows(p.page_size, head_dim);
+  p.tma_box_rows = p.hopper_gather ? 0 : hopper_box_rows(p.page_size, head_dim);
   const int G = p.group, D = head_dim;
   HopperMaps m;
   // q: [num_tokens][num_q_heads][D]; one box = kPrefillRows / G tokens x G heads x 64 dims.
@@ -95,9 +97,11 @@ void launch_prefill_hopper(const AttentionParams& p_in, DType q, DType kv, int h
   const cuuint64_t kv_strides[3] = {cuuint64_t(D) * 2, cuuint64_t(p.head_stride) * 2,
                                     cuuint64_t(p.page_stride) * 2};
   const cuuint32_t kv_box[4] = {64, cuuint32_t(p.tma_box_rows), 1, 1};
+  // NOTE: a gathering launch reads K/V through pointers; its K/V maps stay unused (zeroed).
+  m.k = m.v = CUtensorMap{};
   const bool ok = encode(&m.q, q, p.q, 3, q_dims, q_strides, q_box) &&
-                  encode(&m.k, kv, p.k_pages, 4, kv_dims, kv_strides, kv_box) &&
-                  encode(&m.v, kv, p.v_pages, 4, kv_dims, kv_strides, kv_box);
+                  (p.hopper_gather || (encode(&m.k, kv, p.k_pages, 4, kv_dims, kv_strides, kv_box) &&
+                                       encode(&m.v, kv, p.v_pages, 4, kv_dims, kv_strides, kv_box)));
   if (!ok) return launch_prefill(p_in, q, kv, head_dim, s);
   if (q == DType::bf16) return launch_prefill_hopper_bf16(p, head_dim, m, s);
   return launch_prefill_hopper_f16(p, head_dim, m, s);

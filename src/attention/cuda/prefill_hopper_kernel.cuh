@@ -3,10 +3,21 @@
 //
 // Grid: x = prefill items (sequence, first packed row; the same items as prefill_kernel.cuh),
 // y = num_kv_heads. Block: 3 warpgroups (384 threads).
-//   warpgroup 0, warp 0 (producer): Q once, then for each KV tile of kBN positions its K and V
-//     through bulk tensor copies, page by page through the block table (one tensor map over the
-//     pool: coordinates (dim, slot, kv head, page id)), into kStages shared-memory stages; each
-//     stage has a full barrier (transaction bytes) and an empty barrier (the consumers' arrivals).
+//   warpgroup 0 (producer): Q once by a bulk tensor copy, then for each KV tile of kBN positions
+//     its K and V, page by page through the block table, into kStages shared-memory stages; each
+//     stage has a full barrier and an empty barrier (the consumers' arrivals). Two ways:
+//     - tensor copies (GATHER false, wherever the page size allows them): warp 0 (Q and K) and
+//       warp 1 (V) issue one bulk tensor copy per page-sized run of rows and column block (one
+//       tensor map over the pool: coordinates (dim, slot, kv head, page id)); the full barriers
+//       count the transaction bytes;
+//     - gathered (GATHER true: pages that are not a multiple of 8 tokens, which no tensor copy
+//       takes): the warpgroup's 128 threads copy 16-byte chunks with cp.async into the same
+//       swizzled layout (produce_gather below); slots past kv_len are zero-filled by the copy
+//       itself, and each thread's copies of a tile arrive on its full barrier as they land
+//       (cp.async.mbarrier.arrive), so the full barriers count 128 arrivals.
+//       NOTE: measured on an H100 at page 16 (batch 1, length 8192, d128): 428 TFLOP/s gathered,
+//       387 with V alone gathered, 527 by tensor copies: the producer threads' instructions take
+//       issue slots from the consumers.
 //   warpgroups 1 and 2 (consumers): 64 packed rows each (packed row r = query r / group, head
 //     r % group of this KV head, so a K/V tile serves the whole GQA group); S = Q K^T by wgmma
 //     m64nBNk16 from shared memory, the online softmax in fp32 registers, O += P V by wgmma with P
@@ -44,7 +55,84 @@ struct HopperShape {
   static_assert(kBM == 128, "two consumer warpgroups of 64 rows");
 };
 
-template <class Q, int HEAD_DIM, bool OVERLAP>
+// The gathering producer (GATHER): the 128 threads of warpgroup 0 copy each K and V tile of BN
+// rows x HEAD_DIM into its stage [NB][BN][64], swizzled as a 128-byte-swizzle tensor copy would
+// write it (16-byte chunk c of row r at c ^ (r % 8)).
+//
+// Thread mapping (CPR = HEAD_DIM / 8 chunks per row): a thread copies chunk pt % CPR of rows
+// rg, rg + RG, rg + 2 RG, ... (rg = pt / CPR, RG = 128 / CPR row groups), so one warp instruction
+// covers 32 / CPR whole row segments (coalesced 256-byte reads at d128). A warp's rows are 32
+// (16 at d256); lane l reads the page of its l-th row once per tile and the lanes that copy that
+// row take it by a shuffle.
+template <int HEAD_DIM>
+__device__ __forceinline__ void produce_gather(const AttentionParams& p, int seq, int kvh,
+                                               int t_first, int ntiles, int L, uint16_t* sK,
+                                               uint16_t* sV, uint64_t* k_full, uint64_t* v_full,
+                                               uint64_t* k_empty, uint64_t* v_empty) {
+  using S = HopperShape<HEAD_DIM>;
+  constexpr int BN = S::kBN, ST = S::kStages;
+  constexpr int CPR = HEAD_DIM / 8;    // 16-byte chunks per row: 8, 16, 32
+  constexpr int RPW = 32 / CPR;        // row groups per warp: 4, 2, 1
+  constexpr int RG = 128 / CPR;        // row groups: 16, 8, 4
+  constexpr int NJ = BN / RG;          // rows per thread and tile: 8, 16, 16
+  static_assert(RPW * NJ <= 32, "a warp's rows of a tile fit its lanes");
+  // NOTE: not fully unrolled: the producer has 40 registers, and every row's address computed
+  // ahead spilled.
+  constexpr int kUnroll = HEAD_DIM >= 256 ? 2 : 4;
+  const int pt = threadIdx.x, w = pt / 32, lane = pt % 32;
+  const int c = pt % CPR, h = (pt % 32) / CPR, rg = pt / CPR;
+  // The smem offset (elements) of this thread's chunk in its j-th row r = rg + RG j: the swizzle
+  // depends on r % 8, which is the same for every j when RG is a multiple of 8 (d64, d128).
+  auto dst_off = [&](int j) {
+    const int r = rg + RG * j;
+    return ((c / 8) * BN + r) * 64 + (((c % 8) ^ (r % 8)) * 8);
+  };
+  const int32_t* bt = p.block_table + int64_t(seq) * p.max_pages_per_seq;
+  const int P = p.page_size;
+  // Lane `lane` finds where row w RPW + lane % RPW + RG (lane / RPW) of a tile lives: its element
+  // offset in the pool (page and slot; -1 past kv_len). One block-table read and one division by
+  // the page size per lane and tile; the lanes that copy the row take the offset by shuffles.
+  // NOTE: the producer's instructions are the kernel's limit here: with a division per copied row
+  // the consumers waited on K for 39% of their samples (Nsight Compute, page 16).
+  const int my_row = w * RPW + lane % RPW + RG * (lane / RPW);
+  auto row_offset = [&](int tile) -> int64_t {
+    const int t = t_first + tile * BN + my_row;
+    if (lane >= RPW * NJ || t >= L) return -1;
+    return int64_t(__ldg(bt + t / P)) * p.page_stride + (t % P) * HEAD_DIM;
+  };
+  const auto* kpool =
+      static_cast<const uint16_t*>(p.k_pages) + int64_t(kvh) * p.head_stride + c * 8;
+  const auto* vpool =
+      static_cast<const uint16_t*>(p.v_pages) + int64_t(kvh) * p.head_stride + c * 8;
+  // Each thread's copies of a tile arrive on the tile's full barrier when they land (the
+  // barrier counts 128 arrivals), so the producer never waits for its own copies.
+  auto copy_tile = [&](uint16_t* dst, const uint16_t* pool, int64_t off_reg, uint64_t* full) {
+    const int lo_reg = int(uint64_t(off_reg)), hi_reg = int(uint64_t(off_reg) >> 32);
+#pragma unroll(kUnroll)
+    for (int j = 0; j < NJ; ++j) {
+      const uint32_t lo = uint32_t(__shfl_sync(0xffffffffu, lo_reg, RPW * j + h));
+      const int hi = __shfl_sync(0xffffffffu, hi_reg, RPW * j + h);
+      const bool valid = hi >= 0;
+      const int64_t off = valid ? (int64_t(hi) << 32) | lo : 0;
+      cp_async16(dst + dst_off(j), pool + off, valid);  // past kv_len: 16 zero bytes
+    }
+    cp_async_arrive_noinc(full);
+  };
+  int64_t off = ntiles > 0 ? row_offset(0) : -1;
+  for (int i = 0; i < ntiles; ++i) {
+    const int s = i % ST;
+    const uint32_t ph = (i / ST) & 1;
+    const int64_t next_off = i + 1 < ntiles ? row_offset(i + 1) : -1;
+    mbar_wait(&k_empty[s], ph ^ 1);
+    copy_tile(sK + s * BN * HEAD_DIM, kpool, off, &k_full[s]);
+    mbar_wait(&v_empty[s], ph ^ 1);
+    copy_tile(sV + s * BN * HEAD_DIM, vpool, off, &v_full[s]);
+    off = next_off;
+  }
+  cp_async_wait<0>();  // nothing of this thread's in flight when it leaves
+}
+
+template <class Q, int HEAD_DIM, bool OVERLAP, bool GATHER>
 __global__ void __launch_bounds__(kHopperThreads, 1)
     prefill_hopper_kernel(const AttentionParams p, const __grid_constant__ CUtensorMap tm_q,
                           const __grid_constant__ CUtensorMap tm_k,
@@ -81,8 +169,8 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   if (tid == 0) {
     mbar_init(q_full, 1);
     for (int s = 0; s < ST; ++s) {
-      mbar_init(&k_full[s], 1);
-      mbar_init(&v_full[s], 1);
+      mbar_init(&k_full[s], GATHER ? 128 : 1);
+      mbar_init(&v_full[s], GATHER ? 128 : 1);
       mbar_init(&k_empty[s], 2 * 128);
       mbar_init(&v_empty[s], 2 * 128);
     }
@@ -94,7 +182,24 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   if (wg == 0) {
     // ================= producer =================
     regs_dealloc<40>();
-    if (warp != 0) return;
+    if constexpr (GATHER) {
+      if (tid == 0) {
+        prefetch_tensor_map(&tm_q);
+        mbar_arrive_expect_tx(q_full, S::kQBytes);
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+          tma_load_3d(sQ + b * BM * 64, &tm_q, q_full, b * 64, kvh * G, q0 + it.row_begin / G);
+      }
+      produce_gather<HEAD_DIM>(p, it.seq, kvh, t_first, ntiles, L, sK, sV, k_full, v_full, k_empty,
+                               v_empty);
+      return;
+    }
+    // Warp 0 brings Q and the K tiles, warp 1 the V tiles: their bulk copies issue side by side.
+    // NOTE: measured on an H100 (batch 1, length 8192, d128, page 16, where a tile is 16 copies
+    // of 2 KiB for K and 16 for V): one warp issuing both, 445 TFLOP/s; two, 527; four (two
+    // per tile, a column block each), no faster.
+    if (warp > 1) return;
+    const bool v_warp = warp == 1;
     const int32_t* bt = p.block_table + int64_t(it.seq) * p.max_pages_per_seq;
     const int P = p.page_size, PB = p.tma_box_rows, nsub = BN / PB;  // nsub <= 16
     // Lane j < nsub copies rows [t0 + j PB, t0 + (j + 1) PB) of a tile: one box per column block,
@@ -115,13 +220,14 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       }
     };
     if (lane == 0) {
-      prefetch_tensor_map(&tm_q);
-      prefetch_tensor_map(&tm_k);
-      prefetch_tensor_map(&tm_v);
-      mbar_arrive_expect_tx(q_full, S::kQBytes);
+      prefetch_tensor_map(v_warp ? &tm_v : &tm_k);
+      if (!v_warp) {
+        prefetch_tensor_map(&tm_q);
+        mbar_arrive_expect_tx(q_full, S::kQBytes);
 #pragma unroll
-      for (int b = 0; b < NB; ++b)
-        tma_load_3d(sQ + b * BM * 64, &tm_q, q_full, b * 64, kvh * G, q0 + it.row_begin / G);
+        for (int b = 0; b < NB; ++b)
+          tma_load_3d(sQ + b * BM * 64, &tm_q, q_full, b * 64, kvh * G, q0 + it.row_begin / G);
+      }
     }
     int page = 0, slot = 0;
     if (ntiles > 0) box_of(0, page, slot);
@@ -129,33 +235,36 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       const int s = i % ST;
       const uint32_t ph = (i / ST) & 1;
       const int t0 = t_first + i * BN;
-      const bool zero = t0 + BN > L;  // warp-uniform
       int next_page = 0, next_slot = 0;
       if (i + 1 < ntiles) box_of(i + 1, next_page, next_slot);
-      if (lane == 0) {
-        mbar_wait(&k_empty[s], ph ^ 1);
-        mbar_arrive_expect_tx(&k_full[s], S::kTileBytes);
-      }
-      __syncwarp();
-      load_tile(sK + s * BN * HEAD_DIM, &tm_k, &k_full[s], page, slot);
-      uint64_t* vbar = zero ? v_zero : &v_full[s];
-      if (lane == 0) {
-        mbar_wait(&v_empty[s], ph ^ 1);
-        mbar_arrive_expect_tx(vbar, S::kTileBytes);
-      }
-      __syncwarp();
-      load_tile(sV + s * BN * HEAD_DIM, &tm_v, vbar, page, slot);
-      if (zero) {
-        mbar_wait(v_zero, 0);  // at most one tile per CTA crosses kv_len
-        uint16_t* tile = sV + s * BN * HEAD_DIM;
-        const int r0 = L - t0, per_block = (BN - r0) * 8;  // 16-byte chunks
-        for (int c = lane; c < per_block * NB; c += 32) {
-          const int b = c / per_block, r = r0 + c % per_block / 8, ch = c % 8;
-          *reinterpret_cast<uint4*>(tile + (b * BN + r) * 64 + ch * 8) = make_uint4(0, 0, 0, 0);
+      if (!v_warp) {
+        if (lane == 0) {
+          mbar_wait(&k_empty[s], ph ^ 1);
+          mbar_arrive_expect_tx(&k_full[s], S::kTileBytes);
         }
-        fence_proxy_async();
         __syncwarp();
-        if (lane == 0) mbar_arrive(&v_full[s]);
+        load_tile(sK + s * BN * HEAD_DIM, &tm_k, &k_full[s], page, slot);
+      } else {
+        const bool zero = t0 + BN > L;  // warp-uniform
+        uint64_t* vbar = zero ? v_zero : &v_full[s];
+        if (lane == 0) {
+          mbar_wait(&v_empty[s], ph ^ 1);
+          mbar_arrive_expect_tx(vbar, S::kTileBytes);
+        }
+        __syncwarp();
+        load_tile(sV + s * BN * HEAD_DIM, &tm_v, vbar, page, slot);
+        if (zero) {
+          mbar_wait(v_zero, 0);  // at most one tile per CTA crosses kv_len
+          uint16_t* tile = sV + s * BN * HEAD_DIM;
+          const int r0 = L - t0, per_block = (BN - r0) * 8;  // 16-byte chunks
+          for (int c = lane; c < per_block * NB; c += 32) {
+            const int b = c / per_block, r = r0 + c % per_block / 8, ch = c % 8;
+            *reinterpret_cast<uint4*>(tile + (b * BN + r) * 64 + ch * 8) = make_uint4(0, 0, 0, 0);
+          }
+          fence_proxy_async();
+          __syncwarp();
+          if (lane == 0) mbar_arrive(&v_full[s]);
+        }
       }
       page = next_page;
       slot = next_slot;
@@ -395,17 +504,23 @@ struct HopperMaps {
   CUtensorMap q, k, v;
 };
 
-template <class Q, int HEAD_DIM, bool OVERLAP>
-void launch_prefill_hopper_o(const AttentionParams& p, const HopperMaps& m, cudaStream_t s) {
+template <class Q, int HEAD_DIM, bool OVERLAP, bool GATHER>
+void launch_prefill_hopper_g(const AttentionParams& p, const HopperMaps& m, cudaStream_t s) {
   using S = HopperShape<HEAD_DIM>;
   static std::atomic<uint64_t> configured{0};  // per kernel instance, per device
-  set_smem_limit_on_this_device(prefill_hopper_kernel<Q, HEAD_DIM, OVERLAP>, int(S::kSmemBytes),
-                                configured,
+  set_smem_limit_on_this_device(prefill_hopper_kernel<Q, HEAD_DIM, OVERLAP, GATHER>,
+                                int(S::kSmemBytes), configured,
                                 "paged_attention_cuda: Hopper prefill shared memory attribute");
   const dim3 grid(unsigned(p.num_prefill_items), unsigned(p.num_kv_heads));
-  prefill_hopper_kernel<Q, HEAD_DIM, OVERLAP>
+  prefill_hopper_kernel<Q, HEAD_DIM, OVERLAP, GATHER>
       <<<grid, kHopperThreads, S::kSmemBytes, s>>>(p, m.q, m.k, m.v);
   check_launch("paged_attention_cuda: Hopper prefill kernel launch");
+}
+
+template <class Q, int HEAD_DIM, bool OVERLAP>
+void launch_prefill_hopper_o(const AttentionParams& p, const HopperMaps& m, cudaStream_t s) {
+  if (p.hopper_gather) return launch_prefill_hopper_g<Q, HEAD_DIM, OVERLAP, true>(p, m, s);
+  launch_prefill_hopper_g<Q, HEAD_DIM, OVERLAP, false>(p, m, s);
 }
 
 template <class Q, int HEAD_DIM>
