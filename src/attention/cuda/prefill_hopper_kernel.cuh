@@ -11,7 +11,7 @@
 //       tensor map over the pool: coordinates (dim, slot, kv head, page id)); the full barriers
 //       count the transaction bytes;
 //     - gathered (GATHER true: pages that are not a multiple of 8 tokens, which no tensor copy
-//       takes): the warpgroup's 128 threads copy 16-byte chunks with cp.async into the same
+//       takes, or CudaPlanOptions::hopper_gather): the warpgroup's 128 threads copy 16-byte chunks with cp.async into the same
 //       swizzled layout (produce_gather below); slots past kv_len are zero-filled by the copy
 //       itself, and each thread's copies of a tile arrive on its full barrier as they land
 //       (cp.async.mbarrier.arrive), so the full barriers count 128 arrivals.
@@ -129,7 +129,10 @@ __device__ __forceinline__ void produce_gather(const AttentionParams& p, int seq
     copy_tile(sV + s * BN * HEAD_DIM, vpool, off, &v_full[s]);
     off = next_off;
   }
-  cp_async_wait<0>();  // nothing of this thread's in flight when it leaves
+  // Nothing of this thread's in flight when it leaves (its copies belong to no commit group yet:
+  // wait_group alone would not wait for them).
+  cp_async_commit();
+  cp_async_wait<0>();
 }
 
 template <class Q, int HEAD_DIM, bool OVERLAP, bool GATHER>
