@@ -60,7 +60,7 @@ void q8_0(const uint8_t* g, const ActRows& a, int R, float* out) {
 
 // Q4_K (256 values, 144 bytes) against 8 activation blocks: sub-block j of 32 has a 6-bit scale and
 // min; value = d * sc * nibble - dmin * mn.
-void q4_k(const uint8_t* w, const ActRows& a, int R, float* out) {
+void q4_k_row(const uint8_t* w, const ActRows& a, int R, float* out) {
   const int64_t nsb = a.nb / 8;
   for (int r = 0; r < R; ++r) {
     float acc = 0.f;
@@ -87,7 +87,7 @@ void q4_k(const uint8_t* w, const ActRows& a, int R, float* out) {
 
 // Q6_K (256 values, 210 bytes): value v = d * scale[v / 16] * (q6 - 32), q6 from 4 low bits in ql
 // and 2 high bits in qh (layout in dequant.cpp).
-void q6_k(const uint8_t* w, const ActRows& a, int R, float* out) {
+void q6_k_row(const uint8_t* w, const ActRows& a, int R, float* out) {
   const int64_t nsb = a.nb / 8;
   for (int r = 0; r < R; ++r) {
     float acc = 0.f;
@@ -116,6 +116,21 @@ void q6_k(const uint8_t* w, const ActRows& a, int R, float* out) {
     }
     out[r] = acc;
   }
+}
+
+template <void (*Row)(const uint8_t*, const ActRows&, int, float*)>
+void rows(const uint8_t* w, int64_t row_bytes, int nrows, const ActRows& a, int R, float* out) {
+  float one[kMaxRows];
+  for (int i = 0; i < nrows; ++i) {
+    Row(w + i * row_bytes, a, R, one);
+    for (int r = 0; r < R; ++r) out[r * kRowTile + i] = one[r];
+  }
+}
+void q4_k(const uint8_t* w, int64_t rb, int n, const ActRows& a, int R, float* out) {
+  rows<q4_k_row>(w, rb, n, a, R, out);
+}
+void q6_k(const uint8_t* w, int64_t rb, int n, const ActRows& a, int R, float* out) {
+  rows<q6_k_row>(w, rb, n, a, R, out);
 }
 
 void f32(const float* w, const float* x, int64_t ldx, int64_t k, int R, float* out) {
