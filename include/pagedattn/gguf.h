@@ -43,7 +43,8 @@ struct GGUFValue {
 
 // ggml tensor types (the subset this reader knows; others are rejected by name).
 enum class GGMLType : uint32_t {
-  f32 = 0, f16 = 1, q4_0 = 2, q4_1 = 3, q8_0 = 8, q4_k = 12, q6_k = 14, bf16 = 30,
+  f32 = 0, f16 = 1, q4_0 = 2, q4_1 = 3, q5_0 = 6, q5_1 = 7, q8_0 = 8, q4_k = 12, q5_k = 13,
+  q6_k = 14, bf16 = 30,
 };
 // Name of a ggml type id ("Q4_K", ...; "type <n>" for unknown ones).
 std::string ggml_type_name(uint32_t type);

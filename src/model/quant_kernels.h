@@ -42,6 +42,9 @@ struct ActRows {
 
 // out[r * 16 + j] = dot(row j of the x16 group at `group`, activation row r), r < R.
 using GroupDotFn = void (*)(const uint8_t* group, const ActRows& a, int R, float* out);
+// Q5_0 / Q5_1 (file layout), per block of 32 values: isum = the exact integer dot of the 5-bit
+// quants with the activation block (Q5_0: minus 16 * its sum), acc = fma(float(isum), d_w * d_x,
+// acc), and for Q5_1 mn = fma(m_w, s_x, mn); out = acc + mn (as Q4_0 / Q4_1 in the x16 layout).
 // K-quants (file layout): out[r * kRowTile + i] = dot(weight row i at w + i * row_bytes,
 // activation row r), i < nrows (1..kRowTile), r < R. Per sub-block an exact integer sum, then the
 // same float operations in the same order for each row on every ISA (quant_dot_generic.cpp writes
@@ -58,7 +61,7 @@ using QuantizeFn = void (*)(const float* x, int64_t nb, int8_t* q, float* d, flo
 struct Kernels {
   const char* name;
   GroupDotFn q4_0, q4_1, q8_0;
-  RowsDotFn q4_k, q6_k;
+  RowsDotFn q4_k, q5_k, q6_k, q5_0, q5_1;
   FDotFn f32;
   QuantizeFn quantize;
 };

@@ -92,6 +92,12 @@ Int8Kernel int8_kernel(const WeightView& w, const qk::Kernels& k) {
       return {nullptr, k.q4_k};
     case GGMLType::q6_k:
       return {nullptr, k.q6_k};
+    case GGMLType::q5_k:
+      return {nullptr, k.q5_k};
+    case GGMLType::q5_0:
+      return {nullptr, k.q5_0};
+    case GGMLType::q5_1:
+      return {nullptr, k.q5_1};
     default:
       return {};
   }

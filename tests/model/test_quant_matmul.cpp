@@ -63,6 +63,15 @@ RandomWeight random_weight(GGMLType t, int64_t rows, int64_t cols, uint64_t seed
       case GGMLType::q6_k:
         put_f16(blk + 208, u(g) / 16);
         break;
+      case GGMLType::q5_0:
+        put_f16(blk, u(g));
+        break;
+      case GGMLType::q5_1:
+        put_f16(blk, u(g)), put_f16(blk + 2, -16 * u(g));
+        break;
+      case GGMLType::q5_k:
+        put_f16(blk, u(g) / 8), put_f16(blk + 2, u(g) / 8);
+        break;
       case GGMLType::f16:
         put_f16(blk, sym(g));
         break;
@@ -179,7 +188,8 @@ TEST_P(QuantMatmul, RowResultIndependentOfBatch) {
 
 INSTANTIATE_TEST_SUITE_P(Formats, QuantMatmul,
                          ::testing::Values(GGMLType::q4_0, GGMLType::q4_1, GGMLType::q8_0,
-                                           GGMLType::q4_k, GGMLType::q6_k, GGMLType::f16,
+                                           GGMLType::q5_0, GGMLType::q5_1, GGMLType::q4_k,
+                                           GGMLType::q5_k, GGMLType::q6_k, GGMLType::f16,
                                            GGMLType::bf16, GGMLType::f32),
                          [](const auto& p) { return ggml_type_name(uint32_t(p.param)); });
 
