@@ -1,5 +1,5 @@
 // GGUF (v2, v3) reader: header, metadata of every value type, tensor infos, and dequantisation of
-// F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K tensors to f32.
+// F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K tensors to f32.
 //
 // The file is memory-mapped (or held in memory for from_bytes). Every read is bounds-checked: a
 // truncated or inconsistent file raises Error naming the file and the key or tensor at fault.
