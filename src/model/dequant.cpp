@@ -10,6 +10,12 @@
 //        Sub-blocks 2c and 2c+1 share qs[32c .. 32c+32): low nibbles, then high nibbles.
 //   Q6_K (256 values, 210 bytes): u8 ql[128], u8 qh[64], int8 scales[16], d
 //        6-bit q = 4 low bits from ql | 2 high bits from qh, x = d * scale[v / 16] * (q - 32).
+//   Q5_0 (32 values, 22 bytes): d, u32 qh, u8 qs[16]              x = d * (q5 - 16)
+//   Q5_1 (32 values, 24 bytes): d, m, u32 qh, u8 qs[16]           x = d * q5 + m
+//        q5 of value j: its nibble as in Q4_0 | bit j of qh as bit 4.
+//   Q5_K (256 values, 176 bytes): d, dmin, u8 scales[12], u8 qh[32], u8 qs[128]
+//        Q4_K's sub-blocks, scales and nibbles, with bit s of qh[l] as bit 4 of value l of
+//        sub-block s: x = d * sc * q5 - dmin * mn.
 #include <cstring>
 
 #include "pagedattn/dtype.h"
@@ -124,6 +130,56 @@ void dequant_q6_k(const uint8_t* src, float* dst, int64_t n) {
   }
 }
 
+// src: [n / 32 blocks of 22 (Q5_0) or 24 (Q5_1) bytes]
+template <bool Q5_1>
+void dequant_q5(const uint8_t* src, float* dst, int64_t n) {
+  constexpr int kBytes = Q5_1 ? 24 : 22, kHigh = Q5_1 ? 4 : 2;
+  for (int64_t b = 0; b < n / 32; ++b, src += kBytes, dst += 32) {
+    const float d = read_f16(src);
+    const float m = Q5_1 ? read_f16(src + 2) : 0.f;
+    uint32_t qh;
+    std::memcpy(&qh, src + kHigh, 4);
+    const uint8_t* qs = src + kHigh + 4;
+    for (int j = 0; j < 16; ++j) {
+      const int q0 = (qs[j] & 0xf) | int((qh >> j) & 1) << 4;
+      const int q1 = (qs[j] >> 4) | int((qh >> (j + 16)) & 1) << 4;
+      if constexpr (Q5_1) {
+        dst[j] = d * float(q0) + m;
+        dst[j + 16] = d * float(q1) + m;
+      } else {
+        dst[j] = d * float(q0 - 16);
+        dst[j + 16] = d * float(q1 - 16);
+      }
+    }
+  }
+}
+
+// src: [n / 256 blocks of 176 bytes]
+void dequant_q5_k(const uint8_t* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / 256; ++b, src += 176, dst += 256) {
+    const float d = read_f16(src);
+    const float dmin = read_f16(src + 2);
+    const uint8_t* scales = src + 4;
+    const uint8_t* qh = src + 16;
+    const uint8_t* qs = src + 48;
+    for (int c = 0; c < 4; ++c) {
+      int sc0, mn0, sc1, mn1;
+      q4k_scale_min(scales, 2 * c, sc0, mn0);
+      q4k_scale_min(scales, 2 * c + 1, sc1, mn1);
+      const float d0 = d * float(sc0), m0 = dmin * float(mn0);
+      const float d1 = d * float(sc1), m1 = dmin * float(mn1);
+      const uint8_t* q = qs + 32 * c;
+      float* y = dst + 64 * c;
+      for (int l = 0; l < 32; ++l) {
+        const int q0 = (q[l] & 0xf) | ((qh[l] >> (2 * c)) & 1) << 4;
+        const int q1 = (q[l] >> 4) | ((qh[l] >> (2 * c + 1)) & 1) << 4;
+        y[l] = d0 * float(q0) - m0;
+        y[l + 32] = d1 * float(q1) - m1;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void dequantize_row(GGMLType t, const void* src_v, float* dst, int64_t n) {
@@ -147,6 +203,9 @@ void dequantize_row(GGMLType t, const void* src_v, float* dst, int64_t n) {
     case GGMLType::q4_1: dequant_q4_1(src, dst, n); return;
     case GGMLType::q4_k: dequant_q4_k(src, dst, n); return;
     case GGMLType::q6_k: dequant_q6_k(src, dst, n); return;
+    case GGMLType::q5_0: dequant_q5<false>(src, dst, n); return;
+    case GGMLType::q5_1: dequant_q5<true>(src, dst, n); return;
+    case GGMLType::q5_k: dequant_q5_k(src, dst, n); return;
   }
   fail("dequantize_row: unsupported type ", ggml_type_name(uint32_t(t)));
 }

@@ -194,6 +194,7 @@ bool ggml_type_supported(uint32_t type) {
   switch (GGMLType(type)) {
     case GGMLType::f32: case GGMLType::f16: case GGMLType::bf16: case GGMLType::q8_0:
     case GGMLType::q4_0: case GGMLType::q4_1: case GGMLType::q4_k: case GGMLType::q6_k:
+    case GGMLType::q5_0: case GGMLType::q5_1: case GGMLType::q5_k:
       return find_type(type) != nullptr;
   }
   return false;
@@ -395,7 +396,7 @@ std::shared_ptr<const uint8_t> GGUFFile::tensor_bytes(const GGUFTensorInfo& info
 Tensor GGUFFile::load_f32(const GGUFTensorInfo& info) const {
   PA_CHECK(ggml_type_supported(info.type), "gguf: ", path_, ": tensor '", info.name,
            "': unsupported type ", ggml_type_name(info.type),
-           " (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)");
+           " (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)");
   Tensor t = Tensor::empty(info.shape(), DType::f32);
   const GGMLType type = GGMLType(info.type);
   const int64_t row = info.ne[0];

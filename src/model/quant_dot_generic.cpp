@@ -58,17 +58,21 @@ void q8_0(const uint8_t* g, const ActRows& a, int R, float* out) {
   group_dot<2, 32, false, 0>(g, a, R, out);
 }
 
-// Q4_K (256 values, 144 bytes) against 8 activation blocks: sub-block j of 32 has a 6-bit scale and
-// min; value = d * sc * nibble - dmin * mn.
-void q4_k(const uint8_t* w, const ActRows& a, int R, float* out) {
+// Q4_K (256 values, 144 bytes) and Q5_K (176 bytes: qh[32] between the scales and the nibbles)
+// against 8 activation blocks: sub-block j of 32 has a 6-bit scale and min; value = d * sc * q -
+// dmin * mn, q the nibble (Q5_K: with bit j of qh[l] as its bit 4).
+template <bool Q5>
+void qk_row(const uint8_t* w, const ActRows& a, int R, float* out) {
+  constexpr int kBytes = Q5 ? 176 : 144, kQs = Q5 ? 48 : 16;
   const int64_t nsb = a.nb / 8;
   for (int r = 0; r < R; ++r) {
     float acc = 0.f;
     for (int64_t sb = 0; sb < nsb; ++sb) {
-      const uint8_t* blk = w + sb * 144;
+      const uint8_t* blk = w + sb * kBytes;
       const float d = f16_at(blk), dmin = f16_at(blk + 2);
       const uint8_t* s = blk + 4;
-      const uint8_t* qs = blk + 16;
+      const uint8_t* qh = blk + 16;
+      const uint8_t* qs = blk + kQs;
       for (int j = 0; j < 8; ++j) {
         int sc, mn;
         q4_k_scale_min(s, j, sc, mn);
@@ -76,7 +80,11 @@ void q4_k(const uint8_t* w, const ActRows& a, int R, float* out) {
         const int8_t* x = a.q + r * a.k + b * kBlock;
         const uint8_t* q = qs + 32 * (j / 2);
         int isum = 0;
-        for (int l = 0; l < 32; ++l) isum += int(j % 2 ? q[l] >> 4 : q[l] & 0xf) * int(x[l]);
+        for (int l = 0; l < 32; ++l) {
+          int v = j % 2 ? q[l] >> 4 : q[l] & 0xf;
+          if (Q5) v |= ((qh[l] >> j) & 1) << 4;
+          isum += v * int(x[l]);
+        }
         acc += (d * float(sc)) * (a.d[r * a.nb + b] * float(isum));
         acc -= (dmin * float(mn)) * a.s[r * a.nb + b];
       }
@@ -84,10 +92,12 @@ void q4_k(const uint8_t* w, const ActRows& a, int R, float* out) {
     out[r] = acc;
   }
 }
+void q4_k_row(const uint8_t* w, const ActRows& a, int R, float* out) { qk_row<false>(w, a, R, out); }
+void q5_k_row(const uint8_t* w, const ActRows& a, int R, float* out) { qk_row<true>(w, a, R, out); }
 
 // Q6_K (256 values, 210 bytes): value v = d * scale[v / 16] * (q6 - 32), q6 from 4 low bits in ql
 // and 2 high bits in qh (layout in dequant.cpp).
-void q6_k(const uint8_t* w, const ActRows& a, int R, float* out) {
+void q6_k_row(const uint8_t* w, const ActRows& a, int R, float* out) {
   const int64_t nsb = a.nb / 8;
   for (int r = 0; r < R; ++r) {
     float acc = 0.f;
@@ -116,6 +126,56 @@ void q6_k(const uint8_t* w, const ActRows& a, int R, float* out) {
     }
     out[r] = acc;
   }
+}
+
+// Q5_0 (22 bytes: d, qh, qs) and Q5_1 (24 bytes: d, m, qh, qs) blocks of 32 values.
+template <bool Q5_1>
+void q5_row(const uint8_t* w, const ActRows& a, int R, float* out) {
+  constexpr int kBytes = Q5_1 ? 24 : 22, kHigh = Q5_1 ? 4 : 2;
+  for (int r = 0; r < R; ++r) {
+    float acc = 0.f, mn = 0.f;
+    for (int64_t b = 0; b < a.nb; ++b) {
+      const uint8_t* blk = w + b * kBytes;
+      uint32_t qh;
+      std::memcpy(&qh, blk + kHigh, 4);
+      const uint8_t* qs = blk + kHigh + 4;
+      const int8_t* x = a.q + r * a.k + b * kBlock;
+      int isum = 0;
+      for (int j = 0; j < 16; ++j) {
+        isum += ((qs[j] & 0xf) | int((qh >> j) & 1) << 4) * int(x[j]);
+        isum += ((qs[j] >> 4) | int((qh >> (j + 16)) & 1) << 4) * int(x[j + 16]);
+      }
+      if (!Q5_1) isum -= 16 * a.sum[r * a.nb + b];
+      acc = std::fma(float(isum), f16_at(blk) * a.d[r * a.nb + b], acc);
+      if (Q5_1) mn = std::fma(f16_at(blk + 2), a.s[r * a.nb + b], mn);
+    }
+    out[r] = acc + mn;
+  }
+}
+
+template <void (*Row)(const uint8_t*, const ActRows&, int, float*)>
+void rows(const uint8_t* w, int64_t row_bytes, int nrows, const ActRows& a, int R, float* out) {
+  float one[kMaxRows];
+  for (int i = 0; i < nrows; ++i) {
+    Row(w + i * row_bytes, a, R, one);
+    for (int r = 0; r < R; ++r) out[r * kRowTile + i] = one[r];
+  }
+}
+void q4_k(const uint8_t* w, int64_t rb, int n, const ActRows& a, int R, float* out) {
+  rows<q4_k_row>(w, rb, n, a, R, out);
+}
+void q5_k(const uint8_t* w, int64_t rb, int n, const ActRows& a, int R, float* out) {
+  rows<q5_k_row>(w, rb, n, a, R, out);
+}
+void q6_k(const uint8_t* w, int64_t rb, int n, const ActRows& a, int R, float* out) {
+  rows<q6_k_row>(w, rb, n, a, R, out);
+}
+
+void q5_0(const uint8_t* w, int64_t rb, int n, const ActRows& a, int R, float* out) {
+  rows<q5_row<false>>(w, rb, n, a, R, out);
+}
+void q5_1(const uint8_t* w, int64_t rb, int n, const ActRows& a, int R, float* out) {
+  rows<q5_row<true>>(w, rb, n, a, R, out);
 }
 
 void f32(const float* w, const float* x, int64_t ldx, int64_t k, int R, float* out) {
@@ -151,7 +211,7 @@ void quantize(const float* x, int64_t nb, int8_t* q, float* d, float* s, int32_t
 }  // namespace
 
 const Kernels& generic_kernels() {
-  static const Kernels k{"generic", q4_0, q4_1, q8_0, q4_k, q6_k, f32, quantize};
+  static const Kernels k{"generic", q4_0, q4_1, q8_0, q4_k, q5_k, q6_k, q5_0, q5_1, f32, quantize};
   return k;
 }
 

@@ -28,6 +28,7 @@ constexpr int kMaxRows = 4;       // activation rows per call of an f32 or K-qua
 constexpr int kMaxGroupRows = 8;  // activation rows per call of an x16 group kernel
 constexpr int64_t kBlock = 32;  // activation block (values per int8 scale)
 constexpr int kGroup = 16;      // weight rows per group (quant_pack.h)
+constexpr int kRowTile = 8;     // weight rows per call of a K-quant kernel
 
 // R activation rows in int8 blocks: row r's values at q + r * k, its scales at d + r * nb, its
 // block sums d * sum(q) at s + r * nb and the integer sums at sum + r * nb.
@@ -41,10 +42,15 @@ struct ActRows {
 
 // out[r * 16 + j] = dot(row j of the x16 group at `group`, activation row r), r < R.
 using GroupDotFn = void (*)(const uint8_t* group, const ActRows& a, int R, float* out);
-// K-quants (file layout): out[r] = dot(the weight row at w, activation row r), r < R. Per 32-value
-// sub-block an exact integer sum, then the same scalar float operations in the same order on
-// every ISA (quant_dot_generic.cpp writes them out).
-using RowDotFn = void (*)(const uint8_t* w, const ActRows& a, int R, float* out);
+// Q5_0 / Q5_1 (file layout), per block of 32 values: isum = the exact integer dot of the 5-bit
+// quants with the activation block (Q5_0: minus 16 * its sum), acc = fma(float(isum), d_w * d_x,
+// acc), and for Q5_1 mn = fma(m_w, s_x, mn); out = acc + mn (as Q4_0 / Q4_1 in the x16 layout).
+// K-quants (file layout): out[r * kRowTile + i] = dot(weight row i at w + i * row_bytes,
+// activation row r), i < nrows (1..kRowTile), r < R. Per sub-block an exact integer sum, then the
+// same float operations in the same order for each row on every ISA (quant_dot_generic.cpp writes
+// them out for one row; the x86 kernels run kRowTile rows' chains side by side in vector lanes).
+using RowsDotFn = void (*)(const uint8_t* w, int64_t row_bytes, int nrows, const ActRows& a, int R,
+                           float* out);
 // out[r] = dot(w [k], x + r * ldx [k]), r < R.
 using FDotFn = void (*)(const float* w, const float* x, int64_t ldx, int64_t k, int R, float* out);
 // One row x [nb * 32] into int8 blocks, the same bits on every ISA: per block d = max|x| / 127,
@@ -55,7 +61,7 @@ using QuantizeFn = void (*)(const float* x, int64_t nb, int8_t* q, float* d, flo
 struct Kernels {
   const char* name;
   GroupDotFn q4_0, q4_1, q8_0;
-  RowDotFn q4_k, q6_k;
+  RowsDotFn q4_k, q5_k, q6_k, q5_0, q5_1;
   FDotFn f32;
   QuantizeFn quantize;
 };

@@ -67,13 +67,13 @@ const qk::Kernels& kernels() {
   return forced ? *forced : *best;
 }
 
-using qk::RowDotFn;
+using qk::RowsDotFn;
 
 // The int8 kernel of a matrix: a group kernel (x16 layout) or a row kernel (K-quants); neither for
 // F32/F16/BF16, which take f32 activations.
 struct Int8Kernel {
   qk::GroupDotFn group = nullptr;
-  RowDotFn row = nullptr;
+  RowsDotFn row = nullptr;
   explicit operator bool() const { return group || row; }
 };
 
@@ -92,6 +92,12 @@ Int8Kernel int8_kernel(const WeightView& w, const qk::Kernels& k) {
       return {nullptr, k.q4_k};
     case GGMLType::q6_k:
       return {nullptr, k.q6_k};
+    case GGMLType::q5_k:
+      return {nullptr, k.q5_k};
+    case GGMLType::q5_0:
+      return {nullptr, k.q5_0};
+    case GGMLType::q5_1:
+      return {nullptr, k.q5_1};
     default:
       return {};
   }
@@ -172,10 +178,12 @@ void run_tile(MatmulInput& x, const WeightView& w, float* y, int64_t t, Int8Kern
                         size_t(rows) * sizeof(float));
         }
       } else {
-        float out[kMaxRows];
-        for (int64_t c = c0; c < c1; ++c) {
-          kfn.row(w.data + c * w.row_bytes, a, R, out);
-          for (int r = 0; r < R; ++r) y[(r0 + r) * n + c] = out[r];
+        float out[kMaxRows * qk::kRowTile];
+        for (int64_t c = c0; c < c1; c += qk::kRowTile) {
+          const int rows = int(std::min<int64_t>(qk::kRowTile, c1 - c));
+          kfn.row(w.data + c * w.row_bytes, w.row_bytes, rows, a, R, out);
+          for (int r = 0; r < R; ++r)
+            std::memcpy(y + (r0 + r) * n + c, out + r * qk::kRowTile, size_t(rows) * sizeof(float));
         }
       }
     }

@@ -1,6 +1,6 @@
 // Matrix products y = x w^T over weights kept in their file's format (F32, F16, BF16, Q8_0, Q4_0,
-// Q4_1, Q4_K, Q6_K): Q4_0/Q4_1/Q8_0 in the x16 layout (quant_pack.h, pack_x16 first), the others read
-// in place.
+// Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K): Q4_0/Q4_1/Q8_0 in the x16 layout (quant_pack.h, pack_x16
+// first), the others read in place.
 //
 // Two modes:
 //   fast  (default): for the block formats, x is quantised per block of 32 values to int8 with one

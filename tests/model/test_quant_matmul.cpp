@@ -63,6 +63,15 @@ RandomWeight random_weight(GGMLType t, int64_t rows, int64_t cols, uint64_t seed
       case GGMLType::q6_k:
         put_f16(blk + 208, u(g) / 16);
         break;
+      case GGMLType::q5_0:
+        put_f16(blk, u(g));
+        break;
+      case GGMLType::q5_1:
+        put_f16(blk, u(g)), put_f16(blk + 2, -16 * u(g));
+        break;
+      case GGMLType::q5_k:
+        put_f16(blk, u(g) / 8), put_f16(blk + 2, u(g) / 8);
+        break;
       case GGMLType::f16:
         put_f16(blk, sym(g));
         break;
@@ -141,7 +150,7 @@ TEST_P(QuantMatmul, MatchesDoublePrecisionOracle) {
 
 TEST_P(QuantMatmul, PortableKernelsComputeTheSameBits) {
   const GGMLType t = GetParam();
-  const int64_t m = 7, n = 40, k = 256 + 256;
+  const int64_t m = 7, n = 43, k = 256 + 256;  // K-quant rows in tiles of 8 and a rest of 3
   const RandomWeight w = random_weight(t, n, k, 3);
   const std::vector<float> x = random_x(m, k, 4);
   const std::vector<std::string> isas = cpu::matmul_isas();
@@ -179,7 +188,8 @@ TEST_P(QuantMatmul, RowResultIndependentOfBatch) {
 
 INSTANTIATE_TEST_SUITE_P(Formats, QuantMatmul,
                          ::testing::Values(GGMLType::q4_0, GGMLType::q4_1, GGMLType::q8_0,
-                                           GGMLType::q4_k, GGMLType::q6_k, GGMLType::f16,
+                                           GGMLType::q5_0, GGMLType::q5_1, GGMLType::q4_k,
+                                           GGMLType::q5_k, GGMLType::q6_k, GGMLType::f16,
                                            GGMLType::bf16, GGMLType::f32),
                          [](const auto& p) { return ggml_type_name(uint32_t(p.param)); });
 
