@@ -18,10 +18,12 @@ float f16_at(const uint8_t* p) {
 }
 
 // One x16 format: group-block bytes, header bytes per row (f16 fields), quant bytes per row, and
-// whether the quants are nibbles (value i low of byte i, value 16 + i high).
-template <int Header, int Quants, bool Nibbles, int Offset>
+// whether the quants are nibbles (value i low of byte i, value 16 + i high), with a first chunk of
+// fifth bits (Q5: bit i of the row's 4 bytes is bit 4 of value i).
+template <int Header, int Quants, bool Nibbles, int Offset, bool Q5 = false>
 void group_dot(const uint8_t* group, const ActRows& a, int R, float* out) {
   constexpr int64_t kBytes = kGroup * (Header + Quants);
+  constexpr int kFirst = Q5 ? 1 : 0;  // the first chunk of nibbles
   for (int r = 0; r < R; ++r) {
     for (int j = 0; j < kGroup; ++j) {
       float acc = 0.f, mn = 0.f;
@@ -29,12 +31,17 @@ void group_dot(const uint8_t* group, const ActRows& a, int R, float* out) {
         const uint8_t* blk = group + b * kBytes;
         const uint8_t* quants = blk + kGroup * Header;
         const int8_t* x = a.q + r * a.k + b * kBlock;
+        uint32_t qh = 0;
+        if (Q5) std::memcpy(&qh, quants + 4 * j, 4);
         int isum = 0;
-        for (int c = 0; c < Quants / 4; ++c)
+        for (int c = 0; c < Quants / 4 - kFirst; ++c)
           for (int t = 0; t < 4; ++t) {
-            const uint8_t byte = quants[4 * kGroup * c + 4 * j + t];
+            const uint8_t byte = quants[4 * kGroup * (c + kFirst) + 4 * j + t];
             if (Nibbles) {
-              isum += int(byte & 0xf) * int(x[4 * c + t]) + int(byte >> 4) * int(x[16 + 4 * c + t]);
+              const int i = 4 * c + t;  // values i and 16 + i
+              const int lo = (byte & 0xf) | int((qh >> i) & 1) << 4;
+              const int hi = (byte >> 4) | int((qh >> (16 + i)) & 1) << 4;
+              isum += lo * int(x[i]) + hi * int(x[16 + i]);
             } else {
               isum += int(int8_t(byte)) * int(x[4 * c + t]);
             }
@@ -56,6 +63,12 @@ void q4_1(const uint8_t* g, const ActRows& a, int R, float* out) {
 }
 void q8_0(const uint8_t* g, const ActRows& a, int R, float* out) {
   group_dot<2, 32, false, 0>(g, a, R, out);
+}
+void q5_0(const uint8_t* g, const ActRows& a, int R, float* out) {
+  group_dot<2, 20, true, 16, true>(g, a, R, out);
+}
+void q5_1(const uint8_t* g, const ActRows& a, int R, float* out) {
+  group_dot<4, 20, true, 0, true>(g, a, R, out);
 }
 
 // Q4_K (256 values, 144 bytes) and Q5_K (176 bytes: qh[32] between the scales and the nibbles)
@@ -128,31 +141,6 @@ void q6_k_row(const uint8_t* w, const ActRows& a, int R, float* out) {
   }
 }
 
-// Q5_0 (22 bytes: d, qh, qs) and Q5_1 (24 bytes: d, m, qh, qs) blocks of 32 values.
-template <bool Q5_1>
-void q5_row(const uint8_t* w, const ActRows& a, int R, float* out) {
-  constexpr int kBytes = Q5_1 ? 24 : 22, kHigh = Q5_1 ? 4 : 2;
-  for (int r = 0; r < R; ++r) {
-    float acc = 0.f, mn = 0.f;
-    for (int64_t b = 0; b < a.nb; ++b) {
-      const uint8_t* blk = w + b * kBytes;
-      uint32_t qh;
-      std::memcpy(&qh, blk + kHigh, 4);
-      const uint8_t* qs = blk + kHigh + 4;
-      const int8_t* x = a.q + r * a.k + b * kBlock;
-      int isum = 0;
-      for (int j = 0; j < 16; ++j) {
-        isum += ((qs[j] & 0xf) | int((qh >> j) & 1) << 4) * int(x[j]);
-        isum += ((qs[j] >> 4) | int((qh >> (j + 16)) & 1) << 4) * int(x[j + 16]);
-      }
-      if (!Q5_1) isum -= 16 * a.sum[r * a.nb + b];
-      acc = std::fma(float(isum), f16_at(blk) * a.d[r * a.nb + b], acc);
-      if (Q5_1) mn = std::fma(f16_at(blk + 2), a.s[r * a.nb + b], mn);
-    }
-    out[r] = acc + mn;
-  }
-}
-
 template <void (*Row)(const uint8_t*, const ActRows&, int, float*)>
 void rows(const uint8_t* w, int64_t row_bytes, int nrows, const ActRows& a, int R, float* out) {
   float one[kMaxRows];
@@ -169,13 +157,6 @@ void q5_k(const uint8_t* w, int64_t rb, int n, const ActRows& a, int R, float* o
 }
 void q6_k(const uint8_t* w, int64_t rb, int n, const ActRows& a, int R, float* out) {
   rows<q6_k_row>(w, rb, n, a, R, out);
-}
-
-void q5_0(const uint8_t* w, int64_t rb, int n, const ActRows& a, int R, float* out) {
-  rows<q5_row<false>>(w, rb, n, a, R, out);
-}
-void q5_1(const uint8_t* w, int64_t rb, int n, const ActRows& a, int R, float* out) {
-  rows<q5_row<true>>(w, rb, n, a, R, out);
 }
 
 void f32(const float* w, const float* x, int64_t ldx, int64_t k, int R, float* out) {
@@ -211,7 +192,7 @@ void quantize(const float* x, int64_t nb, int8_t* q, float* d, float* s, int32_t
 }  // namespace
 
 const Kernels& generic_kernels() {
-  static const Kernels k{"generic", q4_0, q4_1, q8_0, q4_k, q5_k, q6_k, q5_0, q5_1, f32, quantize};
+  static const Kernels k{"generic", q4_0, q4_1, q8_0, q5_0, q5_1, q4_k, q5_k, q6_k, f32, quantize};
   return k;
 }
 

@@ -1,15 +1,16 @@
 // The dot-product kernels behind quant_matmul.h, one table per ISA. Internal to src/model.
 //
-// Q4_0 / Q4_1 / Q8_0 (x16 layout, quant_pack.h): a kernel takes one group of 16 weight rows and R
-// (1..kMaxGroupRows) activation rows and gives the 16 x R dot products. Every ISA computes the same
-// function, for weight row j and activation row r:
+// Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 (x16 layout, quant_pack.h): a kernel takes one group of 16
+// weight rows and R (1..kMaxGroupRows) activation rows and gives the 16 x R dot products. Every ISA
+// computes the same function, for weight row j and activation row r:
 //
 //   acc = 0, mn = 0
 //   for each block b of 32 values, in order:
 //     isum = the exact integer dot of the block's quants with the activation's int8 block
-//            (Q4_0: nibbles times x minus 8 * sum of x; Q4_1: nibbles times x; Q8_0: q times x)
+//            (Q4_0: nibbles times x minus 8 * sum of x; Q4_1: nibbles times x; Q5_0 / Q5_1: the
+//            same with 5-bit quants, Q5_0 minus 16 * sum of x; Q8_0: q times x)
 //     acc  = fma(float(isum), d_w[j] * d_x[r][b], acc)
-//     mn   = fma(m_w[j], s_x[r][b], mn)            (Q4_1 only: the blocks' minimums)
+//     mn   = fma(m_w[j], s_x[r][b], mn)            (Q4_1, Q5_1: the blocks' minimums)
 //   out  = acc + mn
 //
 // The integer sums are exact whichever instructions form them, and the float operations are the
@@ -42,9 +43,6 @@ struct ActRows {
 
 // out[r * 16 + j] = dot(row j of the x16 group at `group`, activation row r), r < R.
 using GroupDotFn = void (*)(const uint8_t* group, const ActRows& a, int R, float* out);
-// Q5_0 / Q5_1 (file layout), per block of 32 values: isum = the exact integer dot of the 5-bit
-// quants with the activation block (Q5_0: minus 16 * its sum), acc = fma(float(isum), d_w * d_x,
-// acc), and for Q5_1 mn = fma(m_w, s_x, mn); out = acc + mn (as Q4_0 / Q4_1 in the x16 layout).
 // K-quants (file layout): out[r * kRowTile + i] = dot(weight row i at w + i * row_bytes,
 // activation row r), i < nrows (1..kRowTile), r < R. Per sub-block an exact integer sum, then the
 // same float operations in the same order for each row on every ISA (quant_dot_generic.cpp writes
@@ -60,8 +58,8 @@ using QuantizeFn = void (*)(const float* x, int64_t nb, int8_t* q, float* d, flo
 
 struct Kernels {
   const char* name;
-  GroupDotFn q4_0, q4_1, q8_0;
-  RowsDotFn q4_k, q5_k, q6_k, q5_0, q5_1;
+  GroupDotFn q4_0, q4_1, q8_0, q5_0, q5_1;
+  RowsDotFn q4_k, q5_k, q6_k;
   FDotFn f32;
   QuantizeFn quantize;
 };

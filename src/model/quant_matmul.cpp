@@ -95,9 +95,9 @@ Int8Kernel int8_kernel(const WeightView& w, const qk::Kernels& k) {
     case GGMLType::q5_k:
       return {nullptr, k.q5_k};
     case GGMLType::q5_0:
-      return {nullptr, k.q5_0};
+      return {k.q5_0, nullptr};
     case GGMLType::q5_1:
-      return {nullptr, k.q5_1};
+      return {k.q5_1, nullptr};
     default:
       return {};
   }

@@ -1,4 +1,5 @@
-// Packing Q4_0 / Q4_1 / Q8_0 matrices into the x16 layout (quant_pack.h), and reading rows back.
+// Packing Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 matrices into the x16 layout (quant_pack.h), and
+// reading rows back.
 #include "quant_pack.h"
 
 #include <sys/mman.h>
@@ -26,6 +27,10 @@ BlockShape block_shape(GGMLType t) {
       return {20, 4, 16};
     case GGMLType::q8_0:
       return {34, 2, 32};
+    case GGMLType::q5_0:  // qh (4 bytes) and the nibbles: chunk 0 is the row's fifth bits
+      return {22, 2, 20};
+    case GGMLType::q5_1:
+      return {24, 4, 20};
     default:
       fail("x16 layout: type ", ggml_type_name(uint32_t(t)), " is not packed");
   }
@@ -65,7 +70,8 @@ void release_pages(const uint8_t* from, const uint8_t* to) {
 }  // namespace
 
 bool x16_packable(GGMLType t) {
-  return t == GGMLType::q4_0 || t == GGMLType::q4_1 || t == GGMLType::q8_0;
+  return t == GGMLType::q4_0 || t == GGMLType::q4_1 || t == GGMLType::q8_0 ||
+         t == GGMLType::q5_0 || t == GGMLType::q5_1;
 }
 
 PackedWeight pack_x16(const WeightView& w, bool release_source) {
