@@ -4,6 +4,7 @@
 //   avxvnni     the same with AVX-VNNI's 256-bit byte dot products (vpdpbusd)
 //   avx512vnni  AVX-512 (F, BW) with VNNI's 512-bit byte dot products: a group's 16 rows in one
 //               register, 8 activation rows a pass in its 32 registers
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
