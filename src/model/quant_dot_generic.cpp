@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "pagedattn/dtype.h"
 #include "quant_kernels.h"
@@ -105,8 +106,6 @@ void qk_row(const uint8_t* w, const ActRows& a, int R, float* out) {
     out[r] = acc;
   }
 }
-void q4_k_row(const uint8_t* w, const ActRows& a, int R, float* out) { qk_row<false>(w, a, R, out); }
-void q5_k_row(const uint8_t* w, const ActRows& a, int R, float* out) { qk_row<true>(w, a, R, out); }
 
 // Q6_K (256 values, 210 bytes): value v = d * scale[v / 16] * (q6 - 32), q6 from 4 low bits in ql
 // and 2 high bits in qh (layout in dequant.cpp).
@@ -149,12 +148,29 @@ void rows(const uint8_t* w, int64_t row_bytes, int nrows, const ActRows& a, int 
     for (int r = 0; r < R; ++r) out[r * kRowTile + i] = one[r];
   }
 }
-void q4_k(const uint8_t* w, int64_t rb, int n, const ActRows& a, int R, float* out) {
-  rows<q4_k_row>(w, rb, n, a, R, out);
+// Q4_K / Q5_K in the x16 layout: each row of the group put back in its file layout (header f16
+// fields d, dmin at 32 f + 2 j; 4-byte chunk c of the rest at 64 + 64 c + 4 j), then qk_row.
+template <bool Q5>
+void kq_group(const uint8_t* group, const ActRows& a, int R, float* out) {
+  constexpr int64_t kBytes = Q5 ? 176 : 144;
+  const int64_t nsb = a.nb / 8;
+  thread_local std::vector<uint8_t> row;
+  row.resize(size_t(nsb * kBytes));
+  float one[kMaxGroupRows];
+  for (int j = 0; j < kGroup; ++j) {
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      const uint8_t* g = group + sb * kGroup * kBytes;
+      uint8_t* blk = row.data() + sb * kBytes;
+      for (int f = 0; f < 2; ++f) std::memcpy(blk + 2 * f, g + 2 * kGroup * f + 2 * j, 2);
+      for (int64_t c = 0; c < (kBytes - 4) / 4; ++c)
+        std::memcpy(blk + 4 + 4 * c, g + 4 * kGroup + 4 * kGroup * c + 4 * j, 4);
+    }
+    qk_row<Q5>(row.data(), a, R, one);
+    for (int r = 0; r < R; ++r) out[r * kGroup + j] = one[r];
+  }
 }
-void q5_k(const uint8_t* w, int64_t rb, int n, const ActRows& a, int R, float* out) {
-  rows<q5_k_row>(w, rb, n, a, R, out);
-}
+void q4_k(const uint8_t* g, const ActRows& a, int R, float* out) { kq_group<false>(g, a, R, out); }
+void q5_k(const uint8_t* g, const ActRows& a, int R, float* out) { kq_group<true>(g, a, R, out); }
 void q6_k(const uint8_t* w, int64_t rb, int n, const ActRows& a, int R, float* out) {
   rows<q6_k_row>(w, rb, n, a, R, out);
 }

@@ -58,8 +58,8 @@ using QuantizeFn = void (*)(const float* x, int64_t nb, int8_t* q, float* d, flo
 
 struct Kernels {
   const char* name;
-  GroupDotFn q4_0, q4_1, q8_0, q5_0, q5_1;
-  RowsDotFn q4_k, q5_k, q6_k;
+  GroupDotFn q4_0, q4_1, q8_0, q5_0, q5_1, q4_k, q5_k;
+  RowsDotFn q6_k;
   FDotFn f32;
   QuantizeFn quantize;
 };

@@ -89,11 +89,11 @@ Int8Kernel int8_kernel(const WeightView& w, const qk::Kernels& k) {
     case GGMLType::q8_0:
       return {k.q8_0, nullptr};
     case GGMLType::q4_k:
-      return {nullptr, k.q4_k};
+      return {k.q4_k, nullptr};
     case GGMLType::q6_k:
       return {nullptr, k.q6_k};
     case GGMLType::q5_k:
-      return {nullptr, k.q5_k};
+      return {k.q5_k, nullptr};
     case GGMLType::q5_0:
       return {k.q5_0, nullptr};
     case GGMLType::q5_1:

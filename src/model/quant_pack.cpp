@@ -1,5 +1,5 @@
-// Packing Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 matrices into the x16 layout (quant_pack.h), and
-// reading rows back.
+// Packing Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K matrices into the x16 layout
+// (quant_pack.h), and reading rows back.
 #include "quant_pack.h"
 
 #include <sys/mman.h>
@@ -31,6 +31,10 @@ BlockShape block_shape(GGMLType t) {
       return {22, 2, 20};
     case GGMLType::q5_1:
       return {24, 4, 20};
+    case GGMLType::q4_k:  // d, dmin; then the scales and nibbles (Q5_K: and qh) in chunks
+      return {144, 4, 140};
+    case GGMLType::q5_k:
+      return {176, 4, 172};
     default:
       fail("x16 layout: type ", ggml_type_name(uint32_t(t)), " is not packed");
   }
@@ -71,14 +75,15 @@ void release_pages(const uint8_t* from, const uint8_t* to) {
 
 bool x16_packable(GGMLType t) {
   return t == GGMLType::q4_0 || t == GGMLType::q4_1 || t == GGMLType::q8_0 ||
-         t == GGMLType::q5_0 || t == GGMLType::q5_1;
+         t == GGMLType::q5_0 || t == GGMLType::q5_1 || t == GGMLType::q4_k || t == GGMLType::q5_k;
 }
 
 PackedWeight pack_x16(const WeightView& w, bool release_source) {
   if (!x16_packable(w.type) || w.x16) return {w, nullptr};
   const BlockShape s = block_shape(w.type);
-  const int64_t nb = w.cols / 32, groups = (w.rows + kGroupRows - 1) / kGroupRows;
-  PA_CHECK(w.cols % 32 == 0 && w.row_bytes == nb * s.bytes, "x16 layout: ",
+  const int64_t per_block = ggml_block_size(w.type);
+  const int64_t nb = w.cols / per_block, groups = (w.rows + kGroupRows - 1) / kGroupRows;
+  PA_CHECK(w.cols % per_block == 0 && w.row_bytes == nb * s.bytes, "x16 layout: ",
            ggml_type_name(uint32_t(w.type)), " matrix of ", w.cols, " columns has rows of ",
            w.row_bytes, " bytes");
   const size_t total = size_t(groups * kGroupRows * w.row_bytes);
@@ -111,7 +116,7 @@ PackedWeight pack_x16(const WeightView& w, bool release_source) {
 
 void x16_file_row(const WeightView& w, int64_t r, uint8_t* dst) {
   const BlockShape s = block_shape(w.type);
-  const int64_t nb = w.cols / 32, g = r / kGroupRows;
+  const int64_t nb = w.cols / ggml_block_size(w.type), g = r / kGroupRows;
   const uint8_t* group = w.data + g * kGroupRows * w.row_bytes;
   for (int64_t b = 0; b < nb; ++b)
     unpack_block(s, group + b * kGroupRows * s.bytes, int(r % kGroupRows), dst + b * s.bytes);
