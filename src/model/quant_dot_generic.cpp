@@ -140,39 +140,38 @@ void q6_k_row(const uint8_t* w, const ActRows& a, int R, float* out) {
   }
 }
 
-template <void (*Row)(const uint8_t*, const ActRows&, int, float*)>
-void rows(const uint8_t* w, int64_t row_bytes, int nrows, const ActRows& a, int R, float* out) {
-  float one[kMaxRows];
-  for (int i = 0; i < nrows; ++i) {
-    Row(w + i * row_bytes, a, R, one);
-    for (int r = 0; r < R; ++r) out[r * kRowTile + i] = one[r];
-  }
-}
-// Q4_K / Q5_K in the x16 layout: each row of the group put back in its file layout (header f16
-// fields d, dmin at 32 f + 2 j; 4-byte chunk c of the rest at 64 + 64 c + 4 j), then qk_row.
-template <bool Q5>
+// A K-quant format in the x16 layout: each row of the group put back in its file layout (the f16
+// fields at 32 f + 2 j of the group-block, 4-byte chunk c of the rest at 2 * Header * 8 + 64 c +
+// 4 j; Q6_K's one field goes last in the file block), then the row code above.
+template <int Bytes, int Header, bool HeaderLast,
+          void (*Row)(const uint8_t*, const ActRows&, int, float*)>
 void kq_group(const uint8_t* group, const ActRows& a, int R, float* out) {
-  constexpr int64_t kBytes = Q5 ? 176 : 144;
   const int64_t nsb = a.nb / 8;
+  constexpr int h0 = HeaderLast ? Bytes - Header : 0, q0 = HeaderLast ? 0 : Header;
   thread_local std::vector<uint8_t> row;
-  row.resize(size_t(nsb * kBytes));
+  row.resize(size_t(nsb * Bytes));
   float one[kMaxGroupRows];
   for (int j = 0; j < kGroup; ++j) {
     for (int64_t sb = 0; sb < nsb; ++sb) {
-      const uint8_t* g = group + sb * kGroup * kBytes;
-      uint8_t* blk = row.data() + sb * kBytes;
-      for (int f = 0; f < 2; ++f) std::memcpy(blk + 2 * f, g + 2 * kGroup * f + 2 * j, 2);
-      for (int64_t c = 0; c < (kBytes - 4) / 4; ++c)
-        std::memcpy(blk + 4 + 4 * c, g + 4 * kGroup + 4 * kGroup * c + 4 * j, 4);
+      const uint8_t* g = group + sb * kGroup * Bytes;
+      uint8_t* blk = row.data() + sb * Bytes;
+      for (int f = 0; f < Header / 2; ++f)
+        std::memcpy(blk + h0 + 2 * f, g + 2 * kGroup * f + 2 * j, 2);
+      for (int c = 0; c < (Bytes - Header) / 4; ++c)
+        std::memcpy(blk + q0 + 4 * c, g + kGroup * Header + 4 * kGroup * c + 4 * j, 4);
     }
-    qk_row<Q5>(row.data(), a, R, one);
+    Row(row.data(), a, R, one);
     for (int r = 0; r < R; ++r) out[r * kGroup + j] = one[r];
   }
 }
-void q4_k(const uint8_t* g, const ActRows& a, int R, float* out) { kq_group<false>(g, a, R, out); }
-void q5_k(const uint8_t* g, const ActRows& a, int R, float* out) { kq_group<true>(g, a, R, out); }
-void q6_k(const uint8_t* w, int64_t rb, int n, const ActRows& a, int R, float* out) {
-  rows<q6_k_row>(w, rb, n, a, R, out);
+void q4_k(const uint8_t* g, const ActRows& a, int R, float* out) {
+  kq_group<144, 4, false, qk_row<false>>(g, a, R, out);
+}
+void q5_k(const uint8_t* g, const ActRows& a, int R, float* out) {
+  kq_group<176, 4, false, qk_row<true>>(g, a, R, out);
+}
+void q6_k(const uint8_t* g, const ActRows& a, int R, float* out) {
+  kq_group<210, 2, true, q6_k_row>(g, a, R, out);
 }
 
 void f32(const float* w, const float* x, int64_t ldx, int64_t k, int R, float* out) {

@@ -229,7 +229,7 @@ TEST(QuantMatmulErrors, UnpackedBlockMatrixIsRefusedByName) {
 // Every row of a packed matrix reads back as the file's bytes, padded groups included.
 TEST(QuantPack, RowsReadBackAsTheFileBytes) {
   for (GGMLType t : {GGMLType::q4_0, GGMLType::q4_1, GGMLType::q5_0, GGMLType::q5_1, GGMLType::q8_0,
-                     GGMLType::q4_k, GGMLType::q5_k})
+                     GGMLType::q4_k, GGMLType::q5_k, GGMLType::q6_k})
     for (int64_t rows : {1, 7, 8, 9, 15, 16, 17, 37}) {
       const RandomWeight w = random_weight(t, rows, ggml_block_size(t) == 256 ? 512 : 96,
                                            9 + uint64_t(rows));
