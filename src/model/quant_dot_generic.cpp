@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "pagedattn/dtype.h"
 #include "quant_kernels.h"
@@ -105,8 +106,6 @@ void qk_row(const uint8_t* w, const ActRows& a, int R, float* out) {
     out[r] = acc;
   }
 }
-void q4_k_row(const uint8_t* w, const ActRows& a, int R, float* out) { qk_row<false>(w, a, R, out); }
-void q5_k_row(const uint8_t* w, const ActRows& a, int R, float* out) { qk_row<true>(w, a, R, out); }
 
 // Q6_K (256 values, 210 bytes): value v = d * scale[v / 16] * (q6 - 32), q6 from 4 low bits in ql
 // and 2 high bits in qh (layout in dequant.cpp).
@@ -141,22 +140,38 @@ void q6_k_row(const uint8_t* w, const ActRows& a, int R, float* out) {
   }
 }
 
-template <void (*Row)(const uint8_t*, const ActRows&, int, float*)>
-void rows(const uint8_t* w, int64_t row_bytes, int nrows, const ActRows& a, int R, float* out) {
-  float one[kMaxRows];
-  for (int i = 0; i < nrows; ++i) {
-    Row(w + i * row_bytes, a, R, one);
-    for (int r = 0; r < R; ++r) out[r * kRowTile + i] = one[r];
+// A K-quant format in the x16 layout: each row of the group put back in its file layout (the f16
+// fields at 32 f + 2 j of the group-block, 4-byte chunk c of the rest at 2 * Header * 8 + 64 c +
+// 4 j; Q6_K's one field goes last in the file block), then the row code above.
+template <int Bytes, int Header, bool HeaderLast,
+          void (*Row)(const uint8_t*, const ActRows&, int, float*)>
+void kq_group(const uint8_t* group, const ActRows& a, int R, float* out) {
+  const int64_t nsb = a.nb / 8;
+  constexpr int h0 = HeaderLast ? Bytes - Header : 0, q0 = HeaderLast ? 0 : Header;
+  thread_local std::vector<uint8_t> row;
+  row.resize(size_t(nsb * Bytes));
+  float one[kMaxGroupRows];
+  for (int j = 0; j < kGroup; ++j) {
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      const uint8_t* g = group + sb * kGroup * Bytes;
+      uint8_t* blk = row.data() + sb * Bytes;
+      for (int f = 0; f < Header / 2; ++f)
+        std::memcpy(blk + h0 + 2 * f, g + 2 * kGroup * f + 2 * j, 2);
+      for (int c = 0; c < (Bytes - Header) / 4; ++c)
+        std::memcpy(blk + q0 + 4 * c, g + kGroup * Header + 4 * kGroup * c + 4 * j, 4);
+    }
+    Row(row.data(), a, R, one);
+    for (int r = 0; r < R; ++r) out[r * kGroup + j] = one[r];
   }
 }
-void q4_k(const uint8_t* w, int64_t rb, int n, const ActRows& a, int R, float* out) {
-  rows<q4_k_row>(w, rb, n, a, R, out);
+void q4_k(const uint8_t* g, const ActRows& a, int R, float* out) {
+  kq_group<144, 4, false, qk_row<false>>(g, a, R, out);
 }
-void q5_k(const uint8_t* w, int64_t rb, int n, const ActRows& a, int R, float* out) {
-  rows<q5_k_row>(w, rb, n, a, R, out);
+void q5_k(const uint8_t* g, const ActRows& a, int R, float* out) {
+  kq_group<176, 4, false, qk_row<true>>(g, a, R, out);
 }
-void q6_k(const uint8_t* w, int64_t rb, int n, const ActRows& a, int R, float* out) {
-  rows<q6_k_row>(w, rb, n, a, R, out);
+void q6_k(const uint8_t* g, const ActRows& a, int R, float* out) {
+  kq_group<210, 2, true, q6_k_row>(g, a, R, out);
 }
 
 void f32(const float* w, const float* x, int64_t ldx, int64_t k, int R, float* out) {

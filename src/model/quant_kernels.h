@@ -13,6 +13,14 @@
 //     mn   = fma(m_w[j], s_x[r][b], mn)            (Q4_1, Q5_1: the blocks' minimums)
 //   out  = acc + mn
 //
+// Q4_K / Q5_K / Q6_K (x16 layout too, one block = 256 values), per 32 values b of a block
+// (quant_dot_generic.cpp writes it out for one row):
+//     Q4_K, Q5_K: sub-block b of 6-bit scale sc and minimum mn, isum its exact integer sum
+//       acc = acc + (d * sc) * (d_x[b] * isum);  acc = acc - (dmin * mn) * s_x[b]
+//     Q6_K: two 16-value sub-blocks of int8 scales sc0, sc1, exact sums isum0, isum1 of (q - 32) x
+//       acc = acc + (d * sc0) * (d_x[b] * isum0);  acc = acc + (d * sc1) * (d_x[b] * isum1)
+//   separate multiplies and adds, out = acc.
+//
 // The integer sums are exact whichever instructions form them, and the float operations are the
 // same sequence everywhere, so the ISA changes speed, never results; nor does R, or where a row
 // sits in the batch.
@@ -25,11 +33,10 @@
 
 namespace pagedattn::cpu::qk {
 
-constexpr int kMaxRows = 4;       // activation rows per call of an f32 or K-quant kernel
+constexpr int kMaxRows = 4;       // activation rows per call of an f32 kernel
 constexpr int kMaxGroupRows = 8;  // activation rows per call of an x16 group kernel
 constexpr int64_t kBlock = 32;  // activation block (values per int8 scale)
 constexpr int kGroup = 16;      // weight rows per group (quant_pack.h)
-constexpr int kRowTile = 8;     // weight rows per call of a K-quant kernel
 
 // R activation rows in int8 blocks: row r's values at q + r * k, its scales at d + r * nb, its
 // block sums d * sum(q) at s + r * nb and the integer sums at sum + r * nb.
@@ -43,12 +50,6 @@ struct ActRows {
 
 // out[r * 16 + j] = dot(row j of the x16 group at `group`, activation row r), r < R.
 using GroupDotFn = void (*)(const uint8_t* group, const ActRows& a, int R, float* out);
-// K-quants (file layout): out[r * kRowTile + i] = dot(weight row i at w + i * row_bytes,
-// activation row r), i < nrows (1..kRowTile), r < R. Per sub-block an exact integer sum, then the
-// same float operations in the same order for each row on every ISA (quant_dot_generic.cpp writes
-// them out for one row; the x86 kernels run kRowTile rows' chains side by side in vector lanes).
-using RowsDotFn = void (*)(const uint8_t* w, int64_t row_bytes, int nrows, const ActRows& a, int R,
-                           float* out);
 // out[r] = dot(w [k], x + r * ldx [k]), r < R.
 using FDotFn = void (*)(const float* w, const float* x, int64_t ldx, int64_t k, int R, float* out);
 // One row x [nb * 32] into int8 blocks, the same bits on every ISA: per block d = max|x| / 127,
@@ -58,8 +59,7 @@ using QuantizeFn = void (*)(const float* x, int64_t nb, int8_t* q, float* d, flo
 
 struct Kernels {
   const char* name;
-  GroupDotFn q4_0, q4_1, q8_0, q5_0, q5_1;
-  RowsDotFn q4_k, q5_k, q6_k;
+  GroupDotFn q4_0, q4_1, q8_0, q5_0, q5_1, q4_k, q5_k, q6_k;
   FDotFn f32;
   QuantizeFn quantize;
 };

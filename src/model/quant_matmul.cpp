@@ -67,14 +67,11 @@ const qk::Kernels& kernels() {
   return forced ? *forced : *best;
 }
 
-using qk::RowsDotFn;
-
-// The int8 kernel of a matrix: a group kernel (x16 layout) or a row kernel (K-quants); neither for
-// F32/F16/BF16, which take f32 activations.
+// The int8 kernel of a matrix (every block format, in the x16 layout); none for F32/F16/BF16,
+// which take f32 activations.
 struct Int8Kernel {
   qk::GroupDotFn group = nullptr;
-  RowsDotFn row = nullptr;
-  explicit operator bool() const { return group || row; }
+  explicit operator bool() const { return group != nullptr; }
 };
 
 Int8Kernel int8_kernel(const WeightView& w, const qk::Kernels& k) {
@@ -83,21 +80,21 @@ Int8Kernel int8_kernel(const WeightView& w, const qk::Kernels& k) {
              " matrix is not in the x16 layout (pack it with pack_x16 first)");
   switch (w.type) {
     case GGMLType::q4_0:
-      return {k.q4_0, nullptr};
+      return {k.q4_0};
     case GGMLType::q4_1:
-      return {k.q4_1, nullptr};
+      return {k.q4_1};
     case GGMLType::q8_0:
-      return {k.q8_0, nullptr};
+      return {k.q8_0};
     case GGMLType::q4_k:
-      return {nullptr, k.q4_k};
+      return {k.q4_k};
     case GGMLType::q6_k:
-      return {nullptr, k.q6_k};
+      return {k.q6_k};
     case GGMLType::q5_k:
-      return {nullptr, k.q5_k};
+      return {k.q5_k};
     case GGMLType::q5_0:
-      return {k.q5_0, nullptr};
+      return {k.q5_0};
     case GGMLType::q5_1:
-      return {k.q5_1, nullptr};
+      return {k.q5_1};
     default:
       return {};
   }
@@ -164,27 +161,16 @@ void run_tile(MatmulInput& x, const WeightView& w, float* y, int64_t t, Int8Kern
   const int64_t c0 = t * rows, c1 = std::min(n, c0 + rows);
   if (kfn) {
     const int64_t nb = k / kBlock;
-    const int64_t rows_per_call = kfn.group ? qk::kMaxGroupRows : kMaxRows;
-    for (int64_t r0 = 0; r0 < m; r0 += rows_per_call) {
-      const int R = int(std::min<int64_t>(rows_per_call, m - r0));
+    for (int64_t r0 = 0; r0 < m; r0 += qk::kMaxGroupRows) {
+      const int R = int(std::min<int64_t>(qk::kMaxGroupRows, m - r0));
       const ActRows a{x.q() + r0 * k, x.d() + r0 * nb, x.s() + r0 * nb, x.sum() + r0 * nb, k, nb};
-      if (kfn.group) {
-        float out[qk::kMaxGroupRows * kGroupRows];
-        for (int64_t g = c0 / kGroupRows; g * kGroupRows < c1; ++g) {
-          kfn.group(w.data + g * kGroupRows * w.row_bytes, a, R, out);
-          const int64_t rows = std::min<int64_t>(kGroupRows, n - g * kGroupRows);
-          for (int r = 0; r < R; ++r)
-            std::memcpy(y + (r0 + r) * n + g * kGroupRows, out + r * kGroupRows,
-                        size_t(rows) * sizeof(float));
-        }
-      } else {
-        float out[kMaxRows * qk::kRowTile];
-        for (int64_t c = c0; c < c1; c += qk::kRowTile) {
-          const int rows = int(std::min<int64_t>(qk::kRowTile, c1 - c));
-          kfn.row(w.data + c * w.row_bytes, w.row_bytes, rows, a, R, out);
-          for (int r = 0; r < R; ++r)
-            std::memcpy(y + (r0 + r) * n + c, out + r * qk::kRowTile, size_t(rows) * sizeof(float));
-        }
+      float out[qk::kMaxGroupRows * kGroupRows];
+      for (int64_t g = c0 / kGroupRows; g * kGroupRows < c1; ++g) {
+        kfn.group(w.data + g * kGroupRows * w.row_bytes, a, R, out);
+        const int64_t rows = std::min<int64_t>(kGroupRows, n - g * kGroupRows);
+        for (int r = 0; r < R; ++r)
+          std::memcpy(y + (r0 + r) * n + g * kGroupRows, out + r * kGroupRows,
+                      size_t(rows) * sizeof(float));
       }
     }
     return;

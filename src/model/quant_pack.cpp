@@ -1,5 +1,5 @@
-// Packing Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 matrices into the x16 layout (quant_pack.h), and
-// reading rows back.
+// Packing Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K matrices into the x16 layout
+// (quant_pack.h), and reading rows back.
 #include "quant_pack.h"
 
 #include <sys/mman.h>
@@ -14,9 +14,11 @@ namespace pagedattn::cpu {
 
 namespace {
 
-// A file block: `header` bytes of f16 fields, then `quants` bytes.
+// A file block: `header` bytes of f16 fields, then `quants` bytes (Q6_K: the quants first, its f16
+// field last; the group-block puts the f16 fields first either way).
 struct BlockShape {
   int64_t bytes, header, quants;
+  bool header_last = false;
 };
 
 BlockShape block_shape(GGMLType t) {
@@ -31,6 +33,12 @@ BlockShape block_shape(GGMLType t) {
       return {22, 2, 20};
     case GGMLType::q5_1:
       return {24, 4, 20};
+    case GGMLType::q4_k:  // d, dmin; then the scales and nibbles (Q5_K: and qh) in chunks
+      return {144, 4, 140};
+    case GGMLType::q5_k:
+      return {176, 4, 172};
+    case GGMLType::q6_k:  // ql, qh, scales in chunks; d last in the file
+      return {210, 2, 208, true};
     default:
       fail("x16 layout: type ", ggml_type_name(uint32_t(t)), " is not packed");
   }
@@ -39,24 +47,26 @@ BlockShape block_shape(GGMLType t) {
 // One group-block from the 8 file blocks rows[j] (null: a padding row, all zero).
 void pack_block(const BlockShape& s, const uint8_t* const* rows, uint8_t* out) {
   std::memset(out, 0, size_t(kGroupRows * s.bytes));
+  const int64_t h0 = s.header_last ? s.quants : 0, q0 = s.header_last ? 0 : s.header;
   for (int j = 0; j < kGroupRows; ++j) {
     const uint8_t* blk = rows[j];
     if (!blk) continue;
     for (int64_t f = 0; f < s.header / 2; ++f)
-      std::memcpy(out + f * 2 * kGroupRows + 2 * j, blk + 2 * f, 2);
+      std::memcpy(out + f * 2 * kGroupRows + 2 * j, blk + h0 + 2 * f, 2);
     uint8_t* quants = out + kGroupRows * s.header;
     for (int64_t c = 0; c < s.quants / 4; ++c)
-      std::memcpy(quants + 4 * kGroupRows * c + 4 * j, blk + s.header + 4 * c, 4);
+      std::memcpy(quants + 4 * kGroupRows * c + 4 * j, blk + q0 + 4 * c, 4);
   }
 }
 
 // The file block of row j of a group-block.
 void unpack_block(const BlockShape& s, const uint8_t* in, int j, uint8_t* blk) {
+  const int64_t h0 = s.header_last ? s.quants : 0, q0 = s.header_last ? 0 : s.header;
   for (int64_t f = 0; f < s.header / 2; ++f)
-    std::memcpy(blk + 2 * f, in + f * 2 * kGroupRows + 2 * j, 2);
+    std::memcpy(blk + h0 + 2 * f, in + f * 2 * kGroupRows + 2 * j, 2);
   const uint8_t* quants = in + kGroupRows * s.header;
   for (int64_t c = 0; c < s.quants / 4; ++c)
-    std::memcpy(blk + s.header + 4 * c, quants + 4 * kGroupRows * c + 4 * j, 4);
+    std::memcpy(blk + q0 + 4 * c, quants + 4 * kGroupRows * c + 4 * j, 4);
 }
 
 // Hands the whole pages of [from, to) back (clean pages of a private file mapping: a later read
@@ -71,14 +81,16 @@ void release_pages(const uint8_t* from, const uint8_t* to) {
 
 bool x16_packable(GGMLType t) {
   return t == GGMLType::q4_0 || t == GGMLType::q4_1 || t == GGMLType::q8_0 ||
-         t == GGMLType::q5_0 || t == GGMLType::q5_1;
+         t == GGMLType::q5_0 || t == GGMLType::q5_1 || t == GGMLType::q4_k || t == GGMLType::q5_k ||
+         t == GGMLType::q6_k;
 }
 
 PackedWeight pack_x16(const WeightView& w, bool release_source) {
   if (!x16_packable(w.type) || w.x16) return {w, nullptr};
   const BlockShape s = block_shape(w.type);
-  const int64_t nb = w.cols / 32, groups = (w.rows + kGroupRows - 1) / kGroupRows;
-  PA_CHECK(w.cols % 32 == 0 && w.row_bytes == nb * s.bytes, "x16 layout: ",
+  const int64_t per_block = ggml_block_size(w.type);
+  const int64_t nb = w.cols / per_block, groups = (w.rows + kGroupRows - 1) / kGroupRows;
+  PA_CHECK(w.cols % per_block == 0 && w.row_bytes == nb * s.bytes, "x16 layout: ",
            ggml_type_name(uint32_t(w.type)), " matrix of ", w.cols, " columns has rows of ",
            w.row_bytes, " bytes");
   const size_t total = size_t(groups * kGroupRows * w.row_bytes);
@@ -111,7 +123,7 @@ PackedWeight pack_x16(const WeightView& w, bool release_source) {
 
 void x16_file_row(const WeightView& w, int64_t r, uint8_t* dst) {
   const BlockShape s = block_shape(w.type);
-  const int64_t nb = w.cols / 32, g = r / kGroupRows;
+  const int64_t nb = w.cols / ggml_block_size(w.type), g = r / kGroupRows;
   const uint8_t* group = w.data + g * kGroupRows * w.row_bytes;
   for (int64_t b = 0; b < nb; ++b)
     unpack_block(s, group + b * kGroupRows * s.bytes, int(r % kGroupRows), dst + b * s.bytes);

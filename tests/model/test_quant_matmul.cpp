@@ -228,9 +228,11 @@ TEST(QuantMatmulErrors, UnpackedBlockMatrixIsRefusedByName) {
 
 // Every row of a packed matrix reads back as the file's bytes, padded groups included.
 TEST(QuantPack, RowsReadBackAsTheFileBytes) {
-  for (GGMLType t : {GGMLType::q4_0, GGMLType::q4_1, GGMLType::q5_0, GGMLType::q5_1, GGMLType::q8_0})
+  for (GGMLType t : {GGMLType::q4_0, GGMLType::q4_1, GGMLType::q5_0, GGMLType::q5_1, GGMLType::q8_0,
+                     GGMLType::q4_k, GGMLType::q5_k, GGMLType::q6_k})
     for (int64_t rows : {1, 7, 8, 9, 15, 16, 17, 37}) {
-      const RandomWeight w = random_weight(t, rows, 96, 9 + uint64_t(rows));
+      const RandomWeight w = random_weight(t, rows, ggml_block_size(t) == 256 ? 512 : 96,
+                                           9 + uint64_t(rows));
       ASSERT_TRUE(w.view.x16);
       std::vector<uint8_t> row(size_t(w.view.row_bytes));
       for (int64_t r = 0; r < rows; ++r) {
