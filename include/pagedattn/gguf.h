@@ -1,5 +1,6 @@
 // GGUF (v2, v3) reader: header, metadata of every value type, tensor infos, and dequantisation of
-// F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K tensors to f32.
+// F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K tensors to
+// f32.
 //
 // The file is memory-mapped (or held in memory for from_bytes). Every read is bounds-checked: a
 // truncated or inconsistent file raises Error naming the file and the key or tensor at fault.
@@ -43,9 +44,12 @@ struct GGUFValue {
 
 // ggml tensor types (the subset this reader knows; others are rejected by name).
 enum class GGMLType : uint32_t {
-  f32 = 0, f16 = 1, q4_0 = 2, q4_1 = 3, q5_0 = 6, q5_1 = 7, q8_0 = 8, q4_k = 12, q5_k = 13,
-  q6_k = 14, bf16 = 30,
+  f32 = 0, f16 = 1, q4_0 = 2, q4_1 = 3, q5_0 = 6, q5_1 = 7, q8_0 = 8, q2_k = 10, q3_k = 11,
+  q4_k = 12, q5_k = 13, q6_k = 14, iq4_nl = 20, bf16 = 30,
 };
+// IQ4_NL's 16 quant values (a nibble indexes them; llama.cpp's non-linear grid).
+inline constexpr int8_t kIq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                      1,    13,   25,  38,  53,  69,  89,  113};
 // Name of a ggml type id ("Q4_K", ...; "type <n>" for unknown ones).
 std::string ggml_type_name(uint32_t type);
 bool ggml_type_supported(uint32_t type);

@@ -16,6 +16,15 @@
 //   Q5_K (256 values, 176 bytes): d, dmin, u8 scales[12], u8 qh[32], u8 qs[128]
 //        Q4_K's sub-blocks, scales and nibbles, with bit s of qh[l] as bit 4 of value l of
 //        sub-block s: x = d * sc * q5 - dmin * mn.
+//   IQ4_NL (32 values, 18 bytes): d, u8 qs[16] as Q4_0's        x = d * kIq4nl[nibble]
+//   Q2_K (256 values, 84 bytes): u8 scales[16], u8 qs[64], d, dmin
+//        value v = 128 h + 32 j + l (h < 2, j < 4, l < 32): q = (qs[32 h + l] >> 2 j) & 3, in the
+//        16-value sub-block k = 8 h + 2 j + l / 16 of scale scales[k] & 15 and min scales[k] >> 4:
+//        x = d * sc * q - dmin * mn.
+//   Q3_K (256 values, 110 bytes): u8 hmask[32], u8 qs[64], u8 scales[12], d
+//        the same positions, q = ((qs[32 h + l] >> 2 j) & 3) - (bit 4 h + j of hmask[l] ? 0 : 4),
+//        6-bit scales: low 4 bits in the nibbles of bytes 0..7 (k < 8 low, k >= 8 high nibble of
+//        byte k - 8), high 2 bits in bits 2 (k / 4) of byte 8 + k % 4: x = d * (sc - 32) * q.
 #include <cstring>
 
 #include "pagedattn/dtype.h"
@@ -154,6 +163,52 @@ void dequant_q5(const uint8_t* src, float* dst, int64_t n) {
   }
 }
 
+// src: [n / 32 blocks of 18 bytes]
+void dequant_iq4_nl(const uint8_t* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b, src += 18, dst += 32) {
+    const float d = read_f16(src);
+    const uint8_t* qs = src + 2;
+    for (int j = 0; j < 16; ++j) {
+      dst[j] = d * float(kIq4nl[qs[j] & 0xf]);
+      dst[j + 16] = d * float(kIq4nl[qs[j] >> 4]);
+    }
+  }
+}
+
+// src: [n / 256 blocks of 84 bytes]
+void dequant_q2_k(const uint8_t* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / 256; ++b, src += 84, dst += 256) {
+    const uint8_t* scales = src;
+    const uint8_t* qs = src + 16;
+    const float d = read_f16(src + 80), dmin = read_f16(src + 82);
+    for (int h = 0; h < 2; ++h)
+      for (int j = 0; j < 4; ++j)
+        for (int l = 0; l < 32; ++l) {
+          const int k = 8 * h + 2 * j + l / 16;
+          const float dl = d * float(scales[k] & 15), ml = dmin * float(scales[k] >> 4);
+          dst[128 * h + 32 * j + l] = dl * float((qs[32 * h + l] >> (2 * j)) & 3) - ml;
+        }
+  }
+}
+
+// src: [n / 256 blocks of 110 bytes]
+void dequant_q3_k(const uint8_t* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / 256; ++b, src += 110, dst += 256) {
+    const uint8_t* hmask = src;
+    const uint8_t* qs = src + 32;
+    const uint8_t* s = src + 96;
+    const float d = read_f16(src + 108);
+    for (int h = 0; h < 2; ++h)
+      for (int j = 0; j < 4; ++j)
+        for (int l = 0; l < 32; ++l) {
+          const int k = 8 * h + 2 * j + l / 16;
+          const int lo = k < 8 ? s[k] & 15 : s[k - 8] >> 4, hi = (s[8 + k % 4] >> (2 * (k / 4))) & 3;
+          const int q = ((qs[32 * h + l] >> (2 * j)) & 3) - ((hmask[l] >> (4 * h + j)) & 1 ? 0 : 4);
+          dst[128 * h + 32 * j + l] = d * float((lo | hi << 4) - 32) * float(q);
+        }
+  }
+}
+
 // src: [n / 256 blocks of 176 bytes]
 void dequant_q5_k(const uint8_t* src, float* dst, int64_t n) {
   for (int64_t b = 0; b < n / 256; ++b, src += 176, dst += 256) {
@@ -206,6 +261,9 @@ void dequantize_row(GGMLType t, const void* src_v, float* dst, int64_t n) {
     case GGMLType::q5_0: dequant_q5<false>(src, dst, n); return;
     case GGMLType::q5_1: dequant_q5<true>(src, dst, n); return;
     case GGMLType::q5_k: dequant_q5_k(src, dst, n); return;
+    case GGMLType::q2_k: dequant_q2_k(src, dst, n); return;
+    case GGMLType::iq4_nl: dequant_iq4_nl(src, dst, n); return;
+    case GGMLType::q3_k: dequant_q3_k(src, dst, n); return;
   }
   fail("dequantize_row: unsupported type ", ggml_type_name(uint32_t(t)));
 }

@@ -34,7 +34,8 @@ constexpr TypeTraits kTypes[] = {
     {6, "Q5_0", 32, 22},    {7, "Q5_1", 32, 24},    {8, "Q8_0", 32, 34},   {9, "Q8_1", 32, 36},
     {10, "Q2_K", 256, 84},  {11, "Q3_K", 256, 110}, {12, "Q4_K", 256, 144}, {13, "Q5_K", 256, 176},
     {14, "Q6_K", 256, 210}, {15, "Q8_K", 256, 292}, {24, "I8", 1, 1},      {25, "I16", 1, 2},
-    {26, "I32", 1, 4},      {27, "I64", 1, 8},      {28, "F64", 1, 8},     {30, "BF16", 1, 2},
+    {20, "IQ4_NL", 32, 18}, {26, "I32", 1, 4},      {27, "I64", 1, 8},     {28, "F64", 1, 8},
+    {30, "BF16", 1, 2},
 };
 
 const TypeTraits* find_type(uint32_t id) {
@@ -195,6 +196,7 @@ bool ggml_type_supported(uint32_t type) {
     case GGMLType::f32: case GGMLType::f16: case GGMLType::bf16: case GGMLType::q8_0:
     case GGMLType::q4_0: case GGMLType::q4_1: case GGMLType::q4_k: case GGMLType::q6_k:
     case GGMLType::q5_0: case GGMLType::q5_1: case GGMLType::q5_k:
+    case GGMLType::q2_k: case GGMLType::q3_k: case GGMLType::iq4_nl:
       return find_type(type) != nullptr;
   }
   return false;
@@ -396,7 +398,8 @@ std::shared_ptr<const uint8_t> GGUFFile::tensor_bytes(const GGUFTensorInfo& info
 Tensor GGUFFile::load_f32(const GGUFTensorInfo& info) const {
   PA_CHECK(ggml_type_supported(info.type), "gguf: ", path_, ": tensor '", info.name,
            "': unsupported type ", ggml_type_name(info.type),
-           " (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)");
+           " (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, "
+           "Q6_K)");
   Tensor t = Tensor::empty(info.shape(), DType::f32);
   const GGMLType type = GGMLType(info.type);
   const int64_t row = info.ne[0];

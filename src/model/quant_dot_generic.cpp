@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "pagedattn/dtype.h"
+#include "pagedattn/gguf.h"
 #include "quant_kernels.h"
 
 namespace pagedattn::cpu::qk {
@@ -21,7 +22,7 @@ float f16_at(const uint8_t* p) {
 // One x16 format: group-block bytes, header bytes per row (f16 fields), quant bytes per row, and
 // whether the quants are nibbles (value i low of byte i, value 16 + i high), with a first chunk of
 // fifth bits (Q5: bit i of the row's 4 bytes is bit 4 of value i).
-template <int Header, int Quants, bool Nibbles, int Offset, bool Q5 = false>
+template <int Header, int Quants, bool Nibbles, int Offset, bool Q5 = false, bool Table = false>
 void group_dot(const uint8_t* group, const ActRows& a, int R, float* out) {
   constexpr int64_t kBytes = kGroup * (Header + Quants);
   constexpr int kFirst = Q5 ? 1 : 0;  // the first chunk of nibbles
@@ -40,8 +41,9 @@ void group_dot(const uint8_t* group, const ActRows& a, int R, float* out) {
             const uint8_t byte = quants[4 * kGroup * (c + kFirst) + 4 * j + t];
             if (Nibbles) {
               const int i = 4 * c + t;  // values i and 16 + i
-              const int lo = (byte & 0xf) | int((qh >> i) & 1) << 4;
-              const int hi = (byte >> 4) | int((qh >> (16 + i)) & 1) << 4;
+              int lo = (byte & 0xf) | int((qh >> i) & 1) << 4;
+              int hi = (byte >> 4) | int((qh >> (16 + i)) & 1) << 4;
+              if (Table) lo = kIq4nl[lo], hi = kIq4nl[hi];
               isum += lo * int(x[i]) + hi * int(x[16 + i]);
             } else {
               isum += int(int8_t(byte)) * int(x[4 * c + t]);
@@ -67,6 +69,9 @@ void q8_0(const uint8_t* g, const ActRows& a, int R, float* out) {
 }
 void q5_0(const uint8_t* g, const ActRows& a, int R, float* out) {
   group_dot<2, 20, true, 16, true>(g, a, R, out);
+}
+void iq4_nl(const uint8_t* g, const ActRows& a, int R, float* out) {
+  group_dot<2, 16, true, 0, false, true>(g, a, R, out);
 }
 void q5_1(const uint8_t* g, const ActRows& a, int R, float* out) {
   group_dot<4, 20, true, 0, true>(g, a, R, out);
@@ -207,7 +212,8 @@ void quantize(const float* x, int64_t nb, int8_t* q, float* d, float* s, int32_t
 }  // namespace
 
 const Kernels& generic_kernels() {
-  static const Kernels k{"generic", q4_0, q4_1, q8_0, q5_0, q5_1, q4_k, q5_k, q6_k, f32, quantize};
+  static const Kernels k{"generic", q4_0, q4_1, q8_0, q5_0, q5_1, q4_k, q5_k, q6_k, iq4_nl, f32,
+                         quantize};
   return k;
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "pagedattn/gguf.h"
 #include "quant_kernels.h"
 
 // NOTE: clang does not take `#pragma GCC target` (the fuzzing build compiles with it): there the

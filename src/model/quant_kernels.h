@@ -8,7 +8,8 @@
 //   for each block b of 32 values, in order:
 //     isum = the exact integer dot of the block's quants with the activation's int8 block
 //            (Q4_0: nibbles times x minus 8 * sum of x; Q4_1: nibbles times x; Q5_0 / Q5_1: the
-//            same with 5-bit quants, Q5_0 minus 16 * sum of x; Q8_0: q times x)
+//            same with 5-bit quants, Q5_0 minus 16 * sum of x; IQ4_NL: kIq4nl[nibble] times x;
+//            Q8_0: q times x)
 //     acc  = fma(float(isum), d_w[j] * d_x[r][b], acc)
 //     mn   = fma(m_w[j], s_x[r][b], mn)            (Q4_1, Q5_1: the blocks' minimums)
 //   out  = acc + mn
@@ -59,7 +60,7 @@ using QuantizeFn = void (*)(const float* x, int64_t nb, int8_t* q, float* d, flo
 
 struct Kernels {
   const char* name;
-  GroupDotFn q4_0, q4_1, q8_0, q5_0, q5_1, q4_k, q5_k, q6_k;
+  GroupDotFn q4_0, q4_1, q8_0, q5_0, q5_1, q4_k, q5_k, q6_k, iq4_nl;
   FDotFn f32;
   QuantizeFn quantize;
 };

@@ -89,6 +89,8 @@ Int8Kernel int8_kernel(const WeightView& w, const qk::Kernels& k) {
       return {k.q4_k};
     case GGMLType::q6_k:
       return {k.q6_k};
+    case GGMLType::iq4_nl:
+      return {k.iq4_nl};
     case GGMLType::q5_k:
       return {k.q5_k};
     case GGMLType::q5_0:

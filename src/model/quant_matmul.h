@@ -1,12 +1,12 @@
 // Matrix products y = x w^T over weights kept in their file's format (F32, F16, BF16, Q8_0, Q4_0,
-// Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K): the block formats in the x16 layout (quant_pack.h, pack_x16
-// first), F32/F16/BF16 read in place.
+// Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K-Q6_K): the block formats but Q2_K/Q3_K in the x16 layout
+// (quant_pack.h, pack_x16 first), the others read in place.
 //
 // Two modes:
-//   fast  (default): for the block formats, x is quantised per block of 32 values to int8 with one
+//   fast  (default): for the x16 formats, x is quantised per block of 32 values to int8 with one
 //                    f32 scale (the scheme of these formats' own Q8_0), and each block (K-quants:
-//                    each sub-block) pair is an integer dot product, then scaled; F32/F16/BF16
-//                    weights use f32 x.
+//                    each sub-block) pair is an integer dot product, then scaled; the others
+//                    (F32/F16/BF16, Q2_K/Q3_K dequantised a tile at a time) use f32 x.
 //   exact: f32 x against the weights dequantised to f32 (no activation rounding).
 //
 // Batch invariance by construction: every y[r][c] is one dot product of x row r and w row c whose

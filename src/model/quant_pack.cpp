@@ -29,6 +29,8 @@ BlockShape block_shape(GGMLType t) {
       return {20, 4, 16};
     case GGMLType::q8_0:
       return {34, 2, 32};
+    case GGMLType::iq4_nl:
+      return {18, 2, 16};
     case GGMLType::q5_0:  // qh (4 bytes) and the nibbles: chunk 0 is the row's fifth bits
       return {22, 2, 20};
     case GGMLType::q5_1:
@@ -82,7 +84,7 @@ void release_pages(const uint8_t* from, const uint8_t* to) {
 bool x16_packable(GGMLType t) {
   return t == GGMLType::q4_0 || t == GGMLType::q4_1 || t == GGMLType::q8_0 ||
          t == GGMLType::q5_0 || t == GGMLType::q5_1 || t == GGMLType::q4_k || t == GGMLType::q5_k ||
-         t == GGMLType::q6_k;
+         t == GGMLType::q6_k || t == GGMLType::iq4_nl;
 }
 
 PackedWeight pack_x16(const WeightView& w, bool release_source) {

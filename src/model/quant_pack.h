@@ -8,10 +8,10 @@
 // column b in order, one group-block of 16 * (the format's block bytes):
 //
 //   header  the file block's f16 fields, field by field, 16 rows each:
-//             Q4_0, Q5_0, Q8_0: d[16]          Q4_1, Q5_1: d[16] m[16]
+//             Q4_0, Q5_0, Q8_0, IQ4_NL: d[16]  Q4_1, Q5_1: d[16] m[16]
 //             Q4_K, Q5_K: d[16] dmin[16] (one block: 256 values)   Q6_K: d[16] (last in the file)
 //   quants  4-byte chunks, chunk c of row j at 64 * c + 4 * j:
-//             Q4_0, Q4_1: chunks 0..3, bytes 4c..4c+3 of the row's 16 nibble bytes (low nibbles
+//             Q4_0, Q4_1, IQ4_NL: chunks 0..3, bytes 4c..4c+3 of the row's 16 nibble bytes (low nibbles
 //                         = values 4c..4c+3, high nibbles = values 16+4c..16+4c+3)
 //             Q8_0:       chunks 0..7, values 4c..4c+3
 //             Q5_0, Q5_1: chunk 0 the row's 32 fifth bits (bit i: value i), chunks 1..4 the

@@ -3,7 +3,7 @@
 
 Usage: dequant_oracle.py --deps DIR TYPE BLOCKS.bin OUT.f32
 
-Reads raw blocks of TYPE (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) and writes their
+Reads raw blocks of TYPE (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K) and writes their
 values as little-endian float32. `gguf` (and numpy), when missing, are pip-installed into DIR
 (pydeps.py); exits with status 77 when that is impossible (no pip, no network), which the tests
 report as a skip.

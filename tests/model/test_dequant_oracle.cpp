@@ -1,6 +1,6 @@
-// Dequantisation of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K against an independent
-// implementation, the `gguf` package (llama.cpp's gguf-py, `gguf.quants.dequantize`, run by
-// dequant_oracle.py): random blocks (random bytes, f16 scales of random sign and magnitude,
+// Dequantisation of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K against an
+// independent implementation, the `gguf` package (llama.cpp's gguf-py, `gguf.quants.dequantize`,
+// run by dequant_oracle.py): random blocks (random bytes, f16 scales of random sign and magnitude,
 // subnormals and zero included) must dequantise to bit-identical floats. Skips when the package
 // cannot be installed (offline).
 //
@@ -8,8 +8,9 @@
 // value is an f16 scale (at most 11 significant bits) times a sub-block scale (Q4_K: 6-bit; Q6_K:
 // int8, at most 7 significant bits) times a quant (Q8_0: int8, 7 bits; 4-bit nibbles; Q6_K: q - 32
 // in [-32, 31], 5 bits): at most 11 + 7 + 5 = 23 significant bits, and f16's range keeps it a
-// normal f32 (Q5's 5-bit quants likewise). So Q8_0, Q4_0, Q5_0 and Q6_K are exact in any
-// evaluation order, and Q4_1 and Q5_1 (d * q + m), Q4_K and Q5_K (d * sc * q - dmin * mn) round
+// normal f32 (Q5's 5-bit quants, Q2_K's 4-bit scales and 2-bit quants, Q3_K's 6-bit scales and
+// 3-bit quants likewise). So Q8_0, Q4_0, Q5_0, Q3_K and Q6_K are exact in any evaluation order,
+// and Q4_1 and Q5_1 (d * q + m), Q2_K, Q4_K and Q5_K (d * sc * q - dmin * mn) round
 // once, in one f32 addition of the same two exact operands in both implementations (a fused
 // multiply-add rounds the same, its product being exact). Any difference is a layout error, not
 // rounding; the Q4_1 case checks that many of its sums do round.
@@ -45,6 +46,8 @@ const Case kCases[] = {
     {GGMLType::q4_1, "Q4_1", {0, 2}, 4096}, {GGMLType::q4_k, "Q4_K", {0, 2}, 1024},
     {GGMLType::q6_k, "Q6_K", {208}, 1024},  {GGMLType::q5_0, "Q5_0", {0}, 4096},
     {GGMLType::q5_1, "Q5_1", {0, 2}, 4096}, {GGMLType::q5_k, "Q5_K", {0, 2}, 1024},
+    {GGMLType::q2_k, "Q2_K", {80, 82}, 1024}, {GGMLType::q3_k, "Q3_K", {108}, 1024},
+    {GGMLType::iq4_nl, "IQ4_NL", {0}, 4096},
 };
 
 // A finite f16 below 32 in magnitude: any sign and mantissa, exponent field 0 (zero and

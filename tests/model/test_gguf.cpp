@@ -339,14 +339,14 @@ TEST(GGUF, MalformedFilesNameTheProblem) {
   }
   {  // an unsupported but known type opens, and loading it names the tensor and type
     GGUFWriter w;
-    w.tensor("q3k", {256}, 11, std::vector<uint8_t>(110, 0));
-    const GGUFFile f = GGUFFile::from_bytes(w.bytes(), "q3.gguf");
+    w.tensor("q8k", {256}, 15, std::vector<uint8_t>(292, 0));
+    const GGUFFile f = GGUFFile::from_bytes(w.bytes(), "q8k.gguf");
     try {
       f.load_f32(f.tensors()[0]);
       FAIL();
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("q3k"), std::string::npos);
-      EXPECT_NE(std::string(e.what()).find("Q3_K"), std::string::npos);
+      EXPECT_NE(std::string(e.what()).find("q8k"), std::string::npos);
+      EXPECT_NE(std::string(e.what()).find("Q8_K"), std::string::npos);
     }
   }
   EXPECT_THROW(GGUFFile::open("/nonexistent/file.gguf"), Error);

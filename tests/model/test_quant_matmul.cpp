@@ -72,6 +72,15 @@ RandomWeight random_weight(GGMLType t, int64_t rows, int64_t cols, uint64_t seed
       case GGMLType::q5_k:
         put_f16(blk, u(g) / 8), put_f16(blk + 2, u(g) / 8);
         break;
+      case GGMLType::iq4_nl:
+        put_f16(blk, u(g) / 64);
+        break;
+      case GGMLType::q2_k:
+        put_f16(blk + 80, u(g) / 4), put_f16(blk + 82, u(g) / 4);
+        break;
+      case GGMLType::q3_k:
+        put_f16(blk + 108, u(g) / 16);
+        break;
       case GGMLType::f16:
         put_f16(blk, sym(g));
         break;
@@ -109,10 +118,6 @@ std::vector<float> run(const float* x, int64_t m, const cpu::WeightView& w, Matm
   return y;
 }
 
-bool is_block_format(GGMLType t) {
-  return t != GGMLType::f32 && t != GGMLType::f16 && t != GGMLType::bf16;
-}
-
 class QuantMatmul : public ::testing::TestWithParam<GGMLType> {
  protected:
   void TearDown() override { cpu::set_matmul_isa(""); }
@@ -131,7 +136,8 @@ TEST_P(QuantMatmul, MatchesDoublePrecisionOracle) {
   const int8_t* q = in.q();
   for (MatmulMode mode : {MatmulMode::fast, MatmulMode::exact}) {
     const std::vector<float> y = run(x.data(), m, w.view, mode);
-    const bool int8 = mode == MatmulMode::fast && is_block_format(t);
+    // NOTE: Q2_K and Q3_K have no int8 kernel: f32 activations in both modes.
+    const bool int8 = mode == MatmulMode::fast && cpu::x16_packable(t);
     for (int64_t r = 0; r < m; ++r)
       for (int64_t c = 0; c < n; ++c) {
         double want = 0, mag = 0;
@@ -188,8 +194,9 @@ TEST_P(QuantMatmul, RowResultIndependentOfBatch) {
 
 INSTANTIATE_TEST_SUITE_P(Formats, QuantMatmul,
                          ::testing::Values(GGMLType::q4_0, GGMLType::q4_1, GGMLType::q8_0,
-                                           GGMLType::q5_0, GGMLType::q5_1, GGMLType::q4_k,
-                                           GGMLType::q5_k, GGMLType::q6_k, GGMLType::f16,
+                                           GGMLType::q5_0, GGMLType::q5_1, GGMLType::q2_k,
+                                           GGMLType::q3_k, GGMLType::q4_k, GGMLType::q5_k,
+                                           GGMLType::q6_k, GGMLType::iq4_nl, GGMLType::f16,
                                            GGMLType::bf16, GGMLType::f32),
                          [](const auto& p) { return ggml_type_name(uint32_t(p.param)); });
 
@@ -229,7 +236,7 @@ TEST(QuantMatmulErrors, UnpackedBlockMatrixIsRefusedByName) {
 // Every row of a packed matrix reads back as the file's bytes, padded groups included.
 TEST(QuantPack, RowsReadBackAsTheFileBytes) {
   for (GGMLType t : {GGMLType::q4_0, GGMLType::q4_1, GGMLType::q5_0, GGMLType::q5_1, GGMLType::q8_0,
-                     GGMLType::q4_k, GGMLType::q5_k, GGMLType::q6_k})
+                     GGMLType::q4_k, GGMLType::q5_k, GGMLType::q6_k, GGMLType::iq4_nl})
     for (int64_t rows : {1, 7, 8, 9, 15, 16, 17, 37}) {
       const RandomWeight w = random_weight(t, rows, ggml_block_size(t) == 256 ? 512 : 96,
                                            9 + uint64_t(rows));
