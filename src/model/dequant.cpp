@@ -30,6 +30,7 @@
 #include "pagedattn/dtype.h"
 #include "pagedattn/error.h"
 #include "pagedattn/gguf.h"
+#include "quant_kernels.h"
 
 namespace pagedattn {
 
@@ -75,37 +76,33 @@ void dequant_q4_1(const uint8_t* src, float* dst, int64_t n) {
   }
 }
 
-// The 6-bit scale and min of Q4_K sub-block i (0..7) from the 12 packed bytes: sub-blocks 0-3 keep
-// theirs in the low 6 bits of bytes i (scale) and i+4 (min); sub-blocks 4-7 put their low 4 bits in
-// the nibbles of byte i+4 and their top 2 bits in the spare top bits of bytes i-4 and i.
-void q4k_scale_min(const uint8_t* s, int i, int& sc, int& mn) {
-  if (i < 4) {
-    sc = s[i] & 63;
-    mn = s[i + 4] & 63;
-  } else {
-    sc = (s[i + 4] & 0xf) | ((s[i - 4] >> 6) << 4);
-    mn = (s[i + 4] >> 4) | ((s[i] >> 6) << 4);
-  }
-}
-
-// src: [n / 256 blocks of 144 bytes]
-void dequant_q4_k(const uint8_t* src, float* dst, int64_t n) {
-  for (int64_t b = 0; b < n / 256; ++b, src += 144, dst += 256) {
+// src: [n / 256 blocks of 144 (Q4_K) or 176 (Q5_K: qh[32] between the scales and the nibbles)
+// bytes]
+template <bool Q5>
+void dequant_q45_k(const uint8_t* src, float* dst, int64_t n) {
+  constexpr int kBytes = Q5 ? 176 : 144, kQs = Q5 ? 48 : 16;
+  for (int64_t b = 0; b < n / 256; ++b, src += kBytes, dst += 256) {
     const float d = read_f16(src);
     const float dmin = read_f16(src + 2);
     const uint8_t* scales = src + 4;
-    const uint8_t* qs = src + 16;
+    const uint8_t* qh = src + 16;
+    const uint8_t* qs = src + kQs;
     for (int c = 0; c < 4; ++c) {
       int sc0, mn0, sc1, mn1;
-      q4k_scale_min(scales, 2 * c, sc0, mn0);
-      q4k_scale_min(scales, 2 * c + 1, sc1, mn1);
+      cpu::qk::q4_k_scale_min(scales, 2 * c, sc0, mn0);
+      cpu::qk::q4_k_scale_min(scales, 2 * c + 1, sc1, mn1);
       const float d0 = d * float(sc0), m0 = dmin * float(mn0);
       const float d1 = d * float(sc1), m1 = dmin * float(mn1);
       const uint8_t* q = qs + 32 * c;
       float* y = dst + 64 * c;
       for (int l = 0; l < 32; ++l) {
-        y[l] = d0 * float(q[l] & 0xf) - m0;
-        y[l + 32] = d1 * float(q[l] >> 4) - m1;
+        int q0 = q[l] & 0xf, q1 = q[l] >> 4;
+        if (Q5) {
+          q0 |= ((qh[l] >> (2 * c)) & 1) << 4;
+          q1 |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
+        }
+        y[l] = d0 * float(q0) - m0;
+        y[l + 32] = d1 * float(q1) - m1;
       }
     }
   }
@@ -209,32 +206,6 @@ void dequant_q3_k(const uint8_t* src, float* dst, int64_t n) {
   }
 }
 
-// src: [n / 256 blocks of 176 bytes]
-void dequant_q5_k(const uint8_t* src, float* dst, int64_t n) {
-  for (int64_t b = 0; b < n / 256; ++b, src += 176, dst += 256) {
-    const float d = read_f16(src);
-    const float dmin = read_f16(src + 2);
-    const uint8_t* scales = src + 4;
-    const uint8_t* qh = src + 16;
-    const uint8_t* qs = src + 48;
-    for (int c = 0; c < 4; ++c) {
-      int sc0, mn0, sc1, mn1;
-      q4k_scale_min(scales, 2 * c, sc0, mn0);
-      q4k_scale_min(scales, 2 * c + 1, sc1, mn1);
-      const float d0 = d * float(sc0), m0 = dmin * float(mn0);
-      const float d1 = d * float(sc1), m1 = dmin * float(mn1);
-      const uint8_t* q = qs + 32 * c;
-      float* y = dst + 64 * c;
-      for (int l = 0; l < 32; ++l) {
-        const int q0 = (q[l] & 0xf) | ((qh[l] >> (2 * c)) & 1) << 4;
-        const int q1 = (q[l] >> 4) | ((qh[l] >> (2 * c + 1)) & 1) << 4;
-        y[l] = d0 * float(q0) - m0;
-        y[l + 32] = d1 * float(q1) - m1;
-      }
-    }
-  }
-}
-
 }  // namespace
 
 void dequantize_row(GGMLType t, const void* src_v, float* dst, int64_t n) {
@@ -256,11 +227,11 @@ void dequantize_row(GGMLType t, const void* src_v, float* dst, int64_t n) {
     case GGMLType::q8_0: dequant_q8_0(src, dst, n); return;
     case GGMLType::q4_0: dequant_q4_0(src, dst, n); return;
     case GGMLType::q4_1: dequant_q4_1(src, dst, n); return;
-    case GGMLType::q4_k: dequant_q4_k(src, dst, n); return;
+    case GGMLType::q4_k: dequant_q45_k<false>(src, dst, n); return;
     case GGMLType::q6_k: dequant_q6_k(src, dst, n); return;
     case GGMLType::q5_0: dequant_q5<false>(src, dst, n); return;
     case GGMLType::q5_1: dequant_q5<true>(src, dst, n); return;
-    case GGMLType::q5_k: dequant_q5_k(src, dst, n); return;
+    case GGMLType::q5_k: dequant_q45_k<true>(src, dst, n); return;
     case GGMLType::q2_k: dequant_q2_k(src, dst, n); return;
     case GGMLType::iq4_nl: dequant_iq4_nl(src, dst, n); return;
     case GGMLType::q3_k: dequant_q3_k(src, dst, n); return;

@@ -72,7 +72,10 @@ const Kernels* avx2_kernels();
 const Kernels* avxvnni_kernels();
 const Kernels* avx512vnni_kernels();
 
-// Q4_K sub-block j's 6-bit scale and min from the block's 12 scale bytes s.
+// Q4_K (and Q5_K) sub-block j's (0..7) 6-bit scale and min from the block's 12 scale bytes s:
+// sub-blocks 0-3 keep theirs in the low 6 bits of bytes j (scale) and j+4 (min); sub-blocks 4-7 put
+// their low 4 bits in the nibbles of byte j+4 and their top 2 bits in the spare top bits of bytes
+// j-4 and j. (Also dequant.cpp's.)
 inline void q4_k_scale_min(const uint8_t* s, int j, int& sc, int& mn) {
   if (j < 4) {
     sc = s[j] & 63;
