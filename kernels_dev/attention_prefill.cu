@@ -20,6 +20,13 @@
 //       same swizzled stages instead of one bulk tensor copy per page-sized run of rows (2 KiB
 //       copies at page 16), slots past kv_len zero-filled by the copies: the library's path for
 //       pages that are not a multiple of 8 tokens, which no tensor copy takes.
+//   v6  v4 with its works (a tile of packed rows for one KV head) in one order over all heads:
+//       heaviest first across the KV heads of a section whose K/V fit in L2 (v4: one head's
+//       tiles after the other's, heaviest first within a head).
+//   v7  v6 with the consumer warpgroups taking turns at issuing their products (ping-pong by
+//       named barriers), so that one's softmax runs under the other's products.
+//   v8  v7 on a persistent grid (one CTA per SM looping over works; the next work's Q and first
+//       K/V tiles load while the current one finishes).
 //
 // Measured: H100 80GB HBM3, 2026-11-22/23, 32 query heads, 8 KV heads, head dim 128, page 16,
 // bf16, causal, cold L2, median of 10 (TFLOP/s; torch flash-attention 2: 206-356, cuDNN:
@@ -54,6 +61,8 @@
 //   page 32    518-528 / 536-544,  page 64  513-524 / 545-556,  page 128  515-523 / 536-563
 // Four issuing warps (two per tile, a column block each) were no faster than two.
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "lab_common.h"
 
@@ -67,7 +76,10 @@ std::function<void()> make_version(int v, const lab::Problem& p,
   o.tensor_core_prefill = v >= 2;
   o.hopper_prefill = v >= 3;
   o.hopper_prefill_overlap = v >= 4;
-  o.hopper_gather = v >= 5;
+  o.hopper_gather = v == 5;
+  o.hopper_head_section = v >= 6 ? -1 : 1;
+  o.hopper_pingpong = v >= 7;
+  o.hopper_persistent_ctas = v >= 8 ? -1 : 0;
   plan = std::make_unique<CudaAttentionPlan>(size_t(256) << 20, o);
   plan->plan(p.dev_q(), p.dev_view(), p.batch(), p.s.opt, p.dev_out());
   return [&p, &plan] {
@@ -79,7 +91,7 @@ std::function<void()> make_version(int v, const lab::Problem& p,
 }  // namespace
 
 int main() {
-  constexpr int kVersions = 5;
+  constexpr int kVersions = 8;
   int failures = 0;
   std::printf("== correctness gate (relative L2 error vs the double-precision reference)\n");
   for (DType kv : {DType::bf16, DType::fp8_e4m3})
@@ -106,6 +118,13 @@ int main() {
         }
       }
 
+  // LAB_VERSIONS=4,6,7: time only those versions (the gate checks every one).
+  const char* only = std::getenv("LAB_VERSIONS");
+  auto timed = [&](int v) {
+    if (!only) return true;
+    const std::string list = std::string(",") + only + ",";
+    return list.find("," + std::to_string(v) + ",") != std::string::npos;
+  };
   std::printf(
       "== timing sweep (page 16, bf16, causal; TFLOP/s counting the causal half; v1 only "
       "up to length 2048)\n");
@@ -121,7 +140,7 @@ int main() {
       {4, 8192, 32, 8, 128},     {1, 32768, 32, 8, 128},    {1, 8192, 32, 32, 128},
       {1, 8192, 32, 8, 64},      {1, 8192, 32, 8, 256},     {4, 8192, 32, 8, 64},
       {4, 8192, 32, 8, 256},     {1, 8192, 32, 8, 128, 32}, {1, 8192, 32, 8, 128, 64},
-      {1, 8192, 32, 8, 128, 128}};
+      {1, 8192, 32, 8, 128, 128}, {4, 32768, 32, 8, 128}};
   for (const Sweep& w : sweep) {
     lab::Shape s;
     s.hq = w.hq;
@@ -133,7 +152,7 @@ int main() {
     lab::Problem p(s, 3, false);
     double us[kVersions + 1] = {};
     for (int v = 1; v <= kVersions; ++v) {
-      if (v == 1 && w.len > 2048) continue;
+      if (!timed(v) || (v == 1 && w.len > 2048)) continue;
       std::unique_ptr<CudaAttentionPlan> plan;
       us[v] = lab::time_us(make_version(v, p, plan), v == 1 ? 3 : 10);
     }

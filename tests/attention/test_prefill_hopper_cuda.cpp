@@ -7,9 +7,11 @@
 #include <atomic>
 #include <memory>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "cuda_problem.h"
+#include "pagedattn/error.h"
 
 using namespace pagedattn;
 using namespace pagedattn::gputest;
@@ -59,13 +61,29 @@ Spec random_hopper_spec(std::mt19937_64& rng) {
 }
 
 // The plan's choices (tensor copies wherever the page size allows, the overlapped loop), K/V
-// gathered, the serial loop, both.
-enum class Variant { automatic, gather, serial, gather_serial };
+// gathered, the serial loop, both; ping-pong on a persistent grid of two CTAs.
+enum class Variant { automatic, gather, serial, gather_serial, pingpong_persistent };
 
 CudaPlanOptions options(Variant v) {
   CudaPlanOptions o;
   o.hopper_gather = v == Variant::gather || v == Variant::gather_serial;
   o.hopper_prefill_overlap = !(v == Variant::serial || v == Variant::gather_serial);
+  if (v == Variant::pingpong_persistent) {
+    o.hopper_pingpong = true;
+    o.hopper_persistent_ctas = 2;
+  }
+  return o;
+}
+
+// A random schedule of the kernel's works: heads per L2 section (the plan's choice, one, or a
+// few), a persistent grid (none, one CTA per SM, or 1-7 CTAs that each run many works), and
+// ping-pong between the consumer warpgroups on or off.
+CudaPlanOptions random_schedule(CudaPlanOptions o, std::mt19937_64& rng) {
+  const int32_t sections[] = {-1, 1, 2, 3};
+  const int32_t ctas[] = {0, -1, 1, 3, 7};
+  o.hopper_head_section = sections[rng() % 4];
+  o.hopper_persistent_ctas = ctas[rng() % 5];
+  o.hopper_pingpong = rng() % 2 == 0;
   return o;
 }
 
@@ -99,7 +117,7 @@ TEST(HopperPrefill, MatchesReferenceOnRandomShapes) {
     // where a page is not a multiple of 8 tokens).
     const Variant variants[] = {Variant::automatic, Variant::gather, Variant::serial,
                                   Variant::gather_serial};
-    CudaAttentionPlan plan(size_t(64) << 20, options(variants[i % 4]));
+    CudaAttentionPlan plan(size_t(64) << 20, random_schedule(options(variants[i % 4]), rng));
     got.push_back(problems.back()->run_cuda(plan));
     bool any_prefill = false;
     for (int32_t q : s.q_len) any_prefill |= q > 1;
@@ -138,6 +156,7 @@ TEST(HopperPrefill, ChunksAtTheEndOfLongContexts) {
   s.opt.window = 1000;
   check_hopper(s, 22);
   check_hopper(s, 22, true, Variant::serial);
+  check_hopper(s, 22, true, Variant::pingpong_persistent);
   s.opt.window = 0;
   s.page_size = 128;
   s.q_len = {700};
@@ -160,6 +179,50 @@ TEST(HopperPrefill, GatherAndTensorCopiesGiveTheSameBits) {
     const std::vector<uint8_t> a = pr.run_cuda(tensor);
     ASSERT_EQ(a, pr.run_cuda(gather)) << describe(s);
   }
+}
+
+// Which CTA runs a work, in which order, and whether the consumer warpgroups take turns change
+// nothing in a row's arithmetic: every schedule gives the same bits. Few CTAs of a persistent
+// grid run many works each, so stages, barrier phases and Q reloads carry across works.
+TEST(HopperPrefill, EveryScheduleGivesTheSameBits) {
+  PA_SKIP_WITHOUT_HOPPER();
+  std::mt19937_64 rng(91);
+  for (int i = 0; i < 40; ++i) {
+    Spec s = random_hopper_spec(rng);
+    Problem pr(s, 9500 + uint64_t(i));
+    CudaPlanOptions base = options(i % 3 == 2 ? Variant::gather : Variant::automatic);
+    base.hopper_head_section = 1;
+    base.hopper_persistent_ctas = 0;
+    base.hopper_pingpong = false;
+    CudaAttentionPlan plain(size_t(64) << 20, base);
+    const std::vector<uint8_t> a = pr.run_cuda(plain);
+    for (int k = 0; k < 3; ++k) {
+      const CudaPlanOptions o = random_schedule(base, rng);
+      CudaAttentionPlan other(size_t(64) << 20, o);
+      ASSERT_EQ(a, pr.run_cuda(other))
+          << describe(s) << " head_section " << o.hopper_head_section << " persistent_ctas "
+          << o.hopper_persistent_ctas << " pingpong " << o.hopper_pingpong;
+    }
+  }
+}
+
+// Bad schedule options are refused by name.
+TEST(HopperPrefill, RefusesBadScheduleOptions) {
+  PA_SKIP_WITHOUT_GPU();
+  auto refusal = [](const CudaPlanOptions& o) -> std::string {
+    try {
+      CudaAttentionPlan plan(size_t(1) << 20, o);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  CudaPlanOptions o;
+  o.hopper_head_section = 0;
+  EXPECT_NE(refusal(o).find("hopper_head_section"), std::string::npos) << refusal(o);
+  o.hopper_head_section = -1;
+  o.hopper_persistent_ctas = -2;
+  EXPECT_NE(refusal(o).find("hopper_persistent_ctas"), std::string::npos) << refusal(o);
 }
 
 // Shapes the Hopper kernel does not take run on the mma.sync kernel, correctly.
