@@ -500,17 +500,18 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       // NOTE: the tiles a warpgroup sees are contiguous (the causal limit bounds them above, the
       // window below); the wgmma issues sit on straight paths over them, since ptxas serialises
       // every wgmma of a kernel whose issues or waits it finds on divergent paths.
-      int lo[2] = {ntiles, ntiles}, hi[2] = {-1, -1};
-      for (int i = 0; i < ntiles; ++i)
-#pragma unroll
-        for (int c = 0; c < 2; ++c)
-          if (tile_need_of(c, t_first + i * BN)) lo[c] = min(lo[c], i), hi[c] = i;
-      const int i_lo = lo[cw], i_hi = hi[cw];
+      // NOTE: lo/hi as scalars: an array indexed by cw went to local memory.
+      int lo0 = ntiles, hi0 = -1, lo1 = ntiles, hi1 = -1;
+      for (int i = 0; i < ntiles; ++i) {
+        if (tile_need_of(0, t_first + i * BN)) lo0 = min(lo0, i), hi0 = i;
+        if (tile_need_of(1, t_first + i * BN)) lo1 = min(lo1, i), hi1 = i;
+      }
+      const int i_lo = cw == 0 ? lo0 : lo1, i_hi = cw == 0 ? hi0 : hi1;
       // Ping-pong turns go in tile order over the tiles either warpgroup sees, [u_lo, u_hi]: turn
       // i issues S(i) and P V(i - 1), and turn u_hi + 1 the last P V. A warpgroup passes the
       // turns of tiles it does not see right after skipping them, so that neither runs ahead of
       // the tiles the other still holds (the producer refills a stage only once both are done).
-      const int u_lo = min(lo[0], lo[1]), u_hi = max(hi[0], hi[1]);
+      const int u_lo = min(lo0, lo1), u_hi = max(hi0, hi1);
       auto skip = [&](int i) {
         const int s = stage(i);
         const uint32_t ph = phase(i);
