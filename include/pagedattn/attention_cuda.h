@@ -63,7 +63,7 @@ struct CudaPlanOptions {
   int32_t hopper_persistent_ctas = 0;
   // The two consumer warpgroups take turns at issuing their products (named barriers), so that
   // one's softmax runs while the other's products hold the tensor cores (overlapped loop only).
-  bool hopper_pingpong = false;
+  bool hopper_pingpong = true;
   // Decode rows of GQA groups of at least this many query heads per KV head run on the
   // tensor-core decode kernel, the others on the CUDA-core one. It depends on the model's shape
   // only, never on the batch, so a row's output does not depend on the batch it is in.

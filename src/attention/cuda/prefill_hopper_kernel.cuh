@@ -191,6 +191,14 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
   const int G = p.group;
 
+  // The first work's item, read by every thread while thread 0 sets up the barriers (its
+  // global reads are on the path to the first copies).
+  // Each role walks the works with `for (int w = blockIdx.x; w < total; next(w, it))`.
+  const HopperItem first = hopper_item<BN>(p, blockIdx.x);
+  auto next = [&](int& w, HopperItem& it) {
+    w += gridDim.x;
+    if (w < total) it = hopper_item<BN>(p, w);
+  };
   if (tid == 0) {
     mbar_init(q_full, 1);
     mbar_init(q_empty, 2 * 128);
@@ -223,8 +231,8 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     if constexpr (GATHER) {
       int g = 0, n = 0;
       if (tid == 0) prefetch_tensor_map(&tm_q);
-      for (int w = blockIdx.x; w < total; w += gridDim.x, ++n) {
-        const HopperItem it = hopper_item<BN>(p, w);
+      HopperItem it = first;
+      for (int w = blockIdx.x; w < total; next(w, it), ++n) {
         if (tid == 0) load_q(it, n);
         produce_gather<HEAD_DIM>(p, it, g, sK, sV, k_full, v_full, k_empty, v_empty);
         g += it.ntiles;
@@ -245,7 +253,8 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       if (lane == 0) {
         prefetch_tensor_map(&tm_q);
         int n = 0;
-        for (int w = blockIdx.x; w < total; w += gridDim.x, ++n) load_q(hopper_item<BN>(p, w), n);
+        HopperItem it = first;
+        for (int w = blockIdx.x; w < total; next(w, it), ++n) load_q(it, n);
       }
       return;
     }
@@ -253,8 +262,8 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     if (lane == 0) prefetch_tensor_map(v_warp ? &tm_v : &tm_k);
     const int P = p.page_size, PB = p.tma_box_rows, nsub = BN / PB;  // nsub <= 16
     int g = 0, nzero = 0;
-    for (int w = blockIdx.x; w < total; w += gridDim.x) {
-      const HopperItem it = hopper_item<BN>(p, w);
+    HopperItem it = first;
+    for (int w = blockIdx.x; w < total; next(w, it)) {
       const int32_t* bt = p.block_table + int64_t(it.seq) * p.max_pages_per_seq;
       // Lane j < nsub copies rows [t0 + j PB, t0 + (j + 1) PB) of a tile: one box per column
       // block, inside one page. Its page id is read one tile ahead, so that the block-table read
@@ -346,8 +355,8 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   uint32_t pa[BN / 16][4];  // P as the A fragments of O += P V (16 keys per k step)
   float alpha[2];           // the rescale of O that the last softmax asks for
   int g = 0, n = 0;
-  for (int w = blockIdx.x; w < total; w += gridDim.x, ++n) {
-    const HopperItem it = hopper_item<BN>(p, w);
+  HopperItem it = first;
+  for (int w = blockIdx.x; w < total; next(w, it), ++n) {
     const int L = it.L, row_end = it.row_end, t_first = it.t_first, ntiles = it.ntiles;
     // Warpgroup c's packed rows [r_base(c), r_base(c) + 64): whether it has any, and the first
     // and last query positions among them.
