@@ -57,10 +57,6 @@ struct CudaPlanOptions {
   // first, in sections of this many KV heads: -1, as many heads as keep their K/V within about
   // 60% of the L2 (heads of a section run side by side); 1, one head after the other.
   int32_t hopper_head_section = -1;
-  // A persistent grid: -1, one CTA per SM, each looping over works (the next work's Q and
-  // first K/V tiles load while the last products and the output store of the current one run);
-  // n > 0, n such CTAs (tests use a few, so that each CTA runs many works); 0, one CTA per work.
-  int32_t hopper_persistent_ctas = 0;
   // The two consumer warpgroups take turns at issuing their products (named barriers), so that
   // one's softmax runs while the other's products hold the tensor cores (overlapped loop only).
   bool hopper_pingpong = true;

@@ -61,28 +61,22 @@ Spec random_hopper_spec(std::mt19937_64& rng) {
 }
 
 // The plan's choices (tensor copies wherever the page size allows, the overlapped loop), K/V
-// gathered, the serial loop, both; ping-pong on a persistent grid of two CTAs.
-enum class Variant { automatic, gather, serial, gather_serial, pingpong_persistent };
+// gathered, the serial loop, both; the overlapped loop without ping-pong.
+enum class Variant { automatic, gather, serial, gather_serial, no_pingpong };
 
 CudaPlanOptions options(Variant v) {
   CudaPlanOptions o;
   o.hopper_gather = v == Variant::gather || v == Variant::gather_serial;
   o.hopper_prefill_overlap = !(v == Variant::serial || v == Variant::gather_serial);
-  if (v == Variant::pingpong_persistent) {
-    o.hopper_pingpong = true;
-    o.hopper_persistent_ctas = 2;
-  }
+  o.hopper_pingpong = v != Variant::no_pingpong;
   return o;
 }
 
 // A random schedule of the kernel's works: heads per L2 section (the plan's choice, one, or a
-// few), a persistent grid (none, one CTA per SM, or 1-7 CTAs that each run many works), and
-// ping-pong between the consumer warpgroups on or off.
+// few) and ping-pong between the consumer warpgroups on or off.
 CudaPlanOptions random_schedule(CudaPlanOptions o, std::mt19937_64& rng) {
   const int32_t sections[] = {-1, 1, 2, 3};
-  const int32_t ctas[] = {0, -1, 1, 3, 7};
   o.hopper_head_section = sections[rng() % 4];
-  o.hopper_persistent_ctas = ctas[rng() % 5];
   o.hopper_pingpong = rng() % 2 == 0;
   return o;
 }
@@ -156,7 +150,7 @@ TEST(HopperPrefill, ChunksAtTheEndOfLongContexts) {
   s.opt.window = 1000;
   check_hopper(s, 22);
   check_hopper(s, 22, true, Variant::serial);
-  check_hopper(s, 22, true, Variant::pingpong_persistent);
+  check_hopper(s, 22, true, Variant::no_pingpong);
   s.opt.window = 0;
   s.page_size = 128;
   s.q_len = {700};
@@ -181,9 +175,8 @@ TEST(HopperPrefill, GatherAndTensorCopiesGiveTheSameBits) {
   }
 }
 
-// Which CTA runs a work, in which order, and whether the consumer warpgroups take turns change
-// nothing in a row's arithmetic: every schedule gives the same bits. Few CTAs of a persistent
-// grid run many works each, so stages, barrier phases and Q reloads carry across works.
+// The order of the works and whether the consumer warpgroups take turns change nothing in a
+// row's arithmetic: every schedule gives the same bits.
 TEST(HopperPrefill, EveryScheduleGivesTheSameBits) {
   PA_SKIP_WITHOUT_HOPPER();
   std::mt19937_64 rng(91);
@@ -192,7 +185,6 @@ TEST(HopperPrefill, EveryScheduleGivesTheSameBits) {
     Problem pr(s, 9500 + uint64_t(i));
     CudaPlanOptions base = options(i % 3 == 2 ? Variant::gather : Variant::automatic);
     base.hopper_head_section = 1;
-    base.hopper_persistent_ctas = 0;
     base.hopper_pingpong = false;
     CudaAttentionPlan plain(size_t(64) << 20, base);
     const std::vector<uint8_t> a = pr.run_cuda(plain);
@@ -200,8 +192,8 @@ TEST(HopperPrefill, EveryScheduleGivesTheSameBits) {
       const CudaPlanOptions o = random_schedule(base, rng);
       CudaAttentionPlan other(size_t(64) << 20, o);
       ASSERT_EQ(a, pr.run_cuda(other))
-          << describe(s) << " head_section " << o.hopper_head_section << " persistent_ctas "
-          << o.hopper_persistent_ctas << " pingpong " << o.hopper_pingpong;
+          << describe(s) << " head_section " << o.hopper_head_section << " pingpong "
+          << o.hopper_pingpong;
     }
   }
 }
@@ -220,9 +212,8 @@ TEST(HopperPrefill, RefusesBadScheduleOptions) {
   CudaPlanOptions o;
   o.hopper_head_section = 0;
   EXPECT_NE(refusal(o).find("hopper_head_section"), std::string::npos) << refusal(o);
-  o.hopper_head_section = -1;
-  o.hopper_persistent_ctas = -2;
-  EXPECT_NE(refusal(o).find("hopper_persistent_ctas"), std::string::npos) << refusal(o);
+  o.hopper_head_section = -3;
+  EXPECT_NE(refusal(o).find("hopper_head_section"), std::string::npos) << refusal(o);
 }
 
 // Shapes the Hopper kernel does not take run on the mma.sync kernel, correctly.

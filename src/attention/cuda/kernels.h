@@ -69,11 +69,9 @@ struct AttentionParams {
   int32_t num_tokens = 0, num_pages = 0;  // the Hopper kernel's tensor maps
   int32_t tma_box_rows = 0;               // K/V rows per bulk copy (set by its launcher)
   bool hopper_gather = false;             // K/V gathered by cp.async instead of tensor copies
-  // The Hopper kernel's work order and grid (prefill_hopper_kernel.cuh): KV heads per L2
-  // section (>= 1), CTAs (0: one per (item, KV head); else a persistent grid of at most this
-  // many, each looping over works), and the consumer warpgroups' ping-pong.
+  // The Hopper kernel's work order (prefill_hopper_kernel.cuh: KV heads per L2 section, >= 1)
+  // and the consumer warpgroups' ping-pong.
   int32_t hopper_head_section = 1;
-  int32_t hopper_grid = 0;
   bool hopper_pingpong = false;
 };
 

@@ -72,9 +72,6 @@ CudaAttentionPlan::CudaAttentionPlan(size_t workspace_bytes, CudaPlanOptions opt
   PA_CHECK(opts.hopper_head_section == -1 || opts.hopper_head_section >= 1,
            "CudaAttentionPlan: opts.hopper_head_section must be -1 or >= 1, got ",
            opts.hopper_head_section);
-  PA_CHECK(opts.hopper_persistent_ctas >= -1,
-           "CudaAttentionPlan: opts.hopper_persistent_ctas must be >= -1, got ",
-           opts.hopper_persistent_ctas);
   impl_->opts = opts;
   impl_->sm_count = cuda_sm_count();
   PA_CHECK(impl_->sm_count > 0, "CudaAttentionPlan: no CUDA device is available");
@@ -329,9 +326,6 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   p.hopper_head_section =
       hopper_head_section(batch, prefill, Hk, D, dtype_size(kv.dtype), im.l2_bytes,
                           im.opts.hopper_head_section);
-  p.hopper_grid = !use_hopper                             ? 0
-                  : im.opts.hopper_persistent_ctas == -1 ? im.sm_count
-                                                         : im.opts.hopper_persistent_ctas;
   p.hopper_pingpong = use_hopper && im.opts.hopper_pingpong;
   p.num_tokens = q.num_tokens;
   p.num_pages = kv.num_pages;

@@ -55,40 +55,6 @@ struct HopperShape {
   static_assert(kBM == 128, "two consumer warpgroups of 64 rows");
 };
 
-// The launch's work: num_prefill_items x num_kv_heads (item, KV head) pairs, numbered in an order
-// that keeps K/V in L2 and starts the heaviest first. The heads go in sections of
-// p.hopper_head_section (the plan sizes a section so that its heads' K/V fit in L2); inside a
-// section, item by item in the plan's order (heaviest first), each for every head of the
-// section. A section of one head is the order of an (item, head) grid with the item fastest.
-// A CTA takes work blockIdx.x, blockIdx.x + gridDim.x, ... (a persistent grid of one CTA per SM,
-// or one CTA per work).
-struct HopperItem {
-  int seq, kvh, row_begin, q0, L, row_end, pos_base, t_first, ntiles;
-};
-template <int BN>
-__device__ __forceinline__ HopperItem hopper_item(const AttentionParams& p, int w) {
-  const int sec = p.hopper_head_section, per_sec = p.num_prefill_items * sec;
-  const int sn = w / per_sec, r = w % per_sec;
-  const int heads = min(sec, p.num_kv_heads - sn * sec);
-  const PrefillItem pi = p.prefill_items[r / heads];
-  HopperItem it;
-  it.seq = pi.seq;
-  it.kvh = sn * sec + r % heads;
-  it.row_begin = pi.row_begin;
-  const int G = p.group;
-  it.q0 = p.q_indptr[pi.seq];
-  const int qlen = p.q_indptr[pi.seq + 1] - it.q0;
-  it.L = p.kv_len[pi.seq];
-  it.row_end = min(pi.row_begin + kPrefillRows, qlen * G);
-  it.pos_base = it.L - qlen;
-  const int pos_lo = it.pos_base + pi.row_begin / G, pos_hi = it.pos_base + (it.row_end - 1) / G;
-  const int key_hi = p.causal ? pos_hi + 1 : it.L;  // exclusive
-  const int key_lo = p.window > 0 ? max(0, pos_lo - p.window + 1) : 0;
-  it.t_first = key_lo / BN * BN;
-  it.ntiles = key_hi > it.t_first ? (key_hi - it.t_first + BN - 1) / BN : 0;
-  return it;
-}
-
 // The gathering producer (GATHER): the 128 threads of warpgroup 0 copy each K and V tile of BN
 // rows x HEAD_DIM into its stage [NB][BN][64], swizzled as a 128-byte-swizzle tensor copy would
 // write it (16-byte chunk c of row r at c ^ (r % 8)).
@@ -99,9 +65,9 @@ __device__ __forceinline__ HopperItem hopper_item(const AttentionParams& p, int 
 // (16 at d256); lane l reads the page of its l-th row once per tile and the lanes that copy that
 // row take it by a shuffle.
 template <int HEAD_DIM>
-__device__ __forceinline__ void produce_gather(const AttentionParams& p, const HopperItem& it,
-                                               int g0, uint16_t* sK, uint16_t* sV,
-                                               uint64_t* k_full, uint64_t* v_full,
+__device__ __forceinline__ void produce_gather(const AttentionParams& p, int seq, int kvh,
+                                               int t_first, int ntiles, int L, uint16_t* sK,
+                                               uint16_t* sV, uint64_t* k_full, uint64_t* v_full,
                                                uint64_t* k_empty, uint64_t* v_empty) {
   using S = HopperShape<HEAD_DIM>;
   constexpr int BN = S::kBN, ST = S::kStages;
@@ -121,8 +87,8 @@ __device__ __forceinline__ void produce_gather(const AttentionParams& p, const H
     const int r = rg + RG * j;
     return ((c / 8) * BN + r) * 64 + (((c % 8) ^ (r % 8)) * 8);
   };
-  const int32_t* bt = p.block_table + int64_t(it.seq) * p.max_pages_per_seq;
-  const int P = p.page_size, L = it.L, t_first = it.t_first, ntiles = it.ntiles;
+  const int32_t* bt = p.block_table + int64_t(seq) * p.max_pages_per_seq;
+  const int P = p.page_size;
   // Lane `lane` finds where row w RPW + lane % RPW + RG (lane / RPW) of a tile lives: its element
   // offset in the pool (page and slot; -1 past kv_len). One block-table read and one division by
   // the page size per lane and tile; the lanes that copy the row take the offset by shuffles.
@@ -135,9 +101,9 @@ __device__ __forceinline__ void produce_gather(const AttentionParams& p, const H
     return int64_t(__ldg(bt + t / P)) * p.page_stride + (t % P) * HEAD_DIM;
   };
   const auto* kpool =
-      static_cast<const uint16_t*>(p.k_pages) + int64_t(it.kvh) * p.head_stride + c * 8;
+      static_cast<const uint16_t*>(p.k_pages) + int64_t(kvh) * p.head_stride + c * 8;
   const auto* vpool =
-      static_cast<const uint16_t*>(p.v_pages) + int64_t(it.kvh) * p.head_stride + c * 8;
+      static_cast<const uint16_t*>(p.v_pages) + int64_t(kvh) * p.head_stride + c * 8;
   // Each thread's copies of a tile arrive on the tile's full barrier when they land (the
   // barrier counts 128 arrivals), so the producer never waits for its own copies.
   auto copy_tile = [&](uint16_t* dst, const uint16_t* pool, int64_t off_reg, uint64_t* full) {
@@ -154,8 +120,8 @@ __device__ __forceinline__ void produce_gather(const AttentionParams& p, const H
   };
   int64_t off = ntiles > 0 ? row_offset(0) : -1;
   for (int i = 0; i < ntiles; ++i) {
-    const int s = (g0 + i) % ST;
-    const uint32_t ph = ((g0 + i) / ST) & 1;
+    const int s = i % ST;
+    const uint32_t ph = (i / ST) & 1;
     const int64_t next_off = i + 1 < ntiles ? row_offset(i + 1) : -1;
     mbar_wait(&k_empty[s], ph ^ 1);
     copy_tile(sK + s * BN * HEAD_DIM, kpool, off, &k_full[s]);
@@ -163,6 +129,10 @@ __device__ __forceinline__ void produce_gather(const AttentionParams& p, const H
     copy_tile(sV + s * BN * HEAD_DIM, vpool, off, &v_full[s]);
     off = next_off;
   }
+  // Nothing of this thread's in flight when it leaves (its copies belong to no commit group yet:
+  // wait_group alone would not wait for them).
+  cp_async_commit();
+  cp_async_wait<0>();
 }
 
 template <class Q, int HEAD_DIM, bool OVERLAP, bool GATHER>
@@ -177,8 +147,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint64_t* q_full = reinterpret_cast<uint64_t*>(base);
-  uint64_t* q_empty = q_full + 1;  // both consumer warpgroups are done with Q
-  uint64_t* k_full = q_empty + 1;  // [ST]
+  uint64_t* k_full = q_full + 1;   // [ST]
   uint64_t* v_full = k_full + ST;  // [ST]
   uint64_t* k_empty = v_full + ST;
   uint64_t* v_empty = k_empty + ST;
@@ -187,21 +156,29 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   uint16_t* sK = sQ + BM * HEAD_DIM;                        // [ST][NB][BN][64]
   uint16_t* sV = sK + ST * BN * HEAD_DIM;                   // [ST][NB][BN][64]
 
-  const int total = p.num_prefill_items * p.num_kv_heads;
+  // Work blockIdx.x: a prefill item and a KV head. The works go in sections of
+  // p.hopper_head_section KV heads (the plan sizes a section so that its heads' K/V fit in L2);
+  // inside a section, item by item in the plan's order (heaviest first), each for every head of
+  // the section. A section of one head is the order of an (item, head) grid with the item
+  // fastest.
+  const int sec = p.hopper_head_section, per_sec = p.num_prefill_items * sec;
+  const int sec_n = int(blockIdx.x) / per_sec, sec_r = int(blockIdx.x) % per_sec;
+  const int sec_heads = min(sec, p.num_kv_heads - sec_n * sec);
+  const PrefillItem it = p.prefill_items[sec_r / sec_heads];
+  const int kvh = sec_n * sec + sec_r % sec_heads;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
   const int G = p.group;
+  const int q0 = p.q_indptr[it.seq], qlen = p.q_indptr[it.seq + 1] - q0, L = p.kv_len[it.seq];
+  const int row_end = min(it.row_begin + BM, qlen * G);
+  const int pos_base = L - qlen;
+  const int pos_lo = pos_base + it.row_begin / G, pos_hi = pos_base + (row_end - 1) / G;
+  const int key_hi = p.causal ? pos_hi + 1 : L;  // exclusive
+  const int key_lo = p.window > 0 ? max(0, pos_lo - p.window + 1) : 0;
+  const int t_first = key_lo / BN * BN;
+  const int ntiles = key_hi > t_first ? (key_hi - t_first + BN - 1) / BN : 0;
 
-  // The first work's item, read by every thread while thread 0 sets up the barriers (its
-  // global reads are on the path to the first copies).
-  // Each role walks the works with `for (int w = blockIdx.x; w < total; next(w, it))`.
-  const HopperItem first = hopper_item<BN>(p, blockIdx.x);
-  auto next = [&](int& w, HopperItem& it) {
-    w += gridDim.x;
-    if (w < total) it = hopper_item<BN>(p, w);
-  };
   if (tid == 0) {
     mbar_init(q_full, 1);
-    mbar_init(q_empty, 2 * 128);
     for (int s = 0; s < ST; ++s) {
       mbar_init(&k_full[s], GATHER ? 128 : 1);
       mbar_init(&v_full[s], GATHER ? 128 : 1);
@@ -213,117 +190,95 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   }
   __syncthreads();
 
-  // The CTA's works in turn; stages and phases run on across them (tile g of the CTA, counted
-  // over its works, uses stage g % ST at phase (g / ST) & 1), and Q is loaded again for each work
-  // once both consumer warpgroups have arrived on q_empty.
-  // Q of work n (the CTA's n-th): 128 packed rows = 128 / G tokens x G heads.
-  auto load_q = [&](const HopperItem& it, int n) {
-    mbar_wait(q_empty, (n & 1) ^ 1);
-    mbar_arrive_expect_tx(q_full, S::kQBytes);
-#pragma unroll
-    for (int b = 0; b < NB; ++b)
-      tma_load_3d(sQ + b * BM * 64, &tm_q, q_full, b * 64, it.kvh * G, it.q0 + it.row_begin / G);
-  };
-
   if (wg == 0) {
     // ================= producer =================
     regs_dealloc<40>();
     if constexpr (GATHER) {
-      int g = 0, n = 0;
-      if (tid == 0) prefetch_tensor_map(&tm_q);
-      HopperItem it = first;
-      for (int w = blockIdx.x; w < total; next(w, it), ++n) {
-        if (tid == 0) load_q(it, n);
-        produce_gather<HEAD_DIM>(p, it, g, sK, sV, k_full, v_full, k_empty, v_empty);
-        g += it.ntiles;
+      if (tid == 0) {
+        prefetch_tensor_map(&tm_q);
+        mbar_arrive_expect_tx(q_full, S::kQBytes);
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+          tma_load_3d(sQ + b * BM * 64, &tm_q, q_full, b * 64, kvh * G, q0 + it.row_begin / G);
       }
-      // Nothing of this thread's in flight when it leaves (its copies belong to no commit group
-      // yet: wait_group alone would not wait for them).
-      cp_async_commit();
-      cp_async_wait<0>();
+      produce_gather<HEAD_DIM>(p, it.seq, kvh, t_first, ntiles, L, sK, sV, k_full, v_full, k_empty,
+                               v_empty);
       return;
     }
-    // Warp 0 brings the K tiles, warp 1 the V tiles (their bulk copies issue side by side), and
-    // warp 2 Q.
+    // Warp 0 brings Q and the K tiles, warp 1 the V tiles: their bulk copies issue side by side.
     // NOTE: measured on an H100 (batch 1, length 8192, d128, page 16, where a tile is 16 copies
     // of 2 KiB for K and 16 for V): one warp issuing both, 445 TFLOP/s; two, 527; four (two
     // per tile, a column block each), no faster.
-    if (warp > 2) return;
-    if (warp == 2) {
-      if (lane == 0) {
-        prefetch_tensor_map(&tm_q);
-        int n = 0;
-        HopperItem it = first;
-        for (int w = blockIdx.x; w < total; next(w, it), ++n) load_q(it, n);
-      }
-      return;
-    }
+    if (warp > 1) return;
     const bool v_warp = warp == 1;
-    if (lane == 0) prefetch_tensor_map(v_warp ? &tm_v : &tm_k);
+    const int32_t* bt = p.block_table + int64_t(it.seq) * p.max_pages_per_seq;
     const int P = p.page_size, PB = p.tma_box_rows, nsub = BN / PB;  // nsub <= 16
-    int g = 0, nzero = 0;
-    HopperItem it = first;
-    for (int w = blockIdx.x; w < total; next(w, it)) {
-      const int32_t* bt = p.block_table + int64_t(it.seq) * p.max_pages_per_seq;
-      // Lane j < nsub copies rows [t0 + j PB, t0 + (j + 1) PB) of a tile: one box per column
-      // block, inside one page. Its page id is read one tile ahead, so that the block-table read
-      // is off the path from a free stage to the copy.
-      // NOTE: boxes past kv_len read the last page again (never the block table past the
-      // sequence's pages); those rows are masked, and zeroed in V.
-      auto box_of = [&](int tile, int& page, int& slot) {
-        const int t = min(it.t_first + tile * BN + lane * PB, it.L - 1);
-        page = lane < nsub ? bt[t / P] : 0;
-        slot = t % P / PB * PB;
-      };
-      auto load_tile = [&](uint16_t* dst, const CUtensorMap* map, uint64_t* bar, int page,
-                           int slot) {
-        if (lane < nsub) {
+    // Lane j < nsub copies rows [t0 + j PB, t0 + (j + 1) PB) of a tile: one box per column block,
+    // inside one page. Its page id is read one tile ahead, so that the block-table read is off the
+    // path from a free stage to the copy.
+    // NOTE: boxes past kv_len read the last page again (never the block table past the
+    // sequence's pages); those rows are masked, and zeroed in V.
+    auto box_of = [&](int tile, int& page, int& slot) {
+      const int t = min(t_first + tile * BN + lane * PB, L - 1);
+      page = lane < nsub ? bt[t / P] : 0;
+      slot = t % P / PB * PB;
+    };
+    auto load_tile = [&](uint16_t* dst, const CUtensorMap* map, uint64_t* bar, int page, int slot) {
+      if (lane < nsub) {
 #pragma unroll
-          for (int b = 0; b < NB; ++b)
-            tma_load_4d(dst + (b * BN + lane * PB) * 64, map, bar, b * 64, slot, it.kvh, page);
-        }
-      };
-      int page = 0, slot = 0;
-      if (it.ntiles > 0) box_of(0, page, slot);
-      for (int i = 0; i < it.ntiles; ++i, ++g) {
-        const int s = g % ST;
-        const uint32_t ph = (g / ST) & 1;
-        const int t0 = it.t_first + i * BN;
-        int next_page = 0, next_slot = 0;
-        if (i + 1 < it.ntiles) box_of(i + 1, next_page, next_slot);
-        if (!v_warp) {
-          if (lane == 0) {
-            mbar_wait(&k_empty[s], ph ^ 1);
-            mbar_arrive_expect_tx(&k_full[s], S::kTileBytes);
-          }
-          __syncwarp();
-          load_tile(sK + s * BN * HEAD_DIM, &tm_k, &k_full[s], page, slot);
-        } else {
-          const bool zero = t0 + BN > it.L;  // warp-uniform
-          uint64_t* vbar = zero ? v_zero : &v_full[s];
-          if (lane == 0) {
-            mbar_wait(&v_empty[s], ph ^ 1);
-            mbar_arrive_expect_tx(vbar, S::kTileBytes);
-          }
-          __syncwarp();
-          load_tile(sV + s * BN * HEAD_DIM, &tm_v, vbar, page, slot);
-          if (zero) {
-            mbar_wait(v_zero, nzero++ & 1);  // at most one tile per work crosses kv_len
-            uint16_t* tile = sV + s * BN * HEAD_DIM;
-            const int r0 = it.L - t0, per_block = (BN - r0) * 8;  // 16-byte chunks
-            for (int c = lane; c < per_block * NB; c += 32) {
-              const int b = c / per_block, r = r0 + c % per_block / 8, ch = c % 8;
-              *reinterpret_cast<uint4*>(tile + (b * BN + r) * 64 + ch * 8) =
-                  make_uint4(0, 0, 0, 0);
-            }
-            fence_proxy_async();
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&v_full[s]);
-          }
-        }
-        page = next_page;
-        slot = next_slot;
+        for (int b = 0; b < NB; ++b)
+          tma_load_4d(dst + (b * BN + lane * PB) * 64, map, bar, b * 64, slot, kvh, page);
       }
+    };
+    if (lane == 0) {
+      prefetch_tensor_map(v_warp ? &tm_v : &tm_k);
+      if (!v_warp) {
+        prefetch_tensor_map(&tm_q);
+        mbar_arrive_expect_tx(q_full, S::kQBytes);
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+          tma_load_3d(sQ + b * BM * 64, &tm_q, q_full, b * 64, kvh * G, q0 + it.row_begin / G);
+      }
+    }
+    int page = 0, slot = 0;
+    if (ntiles > 0) box_of(0, page, slot);
+    for (int i = 0; i < ntiles; ++i) {
+      const int s = i % ST;
+      const uint32_t ph = (i / ST) & 1;
+      const int t0 = t_first + i * BN;
+      int next_page = 0, next_slot = 0;
+      if (i + 1 < ntiles) box_of(i + 1, next_page, next_slot);
+      if (!v_warp) {
+        if (lane == 0) {
+          mbar_wait(&k_empty[s], ph ^ 1);
+          mbar_arrive_expect_tx(&k_full[s], S::kTileBytes);
+        }
+        __syncwarp();
+        load_tile(sK + s * BN * HEAD_DIM, &tm_k, &k_full[s], page, slot);
+      } else {
+        const bool zero = t0 + BN > L;  // warp-uniform
+        uint64_t* vbar = zero ? v_zero : &v_full[s];
+        if (lane == 0) {
+          mbar_wait(&v_empty[s], ph ^ 1);
+          mbar_arrive_expect_tx(vbar, S::kTileBytes);
+        }
+        __syncwarp();
+        load_tile(sV + s * BN * HEAD_DIM, &tm_v, vbar, page, slot);
+        if (zero) {
+          mbar_wait(v_zero, 0);  // at most one tile per CTA crosses kv_len
+          uint16_t* tile = sV + s * BN * HEAD_DIM;
+          const int r0 = L - t0, per_block = (BN - r0) * 8;  // 16-byte chunks
+          for (int c = lane; c < per_block * NB; c += 32) {
+            const int b = c / per_block, r = r0 + c % per_block / 8, ch = c % 8;
+            *reinterpret_cast<uint4*>(tile + (b * BN + r) * 64 + ch * 8) = make_uint4(0, 0, 0, 0);
+          }
+          fence_proxy_async();
+          __syncwarp();
+          if (lane == 0) mbar_arrive(&v_full[s]);
+        }
+      }
+      page = next_page;
+      slot = next_slot;
     }
     return;
   }
@@ -331,16 +286,12 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   // ================= consumers =================
   regs_alloc<232>();
   const int cw = wg - 1, wq = warp % 4;
-  const uint32_t q_addr = smem_u32(sQ) + cw * 64 * 128;
-  // log2(e) * scale per unit of a raw score (1 once the soft-cap has rescaled the scores).
-  const float log2_unit = p.softcap > 0.f ? 1.f : p.scale * kLog2e;
   // Ping-pong (p.hopper_pingpong, overlapped loop only): the two warpgroups take turns at issuing
   // their products, so that one's softmax runs while the other's products hold the tensor cores.
-  // Warpgroup c waits on named barrier 1 + c for its turn and, once its group of products is
-  // issued, hands the turn over on the other's; warpgroup 1 hands warpgroup 0 its first turn.
-  // Both take the same number of turns per work (a warpgroup passes the turns of tiles it does
-  // not see), and warpgroup 0 takes a last one at the end, so every barrier's arrivals are
-  // matched.
+  // Warpgroup c waits on named barrier 1 + c for its turn and, once its products are issued,
+  // hands the turn over on the other's; warpgroup 1 hands warpgroup 0 its first turn. Both take
+  // the same number of turns (a warpgroup passes the turns of tiles it does not see), and
+  // warpgroup 0 takes a last one at the end, so every barrier's arrivals are matched.
   const bool pingpong = OVERLAP && p.hopper_pingpong;
   auto pp_sync = [&] {
     if (pingpong) named_bar_sync(1 + cw, 2 * 128);
@@ -349,270 +300,255 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     if (pingpong) named_bar_arrive(2 - cw, 2 * 128);
   };
   if (pingpong && cw == 1) named_bar_arrive(1, 2 * 128);
-
+  const int r_base = it.row_begin + 64 * cw;
+  const bool has_rows = r_base < row_end;
+  const int wg_pos_lo = pos_base + r_base / G;
+  const int wg_pos_hi = pos_base + (min(r_base + 64, row_end) - 1) / G;
+  // The other warpgroup's rows and positions (its turns are matched by this one's).
+  const int o_base = it.row_begin + 64 * (1 - cw);
+  const bool o_rows = o_base < row_end;
+  const int o_pos_lo = pos_base + o_base / G;
+  const int o_pos_hi = pos_base + (min(o_base + 64, row_end) - 1) / G;
+  int row_pos[2];
+  bool row_ok[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int pr = r_base + wq * 16 + lane / 4 + 8 * h;
+    row_ok[h] = pr < row_end;
+    row_pos[h] = pos_base + pr / G;
+  }
   float o[HEAD_DIM / 2];
+#pragma unroll
+  for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  // log2(e) * scale per unit of a raw score (1 once the soft-cap has rescaled the scores).
+  const float log2_unit = p.softcap > 0.f ? 1.f : p.scale * kLog2e;
+  const uint32_t q_addr = smem_u32(sQ) + cw * 64 * 128;
+
   float sc[BN / 2];         // S of one tile, then its probabilities
   uint32_t pa[BN / 16][4];  // P as the A fragments of O += P V (16 keys per k step)
   float alpha[2];           // the rescale of O that the last softmax asks for
-  int g = 0, n = 0;
-  HopperItem it = first;
-  for (int w = blockIdx.x; w < total; next(w, it), ++n) {
-    const int L = it.L, row_end = it.row_end, t_first = it.t_first, ntiles = it.ntiles;
-    // Warpgroup c's packed rows [r_base(c), r_base(c) + 64): whether it has any, and the first
-    // and last query positions among them.
-    // NOTE: computed once per work: with the divisions by G in the per-tile range scan below,
-    // the kernel ran 12-17% slower (H100).
-    const bool rows0 = it.row_begin < row_end, rows1 = it.row_begin + 64 < row_end;
-    const int pos_lo0 = it.pos_base + it.row_begin / G;
-    const int pos_hi0 = it.pos_base + (min(it.row_begin + 64, row_end) - 1) / G;
-    const int pos_lo1 = it.pos_base + (it.row_begin + 64) / G;
-    const int pos_hi1 = it.pos_base + (row_end - 1) / G;
-    const int r_base = it.row_begin + 64 * cw;
-    const int wg_pos_lo = cw == 0 ? pos_lo0 : pos_lo1, wg_pos_hi = cw == 0 ? pos_hi0 : pos_hi1;
-    int row_pos[2];
-    bool row_ok[2];
+
+  // Tile i: whether this warpgroup sees any of its keys, and whether it sees all of them.
+  auto tile_need_by = [&](bool rows, int lo, int hi, int t0) {
+    return rows && (!p.causal || t0 <= hi) && (p.window == 0 || t0 + BN - 1 > lo - p.window);
+  };
+  auto tile_need = [&](int t0) { return tile_need_by(has_rows, wg_pos_lo, wg_pos_hi, t0); };
+  auto tile_full = [&](int t0) {
+    return t0 + BN <= L && (!p.causal || t0 + BN - 1 <= wg_pos_lo) &&
+           (p.window == 0 || t0 > wg_pos_hi - p.window) && r_base + 64 <= row_end;
+  };
+  // S = Q K^T (64 x BN per warpgroup), issued and committed, not waited for.
+  auto issue_s = [&](int s) {
+    const uint32_t k_addr = smem_u32(sK + s * BN * HEAD_DIM);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int pr = r_base + wq * 16 + lane / 4 + 8 * h;
-      row_ok[h] = pr < row_end;
-      row_pos[h] = it.pos_base + pr / G;
+    for (int j = 0; j < BN / 2; ++j) sc[j] = 0.f;
+    fence_regs(sc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+      const uint32_t off = (kk % 4) * 32;  // 16 elements along K inside the 128-byte row
+      const uint64_t da = wgmma_desc(q_addr + (kk / 4) * BM * 128 + off, 16, 1024);
+      const uint64_t db = wgmma_desc(k_addr + (kk / 4) * BN * 128 + off, 16, 1024);
+      wgmma_ss<Q, BN>(sc, da, db, kk > 0);
+    }
+    wgmma_commit();
+  };
+  // O += P V, issued and committed, not waited for.
+  auto issue_pv = [&](int s) {
+    const uint32_t v_addr = smem_u32(sV + s * BN * HEAD_DIM);
+    fence_regs(o);
+    fence_regs(pa);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      wgmma_rs_tb<Q, HEAD_DIM>(o, pa[kk], wgmma_desc(v_addr + kk * 16 * 128, BN * 128, 1024));
+    wgmma_commit();
+  };
+  // Soft-cap and mask S (masks only where the tile crosses a boundary), then the online softmax
+  // (rows lane/4 and lane/4 + 8 of the warp; a quad shares a row): m, l and alpha. Scores stay
+  // unscaled (in units of log2_unit) until one FMA per element folds the scale into the exponent.
+  // NOTE: the soft-cap and mask branches sit outside the element loops: inside, the compiler
+  // evaluated tanh and the mask for every element of every tile.
+  auto softmax = [&](int t0, bool full) {
+    if (p.softcap > 0.f) {
+#pragma unroll
+      for (int j = 0; j < BN / 2; ++j)
+        sc[j] = p.softcap * tanhf(sc[j] * p.scale / p.softcap) * kLog2e;
+    }
+    if (!full) {
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int t = t0 + n * 8 + (lane & 3) * 2 + (e & 1), h = e >> 1;
+          const bool vis = row_ok[h] && t < L && (!p.causal || t <= row_pos[h]) &&
+                           (p.window == 0 || t > row_pos[h] - p.window);
+          if (!vis) sc[4 * n + e] = -INFINITY;
+        }
     }
 #pragma unroll
-    for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    for (int h = 0; h < 2; ++h) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n)
+        mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * h], sc[4 * n + 2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mn = fmaxf(m[h], mx * log2_unit);
+      const float mref = mn == -INFINITY ? 0.f : mn;
+      alpha[h] = ex2_ftz(m[h] - mref);
+      m[h] = mn;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n) {
+        sc[4 * n + 2 * h] = ex2_ftz(fmaf(sc[4 * n + 2 * h], log2_unit, -mref));
+        sc[4 * n + 2 * h + 1] = ex2_ftz(fmaf(sc[4 * n + 2 * h + 1], log2_unit, -mref));
+        sum += sc[4 * n + 2 * h] + sc[4 * n + 2 * h + 1];
+      }
+      l[h] = l[h] * alpha[h] + sum;
+    }
+  };
+  // O *= alpha (no product may be in flight), and P into the A fragments.
+  auto rescale_and_pack = [&]() {
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[4 * n + e] *= alpha[e >> 1];
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      pa[kk][0] = cvt_pack2<Q>(sc[8 * kk + 0], sc[8 * kk + 1]);
+      pa[kk][1] = cvt_pack2<Q>(sc[8 * kk + 2], sc[8 * kk + 3]);
+      pa[kk][2] = cvt_pack2<Q>(sc[8 * kk + 4], sc[8 * kk + 5]);
+      pa[kk][3] = cvt_pack2<Q>(sc[8 * kk + 6], sc[8 * kk + 7]);
+    }
+  };
 
-    // Tile i: whether a warpgroup (its rows, first and last positions) sees any of its keys,
-    // and whether this one sees all of them.
-    auto tile_need = [&](bool rows, int lo, int hi, int t0) {
-      return rows && (!p.causal || t0 <= hi) && (p.window == 0 || t0 + BN - 1 > lo - p.window);
-    };
-    auto tile_full = [&](int t0) {
-      return t0 + BN <= L && (!p.causal || t0 + BN - 1 <= wg_pos_lo) &&
-             (p.window == 0 || t0 > wg_pos_hi - p.window) && r_base + 64 <= row_end;
-    };
-    // S = Q K^T (64 x BN per warpgroup), issued and committed, not waited for.
-    auto issue_s = [&](int s) {
-      const uint32_t k_addr = smem_u32(sK + s * BN * HEAD_DIM);
-#pragma unroll
-      for (int j = 0; j < BN / 2; ++j) sc[j] = 0.f;
-      fence_regs(sc);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
-        const uint32_t off = (kk % 4) * 32;  // 16 elements along K inside the 128-byte row
-        const uint64_t da = wgmma_desc(q_addr + (kk / 4) * BM * 128 + off, 16, 1024);
-        const uint64_t db = wgmma_desc(k_addr + (kk / 4) * BN * 128 + off, 16, 1024);
-        wgmma_ss<Q, BN>(sc, da, db, kk > 0);
+  mbar_wait(q_full, 0);
+  if constexpr (!OVERLAP) {
+    // One tile after the other: S, softmax, P V.
+    for (int i = 0; i < ntiles; ++i) {
+      const int s = i % ST, t0 = t_first + i * BN;
+      const uint32_t ph = (i / ST) & 1;
+      const bool need = tile_need(t0);
+      mbar_wait(&k_full[s], ph);
+      if (need) {
+        issue_s(s);
+        wgmma_wait<0>();
+        fence_regs(sc);
       }
-      wgmma_commit();
-    };
-    // O += P V, issued and committed, not waited for.
-    auto issue_pv = [&](int s) {
-      const uint32_t v_addr = smem_u32(sV + s * BN * HEAD_DIM);
-      fence_regs(o);
-      fence_regs(pa);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk)
-        wgmma_rs_tb<Q, HEAD_DIM>(o, pa[kk], wgmma_desc(v_addr + kk * 16 * 128, BN * 128, 1024));
-      wgmma_commit();
-    };
-    // Soft-cap and mask S (masks only where the tile crosses a boundary), then the online
-    // softmax (rows lane/4 and lane/4 + 8 of the warp; a quad shares a row): m, l and alpha.
-    // Scores stay unscaled (in units of log2_unit) until one FMA per element folds the scale
-    // into the exponent.
-    // NOTE: the soft-cap and mask branches sit outside the element loops: inside, the compiler
-    // evaluated tanh and the mask for every element of every tile.
-    auto softmax = [&](int t0, bool full) {
-      if (p.softcap > 0.f) {
-#pragma unroll
-        for (int j = 0; j < BN / 2; ++j)
-          sc[j] = p.softcap * tanhf(sc[j] * p.scale / p.softcap) * kLog2e;
+      mbar_arrive(&k_empty[s]);
+      if (need) {
+        softmax(t0, tile_full(t0));
+        rescale_and_pack();
       }
-      if (!full) {
-#pragma unroll
-        for (int nn = 0; nn < BN / 8; ++nn)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int t = t0 + nn * 8 + (lane & 3) * 2 + (e & 1), h = e >> 1;
-            const bool vis = row_ok[h] && t < L && (!p.causal || t <= row_pos[h]) &&
-                             (p.window == 0 || t > row_pos[h] - p.window);
-            if (!vis) sc[4 * nn + e] = -INFINITY;
-          }
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nn = 0; nn < BN / 8; ++nn)
-          mx = fmaxf(mx, fmaxf(sc[4 * nn + 2 * h], sc[4 * nn + 2 * h + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float mn = fmaxf(m[h], mx * log2_unit);
-        const float mref = mn == -INFINITY ? 0.f : mn;
-        alpha[h] = ex2_ftz(m[h] - mref);
-        m[h] = mn;
-        float sum = 0.f;
-#pragma unroll
-        for (int nn = 0; nn < BN / 8; ++nn) {
-          sc[4 * nn + 2 * h] = ex2_ftz(fmaf(sc[4 * nn + 2 * h], log2_unit, -mref));
-          sc[4 * nn + 2 * h + 1] = ex2_ftz(fmaf(sc[4 * nn + 2 * h + 1], log2_unit, -mref));
-          sum += sc[4 * nn + 2 * h] + sc[4 * nn + 2 * h + 1];
-        }
-        l[h] = l[h] * alpha[h] + sum;
-      }
-    };
-    // O *= alpha (no product may be in flight), and P into the A fragments.
-    auto rescale_and_pack = [&]() {
-#pragma unroll
-      for (int nn = 0; nn < HEAD_DIM / 8; ++nn)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[4 * nn + e] *= alpha[e >> 1];
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        pa[kk][0] = cvt_pack2<Q>(sc[8 * kk + 0], sc[8 * kk + 1]);
-        pa[kk][1] = cvt_pack2<Q>(sc[8 * kk + 2], sc[8 * kk + 3]);
-        pa[kk][2] = cvt_pack2<Q>(sc[8 * kk + 4], sc[8 * kk + 5]);
-        pa[kk][3] = cvt_pack2<Q>(sc[8 * kk + 6], sc[8 * kk + 7]);
-      }
-    };
-    auto stage = [&](int i) { return (g + i) % ST; };
-    auto phase = [&](int i) { return uint32_t((g + i) / ST) & 1; };
-
-    mbar_wait(q_full, n & 1);
-    if constexpr (!OVERLAP) {
-      // One tile after the other: S, softmax, P V.
-      for (int i = 0; i < ntiles; ++i) {
-        const int s = stage(i), t0 = t_first + i * BN;
-        const uint32_t ph = phase(i);
-        const bool need = tile_need(r_base < row_end, wg_pos_lo, wg_pos_hi, t0);
-        mbar_wait(&k_full[s], ph);
-        if (need) {
-          issue_s(s);
-          wgmma_wait<0>();
-          fence_regs(sc);
-        }
-        mbar_arrive(&k_empty[s]);
-        if (need) {
-          softmax(t0, tile_full(t0));
-          rescale_and_pack();
-        }
-        mbar_wait(&v_full[s], ph);
-        if (need) {
-          issue_pv(s);
-          wgmma_wait<0>();
-          fence_regs(o);
-        }
-        mbar_arrive(&v_empty[s]);
-      }
-      mbar_arrive(q_empty);
-    } else {
-      // The softmax of tile i runs while the tensor cores do P V of tile i - 1: S(i) and
-      // PV(i - 1) are issued back to back, S(i) is waited for (wgmma groups complete in order),
-      // and PV(i - 1) only before O is rescaled.
-      // NOTE: the tiles a warpgroup sees are contiguous (the causal limit bounds them above, the
-      // window below); the wgmma issues sit on straight paths over them, since ptxas serialises
-      // every wgmma of a kernel whose issues or waits it finds on divergent paths.
-      // NOTE: lo/hi as scalars: an array indexed by cw went to local memory.
-      int lo0 = ntiles, hi0 = -1, lo1 = ntiles, hi1 = -1;
-      for (int i = 0; i < ntiles; ++i) {
-        if (tile_need(rows0, pos_lo0, pos_hi0, t_first + i * BN)) lo0 = min(lo0, i), hi0 = i;
-        if (tile_need(rows1, pos_lo1, pos_hi1, t_first + i * BN)) lo1 = min(lo1, i), hi1 = i;
-      }
-      const int i_lo = cw == 0 ? lo0 : lo1, i_hi = cw == 0 ? hi0 : hi1;
-      // Ping-pong turns go in tile order over the tiles either warpgroup sees, [u_lo, u_hi]: turn
-      // i issues S(i) and P V(i - 1), and turn u_hi + 1 the last P V. A warpgroup passes the
-      // turns of tiles it does not see right after skipping them, so that neither runs ahead of
-      // the tiles the other still holds (the producer refills a stage only once both are done).
-      const int u_lo = min(lo0, lo1), u_hi = max(hi0, hi1);
-      auto skip = [&](int i) {
-        const int s = stage(i);
-        const uint32_t ph = phase(i);
-        mbar_wait(&k_full[s], ph);
-        mbar_arrive(&k_empty[s]);
-        mbar_wait(&v_full[s], ph);
-        mbar_arrive(&v_empty[s]);
-      };
-      auto skip_and_pass = [&](int i) {
-        skip(i);
-        pp_sync();
-        pp_pass();
-      };
-      for (int i = 0; i < min(u_lo, ntiles); ++i) skip(i);
-      if (i_lo <= i_hi) {
-        for (int i = u_lo; i < i_lo; ++i) skip_and_pass(i);
-        {
-          const int s = stage(i_lo), t0 = t_first + i_lo * BN;
-          mbar_wait(&k_full[s], phase(i_lo));
-          pp_sync();
-          issue_s(s);
-          pp_pass();
-          wgmma_wait<0>();
-          fence_regs(sc);
-          mbar_arrive(&k_empty[s]);
-          softmax(t0, tile_full(t0));
-          rescale_and_pack();
-        }
-        for (int i = i_lo + 1; i <= i_hi; ++i) {
-          const int s = stage(i), ps = stage(i - 1), t0 = t_first + i * BN;
-          mbar_wait(&k_full[s], phase(i));
-          pp_sync();
-          issue_s(s);
-          // V(i - 1) is waited for once S(i), which does not need it, is on its way.
-          mbar_wait(&v_full[ps], phase(i - 1));
-          issue_pv(ps);
-          pp_pass();
-          wgmma_wait<1>();
-          fence_regs(sc);
-          mbar_arrive(&k_empty[s]);
-          softmax(t0, tile_full(t0));
-          wgmma_wait<0>();
-          fence_regs(o);
-          mbar_arrive(&v_empty[ps]);
-          rescale_and_pack();
-        }
-        mbar_arrive(q_empty);  // every S of this work is done
-        const int s = stage(i_hi);
-        mbar_wait(&v_full[s], phase(i_hi));
-        pp_sync();
+      mbar_wait(&v_full[s], ph);
+      if (need) {
         issue_pv(s);
-        pp_pass();
         wgmma_wait<0>();
         fence_regs(o);
-        mbar_arrive(&v_empty[s]);
-        for (int i = i_hi + 1; i <= u_hi; ++i) skip_and_pass(i);
-      } else {
-        mbar_arrive(q_empty);
-        for (int i = u_lo; i <= u_hi; ++i) skip_and_pass(i);
-        if (u_lo <= u_hi) {  // the other's last P V
-          pp_sync();
-          pp_pass();
-        }
       }
-      for (int i = u_lo <= u_hi ? u_hi + 1 : ntiles; i < ntiles; ++i) skip(i);
+      mbar_arrive(&v_empty[s]);
     }
-    g += ntiles;
-
-    // ---- normalise and store ----
-    uint16_t* out = static_cast<uint16_t*>(p.out);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float sum = l[h];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      if (!row_ok[h]) continue;
-      const float inv = sum > 0.f ? 1.f / sum : 0.f;
-      const int pr = r_base + wq * 16 + lane / 4 + 8 * h;
-      uint16_t* dst = out +
-                      (int64_t(it.q0 + pr / G) * p.num_q_heads + it.kvh * G + pr % G) * HEAD_DIM +
-                      (lane & 3) * 2;
-#pragma unroll
-      for (int nn = 0; nn < HEAD_DIM / 8; ++nn)
-        *reinterpret_cast<uint32_t*>(dst + nn * 8) =
-            cvt_pack2<Q>(o[4 * nn + 2 * h] * inv, o[4 * nn + 2 * h + 1] * inv);
+  } else {
+    // The softmax of tile i runs while the tensor cores do P V of tile i - 1: S(i) and PV(i - 1)
+    // are issued back to back, S(i) is waited for (wgmma groups complete in order), and PV(i - 1)
+    // only before O is rescaled.
+    // NOTE: the tiles this warpgroup sees are contiguous (the causal limit bounds them above, the
+    // window below); the wgmma issues sit on straight paths over them, since ptxas serialises
+    // every wgmma of a kernel whose issues or waits it finds on divergent paths.
+    int i_lo = ntiles, i_hi = -1, j_lo = ntiles, j_hi = -1;  // this warpgroup's tiles, the other's
+    for (int i = 0; i < ntiles; ++i) {
+      if (tile_need(t_first + i * BN)) i_lo = min(i_lo, i), i_hi = i;
+      if (tile_need_by(o_rows, o_pos_lo, o_pos_hi, t_first + i * BN)) j_lo = min(j_lo, i), j_hi = i;
     }
+    // Ping-pong turns go in tile order over the tiles either warpgroup sees, [u_lo, u_hi]: turn
+    // i issues S(i) and P V(i - 1), and turn u_hi + 1 the last P V. A warpgroup passes the turns
+    // of tiles it does not see right after skipping them, so that neither runs ahead of the tiles
+    // the other still holds (the producer refills a stage only once both are done with it).
+    const int u_lo = min(i_lo, j_lo), u_hi = max(i_hi, j_hi);
+    auto skip = [&](int i) {
+      const int s = i % ST;
+      const uint32_t ph = (i / ST) & 1;
+      mbar_wait(&k_full[s], ph);
+      mbar_arrive(&k_empty[s]);
+      mbar_wait(&v_full[s], ph);
+      mbar_arrive(&v_empty[s]);
+    };
+    auto skip_and_pass = [&](int i) {
+      skip(i);
+      pp_sync();
+      pp_pass();
+    };
+    for (int i = 0; i < min(u_lo, ntiles); ++i) skip(i);
+    if (i_lo <= i_hi) {
+      for (int i = u_lo; i < i_lo; ++i) skip_and_pass(i);
+      {
+        const int s = i_lo % ST, t0 = t_first + i_lo * BN;
+        mbar_wait(&k_full[s], (i_lo / ST) & 1);
+        pp_sync();
+        issue_s(s);
+        pp_pass();
+        wgmma_wait<0>();
+        fence_regs(sc);
+        mbar_arrive(&k_empty[s]);
+        softmax(t0, tile_full(t0));
+        rescale_and_pack();
+      }
+      for (int i = i_lo + 1; i <= i_hi; ++i) {
+        const int s = i % ST, ps = (i - 1) % ST, t0 = t_first + i * BN;
+        mbar_wait(&k_full[s], (i / ST) & 1);
+        pp_sync();
+        issue_s(s);
+        mbar_wait(&v_full[ps], ((i - 1) / ST) & 1);
+        issue_pv(ps);
+        pp_pass();
+        wgmma_wait<1>();
+        fence_regs(sc);
+        mbar_arrive(&k_empty[s]);
+        softmax(t0, tile_full(t0));
+        wgmma_wait<0>();
+        fence_regs(o);
+        mbar_arrive(&v_empty[ps]);
+        rescale_and_pack();
+      }
+      const int s = i_hi % ST;
+      mbar_wait(&v_full[s], (i_hi / ST) & 1);
+      pp_sync();
+      issue_pv(s);
+      pp_pass();
+      wgmma_wait<0>();
+      fence_regs(o);
+      mbar_arrive(&v_empty[s]);
+      for (int i = i_hi + 1; i <= u_hi; ++i) skip_and_pass(i);
+    } else {
+      for (int i = u_lo; i <= u_hi; ++i) skip_and_pass(i);
+      if (u_lo <= u_hi) {  // the other's last P V
+        pp_sync();
+        pp_pass();
+      }
+    }
+    for (int i = u_lo <= u_hi ? u_hi + 1 : ntiles; i < ntiles; ++i) skip(i);
   }
   if (pingpong && cw == 0) named_bar_sync(1, 2 * 128);  // warpgroup 1's last hand-over
+
+  // ---- normalise and store ----
+  uint16_t* out = static_cast<uint16_t*>(p.out);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = l[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if (!row_ok[h]) continue;
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const int pr = r_base + wq * 16 + lane / 4 + 8 * h;
+    uint16_t* dst =
+        out + (int64_t(q0 + pr / G) * p.num_q_heads + kvh * G + pr % G) * HEAD_DIM + (lane & 3) * 2;
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; ++n)
+      *reinterpret_cast<uint32_t*>(dst + n * 8) =
+          cvt_pack2<Q>(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+  }
 #endif
 }
 
@@ -632,8 +568,7 @@ void launch_prefill_hopper_g(const AttentionParams& p, const HopperMaps& m, cuda
   set_smem_limit_on_this_device(prefill_hopper_kernel<Q, HEAD_DIM, OVERLAP, GATHER>,
                                 int(S::kSmemBytes), configured,
                                 "paged_attention_cuda: Hopper prefill shared memory attribute");
-  const int64_t works = int64_t(p.num_prefill_items) * p.num_kv_heads;
-  const dim3 grid(unsigned(p.hopper_grid > 0 ? std::min<int64_t>(works, p.hopper_grid) : works));
+  const dim3 grid(unsigned(int64_t(p.num_prefill_items) * p.num_kv_heads));
   prefill_hopper_kernel<Q, HEAD_DIM, OVERLAP, GATHER>
       <<<grid, kHopperThreads, S::kSmemBytes, s>>>(p, m.q, m.k, m.v);
   check_launch("paged_attention_cuda: Hopper prefill kernel launch");
