@@ -23,8 +23,9 @@
 //   v6  v4 with its works (a tile of packed rows for one KV head) in one order over all heads:
 //       heaviest first across the KV heads of a section whose K/V fit in L2 (v4: one head's
 //       tiles after the other's, heaviest first within a head).
-//   v7  v6 with the consumer warpgroups taking turns at issuing their products (ping-pong by
-//       named barriers), so that one's softmax runs under the other's products.
+//   v7  (promoted, the default since 2026-11-26) v6 with the consumer warpgroups taking turns at
+//       issuing their products (ping-pong by named barriers), so that one's softmax runs under
+//       the other's products.
 //
 // Measured: H100 80GB HBM3, 2026-11-22/23, 32 query heads, 8 KV heads, head dim 128, page 16,
 // bf16, causal, cold L2, median of 10 (TFLOP/s; torch flash-attention 2: 206-356, cuDNN:
@@ -58,6 +59,20 @@
 //                                          534-538; d256: 590-601)
 //   page 32    518-528 / 536-544,  page 64  513-524 / 545-556,  page 128  515-523 / 536-563
 // Four issuing warps (two per tile, a column block each) were no faster than two.
+// Ping-pong and the work order (2026-11-26; H100, page 16, d128; versions timed side by side in
+// rotated rounds: timed one after the other, the first version gained up to 10% from the clocks
+// of a rested GPU). v4 / v6 / v7, and v4 as it was before the change, built from the previous
+// main and run alternately in the same call:
+//   batch 1 len 2048    306 / 340 / 374-378   (before: 318-322)
+//   batch 1 len 8192    498-503 / ~499 / 550-554   (519-528)
+//   batch 4 len 8192    508 / ~476 / 519-531   (523-534)
+//   batch 1 len 32768   517 / ~510 / 552-556   (530-538)
+//   d64, batch 1 8192   326-330 / 326-330 / 343-351   (343-347)
+// Tried and removed: a persistent grid (v8 for a day: one CTA per SM looping over works, Q
+// reloaded behind an empty barrier, stages and phases running on across works): 396-402 at
+// batch 4 / 2048 (v7 367-377) but 2-10% slower elsewhere, and its per-work loop spilled
+// registers. In that version, divisions by the GQA group inside the per-tile range scan had cost
+// 9-13% until hoisted.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>

@@ -1,8 +1,9 @@
 // The Hopper paged prefill kernel (sm_90a): wgmma on shared-memory tiles brought in by the Tensor
 // Memory Accelerator, a producer warp and two consumer warpgroups synchronised by mbarriers.
 //
-// Grid: x = prefill items (sequence, first packed row; the same items as prefill_kernel.cuh),
-// y = num_kv_heads. Block: 3 warpgroups (384 threads).
+// Grid: one CTA per work, a prefill item (sequence, first packed row; the same items as
+// prefill_kernel.cuh) for one KV head, in the order described at the kernel (heaviest first
+// across the heads of an L2-sized section). Block: 3 warpgroups (384 threads).
 //   warpgroup 0 (producer): Q once by a bulk tensor copy, then for each KV tile of kBN positions
 //     its K and V, page by page through the block table, into kStages shared-memory stages; each
 //     stage has a full barrier and an empty barrier (the consumers' arrivals). Two ways:
@@ -21,7 +22,8 @@
 //   warpgroups 1 and 2 (consumers): 64 packed rows each (packed row r = query r / group, head
 //     r % group of this KV head, so a K/V tile serves the whole GQA group); S = Q K^T by wgmma
 //     m64nBNk16 from shared memory, the online softmax in fp32 registers, O += P V by wgmma with P
-//     from registers and V read N-major from shared memory.
+//     from registers and V read N-major from shared memory; with ping-pong (the default) the two
+//     take turns at issuing their products, so that one's softmax runs under the other's.
 // KV tiles above a warpgroup's causal diagonal (or before its window) are skipped, and masks are
 // applied only to tiles that cross a boundary. Cache slots past kv_len (never written; they may
 // hold NaN) are zeroed in the V stage by the producer before the consumers read it.
