@@ -38,6 +38,7 @@ Spec random_hopper_spec(std::mt19937_64& rng) {
   auto pick = [&](std::initializer_list<int> v) { return *(v.begin() + rng() % v.size()); };
   Spec s;
   s.q_dtype = s.kv_dtype = rng() % 3 ? DType::bf16 : DType::f16;
+  if (rng() % 4 == 0) s.kv_dtype = DType::fp8_e4m3;  // e4m3 pools with per-head scales
   s.head_dim = pick({64, 128, 256});
   s.page_size = pick({1, 8, 12, 16, 32, 48, 64, 128, 384, 1024});
   s.num_kv_heads = pick({1, 2, 4});
@@ -81,6 +82,13 @@ CudaPlanOptions random_schedule(CudaPlanOptions o, std::mt19937_64& rng) {
   return o;
 }
 
+// Whether the plan runs the Hopper kernel for this spec under these options: fp8 pools only by
+// tensor copies (a page size that is a multiple of 8, no gathering asked for).
+bool hopper_takes(const Spec& s, const CudaPlanOptions& o) {
+  if (s.kv_dtype != DType::fp8_e4m3) return true;
+  return !o.hopper_gather && s.page_size % 8 == 0;
+}
+
 void check_hopper(const Spec& s, uint64_t seed, bool expect_hopper = true,
                   Variant variant = Variant::automatic) {
   Problem pr(s, seed);
@@ -111,12 +119,13 @@ TEST(HopperPrefill, MatchesReferenceOnRandomShapes) {
     // where a page is not a multiple of 8 tokens).
     const Variant variants[] = {Variant::automatic, Variant::gather, Variant::serial,
                                   Variant::gather_serial};
-    CudaAttentionPlan plan(size_t(64) << 20, random_schedule(options(variants[i % 4]), rng));
+    const CudaPlanOptions o = random_schedule(options(variants[i % 4]), rng);
+    CudaAttentionPlan plan(size_t(64) << 20, o);
     got.push_back(problems.back()->run_cuda(plan));
     bool any_prefill = false;
     for (int32_t q : s.q_len) any_prefill |= q > 1;
     if (any_prefill) {
-      EXPECT_TRUE(plan.info().prefill_hopper) << describe(s);
+      EXPECT_EQ(plan.info().prefill_hopper, hopper_takes(s, o)) << describe(s);
     }
   }
   std::vector<std::vector<float>> refs(problems.size());
@@ -159,6 +168,27 @@ TEST(HopperPrefill, ChunksAtTheEndOfLongContexts) {
   check_hopper(s, 23, true, Variant::gather);
 }
 
+// fp8 pools on the Hopper kernel (staging tiles converted by the producer): chunks at the end of
+// long contexts, whole prompts over many tiles, every head dim, with and without ping-pong.
+TEST(HopperPrefill, Fp8PoolsRunOnTheHopperKernel) {
+  PA_SKIP_WITHOUT_HOPPER();
+  for (int d : {64, 128, 256}) {
+    Spec s;
+    s.num_q_heads = 8;
+    s.num_kv_heads = 2;
+    s.head_dim = d;
+    s.page_size = d == 64 ? 8 : 16;
+    s.kv_dtype = DType::fp8_e4m3;
+    s.q_len = {300, 1, 64};
+    s.kv_len = {2500, 700, 64};
+    check_hopper(s, 40 + uint64_t(d));
+    check_hopper(s, 41 + uint64_t(d), true, Variant::no_pingpong);
+    s.q_dtype = DType::f16;
+    s.opt.window = 200;
+    check_hopper(s, 42 + uint64_t(d), true, Variant::serial);
+  }
+}
+
 // The two producers fill the stages with the same values (slots past kv_len: zeroed in V, masked
 // in K), so the outputs are the same bits.
 TEST(HopperPrefill, GatherAndTensorCopiesGiveTheSameBits) {
@@ -167,6 +197,7 @@ TEST(HopperPrefill, GatherAndTensorCopiesGiveTheSameBits) {
   for (int i = 0; i < 40; ++i) {
     Spec s = random_hopper_spec(rng);
     if (s.page_size % 8 != 0) s.page_size = 16;
+    s.kv_dtype = s.q_dtype;  // fp8 pools are never gathered
     Problem pr(s, 9000 + uint64_t(i));
     CudaAttentionPlan tensor(size_t(64) << 20, options(Variant::automatic));
     CudaAttentionPlan gather(size_t(64) << 20, options(Variant::gather));

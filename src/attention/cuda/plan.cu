@@ -228,13 +228,15 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   const int32_t n = batch.num_seqs, D = kv.head_dim, Hq = q.num_heads, Hk = kv.num_kv_heads;
   const int32_t group = Hq / Hk;
   const bool fp8 = kv.dtype == DType::fp8_e4m3;
-  const bool use_prefill =
-      im.opts.tensor_core_prefill && cuda::prefill_supported(q.dtype, kv.dtype, D);
+  // Prefill rows (q_len > 1) go to the Hopper kernel where it runs and takes the shape (fp8 pools
+  // included), else to the mma.sync kernel where it takes the dtypes, else to the decode kernel.
   const bool gather = cuda::prefill_hopper_gathers(im.opts.hopper_gather, kv.page_size);
   const bool use_hopper =
-      use_prefill && im.opts.hopper_prefill &&
+      im.opts.tensor_core_prefill && im.opts.hopper_prefill &&
       cuda::prefill_hopper_supported(q.dtype, kv.dtype, D, group, kv.page_size, gather) &&
       cuda::prefill_hopper_available();
+  const bool use_prefill =
+      use_hopper || (im.opts.tensor_core_prefill && cuda::prefill_supported(q.dtype, kv.dtype, D));
 
   // ---- rows for the decode kernel, prefill tiles for the rest ----
   std::vector<DecodeQueryRow> rows;

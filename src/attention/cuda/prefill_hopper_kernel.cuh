@@ -41,21 +41,47 @@ namespace pagedattn::cuda {
 
 constexpr int kHopperThreads = 384;
 
-template <int HEAD_DIM>
+template <int HEAD_DIM, bool FP8 = false>
 struct HopperShape {
   static constexpr int kBM = kPrefillRows;  // two consumer warpgroups of 64 rows
   static constexpr int kBN = HEAD_DIM >= 256 ? 64 : 128;
   // NOTE: measured on an H100 (Nsight Compute, batch 1, length 8192, d128, page 16): with two
   // stages the consumers spent 11% of their samples waiting for K; three fit up to d128
-  // (226 KiB of the 227 KiB a block may have).
-  static constexpr int kStages = HEAD_DIM <= 128 ? 3 : 2;
+  // (226 KiB of the 227 KiB a block may have). fp8 pools need room for their staging tiles.
+  static constexpr int kStages = HEAD_DIM <= 128 && !FP8 ? 3 : 2;
   static constexpr int kBlocks = HEAD_DIM / 64;  // 128-byte column blocks of a row
   static constexpr uint32_t kQBytes = kBM * HEAD_DIM * 2;
-  static constexpr uint32_t kTileBytes = kBN * HEAD_DIM * 2;  // one K or V tile
-  // 1024 bytes of alignment slack, 1024 of barriers, Q, then the K and V stages.
-  static constexpr size_t kSmemBytes = 2048 + kQBytes + size_t(2) * kStages * kTileBytes;
+  static constexpr uint32_t kTileBytes = kBN * HEAD_DIM * 2;  // one K or V tile (16-bit)
+  // fp8: one K and one V tile as the pool stores them (e4m3), before their conversion.
+  static constexpr uint32_t kStagingBytes = FP8 ? kBN * HEAD_DIM : 0;
+  // 1024 bytes of alignment slack, 1024 of barriers, Q, the K and V stages, the staging tiles.
+  static constexpr size_t kSmemBytes =
+      2048 + kQBytes + size_t(2) * kStages * kTileBytes + size_t(2) * kStagingBytes;
   static_assert(kBM == 128, "two consumer warpgroups of 64 rows");
+  static_assert(kSmemBytes <= 232448, "fits the 227 KiB a block may have");
 };
+
+// Eight e4m3 values -> eight Q elements (exact: e4m3 has 3 mantissa bits and a narrower range
+// than f16 and bf16).
+template <class Q>
+__device__ __forceinline__ uint4 e4m3x8_to_q(uint2 in) {
+  uint32_t w[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t src = (j < 2 ? in.x : in.y) >> (16 * (j % 2));
+    const __half2_raw r =
+        __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(src & 0xffffu), __NV_E4M3);
+    if constexpr (Q::kDType == DType::f16) {
+      w[j] = uint32_t(r.x) | (uint32_t(r.y) << 16);
+    } else {
+      __half2 h;
+      memcpy(&h, &r, 4);
+      const float2 f = __half22float2(h);
+      w[j] = cvt_pack2<Q>(f.x, f.y);
+    }
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
 
 // The gathering producer (GATHER): the 128 threads of warpgroup 0 copy each K and V tile of BN
 // rows x HEAD_DIM into its stage [NB][BN][64], swizzled as a 128-byte-swizzle tensor copy would
@@ -137,14 +163,15 @@ __device__ __forceinline__ void produce_gather(const AttentionParams& p, int seq
   cp_async_wait<0>();
 }
 
-template <class Q, int HEAD_DIM, bool OVERLAP, bool GATHER>
+template <class Q, int HEAD_DIM, bool OVERLAP, bool GATHER, bool FP8>
 __global__ void __launch_bounds__(kHopperThreads, 1)
     prefill_hopper_kernel(const AttentionParams p, const __grid_constant__ CUtensorMap tm_q,
                           const __grid_constant__ CUtensorMap tm_k,
                           const __grid_constant__ CUtensorMap tm_v) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   allow_dependent_launch();
-  using S = HopperShape<HEAD_DIM>;
+  using S = HopperShape<HEAD_DIM, FP8>;
+  static_assert(!(FP8 && GATHER), "fp8 pools take tensor copies into staging tiles");
   constexpr int BM = S::kBM, BN = S::kBN, ST = S::kStages, NB = S::kBlocks;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
@@ -157,6 +184,11 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   uint16_t* sQ = reinterpret_cast<uint16_t*>(base + 1024);  // [NB][BM][64]
   uint16_t* sK = sQ + BM * HEAD_DIM;                        // [ST][NB][BN][64]
   uint16_t* sV = sK + ST * BN * HEAD_DIM;                   // [ST][NB][BN][64]
+  // fp8: the K and V staging tiles [BN][HEAD_DIM] (e4m3, unswizzled) and their full barriers.
+  uint8_t* sKst = reinterpret_cast<uint8_t*>(sV + ST * BN * HEAD_DIM);
+  uint8_t* sVst = sKst + S::kStagingBytes;
+  uint64_t* k_stg = v_zero + 1;
+  uint64_t* v_stg = k_stg + 1;
 
   // Work blockIdx.x: a prefill item and a KV head. The works go in sections of
   // p.hopper_head_section KV heads (the plan sizes a section so that its heads' K/V fit in L2);
@@ -182,12 +214,14 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   if (tid == 0) {
     mbar_init(q_full, 1);
     for (int s = 0; s < ST; ++s) {
-      mbar_init(&k_full[s], GATHER ? 128 : 1);
-      mbar_init(&v_full[s], GATHER ? 128 : 1);
+      mbar_init(&k_full[s], GATHER ? 128 : FP8 ? 64 : 1);
+      mbar_init(&v_full[s], GATHER ? 128 : FP8 ? 64 : 1);
       mbar_init(&k_empty[s], 2 * 128);
       mbar_init(&v_empty[s], 2 * 128);
     }
     mbar_init(v_zero, 1);
+    mbar_init(k_stg, 1);
+    mbar_init(v_stg, 1);
     mbar_fence_init();
   }
   __syncthreads();
@@ -195,6 +229,59 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   if (wg == 0) {
     // ================= producer =================
     regs_dealloc<40>();
+    if constexpr (FP8) {
+      // fp8 pools: warps 0-1 bring K, warps 2-3 V. Lanes of warp 0 (2) put the tile's e4m3 rows
+      // into the K (V) staging tile with bulk tensor copies, one per page-sized run of rows; the
+      // side's 64 threads then convert them to Q's type into the swizzled stage (slots past
+      // kv_len zeroed), fence, arrive on the stage's full barrier (64 arrivals), and free the
+      // staging tile for the next copy.
+      const bool v_side = warp >= 2;
+      const int ct = tid % 64;
+      const int32_t* bt = p.block_table + int64_t(it.seq) * p.max_pages_per_seq;
+      const int P = p.page_size, PB = p.tma_box_rows, nsub = BN / PB;
+      uint8_t* stg = v_side ? sVst : sKst;
+      uint64_t* stg_full = v_side ? v_stg : k_stg;
+      const CUtensorMap* map = v_side ? &tm_v : &tm_k;
+      const bool issuer = warp % 2 == 0;
+      if (tid == 0) {
+        prefetch_tensor_map(&tm_q);
+        mbar_arrive_expect_tx(q_full, S::kQBytes);
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+          tma_load_3d(sQ + b * BM * 64, &tm_q, q_full, b * 64, kvh * G, q0 + it.row_begin / G);
+      }
+      auto issue_tile = [&](int i) {
+        const int t = min(t_first + i * BN + lane * PB, L - 1);
+        const int page = lane < nsub ? bt[t / P] : 0, slot = t % P / PB * PB;
+        if (lane == 0) mbar_arrive_expect_tx(stg_full, BN * HEAD_DIM);
+        __syncwarp();
+        if (lane < nsub) tma_load_4d(stg + lane * PB * HEAD_DIM, map, stg_full, 0, slot, kvh, page);
+      };
+      if (issuer && ntiles > 0) {
+        if (lane == 0) prefetch_tensor_map(map);
+        issue_tile(0);
+      }
+      constexpr int CPR = HEAD_DIM / 8;  // 8-element chunks per row
+      for (int i = 0; i < ntiles; ++i) {
+        const int s = i % ST, t0 = t_first + i * BN;
+        const uint32_t ph = (i / ST) & 1;
+        mbar_wait(stg_full, i & 1);
+        mbar_wait(v_side ? &v_empty[s] : &k_empty[s], ph ^ 1);
+        uint16_t* dst = (v_side ? sV : sK) + s * BN * HEAD_DIM;
+        for (int q = ct; q < BN * CPR; q += 64) {
+          const int r = q / CPR, c = q % CPR;
+          uint4 out = make_uint4(0, 0, 0, 0);
+          if (t0 + r < L)
+            out = e4m3x8_to_q<Q>(*reinterpret_cast<const uint2*>(stg + r * HEAD_DIM + c * 8));
+          *reinterpret_cast<uint4*>(dst + ((c / 8) * BN + r) * 64 + ((c % 8) ^ (r % 8)) * 8) = out;
+        }
+        fence_proxy_async();
+        mbar_arrive(v_side ? &v_full[s] : &k_full[s]);
+        named_bar_sync(3 + int(v_side), 64);  // the side is done reading the staging tile
+        if (issuer && i + 1 < ntiles) issue_tile(i + 1);
+      }
+      return;
+    }
     if constexpr (GATHER) {
       if (tid == 0) {
         prefetch_tensor_map(&tm_q);
@@ -323,8 +410,10 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
 #pragma unroll
   for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  // log2(e) * scale per unit of a raw score (1 once the soft-cap has rescaled the scores).
-  const float log2_unit = p.softcap > 0.f ? 1.f : p.scale * kLog2e;
+  // The logits' scale (fp8 pools: times the KV head's K scale, as the stored values are K / scale)
+  // and log2(e) * scale per unit of a raw score (1 once the soft-cap has rescaled the scores).
+  const float qk_scale = FP8 ? p.scale * p.k_scale[kvh] : p.scale;
+  const float log2_unit = p.softcap > 0.f ? 1.f : qk_scale * kLog2e;
   const uint32_t q_addr = smem_u32(sQ) + cw * 64 * 128;
 
   float sc[BN / 2];         // S of one tile, then its probabilities
@@ -376,7 +465,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     if (p.softcap > 0.f) {
 #pragma unroll
       for (int j = 0; j < BN / 2; ++j)
-        sc[j] = p.softcap * tanhf(sc[j] * p.scale / p.softcap) * kLog2e;
+        sc[j] = p.softcap * tanhf(sc[j] * qk_scale / p.softcap) * kLog2e;
     }
     if (!full) {
 #pragma unroll
@@ -542,7 +631,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     if (!row_ok[h]) continue;
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const float inv = (sum > 0.f ? 1.f / sum : 0.f) * (FP8 ? p.v_scale[kvh] : 1.f);
     const int pr = r_base + wq * 16 + lane / 4 + 8 * h;
     uint16_t* dst =
         out + (int64_t(q0 + pr / G) * p.num_q_heads + kvh * G + pr % G) * HEAD_DIM + (lane & 3) * 2;
@@ -563,45 +652,50 @@ struct HopperMaps {
   CUtensorMap q, k, v;
 };
 
-template <class Q, int HEAD_DIM, bool OVERLAP, bool GATHER>
+template <class Q, int HEAD_DIM, bool OVERLAP, bool GATHER, bool FP8>
 void launch_prefill_hopper_g(const AttentionParams& p, const HopperMaps& m, cudaStream_t s) {
-  using S = HopperShape<HEAD_DIM>;
+  using S = HopperShape<HEAD_DIM, FP8>;
   static std::atomic<uint64_t> configured{0};  // per kernel instance, per device
-  set_smem_limit_on_this_device(prefill_hopper_kernel<Q, HEAD_DIM, OVERLAP, GATHER>,
+  set_smem_limit_on_this_device(prefill_hopper_kernel<Q, HEAD_DIM, OVERLAP, GATHER, FP8>,
                                 int(S::kSmemBytes), configured,
                                 "paged_attention_cuda: Hopper prefill shared memory attribute");
   const dim3 grid(unsigned(int64_t(p.num_prefill_items) * p.num_kv_heads));
-  prefill_hopper_kernel<Q, HEAD_DIM, OVERLAP, GATHER>
+  prefill_hopper_kernel<Q, HEAD_DIM, OVERLAP, GATHER, FP8>
       <<<grid, kHopperThreads, S::kSmemBytes, s>>>(p, m.q, m.k, m.v);
   check_launch("paged_attention_cuda: Hopper prefill kernel launch");
 }
 
-template <class Q, int HEAD_DIM, bool OVERLAP>
+// FP8: e4m3 pools (tensor copies into staging tiles, converted by the producer; never gathered).
+template <class Q, int HEAD_DIM, bool OVERLAP, bool FP8>
 void launch_prefill_hopper_o(const AttentionParams& p, const HopperMaps& m, cudaStream_t s) {
-  if (p.hopper_gather) return launch_prefill_hopper_g<Q, HEAD_DIM, OVERLAP, true>(p, m, s);
-  launch_prefill_hopper_g<Q, HEAD_DIM, OVERLAP, false>(p, m, s);
+  if constexpr (FP8) {
+    return launch_prefill_hopper_g<Q, HEAD_DIM, OVERLAP, false, true>(p, m, s);
+  } else {
+    if (p.hopper_gather) return launch_prefill_hopper_g<Q, HEAD_DIM, OVERLAP, true, false>(p, m, s);
+    launch_prefill_hopper_g<Q, HEAD_DIM, OVERLAP, false, false>(p, m, s);
+  }
 }
 
-template <class Q, int HEAD_DIM>
+template <class Q, int HEAD_DIM, bool FP8>
 void launch_prefill_hopper_t(const AttentionParams& p, const HopperMaps& m, cudaStream_t s) {
   // NOTE: at head_dim 256 the overlapped loop spills registers (O alone is 128 per thread).
   if constexpr (HEAD_DIM <= 128) {
     if (p.prefill_kernel == kPrefillWgmma)
-      return launch_prefill_hopper_o<Q, HEAD_DIM, true>(p, m, s);
+      return launch_prefill_hopper_o<Q, HEAD_DIM, true, FP8>(p, m, s);
   }
-  launch_prefill_hopper_o<Q, HEAD_DIM, false>(p, m, s);
+  launch_prefill_hopper_o<Q, HEAD_DIM, false, FP8>(p, m, s);
 }
 
-template <class Q>
+template <class Q, bool FP8 = false>
 void launch_prefill_hopper_q(const AttentionParams& p, int head_dim, const HopperMaps& m,
                              cudaStream_t s) {
   switch (head_dim) {
     case 64:
-      return launch_prefill_hopper_t<Q, 64>(p, m, s);
+      return launch_prefill_hopper_t<Q, 64, FP8>(p, m, s);
     case 128:
-      return launch_prefill_hopper_t<Q, 128>(p, m, s);
+      return launch_prefill_hopper_t<Q, 128, FP8>(p, m, s);
     case 256:
-      return launch_prefill_hopper_t<Q, 256>(p, m, s);
+      return launch_prefill_hopper_t<Q, 256, FP8>(p, m, s);
     default:
       fail("paged_attention_cuda: head_dim ", head_dim, " is not supported (64, 128 or 256)");
   }
