@@ -60,9 +60,9 @@ if has suite; then
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests ran" "$OUT/suite.log" | tail -20
 fi
 if has sanitize; then
-  # The Hopper kernel (long chunked contexts, sliding window, whole prompts) and the shapes it
-  # hands to the mma.sync kernel.
-  f='HopperPrefill.ChunksAtTheEndOfLongContexts:HopperPrefill.OtherShapes*'
+  # The Hopper kernel (long chunked contexts, sliding window, whole prompts, fp8 pools) and the
+  # shapes it hands to the mma.sync kernel.
+  f='HopperPrefill.ChunksAtTheEndOfLongContexts:HopperPrefill.Fp8Pools*:HopperPrefill.OtherShapes*'
   step memcheck 150 hopper.log compute-sanitizer --tool memcheck --error-exitcode 3 "$T" \
     --gtest_filter="$f"
   step racecheck 150 hopper.log compute-sanitizer --tool racecheck --error-exitcode 3 "$T" \
@@ -108,7 +108,7 @@ if has bench; then
   B="$BUILD_DIR/kernels_dev/bench_attention_cuda_main"
   common=(--mode prefill --page-size 16 --iters 12 ${BENCH_ARGS:-})
   step bench 150 bench.log "$B" "${common[@]}" --batch 1,4 --context 2048,8192,32768 \
-    --num-kv-heads 8 --head-dim 128 --kv-dtype bf16
+    --num-kv-heads 8 --head-dim 128 --kv-dtype bf16,fp8
   step bench_dims 100 bench.log "$B" "${common[@]}" --batch 1,4 --context 8192 \
     --num-kv-heads 8,32 --head-dim 64,256
   step bench_pages 60 bench.log "$B" "${common[@]}" --batch 1 \
