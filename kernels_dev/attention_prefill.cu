@@ -142,21 +142,25 @@ int main() {
   auto timed = [&](int v) { return in_list("LAB_VERSIONS", v); };
   const int rounds = std::getenv("LAB_ROUNDS") ? std::max(1, std::atoi(std::getenv("LAB_ROUNDS"))) : 3;
   std::printf(
-      "== timing sweep (page 16, bf16, causal; TFLOP/s counting the causal half; v1 only "
+      "== timing sweep (page 16 unless said, causal; TFLOP/s counting the causal half; v1 only "
       "up to length 2048)\n");
-  std::printf("%-6s %-6s %-4s %-4s %-4s %-4s", "batch", "len", "hq", "hkv", "d", "page");
+  std::printf("%-6s %-6s %-4s %-4s %-4s %-4s %-5s", "batch", "len", "hq", "hkv", "d", "page", "kv");
   for (int v = 1; v <= kVersions; ++v) std::printf(" %8s%d_us", "v", v);
   for (int v = 1; v <= kVersions; ++v) std::printf(" %5s%d_TF", "v", v);
   std::printf("\n");
   struct Sweep {
     int batch, len, hq, hkv, d, page = 16;
+    DType kv = DType::bf16;
   };
   const Sweep sweep[] = {
       {1, 2048, 32, 8, 128},     {1, 8192, 32, 8, 128},     {4, 2048, 32, 8, 128},
       {4, 8192, 32, 8, 128},     {1, 32768, 32, 8, 128},    {1, 8192, 32, 32, 128},
       {1, 8192, 32, 8, 64},      {1, 8192, 32, 8, 256},     {4, 8192, 32, 8, 64},
       {4, 8192, 32, 8, 256},     {1, 8192, 32, 8, 128, 32}, {1, 8192, 32, 8, 128, 64},
-      {1, 8192, 32, 8, 128, 128}, {4, 32768, 32, 8, 128}};
+      {1, 8192, 32, 8, 128, 128}, {4, 32768, 32, 8, 128},
+      // fp8 pools: v1/v2 run their prefill rows on the decode kernel, v3 on the Hopper kernel.
+      {1, 2048, 32, 8, 128, 16, DType::fp8_e4m3}, {1, 8192, 32, 8, 128, 16, DType::fp8_e4m3},
+      {4, 8192, 32, 8, 128, 16, DType::fp8_e4m3}, {1, 8192, 32, 8, 64, 16, DType::fp8_e4m3}};
   int row = -1;
   for (const Sweep& w : sweep) {
     if (!in_list("LAB_SHAPES", ++row)) continue;
@@ -165,6 +169,7 @@ int main() {
     s.hkv = w.hkv;
     s.d = w.d;
     s.page = w.page;
+    s.kv = w.kv;
     s.q_len.assign(size_t(w.batch), w.len);
     s.kv_len.assign(size_t(w.batch), w.len);
     lab::Problem p(s, 3, false);
@@ -187,7 +192,8 @@ int main() {
     for (size_t k = 0; k < which.size(); ++k) us[which[k]] = med[k];
     const double flops = 4.0 * w.batch * s.hq * s.d * (double(w.len) * (w.len + 1) / 2);
     auto tf = [&](double t) { return t > 0 ? flops / t / 1e6 : 0.0; };
-    std::printf("%-6d %-6d %-4d %-4d %-4d %-4d", w.batch, w.len, w.hq, w.hkv, w.d, w.page);
+    std::printf("%-6d %-6d %-4d %-4d %-4d %-4d %-5s", w.batch, w.len, w.hq, w.hkv, w.d, w.page,
+                std::string(dtype_name(w.kv)).c_str());
     for (int v = 1; v <= kVersions; ++v) std::printf(" %12.1f", us[v]);
     for (int v = 1; v <= kVersions; ++v) std::printf(" %9.1f", tf(us[v]));
     std::printf("\n");

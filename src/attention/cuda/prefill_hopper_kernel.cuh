@@ -48,15 +48,17 @@ struct HopperShape {
   // NOTE: measured on an H100 (Nsight Compute, batch 1, length 8192, d128, page 16): with two
   // stages the consumers spent 11% of their samples waiting for K; three fit up to d128
   // (226 KiB of the 227 KiB a block may have). fp8 pools need room for their staging tiles.
-  static constexpr int kStages = HEAD_DIM <= 128 && !FP8 ? 3 : 2;
+  static constexpr int kStages = HEAD_DIM <= (FP8 ? 64 : 128) ? 3 : 2;
   static constexpr int kBlocks = HEAD_DIM / 64;  // 128-byte column blocks of a row
   static constexpr uint32_t kQBytes = kBM * HEAD_DIM * 2;
   static constexpr uint32_t kTileBytes = kBN * HEAD_DIM * 2;  // one K or V tile (16-bit)
-  // fp8: one K and one V tile as the pool stores them (e4m3), before their conversion.
+  // fp8: K and V tiles as the pool stores them (e4m3), before their conversion; two of each
+  // (the next tile's copy in flight while one is converted) where they fit.
   static constexpr uint32_t kStagingBytes = FP8 ? kBN * HEAD_DIM : 0;
+  static constexpr size_t kBaseBytes = 2048 + kQBytes + size_t(2) * kStages * kTileBytes;
+  static constexpr int kStagingBufs = kBaseBytes + size_t(4) * kStagingBytes <= 232448 ? 2 : 1;
   // 1024 bytes of alignment slack, 1024 of barriers, Q, the K and V stages, the staging tiles.
-  static constexpr size_t kSmemBytes =
-      2048 + kQBytes + size_t(2) * kStages * kTileBytes + size_t(2) * kStagingBytes;
+  static constexpr size_t kSmemBytes = kBaseBytes + size_t(2) * kStagingBufs * kStagingBytes;
   static_assert(kBM == 128, "two consumer warpgroups of 64 rows");
   static_assert(kSmemBytes <= 232448, "fits the 227 KiB a block may have");
 };
@@ -184,11 +186,13 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   uint16_t* sQ = reinterpret_cast<uint16_t*>(base + 1024);  // [NB][BM][64]
   uint16_t* sK = sQ + BM * HEAD_DIM;                        // [ST][NB][BN][64]
   uint16_t* sV = sK + ST * BN * HEAD_DIM;                   // [ST][NB][BN][64]
-  // fp8: the K and V staging tiles [BN][HEAD_DIM] (e4m3, unswizzled) and their full barriers.
+  // fp8: the K and V staging tiles [NBUF][BN][HEAD_DIM] (e4m3, unswizzled) and their full
+  // barriers [NBUF].
+  constexpr int NBUF = S::kStagingBufs;
   uint8_t* sKst = reinterpret_cast<uint8_t*>(sV + ST * BN * HEAD_DIM);
-  uint8_t* sVst = sKst + S::kStagingBytes;
+  uint8_t* sVst = sKst + NBUF * S::kStagingBytes;
   uint64_t* k_stg = v_zero + 1;
-  uint64_t* v_stg = k_stg + 1;
+  uint64_t* v_stg = k_stg + NBUF;
 
   // Work blockIdx.x: a prefill item and a KV head. The works go in sections of
   // p.hopper_head_section KV heads (the plan sizes a section so that its heads' K/V fit in L2);
@@ -220,8 +224,10 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       mbar_init(&v_empty[s], 2 * 128);
     }
     mbar_init(v_zero, 1);
-    mbar_init(k_stg, 1);
-    mbar_init(v_stg, 1);
+    for (int b = 0; b < NBUF; ++b) {
+      mbar_init(&k_stg[b], 1);
+      mbar_init(&v_stg[b], 1);
+    }
     mbar_fence_init();
   }
   __syncthreads();
@@ -230,11 +236,11 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     // ================= producer =================
     regs_dealloc<40>();
     if constexpr (FP8) {
-      // fp8 pools: warps 0-1 bring K, warps 2-3 V. Lanes of warp 0 (2) put the tile's e4m3 rows
-      // into the K (V) staging tile with bulk tensor copies, one per page-sized run of rows; the
-      // side's 64 threads then convert them to Q's type into the swizzled stage (slots past
-      // kv_len zeroed), fence, arrive on the stage's full barrier (64 arrivals), and free the
-      // staging tile for the next copy.
+      // fp8 pools: warps 0-1 bring K, warps 2-3 V. Lanes of warp 0 (2) put a tile's e4m3 rows
+      // into a K (V) staging tile with bulk tensor copies, one per page-sized run of rows, NBUF
+      // tiles ahead; the side's 64 threads then convert them to Q's type into the swizzled stage
+      // (slots past kv_len zeroed), fence, arrive on the stage's full barrier (64 arrivals), and
+      // free the staging tile for the copy NBUF tiles on.
       const bool v_side = warp >= 2;
       const int ct = tid % 64;
       const int32_t* bt = p.block_table + int64_t(it.seq) * p.max_pages_per_seq;
@@ -250,35 +256,39 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
         for (int b = 0; b < NB; ++b)
           tma_load_3d(sQ + b * BM * 64, &tm_q, q_full, b * 64, kvh * G, q0 + it.row_begin / G);
       }
+      // Tile i goes to staging buffer i % NBUF.
       auto issue_tile = [&](int i) {
         const int t = min(t_first + i * BN + lane * PB, L - 1);
         const int page = lane < nsub ? bt[t / P] : 0, slot = t % P / PB * PB;
-        if (lane == 0) mbar_arrive_expect_tx(stg_full, BN * HEAD_DIM);
+        uint8_t* buf = stg + (i % NBUF) * S::kStagingBytes;
+        if (lane == 0) mbar_arrive_expect_tx(&stg_full[i % NBUF], BN * HEAD_DIM);
         __syncwarp();
-        if (lane < nsub) tma_load_4d(stg + lane * PB * HEAD_DIM, map, stg_full, 0, slot, kvh, page);
+        if (lane < nsub)
+          tma_load_4d(buf + lane * PB * HEAD_DIM, map, &stg_full[i % NBUF], 0, slot, kvh, page);
       };
-      if (issuer && ntiles > 0) {
+      if (issuer) {
         if (lane == 0) prefetch_tensor_map(map);
-        issue_tile(0);
+        for (int i = 0; i < min(NBUF, ntiles); ++i) issue_tile(i);
       }
       constexpr int CPR = HEAD_DIM / 8;  // 8-element chunks per row
       for (int i = 0; i < ntiles; ++i) {
         const int s = i % ST, t0 = t_first + i * BN;
         const uint32_t ph = (i / ST) & 1;
-        mbar_wait(stg_full, i & 1);
+        const uint8_t* src = stg + (i % NBUF) * S::kStagingBytes;
+        mbar_wait(&stg_full[i % NBUF], (i / NBUF) & 1);
         mbar_wait(v_side ? &v_empty[s] : &k_empty[s], ph ^ 1);
         uint16_t* dst = (v_side ? sV : sK) + s * BN * HEAD_DIM;
         for (int q = ct; q < BN * CPR; q += 64) {
           const int r = q / CPR, c = q % CPR;
           uint4 out = make_uint4(0, 0, 0, 0);
           if (t0 + r < L)
-            out = e4m3x8_to_q<Q>(*reinterpret_cast<const uint2*>(stg + r * HEAD_DIM + c * 8));
+            out = e4m3x8_to_q<Q>(*reinterpret_cast<const uint2*>(src + r * HEAD_DIM + c * 8));
           *reinterpret_cast<uint4*>(dst + ((c / 8) * BN + r) * 64 + ((c % 8) ^ (r % 8)) * 8) = out;
         }
         fence_proxy_async();
         mbar_arrive(v_side ? &v_full[s] : &k_full[s]);
         named_bar_sync(3 + int(v_side), 64);  // the side is done reading the staging tile
-        if (issuer && i + 1 < ntiles) issue_tile(i + 1);
+        if (issuer && i + NBUF < ntiles) issue_tile(i + NBUF);
       }
       return;
     }
