@@ -31,6 +31,8 @@
 
 #include <cuda.h>
 
+#include <type_traits>
+
 #include "cuda_common.cuh"
 #include "hopper.cuh"
 #include "kernels.h"
@@ -63,24 +65,15 @@ struct HopperShape {
   static_assert(kSmemBytes <= 232448, "fits the 227 KiB a block may have");
 };
 
-// Eight e4m3 values -> eight Q elements (exact: e4m3 has 3 mantissa bits and a narrower range
-// than f16 and bf16).
-template <class Q>
-__device__ __forceinline__ uint4 e4m3x8_to_q(uint2 in) {
+// Eight e4m3 values -> eight f16 values (exact: e4m3 has 3 mantissa bits and a narrower range).
+__device__ __forceinline__ uint4 e4m3x8_to_f16(uint2 in) {
   uint32_t w[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const uint32_t src = (j < 2 ? in.x : in.y) >> (16 * (j % 2));
     const __half2_raw r =
         __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(src & 0xffffu), __NV_E4M3);
-    if constexpr (Q::kDType == DType::f16) {
-      w[j] = uint32_t(r.x) | (uint32_t(r.y) << 16);
-    } else {
-      __half2 h;
-      memcpy(&h, &r, 4);
-      const float2 f = __half22float2(h);
-      w[j] = cvt_pack2<Q>(f.x, f.y);
-    }
+    w[j] = uint32_t(r.x) | (uint32_t(r.y) << 16);
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
@@ -174,6 +167,10 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   allow_dependent_launch();
   using S = HopperShape<HEAD_DIM, FP8>;
   static_assert(!(FP8 && GATHER), "fp8 pools take tensor copies into staging tiles");
+  // The products' element type: q's, or f16 for fp8 pools (e4m3 -> f16 is one instruction per
+  // pair, and exact; a bf16 q is converted to f16 in shared memory, clamped to its range, as the
+  // decode kernel does).
+  using M = std::conditional_t<FP8, F16, Q>;
   constexpr int BM = S::kBM, BN = S::kBN, ST = S::kStages, NB = S::kBlocks;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
@@ -238,7 +235,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     if constexpr (FP8) {
       // fp8 pools: warps 0-1 bring K, warps 2-3 V. Lanes of warp 0 (2) put a tile's e4m3 rows
       // into a K (V) staging tile with bulk tensor copies, one per page-sized run of rows, NBUF
-      // tiles ahead; the side's 64 threads then convert them to Q's type into the swizzled stage
+      // tiles ahead; the side's 64 threads then convert them to f16 into the swizzled stage
       // (slots past kv_len zeroed), fence, arrive on the stage's full barrier (64 arrivals), and
       // free the staging tile for the copy NBUF tiles on.
       const bool v_side = warp >= 2;
@@ -286,9 +283,9 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
           if (t0 + r < L) in = *reinterpret_cast<const uint4*>(src + r * HEAD_DIM + c * 8);
           uint16_t* row = dst + ((c / 8) * BN + r) * 64;
           *reinterpret_cast<uint4*>(row + ((c % 8) ^ (r % 8)) * 8) =
-              e4m3x8_to_q<Q>(make_uint2(in.x, in.y));
+              e4m3x8_to_f16(make_uint2(in.x, in.y));
           *reinterpret_cast<uint4*>(row + (((c + 1) % 8) ^ (r % 8)) * 8) =
-              e4m3x8_to_q<Q>(make_uint2(in.z, in.w));
+              e4m3x8_to_f16(make_uint2(in.z, in.w));
         }
         fence_proxy_async();
         mbar_arrive(v_side ? &v_full[s] : &k_full[s]);
@@ -456,7 +453,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       const uint32_t off = (kk % 4) * 32;  // 16 elements along K inside the 128-byte row
       const uint64_t da = wgmma_desc(q_addr + (kk / 4) * BM * 128 + off, 16, 1024);
       const uint64_t db = wgmma_desc(k_addr + (kk / 4) * BN * 128 + off, 16, 1024);
-      wgmma_ss<Q, BN>(sc, da, db, kk > 0);
+      wgmma_ss<M, BN>(sc, da, db, kk > 0);
     }
     wgmma_commit();
   };
@@ -468,7 +465,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
-      wgmma_rs_tb<Q, HEAD_DIM>(o, pa[kk], wgmma_desc(v_addr + kk * 16 * 128, BN * 128, 1024));
+      wgmma_rs_tb<M, HEAD_DIM>(o, pa[kk], wgmma_desc(v_addr + kk * 16 * 128, BN * 128, 1024));
     wgmma_commit();
   };
   // Soft-cap and mask S (masks only where the tile crosses a boundary), then the online softmax
@@ -523,14 +520,27 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       for (int e = 0; e < 4; ++e) o[4 * n + e] *= alpha[e >> 1];
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-      pa[kk][0] = cvt_pack2<Q>(sc[8 * kk + 0], sc[8 * kk + 1]);
-      pa[kk][1] = cvt_pack2<Q>(sc[8 * kk + 2], sc[8 * kk + 3]);
-      pa[kk][2] = cvt_pack2<Q>(sc[8 * kk + 4], sc[8 * kk + 5]);
-      pa[kk][3] = cvt_pack2<Q>(sc[8 * kk + 6], sc[8 * kk + 7]);
+      pa[kk][0] = cvt_pack2<M>(sc[8 * kk + 0], sc[8 * kk + 1]);
+      pa[kk][1] = cvt_pack2<M>(sc[8 * kk + 2], sc[8 * kk + 3]);
+      pa[kk][2] = cvt_pack2<M>(sc[8 * kk + 4], sc[8 * kk + 5]);
+      pa[kk][3] = cvt_pack2<M>(sc[8 * kk + 6], sc[8 * kk + 7]);
     }
   };
 
   mbar_wait(q_full, 0);
+  if constexpr (FP8 && Q::kDType == DType::bf16) {
+    // This warpgroup's 64 rows of Q, bf16 -> f16 in place (the layout is per element).
+    const int wt = tid % 128;
+    for (int i = wt; i < NB * 64 * 32; i += 128) {
+      uint32_t* w = reinterpret_cast<uint32_t*>(sQ + (i / 2048) * BM * 64 + cw * 64 * 64) + i % 2048;
+      float f[2];
+      Bf16::word_to_float(*w, f);
+      *w = cvt_pack2<F16>(fminf(fmaxf(f[0], -65504.f), 65504.f),
+                          fminf(fmaxf(f[1], -65504.f), 65504.f));
+    }
+    fence_proxy_async();
+    named_bar_sync(5 + cw, 128);
+  }
   if constexpr (!OVERLAP) {
     // One tile after the other: S, softmax, P V.
     for (int i = 0; i < ntiles; ++i) {
