@@ -73,6 +73,10 @@
 // batch 4 / 2048 (v7 367-377) but 2-10% slower elsewhere, and its per-work loop spilled
 // registers. In that version, divisions by the GQA group inside the per-tile range scan had cost
 // 9-13% until hoisted.
+// fp8 pools (the sweep's fp8 rows; v1 and v2 run their prefill rows on the decode kernel, v3 on
+// the Hopper kernel since 2026-11-26), batch 1 / length 8192 / d128, v2 / v7: 31 / 225 with one
+// staging tile per side and a conversion to bf16 through f32; 240 with two staging tiles; 307
+// converting 16 values a step; 346 with the products in f16 (one conversion instruction a pair).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
