@@ -71,10 +71,11 @@ if has sanitize; then
 fi
 if has profile; then
   # Nsight Compute on one launch of the Hopper kernel (batch 1, length 8192, GQA 32/8, d128,
-  # page 16): the details page and the per-instruction SASS source page.
+  # page 16; PROFILE_ARGS adds benchmark flags, e.g. --kv-dtype fp8): the details page and the
+  # per-instruction SASS source page.
   step profile 150 profile.txt ncu --set full -k regex:prefill_hopper -s 1 -c 1 -o "$OUT/prof" \
     "$BUILD_DIR/kernels_dev/bench_attention_cuda_main" --mode prefill --batch 1 --context 8192 \
-    --num-kv-heads 8 --head-dim 128 --page-size 16 --iters 2
+    --num-kv-heads 8 --head-dim 128 --page-size 16 --iters 2 ${PROFILE_ARGS:-}
   ncu -i "$OUT/prof.ncu-rep" --page details >>"$OUT/profile.txt" 2>&1
   ncu -i "$OUT/prof.ncu-rep" --page source --csv --print-source sass >"$OUT/source.csv" 2>&1
   rm -f "$OUT/prof.ncu-rep"
