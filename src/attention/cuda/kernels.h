@@ -111,9 +111,10 @@ bool prefill_supported(DType q, DType kv, int head_dim);
 // to launch_prefill where a tensor map cannot be encoded (e.g. a misaligned pool).
 void launch_prefill_hopper(const AttentionParams& p, DType q, DType kv, int head_dim,
                            cudaStream_t s);
-// Whether the Hopper kernel handles this shape: q and KV bf16 or f16 of one dtype, head_dim 64,
-// 128 or 256, a GQA group dividing kPrefillRows; by tensor copies (gather false) page_size a
-// multiple of 8 (a copy takes gcd(page_size, tile) rows); gathered, any page size.
+// Whether the Hopper kernel handles this shape: q bf16 or f16 and KV of q's dtype or fp8 (e4m3),
+// head_dim 64, 128 or 256, a GQA group dividing kPrefillRows; by tensor copies (gather false)
+// page_size a multiple of 8 (a copy takes gcd(page_size, tile) rows); gathered (16-bit KV only),
+// any page size.
 bool prefill_hopper_supported(DType q, DType kv, int head_dim, int group, int page_size,
                               bool gather);
 // Whether the Hopper kernel gathers K/V for this page size: when asked
