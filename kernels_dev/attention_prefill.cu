@@ -20,6 +20,12 @@
 //       same swizzled stages instead of one bulk tensor copy per page-sized run of rows (2 KiB
 //       copies at page 16), slots past kv_len zero-filled by the copies: the library's path for
 //       pages that are not a multiple of 8 tokens, which no tensor copy takes.
+//   v6  v4 with its works (a tile of packed rows for one KV head) in one order over all heads:
+//       heaviest first across the KV heads of a section whose K/V fit in L2 (v4: one head's
+//       tiles after the other's, heaviest first within a head).
+//   v7  (promoted, the default since 2026-11-26) v6 with the consumer warpgroups taking turns at
+//       issuing their products (ping-pong by named barriers), so that one's softmax runs under
+//       the other's products.
 //
 // Measured: H100 80GB HBM3, 2026-11-22/23, 32 query heads, 8 KV heads, head dim 128, page 16,
 // bf16, causal, cold L2, median of 10 (TFLOP/s; torch flash-attention 2: 206-356, cuDNN:
@@ -53,7 +59,28 @@
 //                                          534-538; d256: 590-601)
 //   page 32    518-528 / 536-544,  page 64  513-524 / 545-556,  page 128  515-523 / 536-563
 // Four issuing warps (two per tile, a column block each) were no faster than two.
+// Ping-pong and the work order (2026-11-26; H100, page 16, d128; versions timed side by side in
+// rotated rounds: timed one after the other, the first version gained up to 10% from the clocks
+// of a rested GPU). v4 / v6 / v7, and v4 as it was before the change, built from the previous
+// main and run alternately in the same call:
+//   batch 1 len 2048    306 / 340 / 374-378   (before: 318-322)
+//   batch 1 len 8192    498-503 / ~499 / 550-554   (519-528)
+//   batch 4 len 8192    508 / ~476 / 519-531   (523-534)
+//   batch 1 len 32768   517 / ~510 / 552-556   (530-538)
+//   d64, batch 1 8192   326-330 / 326-330 / 343-351   (343-347)
+// Tried and removed: a persistent grid (v8 for a day: one CTA per SM looping over works, Q
+// reloaded behind an empty barrier, stages and phases running on across works): 396-402 at
+// batch 4 / 2048 (v7 367-377) but 2-10% slower elsewhere, and its per-work loop spilled
+// registers. In that version, divisions by the GQA group inside the per-tile range scan had cost
+// 9-13% until hoisted.
+// fp8 pools (the sweep's fp8 rows; v1 and v2 run their prefill rows on the decode kernel, v3 on
+// the Hopper kernel since 2026-11-26), batch 1 / length 8192 / d128, v2 / v7: 31 / 225 with one
+// staging tile per side and a conversion to bf16 through f32; 240 with two staging tiles; 307
+// converting 16 values a step; 346 with the products in f16 (one conversion instruction a pair).
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "lab_common.h"
 
@@ -67,7 +94,9 @@ std::function<void()> make_version(int v, const lab::Problem& p,
   o.tensor_core_prefill = v >= 2;
   o.hopper_prefill = v >= 3;
   o.hopper_prefill_overlap = v >= 4;
-  o.hopper_gather = v >= 5;
+  o.hopper_gather = v == 5;
+  o.hopper_head_section = v >= 6 ? -1 : 1;
+  o.hopper_pingpong = v >= 7;
   plan = std::make_unique<CudaAttentionPlan>(size_t(256) << 20, o);
   plan->plan(p.dev_q(), p.dev_view(), p.batch(), p.s.opt, p.dev_out());
   return [&p, &plan] {
@@ -79,7 +108,7 @@ std::function<void()> make_version(int v, const lab::Problem& p,
 }  // namespace
 
 int main() {
-  constexpr int kVersions = 5;
+  constexpr int kVersions = 7;
   int failures = 0;
   std::printf("== correctness gate (relative L2 error vs the double-precision reference)\n");
   for (DType kv : {DType::bf16, DType::fp8_e4m3})
@@ -106,40 +135,69 @@ int main() {
         }
       }
 
+  // LAB_VERSIONS=4,6,7: time only those versions (the gate checks every one); LAB_SHAPES=0,1:
+  // only those rows of the sweep; LAB_ROUNDS (default 3): rounds of the interleaved timing.
+  auto in_list = [](const char* env, int x) {
+    const char* v = std::getenv(env);
+    if (!v) return true;
+    const std::string list = std::string(",") + v + ",";
+    return list.find("," + std::to_string(x) + ",") != std::string::npos;
+  };
+  auto timed = [&](int v) { return in_list("LAB_VERSIONS", v); };
+  const int rounds = std::getenv("LAB_ROUNDS") ? std::max(1, std::atoi(std::getenv("LAB_ROUNDS"))) : 3;
   std::printf(
-      "== timing sweep (page 16, bf16, causal; TFLOP/s counting the causal half; v1 only "
+      "== timing sweep (page 16 unless said, causal; TFLOP/s counting the causal half; v1 only "
       "up to length 2048)\n");
-  std::printf("%-6s %-6s %-4s %-4s %-4s %-4s", "batch", "len", "hq", "hkv", "d", "page");
+  std::printf("%-6s %-6s %-4s %-4s %-4s %-4s %-5s", "batch", "len", "hq", "hkv", "d", "page", "kv");
   for (int v = 1; v <= kVersions; ++v) std::printf(" %8s%d_us", "v", v);
   for (int v = 1; v <= kVersions; ++v) std::printf(" %5s%d_TF", "v", v);
   std::printf("\n");
   struct Sweep {
     int batch, len, hq, hkv, d, page = 16;
+    DType kv = DType::bf16;
   };
   const Sweep sweep[] = {
       {1, 2048, 32, 8, 128},     {1, 8192, 32, 8, 128},     {4, 2048, 32, 8, 128},
       {4, 8192, 32, 8, 128},     {1, 32768, 32, 8, 128},    {1, 8192, 32, 32, 128},
       {1, 8192, 32, 8, 64},      {1, 8192, 32, 8, 256},     {4, 8192, 32, 8, 64},
       {4, 8192, 32, 8, 256},     {1, 8192, 32, 8, 128, 32}, {1, 8192, 32, 8, 128, 64},
-      {1, 8192, 32, 8, 128, 128}};
+      {1, 8192, 32, 8, 128, 128}, {4, 32768, 32, 8, 128},
+      // fp8 pools: v1/v2 run their prefill rows on the decode kernel, v3 on the Hopper kernel.
+      {1, 2048, 32, 8, 128, 16, DType::fp8_e4m3}, {1, 8192, 32, 8, 128, 16, DType::fp8_e4m3},
+      {4, 8192, 32, 8, 128, 16, DType::fp8_e4m3}, {1, 8192, 32, 8, 64, 16, DType::fp8_e4m3}};
+  int row = -1;
   for (const Sweep& w : sweep) {
+    if (!in_list("LAB_SHAPES", ++row)) continue;
     lab::Shape s;
     s.hq = w.hq;
     s.hkv = w.hkv;
     s.d = w.d;
     s.page = w.page;
+    s.kv = w.kv;
     s.q_len.assign(size_t(w.batch), w.len);
     s.kv_len.assign(size_t(w.batch), w.len);
     lab::Problem p(s, 3, false);
     double us[kVersions + 1] = {};
+    std::unique_ptr<CudaAttentionPlan> plans[kVersions + 1];
+    std::vector<std::function<void()>> runs;
+    std::vector<int> which;
     for (int v = 1; v <= kVersions; ++v) {
-      if (v == 1 && w.len > 2048) continue;
-      std::unique_ptr<CudaAttentionPlan> plan;
-      us[v] = lab::time_us(make_version(v, p, plan), v == 1 ? 3 : 10);
+      if (!timed(v) || (v == 1 && w.len > 2048)) continue;
+      runs.push_back(make_version(v, p, plans[v]));
+      which.push_back(v);
     }
+    // v1 is slow: one round of three runs; the others rotate over `rounds` rounds.
+    if (!which.empty() && which[0] == 1) {
+      us[1] = lab::time_us(runs[0], 3);
+      runs.erase(runs.begin());
+      which.erase(which.begin());
+    }
+    const std::vector<double> med = lab::time_us_interleaved(runs, rounds, 10);
+    for (size_t k = 0; k < which.size(); ++k) us[which[k]] = med[k];
     const double flops = 4.0 * w.batch * s.hq * s.d * (double(w.len) * (w.len + 1) / 2);
     auto tf = [&](double t) { return t > 0 ? flops / t / 1e6 : 0.0; };
-    std::printf("%-6d %-6d %-4d %-4d %-4d %-4d", w.batch, w.len, w.hq, w.hkv, w.d, w.page);
+    std::printf("%-6d %-6d %-4d %-4d %-4d %-4d %-5s", w.batch, w.len, w.hq, w.hkv, w.d, w.page,
+                std::string(dtype_name(w.kv)).c_str());
     for (int v = 1; v <= kVersions; ++v) std::printf(" %12.1f", us[v]);
     for (int v = 1; v <= kVersions; ++v) std::printf(" %9.1f", tf(us[v]));
     std::printf("\n");

@@ -186,4 +186,24 @@ inline double time_us(const std::function<void()>& run, int iters = 20) {
   return t[t.size() / 2];
 }
 
+// Several kernels timed side by side: `rounds` rounds of `iters` runs each, the order rotated
+// every round, the median of each kernel's runs over all rounds. Sustained tensor-core work
+// lowers the clocks, so timing one kernel after the other favours whichever runs first.
+inline std::vector<double> time_us_interleaved(const std::vector<std::function<void()>>& runs,
+                                               int rounds, int iters) {
+  const size_t n = runs.size();
+  std::vector<std::vector<double>> all(n);
+  for (int r = 0; r < rounds; ++r)
+    for (size_t k = 0; k < n; ++k) {
+      const size_t j = (k + size_t(r)) % n;
+      all[j].push_back(time_us(runs[j], iters));
+    }
+  std::vector<double> med(n);
+  for (size_t j = 0; j < n; ++j) {
+    std::sort(all[j].begin(), all[j].end());
+    med[j] = all[j].empty() ? 0.0 : all[j][all[j].size() / 2];
+  }
+  return med;
+}
+
 }  // namespace lab

@@ -53,6 +53,13 @@ struct CudaPlanOptions {
   // the kernel lab); pages that are not a multiple of 8 tokens are always gathered (no tensor
   // copy takes them).
   bool hopper_gather = false;
+  // The Hopper kernel's schedule. Its works (a tile of packed rows for one KV head) go heaviest
+  // first, in sections of this many KV heads: -1, as many heads as keep their K/V within about
+  // 60% of the L2 (heads of a section run side by side); 1, one head after the other.
+  int32_t hopper_head_section = -1;
+  // The two consumer warpgroups take turns at issuing their products (named barriers), so that
+  // one's softmax runs while the other's products hold the tensor cores (overlapped loop only).
+  bool hopper_pingpong = true;
   // Decode rows of GQA groups of at least this many query heads per KV head run on the
   // tensor-core decode kernel, the others on the CUDA-core one. It depends on the model's shape
   // only, never on the batch, so a row's output does not depend on the batch it is in.

@@ -60,9 +60,9 @@ if has suite; then
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests ran" "$OUT/suite.log" | tail -20
 fi
 if has sanitize; then
-  # The Hopper kernel (long chunked contexts, sliding window, whole prompts) and the shapes it
-  # hands to the mma.sync kernel.
-  f='HopperPrefill.ChunksAtTheEndOfLongContexts:HopperPrefill.OtherShapes*'
+  # The Hopper kernel (long chunked contexts, sliding window, whole prompts, fp8 pools) and the
+  # shapes it hands to the mma.sync kernel.
+  f='HopperPrefill.ChunksAtTheEndOfLongContexts:HopperPrefill.Fp8Pools*:HopperPrefill.OtherShapes*'
   step memcheck 150 hopper.log compute-sanitizer --tool memcheck --error-exitcode 3 "$T" \
     --gtest_filter="$f"
   step racecheck 150 hopper.log compute-sanitizer --tool racecheck --error-exitcode 3 "$T" \
@@ -71,10 +71,11 @@ if has sanitize; then
 fi
 if has profile; then
   # Nsight Compute on one launch of the Hopper kernel (batch 1, length 8192, GQA 32/8, d128,
-  # page 16): the details page and the per-instruction SASS source page.
+  # page 16; PROFILE_ARGS adds benchmark flags, e.g. --kv-dtype fp8): the details page and the
+  # per-instruction SASS source page.
   step profile 150 profile.txt ncu --set full -k regex:prefill_hopper -s 1 -c 1 -o "$OUT/prof" \
     "$BUILD_DIR/kernels_dev/bench_attention_cuda_main" --mode prefill --batch 1 --context 8192 \
-    --num-kv-heads 8 --head-dim 128 --page-size 16 --iters 2
+    --num-kv-heads 8 --head-dim 128 --page-size 16 --iters 2 ${PROFILE_ARGS:-}
   ncu -i "$OUT/prof.ncu-rep" --page details >>"$OUT/profile.txt" 2>&1
   ncu -i "$OUT/prof.ncu-rep" --page source --csv --print-source sass >"$OUT/source.csv" 2>&1
   rm -f "$OUT/prof.ncu-rep"
@@ -108,7 +109,7 @@ if has bench; then
   B="$BUILD_DIR/kernels_dev/bench_attention_cuda_main"
   common=(--mode prefill --page-size 16 --iters 12 ${BENCH_ARGS:-})
   step bench 150 bench.log "$B" "${common[@]}" --batch 1,4 --context 2048,8192,32768 \
-    --num-kv-heads 8 --head-dim 128 --kv-dtype bf16
+    --num-kv-heads 8 --head-dim 128 --kv-dtype bf16,fp8
   step bench_dims 100 bench.log "$B" "${common[@]}" --batch 1,4 --context 8192 \
     --num-kv-heads 8,32 --head-dim 64,256
   step bench_pages 60 bench.log "$B" "${common[@]}" --batch 1 \

@@ -7,9 +7,11 @@
 #include <atomic>
 #include <memory>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "cuda_problem.h"
+#include "pagedattn/error.h"
 
 using namespace pagedattn;
 using namespace pagedattn::gputest;
@@ -36,6 +38,7 @@ Spec random_hopper_spec(std::mt19937_64& rng) {
   auto pick = [&](std::initializer_list<int> v) { return *(v.begin() + rng() % v.size()); };
   Spec s;
   s.q_dtype = s.kv_dtype = rng() % 3 ? DType::bf16 : DType::f16;
+  if (rng() % 4 == 0) s.kv_dtype = DType::fp8_e4m3;  // e4m3 pools with per-head scales
   s.head_dim = pick({64, 128, 256});
   s.page_size = pick({1, 8, 12, 16, 32, 48, 64, 128, 384, 1024});
   s.num_kv_heads = pick({1, 2, 4});
@@ -59,14 +62,31 @@ Spec random_hopper_spec(std::mt19937_64& rng) {
 }
 
 // The plan's choices (tensor copies wherever the page size allows, the overlapped loop), K/V
-// gathered, the serial loop, both.
-enum class Variant { automatic, gather, serial, gather_serial };
+// gathered, the serial loop, both; the overlapped loop without ping-pong.
+enum class Variant { automatic, gather, serial, gather_serial, no_pingpong };
 
 CudaPlanOptions options(Variant v) {
   CudaPlanOptions o;
   o.hopper_gather = v == Variant::gather || v == Variant::gather_serial;
   o.hopper_prefill_overlap = !(v == Variant::serial || v == Variant::gather_serial);
+  o.hopper_pingpong = v != Variant::no_pingpong;
   return o;
+}
+
+// A random schedule of the kernel's works: heads per L2 section (the plan's choice, one, or a
+// few) and ping-pong between the consumer warpgroups on or off.
+CudaPlanOptions random_schedule(CudaPlanOptions o, std::mt19937_64& rng) {
+  const int32_t sections[] = {-1, 1, 2, 3};
+  o.hopper_head_section = sections[rng() % 4];
+  o.hopper_pingpong = rng() % 2 == 0;
+  return o;
+}
+
+// Whether the plan runs the Hopper kernel for this spec under these options: fp8 pools only by
+// tensor copies (a page size that is a multiple of 8, no gathering asked for).
+bool hopper_takes(const Spec& s, const CudaPlanOptions& o) {
+  if (s.kv_dtype != DType::fp8_e4m3) return true;
+  return !o.hopper_gather && s.page_size % 8 == 0;
 }
 
 void check_hopper(const Spec& s, uint64_t seed, bool expect_hopper = true,
@@ -99,12 +119,13 @@ TEST(HopperPrefill, MatchesReferenceOnRandomShapes) {
     // where a page is not a multiple of 8 tokens).
     const Variant variants[] = {Variant::automatic, Variant::gather, Variant::serial,
                                   Variant::gather_serial};
-    CudaAttentionPlan plan(size_t(64) << 20, options(variants[i % 4]));
+    const CudaPlanOptions o = random_schedule(options(variants[i % 4]), rng);
+    CudaAttentionPlan plan(size_t(64) << 20, o);
     got.push_back(problems.back()->run_cuda(plan));
     bool any_prefill = false;
     for (int32_t q : s.q_len) any_prefill |= q > 1;
     if (any_prefill) {
-      EXPECT_TRUE(plan.info().prefill_hopper) << describe(s);
+      EXPECT_EQ(plan.info().prefill_hopper, hopper_takes(s, o)) << describe(s);
     }
   }
   std::vector<std::vector<float>> refs(problems.size());
@@ -138,12 +159,34 @@ TEST(HopperPrefill, ChunksAtTheEndOfLongContexts) {
   s.opt.window = 1000;
   check_hopper(s, 22);
   check_hopper(s, 22, true, Variant::serial);
+  check_hopper(s, 22, true, Variant::no_pingpong);
   s.opt.window = 0;
   s.page_size = 128;
   s.q_len = {700};
   s.kv_len = {700};
   check_hopper(s, 23);
   check_hopper(s, 23, true, Variant::gather);
+}
+
+// fp8 pools on the Hopper kernel (staging tiles converted by the producer): chunks at the end of
+// long contexts, whole prompts over many tiles, every head dim, with and without ping-pong.
+TEST(HopperPrefill, Fp8PoolsRunOnTheHopperKernel) {
+  PA_SKIP_WITHOUT_HOPPER();
+  for (int d : {64, 128, 256}) {
+    Spec s;
+    s.num_q_heads = 8;
+    s.num_kv_heads = 2;
+    s.head_dim = d;
+    s.page_size = d == 64 ? 8 : 16;
+    s.kv_dtype = DType::fp8_e4m3;
+    s.q_len = {300, 1, 64};
+    s.kv_len = {2500, 700, 64};
+    check_hopper(s, 40 + uint64_t(d));
+    check_hopper(s, 41 + uint64_t(d), true, Variant::no_pingpong);
+    s.q_dtype = DType::f16;
+    s.opt.window = 200;
+    check_hopper(s, 42 + uint64_t(d), true, Variant::serial);
+  }
 }
 
 // The two producers fill the stages with the same values (slots past kv_len: zeroed in V, masked
@@ -154,12 +197,54 @@ TEST(HopperPrefill, GatherAndTensorCopiesGiveTheSameBits) {
   for (int i = 0; i < 40; ++i) {
     Spec s = random_hopper_spec(rng);
     if (s.page_size % 8 != 0) s.page_size = 16;
+    s.kv_dtype = s.q_dtype;  // fp8 pools are never gathered
     Problem pr(s, 9000 + uint64_t(i));
     CudaAttentionPlan tensor(size_t(64) << 20, options(Variant::automatic));
     CudaAttentionPlan gather(size_t(64) << 20, options(Variant::gather));
     const std::vector<uint8_t> a = pr.run_cuda(tensor);
     ASSERT_EQ(a, pr.run_cuda(gather)) << describe(s);
   }
+}
+
+// The order of the works and whether the consumer warpgroups take turns change nothing in a
+// row's arithmetic: every schedule gives the same bits.
+TEST(HopperPrefill, EveryScheduleGivesTheSameBits) {
+  PA_SKIP_WITHOUT_HOPPER();
+  std::mt19937_64 rng(91);
+  for (int i = 0; i < 40; ++i) {
+    Spec s = random_hopper_spec(rng);
+    Problem pr(s, 9500 + uint64_t(i));
+    CudaPlanOptions base = options(i % 3 == 2 ? Variant::gather : Variant::automatic);
+    base.hopper_head_section = 1;
+    base.hopper_pingpong = false;
+    CudaAttentionPlan plain(size_t(64) << 20, base);
+    const std::vector<uint8_t> a = pr.run_cuda(plain);
+    for (int k = 0; k < 3; ++k) {
+      const CudaPlanOptions o = random_schedule(base, rng);
+      CudaAttentionPlan other(size_t(64) << 20, o);
+      ASSERT_EQ(a, pr.run_cuda(other))
+          << describe(s) << " head_section " << o.hopper_head_section << " pingpong "
+          << o.hopper_pingpong;
+    }
+  }
+}
+
+// Bad schedule options are refused by name.
+TEST(HopperPrefill, RefusesBadScheduleOptions) {
+  PA_SKIP_WITHOUT_GPU();
+  auto refusal = [](const CudaPlanOptions& o) -> std::string {
+    try {
+      CudaAttentionPlan plan(size_t(1) << 20, o);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  CudaPlanOptions o;
+  o.hopper_head_section = 0;
+  EXPECT_NE(refusal(o).find("hopper_head_section"), std::string::npos) << refusal(o);
+  o.hopper_head_section = -3;
+  EXPECT_NE(refusal(o).find("hopper_head_section"), std::string::npos) << refusal(o);
 }
 
 // Shapes the Hopper kernel does not take run on the mma.sync kernel, correctly.

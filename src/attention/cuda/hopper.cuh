@@ -1,5 +1,5 @@
 // Hopper (sm_90a) device primitives of the wgmma prefill kernel: mbarriers, bulk tensor copies
-// (TMA), wgmma shared-memory descriptors and fences, register reallocation.
+// (TMA), named barriers, wgmma shared-memory descriptors and fences, register reallocation.
 //
 // Shared-memory tiles are stored as the TMA writes them with CU_TENSOR_MAP_SWIZZLE_128B: a tile of
 // R rows x HEAD_DIM 16-bit elements is HEAD_DIM / 64 column blocks of [R][64] (128-byte rows),
@@ -74,6 +74,16 @@ __device__ __forceinline__ void prefetch_tensor_map(const void* map) {
 // Ordinary shared-memory stores made visible to the tensor cores and the copy engine.
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// ---- named barriers (bar 0 is __syncthreads) ----
+// Waits until `count` threads (this warp's included) have arrived at barrier id.
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+// Arrives at barrier id without waiting.
+__device__ __forceinline__ void named_bar_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
 // ---- wgmma ----

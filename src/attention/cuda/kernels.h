@@ -69,6 +69,10 @@ struct AttentionParams {
   int32_t num_tokens = 0, num_pages = 0;  // the Hopper kernel's tensor maps
   int32_t tma_box_rows = 0;               // K/V rows per bulk copy (set by its launcher)
   bool hopper_gather = false;             // K/V gathered by cp.async instead of tensor copies
+  // The Hopper kernel's work order (prefill_hopper_kernel.cuh: KV heads per L2 section, >= 1)
+  // and the consumer warpgroups' ping-pong.
+  int32_t hopper_head_section = 1;
+  bool hopper_pingpong = false;
 };
 
 constexpr int32_t kPrefillMma = 0;
@@ -107,9 +111,10 @@ bool prefill_supported(DType q, DType kv, int head_dim);
 // to launch_prefill where a tensor map cannot be encoded (e.g. a misaligned pool).
 void launch_prefill_hopper(const AttentionParams& p, DType q, DType kv, int head_dim,
                            cudaStream_t s);
-// Whether the Hopper kernel handles this shape: q and KV bf16 or f16 of one dtype, head_dim 64,
-// 128 or 256, a GQA group dividing kPrefillRows; by tensor copies (gather false) page_size a
-// multiple of 8 (a copy takes gcd(page_size, tile) rows); gathered, any page size.
+// Whether the Hopper kernel handles this shape: q bf16 or f16 and KV of q's dtype or fp8 (e4m3),
+// head_dim 64, 128 or 256, a GQA group dividing kPrefillRows; by tensor copies (gather false)
+// page_size a multiple of 8 (a copy takes gcd(page_size, tile) rows); gathered (16-bit KV only),
+// any page size.
 bool prefill_hopper_supported(DType q, DType kv, int head_dim, int group, int page_size,
                               bool gather);
 // Whether the Hopper kernel gathers K/V for this page size: when asked

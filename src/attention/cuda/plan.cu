@@ -18,6 +18,7 @@ using cuda::check_cuda;
 struct CudaAttentionPlan::Impl {
   CudaPlanOptions opts;
   int sm_count = 0;
+  int l2_bytes = 0;
   uint8_t* ws = nullptr;  // device workspace
   size_t ws_bytes = 0;
   std::vector<uint8_t> host;  // staging for the metadata upload
@@ -49,6 +50,16 @@ int cuda_sm_count() {
   return n;
 }
 
+int cuda_l2_bytes() {
+  int dev = 0, n = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&n, cudaDevAttrL2CacheSize, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
 CudaAttentionPlan::CudaAttentionPlan(size_t workspace_bytes, CudaPlanOptions opts)
     : impl_(std::make_unique<Impl>()) {
   PA_CHECK(workspace_bytes >= (size_t(1) << 16),
@@ -58,9 +69,13 @@ CudaAttentionPlan::CudaAttentionPlan(size_t workspace_bytes, CudaPlanOptions opt
   PA_CHECK(opts.tensor_core_decode_min_group >= 1,
            "CudaAttentionPlan: opts.tensor_core_decode_min_group must be >= 1, got ",
            opts.tensor_core_decode_min_group);
+  PA_CHECK(opts.hopper_head_section == -1 || opts.hopper_head_section >= 1,
+           "CudaAttentionPlan: opts.hopper_head_section must be -1 or >= 1, got ",
+           opts.hopper_head_section);
   impl_->opts = opts;
   impl_->sm_count = cuda_sm_count();
   PA_CHECK(impl_->sm_count > 0, "CudaAttentionPlan: no CUDA device is available");
+  impl_->l2_bytes = cuda_l2_bytes();
   check_cuda(cudaMalloc(&impl_->ws, workspace_bytes),
              "CudaAttentionPlan: cudaMalloc of the workspace");
   impl_->ws_bytes = workspace_bytes;
@@ -132,6 +147,28 @@ int64_t list_work(const BatchLayout& batch, const AttentionOptions& opt, int32_t
   return total_chunks;
 }
 
+// KV heads per section of the Hopper kernel's work order: as many as keep the K and V of the
+// prefill sequences within about 60% of the L2 (forced > 0: that many), at least 1.
+// NOTE: concurrent CTAs of a section read the same heads' K/V from position 0 up (every tile of
+// causal rows sees the keys before it), so the section's K/V is the L2's working set.
+int32_t hopper_head_section(const BatchLayout& batch, const std::vector<cuda::PrefillItem>& prefill,
+                            int32_t num_kv_heads, int32_t head_dim, size_t elt, int l2_bytes,
+                            int32_t forced) {
+  if (forced > 0) return std::min(forced, std::max(num_kv_heads, 1));
+  int64_t keys = 0;
+  int32_t last = -1;
+  std::vector<bool> seen(size_t(batch.num_seqs), false);
+  for (const cuda::PrefillItem& t : prefill) {
+    if (t.seq == last || seen[size_t(t.seq)]) continue;
+    seen[size_t(t.seq)] = true;
+    last = t.seq;
+    keys += batch.kv_len[t.seq];
+  }
+  const int64_t per_head = std::max<int64_t>(keys * head_dim * 2 * int64_t(elt), 1);
+  const int64_t fit = int64_t(l2_bytes) * 6 / 10 / per_head;
+  return int32_t(std::clamp<int64_t>(fit, 1, std::max(num_kv_heads, 1)));
+}
+
 // The split-KV choice: how many decode chunks one CTA takes (INT_MAX: no row is split). A grid that
 // already covers every SM is not split; a smaller one is split so that about `target` CTAs run.
 //   base_ctas: CTAs without splitting; total_ctas_chunks: chunks over all rows x KV heads x tiles.
@@ -191,13 +228,15 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   const int32_t n = batch.num_seqs, D = kv.head_dim, Hq = q.num_heads, Hk = kv.num_kv_heads;
   const int32_t group = Hq / Hk;
   const bool fp8 = kv.dtype == DType::fp8_e4m3;
-  const bool use_prefill =
-      im.opts.tensor_core_prefill && cuda::prefill_supported(q.dtype, kv.dtype, D);
+  // Prefill rows (q_len > 1) go to the Hopper kernel where it runs and takes the shape (fp8 pools
+  // included), else to the mma.sync kernel where it takes the dtypes, else to the decode kernel.
   const bool gather = cuda::prefill_hopper_gathers(im.opts.hopper_gather, kv.page_size);
   const bool use_hopper =
-      use_prefill && im.opts.hopper_prefill &&
+      im.opts.tensor_core_prefill && im.opts.hopper_prefill &&
       cuda::prefill_hopper_supported(q.dtype, kv.dtype, D, group, kv.page_size, gather) &&
       cuda::prefill_hopper_available();
+  const bool use_prefill =
+      use_hopper || (im.opts.tensor_core_prefill && cuda::prefill_supported(q.dtype, kv.dtype, D));
 
   // ---- rows for the decode kernel, prefill tiles for the rest ----
   std::vector<DecodeQueryRow> rows;
@@ -286,6 +325,10 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
                      : im.opts.hopper_prefill_overlap ? cuda::kPrefillWgmma
                                                       : cuda::kPrefillWgmmaSerial;
   p.hopper_gather = gather;
+  p.hopper_head_section =
+      hopper_head_section(batch, prefill, Hk, D, dtype_size(kv.dtype), im.l2_bytes,
+                          im.opts.hopper_head_section);
+  p.hopper_pingpong = use_hopper && im.opts.hopper_pingpong;
   p.num_tokens = q.num_tokens;
   p.num_pages = kv.num_pages;
   p.partial_md = reinterpret_cast<float*>(im.ws + o_partial);

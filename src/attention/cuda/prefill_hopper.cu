@@ -16,6 +16,10 @@ void launch_prefill_hopper_bf16(const AttentionParams& p, int head_dim, const Ho
                                 cudaStream_t s);
 void launch_prefill_hopper_f16(const AttentionParams& p, int head_dim, const HopperMaps& m,
                                cudaStream_t s);
+void launch_prefill_hopper_bf16_fp8(const AttentionParams& p, int head_dim, const HopperMaps& m,
+                                    cudaStream_t s);
+void launch_prefill_hopper_f16_fp8(const AttentionParams& p, int head_dim, const HopperMaps& m,
+                                   cudaStream_t s);
 cudaError_t prefill_hopper_attributes(cudaFuncAttributes* a);
 
 namespace {
@@ -49,14 +53,26 @@ bool encode(CUtensorMap* map, DType t, const void* ptr, int rank, const cuuint64
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// An unswizzled map of e4m3 bytes (the staging tiles of fp8 pools): box[0] = head_dim bytes.
+bool encode_fp8(CUtensorMap* map, const void* ptr, int rank, const cuuint64_t* dims,
+                const cuuint64_t* strides, const cuuint32_t* box) {
+  const auto fn = encoder();
+  if (!fn || (reinterpret_cast<uintptr_t>(ptr) & 15) != 0) return false;
+  const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
+  return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, cuuint32_t(rank), const_cast<void*>(ptr), dims,
+            strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 }  // namespace
 
 bool prefill_hopper_supported(DType q, DType kv, int head_dim, int group, int page_size,
                               bool gather) {
-  return (q == DType::bf16 || q == DType::f16) && kv == q &&
+  // fp8 pools: e4m3 K/V of a bf16 or f16 q, by tensor copies only (into staging tiles).
+  const bool fp8 = kv == DType::fp8_e4m3;
+  return (q == DType::bf16 || q == DType::f16) && (kv == q || (fp8 && !gather)) &&
          (head_dim == 64 || head_dim == 128 || head_dim == 256) && group >= 1 &&
-         kPrefillRows % group == 0 && page_size >= 1 &&
-         (gather || page_size % 8 == 0);
+         kPrefillRows % group == 0 && page_size >= 1 && (gather || page_size % 8 == 0);
 }
 
 bool prefill_hopper_available() {
@@ -99,6 +115,20 @@ void launch_prefill_hopper(const AttentionParams& p_in, DType q, DType kv, int h
   const cuuint32_t kv_box[4] = {64, cuuint32_t(p.tma_box_rows), 1, 1};
   // NOTE: a gathering launch reads K/V through pointers; its K/V maps stay unused (zeroed).
   m.k = m.v = CUtensorMap{};
+  if (kv == DType::fp8_e4m3) {
+    // One box = tma_box_rows slots x head_dim bytes, unswizzled (the staging tile's rows).
+    const cuuint64_t f_strides[3] = {cuuint64_t(D), cuuint64_t(p.head_stride),
+                                     cuuint64_t(p.page_stride)};  // bytes
+    const cuuint32_t f_box[4] = {cuuint32_t(D), cuuint32_t(p.tma_box_rows), 1, 1};
+    const bool ok = encode(&m.q, q, p.q, 3, q_dims, q_strides, q_box) &&
+                    encode_fp8(&m.k, p.k_pages, 4, kv_dims, f_strides, f_box) &&
+                    encode_fp8(&m.v, p.v_pages, 4, kv_dims, f_strides, f_box);
+    // No other prefill kernel takes fp8 pools: the plan only picks this one where it can run.
+    PA_CHECK(ok, "paged_attention_cuda: the fp8 K/V pools cannot be described by tensor maps "
+                 "(a pool is not 16-byte aligned)");
+    if (q == DType::bf16) return launch_prefill_hopper_bf16_fp8(p, head_dim, m, s);
+    return launch_prefill_hopper_f16_fp8(p, head_dim, m, s);
+  }
   const bool ok = encode(&m.q, q, p.q, 3, q_dims, q_strides, q_box) &&
                   (p.hopper_gather || (encode(&m.k, kv, p.k_pages, 4, kv_dims, kv_strides, kv_box) &&
                                        encode(&m.v, kv, p.v_pages, 4, kv_dims, kv_strides, kv_box)));

@@ -10,7 +10,7 @@ void launch_prefill_hopper_bf16(const AttentionParams& p, int head_dim, const Ho
 
 // What the runtime knows of one instance (binaryVersion 90: built for sm_90a and loadable here).
 cudaError_t prefill_hopper_attributes(cudaFuncAttributes* a) {
-  return cudaFuncGetAttributes(a, prefill_hopper_kernel<Bf16, 128, true, false>);
+  return cudaFuncGetAttributes(a, prefill_hopper_kernel<Bf16, 128, true, false, false>);
 }
 
 }  // namespace pagedattn::cuda

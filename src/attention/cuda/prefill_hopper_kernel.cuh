@@ -1,8 +1,9 @@
 // The Hopper paged prefill kernel (sm_90a): wgmma on shared-memory tiles brought in by the Tensor
 // Memory Accelerator, a producer warp and two consumer warpgroups synchronised by mbarriers.
 //
-// Grid: x = prefill items (sequence, first packed row; the same items as prefill_kernel.cuh),
-// y = num_kv_heads. Block: 3 warpgroups (384 threads).
+// Grid: one CTA per work, a prefill item (sequence, first packed row; the same items as
+// prefill_kernel.cuh) for one KV head, in the order described at the kernel (heaviest first
+// across the heads of an L2-sized section). Block: 3 warpgroups (384 threads).
 //   warpgroup 0 (producer): Q once by a bulk tensor copy, then for each KV tile of kBN positions
 //     its K and V, page by page through the block table, into kStages shared-memory stages; each
 //     stage has a full barrier and an empty barrier (the consumers' arrivals). Two ways:
@@ -21,13 +22,16 @@
 //   warpgroups 1 and 2 (consumers): 64 packed rows each (packed row r = query r / group, head
 //     r % group of this KV head, so a K/V tile serves the whole GQA group); S = Q K^T by wgmma
 //     m64nBNk16 from shared memory, the online softmax in fp32 registers, O += P V by wgmma with P
-//     from registers and V read N-major from shared memory.
+//     from registers and V read N-major from shared memory; with ping-pong (the default) the two
+//     take turns at issuing their products, so that one's softmax runs under the other's.
 // KV tiles above a warpgroup's causal diagonal (or before its window) are skipped, and masks are
 // applied only to tiles that cross a boundary. Cache slots past kv_len (never written; they may
 // hold NaN) are zeroed in the V stage by the producer before the consumers read it.
 #pragma once
 
 #include <cuda.h>
+
+#include <type_traits>
 
 #include "cuda_common.cuh"
 #include "hopper.cuh"
@@ -39,21 +43,40 @@ namespace pagedattn::cuda {
 
 constexpr int kHopperThreads = 384;
 
-template <int HEAD_DIM>
+template <int HEAD_DIM, bool FP8 = false>
 struct HopperShape {
   static constexpr int kBM = kPrefillRows;  // two consumer warpgroups of 64 rows
   static constexpr int kBN = HEAD_DIM >= 256 ? 64 : 128;
   // NOTE: measured on an H100 (Nsight Compute, batch 1, length 8192, d128, page 16): with two
   // stages the consumers spent 11% of their samples waiting for K; three fit up to d128
-  // (226 KiB of the 227 KiB a block may have).
-  static constexpr int kStages = HEAD_DIM <= 128 ? 3 : 2;
+  // (226 KiB of the 227 KiB a block may have). fp8 pools need room for their staging tiles.
+  static constexpr int kStages = HEAD_DIM <= (FP8 ? 64 : 128) ? 3 : 2;
   static constexpr int kBlocks = HEAD_DIM / 64;  // 128-byte column blocks of a row
   static constexpr uint32_t kQBytes = kBM * HEAD_DIM * 2;
-  static constexpr uint32_t kTileBytes = kBN * HEAD_DIM * 2;  // one K or V tile
-  // 1024 bytes of alignment slack, 1024 of barriers, Q, then the K and V stages.
-  static constexpr size_t kSmemBytes = 2048 + kQBytes + size_t(2) * kStages * kTileBytes;
+  static constexpr uint32_t kTileBytes = kBN * HEAD_DIM * 2;  // one K or V tile (16-bit)
+  // fp8: K and V tiles as the pool stores them (e4m3), before their conversion; two of each
+  // (the next tile's copy in flight while one is converted) where they fit.
+  static constexpr uint32_t kStagingBytes = FP8 ? kBN * HEAD_DIM : 0;
+  static constexpr size_t kBaseBytes = 2048 + kQBytes + size_t(2) * kStages * kTileBytes;
+  static constexpr int kStagingBufs = kBaseBytes + size_t(4) * kStagingBytes <= 232448 ? 2 : 1;
+  // 1024 bytes of alignment slack, 1024 of barriers, Q, the K and V stages, the staging tiles.
+  static constexpr size_t kSmemBytes = kBaseBytes + size_t(2) * kStagingBufs * kStagingBytes;
   static_assert(kBM == 128, "two consumer warpgroups of 64 rows");
+  static_assert(kSmemBytes <= 232448, "fits the 227 KiB a block may have");
 };
+
+// Eight e4m3 values -> eight f16 values (exact: e4m3 has 3 mantissa bits and a narrower range).
+__device__ __forceinline__ uint4 e4m3x8_to_f16(uint2 in) {
+  uint32_t w[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t src = (j < 2 ? in.x : in.y) >> (16 * (j % 2));
+    const __half2_raw r =
+        __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(src & 0xffffu), __NV_E4M3);
+    w[j] = uint32_t(r.x) | (uint32_t(r.y) << 16);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
 
 // The gathering producer (GATHER): the 128 threads of warpgroup 0 copy each K and V tile of BN
 // rows x HEAD_DIM into its stage [NB][BN][64], swizzled as a 128-byte-swizzle tensor copy would
@@ -135,14 +158,19 @@ __device__ __forceinline__ void produce_gather(const AttentionParams& p, int seq
   cp_async_wait<0>();
 }
 
-template <class Q, int HEAD_DIM, bool OVERLAP, bool GATHER>
+template <class Q, int HEAD_DIM, bool OVERLAP, bool GATHER, bool FP8>
 __global__ void __launch_bounds__(kHopperThreads, 1)
     prefill_hopper_kernel(const AttentionParams p, const __grid_constant__ CUtensorMap tm_q,
                           const __grid_constant__ CUtensorMap tm_k,
                           const __grid_constant__ CUtensorMap tm_v) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   allow_dependent_launch();
-  using S = HopperShape<HEAD_DIM>;
+  using S = HopperShape<HEAD_DIM, FP8>;
+  static_assert(!(FP8 && GATHER), "fp8 pools take tensor copies into staging tiles");
+  // The products' element type: q's, or f16 for fp8 pools (e4m3 -> f16 is one instruction per
+  // pair, and exact; a bf16 q is converted to f16 in shared memory, clamped to its range, as the
+  // decode kernel does).
+  using M = std::conditional_t<FP8, F16, Q>;
   constexpr int BM = S::kBM, BN = S::kBN, ST = S::kStages, NB = S::kBlocks;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
@@ -155,9 +183,24 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   uint16_t* sQ = reinterpret_cast<uint16_t*>(base + 1024);  // [NB][BM][64]
   uint16_t* sK = sQ + BM * HEAD_DIM;                        // [ST][NB][BN][64]
   uint16_t* sV = sK + ST * BN * HEAD_DIM;                   // [ST][NB][BN][64]
+  // fp8: the K and V staging tiles [NBUF][BN][HEAD_DIM] (e4m3, unswizzled) and their full
+  // barriers [NBUF].
+  constexpr int NBUF = S::kStagingBufs;
+  uint8_t* sKst = reinterpret_cast<uint8_t*>(sV + ST * BN * HEAD_DIM);
+  uint8_t* sVst = sKst + NBUF * S::kStagingBytes;
+  uint64_t* k_stg = v_zero + 1;
+  uint64_t* v_stg = k_stg + NBUF;
 
-  const PrefillItem it = p.prefill_items[blockIdx.x];
-  const int kvh = blockIdx.y;
+  // Work blockIdx.x: a prefill item and a KV head. The works go in sections of
+  // p.hopper_head_section KV heads (the plan sizes a section so that its heads' K/V fit in L2);
+  // inside a section, item by item in the plan's order (heaviest first), each for every head of
+  // the section. A section of one head is the order of an (item, head) grid with the item
+  // fastest.
+  const int sec = p.hopper_head_section, per_sec = p.num_prefill_items * sec;
+  const int sec_n = int(blockIdx.x) / per_sec, sec_r = int(blockIdx.x) % per_sec;
+  const int sec_heads = min(sec, p.num_kv_heads - sec_n * sec);
+  const PrefillItem it = p.prefill_items[sec_r / sec_heads];
+  const int kvh = sec_n * sec + sec_r % sec_heads;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
   const int G = p.group;
   const int q0 = p.q_indptr[it.seq], qlen = p.q_indptr[it.seq + 1] - q0, L = p.kv_len[it.seq];
@@ -172,12 +215,16 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   if (tid == 0) {
     mbar_init(q_full, 1);
     for (int s = 0; s < ST; ++s) {
-      mbar_init(&k_full[s], GATHER ? 128 : 1);
-      mbar_init(&v_full[s], GATHER ? 128 : 1);
+      mbar_init(&k_full[s], GATHER ? 128 : FP8 ? 64 : 1);
+      mbar_init(&v_full[s], GATHER ? 128 : FP8 ? 64 : 1);
       mbar_init(&k_empty[s], 2 * 128);
       mbar_init(&v_empty[s], 2 * 128);
     }
     mbar_init(v_zero, 1);
+    for (int b = 0; b < NBUF; ++b) {
+      mbar_init(&k_stg[b], 1);
+      mbar_init(&v_stg[b], 1);
+    }
     mbar_fence_init();
   }
   __syncthreads();
@@ -185,6 +232,68 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   if (wg == 0) {
     // ================= producer =================
     regs_dealloc<40>();
+    if constexpr (FP8) {
+      // fp8 pools: warps 0-1 bring K, warps 2-3 V. Lanes of warp 0 (2) put a tile's e4m3 rows
+      // into a K (V) staging tile with bulk tensor copies, one per page-sized run of rows, NBUF
+      // tiles ahead; the side's 64 threads then convert them to f16 into the swizzled stage
+      // (slots past kv_len zeroed), fence, arrive on the stage's full barrier (64 arrivals), and
+      // free the staging tile for the copy NBUF tiles on.
+      const bool v_side = warp >= 2;
+      const int ct = tid % 64;
+      const int32_t* bt = p.block_table + int64_t(it.seq) * p.max_pages_per_seq;
+      const int P = p.page_size, PB = p.tma_box_rows, nsub = BN / PB;
+      uint8_t* stg = v_side ? sVst : sKst;
+      uint64_t* stg_full = v_side ? v_stg : k_stg;
+      const CUtensorMap* map = v_side ? &tm_v : &tm_k;
+      const bool issuer = warp % 2 == 0;
+      if (tid == 0) {
+        prefetch_tensor_map(&tm_q);
+        mbar_arrive_expect_tx(q_full, S::kQBytes);
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+          tma_load_3d(sQ + b * BM * 64, &tm_q, q_full, b * 64, kvh * G, q0 + it.row_begin / G);
+      }
+      // Tile i goes to staging buffer i % NBUF.
+      auto issue_tile = [&](int i) {
+        const int t = min(t_first + i * BN + lane * PB, L - 1);
+        const int page = lane < nsub ? bt[t / P] : 0, slot = t % P / PB * PB;
+        uint8_t* buf = stg + (i % NBUF) * S::kStagingBytes;
+        if (lane == 0) mbar_arrive_expect_tx(&stg_full[i % NBUF], BN * HEAD_DIM);
+        __syncwarp();
+        if (lane < nsub)
+          tma_load_4d(buf + lane * PB * HEAD_DIM, map, &stg_full[i % NBUF], 0, slot, kvh, page);
+      };
+      if (issuer) {
+        if (lane == 0) prefetch_tensor_map(map);
+        for (int i = 0; i < min(NBUF, ntiles); ++i) issue_tile(i);
+      }
+      constexpr int CPR = HEAD_DIM / 8;  // 8-element chunks per row
+      for (int i = 0; i < ntiles; ++i) {
+        const int s = i % ST, t0 = t_first + i * BN;
+        const uint32_t ph = (i / ST) & 1;
+        const uint8_t* src = stg + (i % NBUF) * S::kStagingBytes;
+        mbar_wait(&stg_full[i % NBUF], (i / NBUF) & 1);
+        mbar_wait(v_side ? &v_empty[s] : &k_empty[s], ph ^ 1);
+        uint16_t* dst = (v_side ? sV : sK) + s * BN * HEAD_DIM;
+        // A thread takes 16 e4m3 values at a time (chunks c and c + 1 of row r).
+#pragma unroll 2
+        for (int q = ct; q < BN * CPR / 2; q += 64) {
+          const int r = q / (CPR / 2), c = 2 * (q % (CPR / 2));
+          uint4 in = make_uint4(0, 0, 0, 0);
+          if (t0 + r < L) in = *reinterpret_cast<const uint4*>(src + r * HEAD_DIM + c * 8);
+          uint16_t* row = dst + ((c / 8) * BN + r) * 64;
+          *reinterpret_cast<uint4*>(row + ((c % 8) ^ (r % 8)) * 8) =
+              e4m3x8_to_f16(make_uint2(in.x, in.y));
+          *reinterpret_cast<uint4*>(row + (((c + 1) % 8) ^ (r % 8)) * 8) =
+              e4m3x8_to_f16(make_uint2(in.z, in.w));
+        }
+        fence_proxy_async();
+        mbar_arrive(v_side ? &v_full[s] : &k_full[s]);
+        named_bar_sync(3 + int(v_side), 64);  // the side is done reading the staging tile
+        if (issuer && i + NBUF < ntiles) issue_tile(i + NBUF);
+      }
+      return;
+    }
     if constexpr (GATHER) {
       if (tid == 0) {
         prefetch_tensor_map(&tm_q);
@@ -278,10 +387,29 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   // ================= consumers =================
   regs_alloc<232>();
   const int cw = wg - 1, wq = warp % 4;
+  // Ping-pong (p.hopper_pingpong, overlapped loop only): the two warpgroups take turns at issuing
+  // their products, so that one's softmax runs while the other's products hold the tensor cores.
+  // Warpgroup c waits on named barrier 1 + c for its turn and, once its products are issued,
+  // hands the turn over on the other's; warpgroup 1 hands warpgroup 0 its first turn. Both take
+  // the same number of turns (a warpgroup passes the turns of tiles it does not see), and
+  // warpgroup 0 takes a last one at the end, so every barrier's arrivals are matched.
+  const bool pingpong = OVERLAP && p.hopper_pingpong;
+  auto pp_sync = [&] {
+    if (pingpong) named_bar_sync(1 + cw, 2 * 128);
+  };
+  auto pp_pass = [&] {
+    if (pingpong) named_bar_arrive(2 - cw, 2 * 128);
+  };
+  if (pingpong && cw == 1) named_bar_arrive(1, 2 * 128);
   const int r_base = it.row_begin + 64 * cw;
   const bool has_rows = r_base < row_end;
   const int wg_pos_lo = pos_base + r_base / G;
   const int wg_pos_hi = pos_base + (min(r_base + 64, row_end) - 1) / G;
+  // The other warpgroup's rows and positions (its turns are matched by this one's).
+  const int o_base = it.row_begin + 64 * (1 - cw);
+  const bool o_rows = o_base < row_end;
+  const int o_pos_lo = pos_base + o_base / G;
+  const int o_pos_hi = pos_base + (min(o_base + 64, row_end) - 1) / G;
   int row_pos[2];
   bool row_ok[2];
 #pragma unroll
@@ -294,8 +422,10 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
 #pragma unroll
   for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  // log2(e) * scale per unit of a raw score (1 once the soft-cap has rescaled the scores).
-  const float log2_unit = p.softcap > 0.f ? 1.f : p.scale * kLog2e;
+  // The logits' scale (fp8 pools: times the KV head's K scale, as the stored values are K / scale)
+  // and log2(e) * scale per unit of a raw score (1 once the soft-cap has rescaled the scores).
+  const float qk_scale = FP8 ? p.scale * p.k_scale[kvh] : p.scale;
+  const float log2_unit = p.softcap > 0.f ? 1.f : qk_scale * kLog2e;
   const uint32_t q_addr = smem_u32(sQ) + cw * 64 * 128;
 
   float sc[BN / 2];         // S of one tile, then its probabilities
@@ -303,10 +433,10 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   float alpha[2];           // the rescale of O that the last softmax asks for
 
   // Tile i: whether this warpgroup sees any of its keys, and whether it sees all of them.
-  auto tile_need = [&](int t0) {
-    return has_rows && (!p.causal || t0 <= wg_pos_hi) &&
-           (p.window == 0 || t0 + BN - 1 > wg_pos_lo - p.window);
+  auto tile_need_by = [&](bool rows, int lo, int hi, int t0) {
+    return rows && (!p.causal || t0 <= hi) && (p.window == 0 || t0 + BN - 1 > lo - p.window);
   };
+  auto tile_need = [&](int t0) { return tile_need_by(has_rows, wg_pos_lo, wg_pos_hi, t0); };
   auto tile_full = [&](int t0) {
     return t0 + BN <= L && (!p.causal || t0 + BN - 1 <= wg_pos_lo) &&
            (p.window == 0 || t0 > wg_pos_hi - p.window) && r_base + 64 <= row_end;
@@ -323,7 +453,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       const uint32_t off = (kk % 4) * 32;  // 16 elements along K inside the 128-byte row
       const uint64_t da = wgmma_desc(q_addr + (kk / 4) * BM * 128 + off, 16, 1024);
       const uint64_t db = wgmma_desc(k_addr + (kk / 4) * BN * 128 + off, 16, 1024);
-      wgmma_ss<Q, BN>(sc, da, db, kk > 0);
+      wgmma_ss<M, BN>(sc, da, db, kk > 0);
     }
     wgmma_commit();
   };
@@ -335,7 +465,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
-      wgmma_rs_tb<Q, HEAD_DIM>(o, pa[kk], wgmma_desc(v_addr + kk * 16 * 128, BN * 128, 1024));
+      wgmma_rs_tb<M, HEAD_DIM>(o, pa[kk], wgmma_desc(v_addr + kk * 16 * 128, BN * 128, 1024));
     wgmma_commit();
   };
   // Soft-cap and mask S (masks only where the tile crosses a boundary), then the online softmax
@@ -347,7 +477,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     if (p.softcap > 0.f) {
 #pragma unroll
       for (int j = 0; j < BN / 2; ++j)
-        sc[j] = p.softcap * tanhf(sc[j] * p.scale / p.softcap) * kLog2e;
+        sc[j] = p.softcap * tanhf(sc[j] * qk_scale / p.softcap) * kLog2e;
     }
     if (!full) {
 #pragma unroll
@@ -390,14 +520,27 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       for (int e = 0; e < 4; ++e) o[4 * n + e] *= alpha[e >> 1];
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-      pa[kk][0] = cvt_pack2<Q>(sc[8 * kk + 0], sc[8 * kk + 1]);
-      pa[kk][1] = cvt_pack2<Q>(sc[8 * kk + 2], sc[8 * kk + 3]);
-      pa[kk][2] = cvt_pack2<Q>(sc[8 * kk + 4], sc[8 * kk + 5]);
-      pa[kk][3] = cvt_pack2<Q>(sc[8 * kk + 6], sc[8 * kk + 7]);
+      pa[kk][0] = cvt_pack2<M>(sc[8 * kk + 0], sc[8 * kk + 1]);
+      pa[kk][1] = cvt_pack2<M>(sc[8 * kk + 2], sc[8 * kk + 3]);
+      pa[kk][2] = cvt_pack2<M>(sc[8 * kk + 4], sc[8 * kk + 5]);
+      pa[kk][3] = cvt_pack2<M>(sc[8 * kk + 6], sc[8 * kk + 7]);
     }
   };
 
   mbar_wait(q_full, 0);
+  if constexpr (FP8 && Q::kDType == DType::bf16) {
+    // This warpgroup's 64 rows of Q, bf16 -> f16 in place (the layout is per element).
+    const int wt = tid % 128;
+    for (int i = wt; i < NB * 64 * 32; i += 128) {
+      uint32_t* w = reinterpret_cast<uint32_t*>(sQ + (i / 2048) * BM * 64 + cw * 64 * 64) + i % 2048;
+      float f[2];
+      Bf16::word_to_float(*w, f);
+      *w = cvt_pack2<F16>(fminf(fmaxf(f[0], -65504.f), 65504.f),
+                          fminf(fmaxf(f[1], -65504.f), 65504.f));
+    }
+    fence_proxy_async();
+    named_bar_sync(5 + cw, 128);
+  }
   if constexpr (!OVERLAP) {
     // One tile after the other: S, softmax, P V.
     for (int i = 0; i < ntiles; ++i) {
@@ -430,9 +573,16 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     // NOTE: the tiles this warpgroup sees are contiguous (the causal limit bounds them above, the
     // window below); the wgmma issues sit on straight paths over them, since ptxas serialises
     // every wgmma of a kernel whose issues or waits it finds on divergent paths.
-    int i_lo = ntiles, i_hi = -1;
-    for (int i = 0; i < ntiles; ++i)
+    int i_lo = ntiles, i_hi = -1, j_lo = ntiles, j_hi = -1;  // this warpgroup's tiles, the other's
+    for (int i = 0; i < ntiles; ++i) {
       if (tile_need(t_first + i * BN)) i_lo = min(i_lo, i), i_hi = i;
+      if (tile_need_by(o_rows, o_pos_lo, o_pos_hi, t_first + i * BN)) j_lo = min(j_lo, i), j_hi = i;
+    }
+    // Ping-pong turns go in tile order over the tiles either warpgroup sees, [u_lo, u_hi]: turn
+    // i issues S(i) and P V(i - 1), and turn u_hi + 1 the last P V. A warpgroup passes the turns
+    // of tiles it does not see right after skipping them, so that neither runs ahead of the tiles
+    // the other still holds (the producer refills a stage only once both are done with it).
+    const int u_lo = min(i_lo, j_lo), u_hi = max(i_hi, j_hi);
     auto skip = [&](int i) {
       const int s = i % ST;
       const uint32_t ph = (i / ST) & 1;
@@ -441,12 +591,20 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       mbar_wait(&v_full[s], ph);
       mbar_arrive(&v_empty[s]);
     };
-    for (int i = 0; i < min(i_lo, ntiles); ++i) skip(i);
+    auto skip_and_pass = [&](int i) {
+      skip(i);
+      pp_sync();
+      pp_pass();
+    };
+    for (int i = 0; i < min(u_lo, ntiles); ++i) skip(i);
     if (i_lo <= i_hi) {
+      for (int i = u_lo; i < i_lo; ++i) skip_and_pass(i);
       {
         const int s = i_lo % ST, t0 = t_first + i_lo * BN;
         mbar_wait(&k_full[s], (i_lo / ST) & 1);
+        pp_sync();
         issue_s(s);
+        pp_pass();
         wgmma_wait<0>();
         fence_regs(sc);
         mbar_arrive(&k_empty[s]);
@@ -456,9 +614,11 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       for (int i = i_lo + 1; i <= i_hi; ++i) {
         const int s = i % ST, ps = (i - 1) % ST, t0 = t_first + i * BN;
         mbar_wait(&k_full[s], (i / ST) & 1);
+        pp_sync();
         issue_s(s);
         mbar_wait(&v_full[ps], ((i - 1) / ST) & 1);
         issue_pv(ps);
+        pp_pass();
         wgmma_wait<1>();
         fence_regs(sc);
         mbar_arrive(&k_empty[s]);
@@ -470,13 +630,23 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       }
       const int s = i_hi % ST;
       mbar_wait(&v_full[s], (i_hi / ST) & 1);
+      pp_sync();
       issue_pv(s);
+      pp_pass();
       wgmma_wait<0>();
       fence_regs(o);
       mbar_arrive(&v_empty[s]);
+      for (int i = i_hi + 1; i <= u_hi; ++i) skip_and_pass(i);
+    } else {
+      for (int i = u_lo; i <= u_hi; ++i) skip_and_pass(i);
+      if (u_lo <= u_hi) {  // the other's last P V
+        pp_sync();
+        pp_pass();
+      }
     }
-    for (int i = max(i_hi + 1, i_lo); i < ntiles; ++i) skip(i);
+    for (int i = u_lo <= u_hi ? u_hi + 1 : ntiles; i < ntiles; ++i) skip(i);
   }
+  if (pingpong && cw == 0) named_bar_sync(1, 2 * 128);  // warpgroup 1's last hand-over
 
   // ---- normalise and store ----
   uint16_t* out = static_cast<uint16_t*>(p.out);
@@ -486,7 +656,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     if (!row_ok[h]) continue;
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const float inv = (sum > 0.f ? 1.f / sum : 0.f) * (FP8 ? p.v_scale[kvh] : 1.f);
     const int pr = r_base + wq * 16 + lane / 4 + 8 * h;
     uint16_t* dst =
         out + (int64_t(q0 + pr / G) * p.num_q_heads + kvh * G + pr % G) * HEAD_DIM + (lane & 3) * 2;
@@ -507,45 +677,50 @@ struct HopperMaps {
   CUtensorMap q, k, v;
 };
 
-template <class Q, int HEAD_DIM, bool OVERLAP, bool GATHER>
+template <class Q, int HEAD_DIM, bool OVERLAP, bool GATHER, bool FP8>
 void launch_prefill_hopper_g(const AttentionParams& p, const HopperMaps& m, cudaStream_t s) {
-  using S = HopperShape<HEAD_DIM>;
+  using S = HopperShape<HEAD_DIM, FP8>;
   static std::atomic<uint64_t> configured{0};  // per kernel instance, per device
-  set_smem_limit_on_this_device(prefill_hopper_kernel<Q, HEAD_DIM, OVERLAP, GATHER>,
+  set_smem_limit_on_this_device(prefill_hopper_kernel<Q, HEAD_DIM, OVERLAP, GATHER, FP8>,
                                 int(S::kSmemBytes), configured,
                                 "paged_attention_cuda: Hopper prefill shared memory attribute");
-  const dim3 grid(unsigned(p.num_prefill_items), unsigned(p.num_kv_heads));
-  prefill_hopper_kernel<Q, HEAD_DIM, OVERLAP, GATHER>
+  const dim3 grid(unsigned(int64_t(p.num_prefill_items) * p.num_kv_heads));
+  prefill_hopper_kernel<Q, HEAD_DIM, OVERLAP, GATHER, FP8>
       <<<grid, kHopperThreads, S::kSmemBytes, s>>>(p, m.q, m.k, m.v);
   check_launch("paged_attention_cuda: Hopper prefill kernel launch");
 }
 
-template <class Q, int HEAD_DIM, bool OVERLAP>
+// FP8: e4m3 pools (tensor copies into staging tiles, converted by the producer; never gathered).
+template <class Q, int HEAD_DIM, bool OVERLAP, bool FP8>
 void launch_prefill_hopper_o(const AttentionParams& p, const HopperMaps& m, cudaStream_t s) {
-  if (p.hopper_gather) return launch_prefill_hopper_g<Q, HEAD_DIM, OVERLAP, true>(p, m, s);
-  launch_prefill_hopper_g<Q, HEAD_DIM, OVERLAP, false>(p, m, s);
+  if constexpr (FP8) {
+    return launch_prefill_hopper_g<Q, HEAD_DIM, OVERLAP, false, true>(p, m, s);
+  } else {
+    if (p.hopper_gather) return launch_prefill_hopper_g<Q, HEAD_DIM, OVERLAP, true, false>(p, m, s);
+    launch_prefill_hopper_g<Q, HEAD_DIM, OVERLAP, false, false>(p, m, s);
+  }
 }
 
-template <class Q, int HEAD_DIM>
+template <class Q, int HEAD_DIM, bool FP8>
 void launch_prefill_hopper_t(const AttentionParams& p, const HopperMaps& m, cudaStream_t s) {
   // NOTE: at head_dim 256 the overlapped loop spills registers (O alone is 128 per thread).
   if constexpr (HEAD_DIM <= 128) {
     if (p.prefill_kernel == kPrefillWgmma)
-      return launch_prefill_hopper_o<Q, HEAD_DIM, true>(p, m, s);
+      return launch_prefill_hopper_o<Q, HEAD_DIM, true, FP8>(p, m, s);
   }
-  launch_prefill_hopper_o<Q, HEAD_DIM, false>(p, m, s);
+  launch_prefill_hopper_o<Q, HEAD_DIM, false, FP8>(p, m, s);
 }
 
-template <class Q>
+template <class Q, bool FP8 = false>
 void launch_prefill_hopper_q(const AttentionParams& p, int head_dim, const HopperMaps& m,
                              cudaStream_t s) {
   switch (head_dim) {
     case 64:
-      return launch_prefill_hopper_t<Q, 64>(p, m, s);
+      return launch_prefill_hopper_t<Q, 64, FP8>(p, m, s);
     case 128:
-      return launch_prefill_hopper_t<Q, 128>(p, m, s);
+      return launch_prefill_hopper_t<Q, 128, FP8>(p, m, s);
     case 256:
-      return launch_prefill_hopper_t<Q, 256>(p, m, s);
+      return launch_prefill_hopper_t<Q, 256, FP8>(p, m, s);
     default:
       fail("paged_attention_cuda: head_dim ", head_dim, " is not supported (64, 128 or 256)");
   }
