@@ -68,7 +68,7 @@
 //   batch 4 len 8192    508 / ~476 / 519-531   (523-534)
 //   batch 1 len 32768   517 / ~510 / 552-556   (530-538)
 //   d64, batch 1 8192   326-330 / 326-330 / 343-351   (343-347)
-// Tried and removed: a persistent grid (v8 for a day: one CTA per SM looping over works, Q
+// Tried and removed: a persistent grid (v8 while it existed: one CTA per SM looping over works, Q
 // reloaded behind an empty barrier, stages and phases running on across works): 396-402 at
 // batch 4 / 2048 (v7 367-377) but 2-10% slower elsewhere, and its per-work loop spilled
 // registers. In that version, divisions by the GQA group inside the per-tile range scan had cost

@@ -156,12 +156,10 @@ int32_t hopper_head_section(const BatchLayout& batch, const std::vector<cuda::Pr
                             int32_t forced) {
   if (forced > 0) return std::min(forced, std::max(num_kv_heads, 1));
   int64_t keys = 0;
-  int32_t last = -1;
   std::vector<bool> seen(size_t(batch.num_seqs), false);
   for (const cuda::PrefillItem& t : prefill) {
-    if (t.seq == last || seen[size_t(t.seq)]) continue;
+    if (seen[size_t(t.seq)]) continue;
     seen[size_t(t.seq)] = true;
-    last = t.seq;
     keys += batch.kv_len[t.seq];
   }
   const int64_t per_head = std::max<int64_t>(keys * head_dim * 2 * int64_t(elt), 1);

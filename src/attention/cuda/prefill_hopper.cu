@@ -123,7 +123,8 @@ void launch_prefill_hopper(const AttentionParams& p_in, DType q, DType kv, int h
     const bool ok = encode(&m.q, q, p.q, 3, q_dims, q_strides, q_box) &&
                     encode_fp8(&m.k, p.k_pages, 4, kv_dims, f_strides, f_box) &&
                     encode_fp8(&m.v, p.v_pages, 4, kv_dims, f_strides, f_box);
-    // No other prefill kernel takes fp8 pools: the plan only picks this one where it can run.
+    // No other prefill kernel takes fp8 pools, and the plan picks this one without looking at the
+    // pools' addresses: a pool the tensor maps cannot describe is an error here.
     PA_CHECK(ok, "paged_attention_cuda: the fp8 K/V pools cannot be described by tensor maps "
                  "(a pool is not 16-byte aligned)");
     if (q == DType::bf16) return launch_prefill_hopper_bf16_fp8(p, head_dim, m, s);
