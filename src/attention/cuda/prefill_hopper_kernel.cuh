@@ -6,19 +6,24 @@
 // across the heads of an L2-sized section). Block: 3 warpgroups (384 threads).
 //   warpgroup 0 (producer): Q once by a bulk tensor copy, then for each KV tile of kBN positions
 //     its K and V, page by page through the block table, into kStages shared-memory stages; each
-//     stage has a full barrier and an empty barrier (the consumers' arrivals). Two ways:
+//     stage has a full barrier and an empty barrier (the consumers' arrivals). Three ways:
 //     - tensor copies (GATHER false, wherever the page size allows them): warp 0 (Q and K) and
 //       warp 1 (V) issue one bulk tensor copy per page-sized run of rows and column block (one
 //       tensor map over the pool: coordinates (dim, slot, kv head, page id)); the full barriers
 //       count the transaction bytes;
 //     - gathered (GATHER true: pages that are not a multiple of 8 tokens, which no tensor copy
-//       takes, or CudaPlanOptions::hopper_gather): the warpgroup's 128 threads copy 16-byte chunks with cp.async into the same
-//       swizzled layout (produce_gather below); slots past kv_len are zero-filled by the copy
-//       itself, and each thread's copies of a tile arrive on its full barrier as they land
-//       (cp.async.mbarrier.arrive), so the full barriers count 128 arrivals.
+//       takes, or CudaPlanOptions::hopper_gather): the warpgroup's 128 threads copy 16-byte
+//       chunks with cp.async into the same swizzled layout (produce_gather below); slots past
+//       kv_len are zero-filled by the copy itself, and each thread's copies of a tile arrive on
+//       its full barrier as they land (cp.async.mbarrier.arrive), so the full barriers count 128
+//       arrivals.
 //       NOTE: measured on an H100 at page 16 (batch 1, length 8192, d128): 428 TFLOP/s gathered,
 //       387 with V alone gathered, 527 by tensor copies: the producer threads' instructions take
 //       issue slots from the consumers.
+//     - fp8 pools (FP8 true): bulk tensor copies of the e4m3 rows into staging tiles, which
+//       warps 0-1 (K) and 2-3 (V) convert to f16 into the stages (the products then run in f16;
+//       a bf16 Q is converted to f16 in shared memory by the consumers); the full barriers count
+//       64 arrivals.
 //   warpgroups 1 and 2 (consumers): 64 packed rows each (packed row r = query r / group, head
 //     r % group of this KV head, so a K/V tile serves the whole GQA group); S = Q K^T by wgmma
 //     m64nBNk16 from shared memory, the online softmax in fp32 registers, O += P V by wgmma with P
@@ -232,6 +237,15 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   if (wg == 0) {
     // ================= producer =================
     regs_dealloc<40>();
+    // Q (128 packed rows = 128 / G tokens x G heads), one bulk tensor copy per 64-column block,
+    // from thread 0 in every producer variant.
+    if (tid == 0) {
+      prefetch_tensor_map(&tm_q);
+      mbar_arrive_expect_tx(q_full, S::kQBytes);
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+        tma_load_3d(sQ + b * BM * 64, &tm_q, q_full, b * 64, kvh * G, q0 + it.row_begin / G);
+    }
     if constexpr (FP8) {
       // fp8 pools: warps 0-1 bring K, warps 2-3 V. Lanes of warp 0 (2) put a tile's e4m3 rows
       // into a K (V) staging tile with bulk tensor copies, one per page-sized run of rows, NBUF
@@ -246,13 +260,6 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       uint64_t* stg_full = v_side ? v_stg : k_stg;
       const CUtensorMap* map = v_side ? &tm_v : &tm_k;
       const bool issuer = warp % 2 == 0;
-      if (tid == 0) {
-        prefetch_tensor_map(&tm_q);
-        mbar_arrive_expect_tx(q_full, S::kQBytes);
-#pragma unroll
-        for (int b = 0; b < NB; ++b)
-          tma_load_3d(sQ + b * BM * 64, &tm_q, q_full, b * 64, kvh * G, q0 + it.row_begin / G);
-      }
       // Tile i goes to staging buffer i % NBUF.
       auto issue_tile = [&](int i) {
         const int t = min(t_first + i * BN + lane * PB, L - 1);
@@ -295,13 +302,6 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       return;
     }
     if constexpr (GATHER) {
-      if (tid == 0) {
-        prefetch_tensor_map(&tm_q);
-        mbar_arrive_expect_tx(q_full, S::kQBytes);
-#pragma unroll
-        for (int b = 0; b < NB; ++b)
-          tma_load_3d(sQ + b * BM * 64, &tm_q, q_full, b * 64, kvh * G, q0 + it.row_begin / G);
-      }
       produce_gather<HEAD_DIM>(p, it.seq, kvh, t_first, ntiles, L, sK, sV, k_full, v_full, k_empty,
                                v_empty);
       return;
@@ -333,13 +333,6 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     };
     if (lane == 0) {
       prefetch_tensor_map(v_warp ? &tm_v : &tm_k);
-      if (!v_warp) {
-        prefetch_tensor_map(&tm_q);
-        mbar_arrive_expect_tx(q_full, S::kQBytes);
-#pragma unroll
-        for (int b = 0; b < NB; ++b)
-          tma_load_3d(sQ + b * BM * 64, &tm_q, q_full, b * 64, kvh * G, q0 + it.row_begin / G);
-      }
     }
     int page = 0, slot = 0;
     if (ntiles > 0) box_of(0, page, slot);
