@@ -13,9 +13,9 @@
 //       over each pool, the page id as its outer coordinate) into stages guarded by mbarriers;
 //       two consumer warpgroups of 64 packed rows each run S = Q K^T and O += P V on wgmma (P
 //       from registers, V N-major from shared memory), one step after the other.
-//   v4  (the default until 2026-11-26) v3 with the softmax of tile i running while P V of tile i - 1
-//       is on the tensor cores; since 2026-11-25 warp 0 issues the K copies and warp 1 the V
-//       copies (one warp issued both).
+//   v4  (the default until 2026-11-26) v3 with the softmax of tile i running while P V of
+//       tile i - 1 is on the tensor cores; since 2026-11-25 warp 0 issues the K copies and warp 1
+//       the V copies (one warp issued both).
 //   v5  v4 with K and V gathered by the producer warpgroup's 128 threads with cp.async into the
 //       same swizzled stages instead of one bulk tensor copy per page-sized run of rows (2 KiB
 //       copies at page 16), slots past kv_len zero-filled by the copies: the library's path for
