@@ -40,25 +40,21 @@ std::string CudaAttentionPlan::launch_signature() const {
   return sig;
 }
 
-int cuda_sm_count() {
+namespace {
+
+// An attribute of the current device; 0 where there is none (no driver, no device).
+int current_device_attribute(cudaDeviceAttr attr) {
   int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, attr, dev) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
   return n;
 }
 
-int cuda_l2_bytes() {
-  int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&n, cudaDevAttrL2CacheSize, dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
+}  // namespace
+
+int cuda_sm_count() { return current_device_attribute(cudaDevAttrMultiProcessorCount); }
 
 CudaAttentionPlan::CudaAttentionPlan(size_t workspace_bytes, CudaPlanOptions opts)
     : impl_(std::make_unique<Impl>()) {
@@ -75,7 +71,7 @@ CudaAttentionPlan::CudaAttentionPlan(size_t workspace_bytes, CudaPlanOptions opt
   impl_->opts = opts;
   impl_->sm_count = cuda_sm_count();
   PA_CHECK(impl_->sm_count > 0, "CudaAttentionPlan: no CUDA device is available");
-  impl_->l2_bytes = cuda_l2_bytes();
+  impl_->l2_bytes = current_device_attribute(cudaDevAttrL2CacheSize);
   check_cuda(cudaMalloc(&impl_->ws, workspace_bytes),
              "CudaAttentionPlan: cudaMalloc of the workspace");
   impl_->ws_bytes = workspace_bytes;
