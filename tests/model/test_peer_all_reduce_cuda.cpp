@@ -98,8 +98,9 @@ TEST(PeerAllReduceCuda, SumsResidualAndNormMatchTheHost) {
           cudaMemcpy(x, x0.data(), n * 4, cudaMemcpyHostToDevice);
           cudaMemcpy(wd, w.data(), size_t(hidden) * 4, cudaMemcpyHostToDevice);
           cudaMemset(h, 0xff, n * 2);  // poisoned: every value must be written
-          cudaMemcpy(peer[r]->input(), part[r].data(), n * 4, cudaMemcpyHostToDevice);
-          peer[r]->reduce(x, add_x, rows, norm ? wd : nullptr, 1e-5f, h, nullptr);
+          const int32_t slot = calls % cuda::PeerAllReduce::kSlots;
+          cudaMemcpy(peer[r]->input(slot), part[r].data(), n * 4, cudaMemcpyHostToDevice);
+          peer[r]->reduce(slot, x, add_x, rows, norm ? wd : nullptr, 1e-5f, h, nullptr);
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
           got_x[r] = download(x, n);
           got_h[r] = download(h, n);
@@ -136,13 +137,22 @@ TEST(PeerAllReduceCuda, SumsResidualAndNormMatchTheHost) {
       }
     }
     EXPECT_EQ(calls, 24);
-    // Refused by name, nothing enqueued: more rows than the buffer holds.
+    // Refused by name, nothing enqueued: more rows than a slot holds; the slot of the previous
+    // call (its peers may still be reading it).
     on_two_ranks(comm, [&](int r) {
+      const int32_t next = calls % cuda::PeerAllReduce::kSlots;
       try {
-        peer[r]->reduce(nullptr, true, kMaxRows + 1, nullptr, 1e-5f, nullptr, nullptr);
+        peer[r]->reduce(next, nullptr, true, kMaxRows + 1, nullptr, 1e-5f, nullptr, nullptr);
         ADD_FAILURE() << "accepted " << kMaxRows + 1 << " rows";
       } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("rows"), std::string::npos) << e.what();
+      }
+      const int32_t last = (calls - 1) % cuda::PeerAllReduce::kSlots;
+      try {
+        peer[r]->reduce(last, nullptr, true, 1, nullptr, 1e-5f, nullptr, nullptr);
+        ADD_FAILURE() << "accepted slot " << last << " twice in a row";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("twice"), std::string::npos) << e.what();
       }
     });
     on_two_ranks(comm, [&](int r) { peer[r].reset(); });

@@ -324,6 +324,9 @@ struct LlamaModelCuda::Impl {
   // Whether a step of T tokens sums its partial products through `peer` (the same answer on
   // every rank: T is the same on every rank).
   bool peer_step(int32_t T) const { return peer && T <= peer->max_rows(); }
+  // Its slots: every step uses them in the order embed, (o, down) per layer, so no slot is used
+  // twice in a row, within a step or across two.
+  static constexpr int32_t kSlotO = 0, kSlotDown = 1, kSlotEmbed = 2;
 
   // A host f32 tensor [rows, cols] for the logits: page-locked and reused where it can be.
   Tensor host_logits(int64_t rows, int64_t cols);
@@ -503,7 +506,8 @@ double LlamaModelCuda::time_collectives(int32_t tokens, int32_t logit_rows, int3
     check_cuda(cudaEventRecord(e0, m.stream), "cudaEventRecord");
     for (int32_t i = 0; i < 2 * c.num_layers + 1; ++i) {
       if (m.peer_step(tokens)) {  // the step's fused kernel: sum, residual add, norm
-        m.peer->reduce(buf.data_as<float>(), true, tokens, m.final_norm.data_as<float>(),
+        const int32_t slot = i == 0 ? Impl::kSlotEmbed : i % 2 ? Impl::kSlotO : Impl::kSlotDown;
+        m.peer->reduce(slot, buf.data_as<float>(), true, tokens, m.final_norm.data_as<float>(),
                        c.rms_norm_eps, h.data_as<uint16_t>(), m.stream);
       } else {
         m.comm->all_reduce_sum(buf.data_as<float>(), size_t(n), m.stream);
@@ -626,8 +630,8 @@ bool LlamaModelCuda::Impl::embed_tokens(const Step& s, cudaStream_t st) {
   const int32_t hidden = config.hidden_size;
   if (peer_step(s.T)) {  // and h = the first layer's normalised input
     cuda::embed_gather_shard(embed.data_as<uint16_t>(), tp.vocab0, tp.vocab, s.tokens, s.T, hidden,
-                             peer->input(), st);
-    peer->reduce(s.x, false, s.T, layers[0].attn_norm.data_as<float>(), config.rms_norm_eps,
+                             peer->input(kSlotEmbed), st);
+    peer->reduce(kSlotEmbed, s.x, false, s.T, layers[0].attn_norm.data_as<float>(), config.rms_norm_eps,
                  static_cast<uint16_t*>(s.h), st);
     return true;
   }
@@ -673,8 +677,8 @@ bool LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView
   QKVTensor out_t{s.attn, DType::bf16, T, tp.q_heads, D};
   paged_attention_cuda(*plan, QKVTensor{s.q, DType::bf16, T, tp.q_heads, D}, view, out_t, st);
   if (fused) {
-    gemm(s.attn, T, q_dim, L.wo, hidden, peer->input(), CUDA_R_32F, 0.f, "o projection");
-    peer->reduce(s.x, true, T, L.mlp_norm.data_as<float>(), c.rms_norm_eps, hb, st);
+    gemm(s.attn, T, q_dim, L.wo, hidden, peer->input(kSlotO), CUDA_R_32F, 0.f, "o projection");
+    peer->reduce(kSlotO, s.x, true, T, L.mlp_norm.data_as<float>(), c.rms_norm_eps, hb, st);
   } else {
     gemm(s.attn, T, q_dim, L.wo, hidden, s.x, CUDA_R_32F, residual_beta, "o projection");
     all_reduce(s.x, int64_t(T) * hidden, st);
@@ -686,8 +690,9 @@ bool LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView
   cuda::swiglu(s.gu, T, inter, static_cast<uint16_t*>(s.act), st);
   if (fused) {
     const bool last = i + 1 == c.num_layers;
-    gemm(s.act, T, inter, L.wd, hidden, peer->input(), CUDA_R_32F, 0.f, "down projection");
-    peer->reduce(s.x, true, T, last ? nullptr : layers[size_t(i) + 1].attn_norm.data_as<float>(),
+    gemm(s.act, T, inter, L.wd, hidden, peer->input(kSlotDown), CUDA_R_32F, 0.f,
+         "down projection");
+    peer->reduce(kSlotDown, s.x, true, T, last ? nullptr : layers[size_t(i) + 1].attn_norm.data_as<float>(),
                  c.rms_norm_eps, hb, st);
     return !last;
   }

@@ -19,39 +19,41 @@ constexpr int kMaxRanks = 8;
 constexpr int kMaxBlocks = 128;  // rows beyond the grid are looped over by the same blocks
 constexpr int kThreads = 256, kVecs = 8;  // a row of up to kThreads * kVecs * 4 values in registers
 
-// What peers write into a rank's memory: flag[b][r] = the call count of rank r's block b when it
-// reached the start (its partial is ready) or the end (it has read every rank's rows).
+// What peers write into a rank's memory: arrived[b][r] = the number of calls rank r's block b has
+// started (its partial of that call is ready: it was written by the kernels before this one).
 struct Flags {
-  uint32_t start[kMaxBlocks][kMaxRanks];
-  uint32_t end[kMaxBlocks][kMaxRanks];
+  uint32_t arrived[kMaxBlocks][kMaxRanks];
 };
 
 struct Peers {
-  const float* input[kMaxRanks];  // every rank's partial [max_rows, hidden]
+  const float* input[kMaxRanks];  // every rank's partial [max_rows, hidden] (the call's slot)
   Flags* flags[kMaxRanks];        // every rank's flags
 };
 
-__device__ __forceinline__ void store_release(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+__device__ __forceinline__ void store_relaxed(uint32_t* p, uint32_t v) {
+  asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
-__device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
+__device__ __forceinline__ uint32_t load_relaxed(const uint32_t* p) {
   uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
 
-// Block b of this rank tells block b of every peer it has reached `phase` (start or end) of call
-// `epoch`, then waits until each of them has told it the same. Threads 0..W-1 talk to rank t.
+// Block b of this rank tells block b of every peer that it has started call `epoch`, then waits
+// until each of them has said the same. Threads 0..W-1 talk to rank t.
+// NOTE: relaxed, no fence: what a peer reads after this was written by kernels that finished
+// before this one began (stream order), and is in this GPU's memory by then. A peer may already
+// be one call ahead (it passed this call and started the next): hence the wrapping >=, not ==.
+// One meeting per call is enough because the caller never uses a slot twice in a row: a rank
+// writes a slot again only after starting a call on another slot, which its peers reach only
+// after the kernel that read this slot has finished.
 template <int W>
-__device__ __forceinline__ void meet(uint32_t (Flags::*phase)[kMaxBlocks][kMaxRanks],
-                                     const Peers& peers, int rank, uint32_t epoch) {
+__device__ __forceinline__ void meet(const Peers& peers, int rank, uint32_t epoch) {
   const int t = threadIdx.x, b = blockIdx.x;
   if (t < W && t != rank) {
-    store_release(&(peers.flags[t]->*phase)[b][rank], epoch);
-    const uint32_t* mine = &(peers.flags[rank]->*phase)[b][t];
-    // NOTE: != not <: counts wrap, and a peer is never more than one phase ahead (it cannot pass
-    // the next start before this block signals it).
-    while (load_acquire(mine) != epoch) {
+    store_relaxed(&peers.flags[t]->arrived[b][rank], epoch);
+    const uint32_t* mine = &peers.flags[rank]->arrived[b][t];
+    while (int32_t(load_relaxed(mine) - epoch) < 0) {
     }
   }
 }
@@ -87,8 +89,9 @@ __global__ void __launch_bounds__(kThreads)
                        float eps, uint16_t* __restrict__ h,          // [rows, hidden] bf16
                        int rows, int hidden) {
   const uint32_t epoch = counters[blockIdx.x] + 1;
-  meet<W>(&Flags::start, peers, rank, epoch);
+  meet<W>(peers, rank, epoch);
   __syncthreads();
+  if (threadIdx.x == 0) counters[blockIdx.x] = epoch;
   const int nv = hidden / 4;
   for (int r = blockIdx.x; r < rows; r += gridDim.x) {
     const int64_t off = int64_t(r) * nv;
@@ -136,9 +139,6 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  __syncthreads();  // every read of the peers' rows is done
-  meet<W>(&Flags::end, peers, rank, epoch);
-  if (threadIdx.x == 0) counters[blockIdx.x] = epoch;
 }
 
 // What a rank tells the others about itself.
@@ -153,9 +153,12 @@ struct RankInfo {
   uint64_t pointer;
 };
 
-size_t flags_offset(int32_t max_rows, int32_t hidden) {
+size_t slot_bytes(int32_t max_rows, int32_t hidden) {
   const size_t data = size_t(max_rows) * size_t(hidden) * 4;
   return (data + 255) / 256 * 256;
+}
+size_t flags_offset(int32_t max_rows, int32_t hidden) {
+  return PeerAllReduce::kSlots * slot_bytes(max_rows, hidden);
 }
 
 }  // namespace
@@ -266,7 +269,6 @@ std::unique_ptr<PeerAllReduce> PeerAllReduce::create(NcclComm& comm, int32_t max
     say(reason);
     return nullptr;  // the destructor unmaps and frees what was made
   }
-  pr->input_ = static_cast<float*>(pr->own_);
   return pr;
 }
 
@@ -276,16 +278,27 @@ PeerAllReduce::~PeerAllReduce() {
   if (counters_) cudaFree(counters_);
 }
 
-void PeerAllReduce::reduce(float* x, bool add_x, int32_t rows, const float* norm_w, float eps,
-                           uint16_t* h, cudaStream_t stream) {
+float* PeerAllReduce::input(int32_t slot) const {
+  PA_CHECK(slot >= 0 && slot < kSlots, kOp, ": slot ", slot, " of ", kSlots);
+  return reinterpret_cast<float*>(static_cast<char*>(own_) +
+                                  size_t(slot) * slot_bytes(max_rows_, hidden_));
+}
+
+void PeerAllReduce::reduce(int32_t slot, float* x, bool add_x, int32_t rows, const float* norm_w,
+                           float eps, uint16_t* h, cudaStream_t stream) {
+  PA_CHECK(slot >= 0 && slot < kSlots, kOp, ": slot ", slot, " of ", kSlots);
+  PA_CHECK(slot != last_slot_, kOp, ": slot ", slot, " used twice in a row (a peer may still be ",
+           "reading it)");
   PA_CHECK(rows >= 0 && rows <= max_rows_, kOp, ": ", rows, " rows, at most ", max_rows_);
   PA_CHECK(!norm_w || h, kOp, ": a norm needs its output");
   if (rows == 0) return;
+  last_slot_ = slot;
   Peers peers{};
   const size_t fo = flags_offset(max_rows_, hidden_);
   for (int32_t r = 0; r < world_; ++r) {
     char* base = static_cast<char*>(bases_[size_t(r)]);
-    peers.input[r] = reinterpret_cast<const float*>(base);
+    peers.input[r] =
+        reinterpret_cast<const float*>(base + size_t(slot) * slot_bytes(max_rows_, hidden_));
     peers.flags[r] = reinterpret_cast<Flags*>(base + fo);
   }
   const unsigned grid = unsigned(std::min(rows, kMaxBlocks));

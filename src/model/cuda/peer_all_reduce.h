@@ -3,12 +3,13 @@
 //
 // A decode step sums [batch, hidden] f32 partial products over the ranks twice a layer. Through
 // NCCL each of those is ~15 us, bound by its protocol's latency, not by the 0.5 MB it moves; here
-// every rank maps every other rank's buffer (CUDA IPC between processes, peer pointers between
+// every rank maps every other rank's buffers (CUDA IPC between processes, peer pointers between
 // threads of one process) and one kernel does the whole exchange: each block signals its peers
 // that its rank's partial is ready, waits for theirs, reads every rank's rows straight from the
 // peers' memory, sums them in rank order (so every rank holds the same bits), adds the residual
-// stream and writes the next layer's normalised input; a second signal says it is done reading,
-// so the buffer may be written again. Only ranks on one host whose GPUs reach each other's memory
+// stream and writes the next layer's normalised input. The partials go to one of kSlots buffers,
+// never the same one twice in a row, so a rank never overwrites rows a peer may still be reading
+// (the kernel's one signal also tells that the peer's previous call has finished). Only ranks on one host whose GPUs reach each other's memory
 // use it; otherwise (several hosts, no peer access, PAGEDATTN_PEER_ALL_REDUCE=0, rows beyond
 // max_rows) the runner keeps NCCL.
 //
@@ -38,24 +39,27 @@ class PeerAllReduce {
   PeerAllReduce(const PeerAllReduce&) = delete;
   PeerAllReduce& operator=(const PeerAllReduce&) = delete;
 
-  // This rank's partial product [max_rows, hidden] f32: what reduce() sums over the ranks.
-  float* input() const { return input_; }
+  static constexpr int32_t kSlots = 3;
+  // This rank's partial product [max_rows, hidden] f32 in `slot`: what reduce(slot) sums over the
+  // ranks.
+  float* input(int32_t slot) const;
   int32_t max_rows() const { return max_rows_; }
   int32_t hidden() const { return hidden_; }
 
-  // x [rows, hidden] f32 = (add_x ? x : 0) + sum over ranks r (in rank order) of input_r[rows];
-  // then, when norm_w is given, h [rows, hidden] bf16 = x * rsqrt(mean(x^2) + eps) * norm_w.
-  // Enqueued on stream; capturable in a CUDA graph. rows <= max_rows.
-  void reduce(float* x, bool add_x, int32_t rows, const float* norm_w, float eps, uint16_t* h,
-              cudaStream_t stream);
+  // x [rows, hidden] f32 = (add_x ? x : 0) + sum over ranks r (in rank order) of
+  // input_r(slot)[rows]; then, when norm_w is given, h [rows, hidden] bf16 =
+  // x * rsqrt(mean(x^2) + eps) * norm_w. Enqueued on stream; capturable in a CUDA graph.
+  // rows <= max_rows; slot differs from the previous call's (Error otherwise, nothing enqueued).
+  void reduce(int32_t slot, float* x, bool add_x, int32_t rows, const float* norm_w, float eps,
+              uint16_t* h, cudaStream_t stream);
 
  private:
   PeerAllReduce() = default;
   int32_t world_ = 1, rank_ = 0, max_rows_ = 0, hidden_ = 0;
-  void* own_ = nullptr;             // this rank's mapped allocation: input, then the flags
+  int32_t last_slot_ = -1;
+  void* own_ = nullptr;             // this rank's mapped allocation: the slots, then the flags
   std::vector<void*> bases_;        // every rank's allocation as this rank sees it
   std::vector<void*> ipc_opened_;   // the ones opened through CUDA IPC (closed at the end)
-  float* input_ = nullptr;
   uint32_t* counters_ = nullptr;  // [kMaxBlocks] this rank's count of calls, per block
 };
 
