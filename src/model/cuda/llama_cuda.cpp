@@ -12,6 +12,7 @@
 #include <map>
 #include <string>
 
+#include "gemv.h"
 #include "llama_kernels.h"
 #include "sampling_kernels.h"
 #include "nccl_comm.h"
@@ -155,6 +156,7 @@ struct LlamaModelCuda::Impl {
   Tensor cublas_workspace;  // given to cuBLAS: no allocation while a graph is captured
   cuda::StepGraphs graphs;
   bool use_graphs = true;
+  int32_t gemv_max_tokens = cuda::kGemvMaxTokens;  // PAGEDATTN_GEMV_MAX_TOKENS overrides (0: off)
   std::unique_ptr<CudaAttentionPlan> plan;
   Tensor staging;  // f32 weights on their way to bf16 (load from a file only)
 
@@ -332,11 +334,28 @@ struct LlamaModelCuda::Impl {
   Tensor host_logits(int64_t rows, int64_t cols);
 
   // y [T, out] (ytype: f32 or bf16) = beta * y + x [T, in] (bf16) W^T, W [out, in] bf16, fp32
-  // accumulation; beta is 0 or 1 (1: f32 y only). cuBLAS for every shape: the lab's skinny GEMM
-  // (kernels_dev/skinny_gemm.cu) is slower at every decode shape but lm_head.
-  // ldy: y's row stride in elements (0: out).
+  // accumulation; beta is 0 or 1 (1: f32 y only). Up to gemv_max_tokens tokens the CUDA-core
+  // stream of gemv.h, cuBLAS above (kernels_dev/gemv.cu measures both; the lab's tensor-core
+  // skinny GEMM, kernels_dev/skinny_gemm.cu, is slower than cuBLAS at every decode shape but
+  // lm_head). ldy: y's row stride in elements (0: out).
   void gemm(const void* x_, int32_t T, int32_t in, const Tensor& w, int32_t out, void* y,
             cudaDataType_t ytype, float beta, const char* what, int32_t ldy = 0) {
+    if (T <= gemv_max_tokens) {
+      cuda::GemvArgs a;
+      a.x = static_cast<const uint16_t*>(x_);
+      a.w = w.data_as<uint16_t>();
+      a.y = y;
+      a.T = T;
+      a.N = out;
+      a.K = in;
+      a.ldy = ldy > 0 ? ldy : out;
+      a.y_bf16 = ytype == CUDA_R_16BF;
+      a.accumulate = beta != 0.f;
+      if (cuda::gemv_supported(a)) {
+        cuda::gemv(a, stream);
+        return;
+      }
+    }
     const float alpha = 1.f;
     // Column-major view: y^T [out, T] = W [out, in] (row-major = col-major W^T, hence OP_T) x^T.
     check_cublas(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &alpha, w.data(),
@@ -360,6 +379,8 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
   inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling);
   if (const char* g = std::getenv("PAGEDATTN_CUDA_GRAPHS"); g && std::string(g) == "0")
     use_graphs = false;  // a check of the plain launches against the graphs' results
+  if (const char* g = std::getenv("PAGEDATTN_GEMV_MAX_TOKENS"))
+    gemv_max_tokens = std::clamp(std::atoi(g), 0, int(cuda::kGemvMaxTokens));
   check_cublas(cublasCreate(&cublas), "cublasCreate");
   check_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
   check_cublas(cublasSetStream(cublas, stream), "cublasSetStream");
