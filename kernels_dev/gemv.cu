@@ -5,7 +5,8 @@
 //   gemv_lab               correctness gate, then the sweep
 //   gemv_lab --sweep-only  the sweep alone
 //
-// Versions: v1 = 2 rows of W per warp, v2 = 4 rows per warp (the library's default).
+// Versions (gemv.h): v1, v2 = a warp per 2 or 4 rows of W; v3, v4 = a block per 4 or 8 rows, its
+// threads splitting K.
 // Gate: every version against a double-precision product on the host (every element of small
 // shapes, 4096 sampled ones of large shapes), f32 output, accumulation into f32, bf16 output.
 // Timing: cold L2 (lab_common.h), median of 20, % of the device-to-device copy rate measured in
@@ -85,7 +86,7 @@ bool gate(int T, int N, int K, int v) {
     std::vector<float> init(size_t(T) * N, 1.f);
     lab::ck(cudaMemcpy(m.dy, init.data(), init.size() * 4, cudaMemcpyHostToDevice), "init");
     if (!acc) lab::ck(cudaMemset(m.dy, 0xff, size_t(T) * N * 4), "poison");
-    pagedattn::cuda::gemv(m.args(bf16, acc), nullptr, v == 1 ? 2 : 4);
+    pagedattn::cuda::gemv(m.args(bf16, acc), nullptr, v);
     lab::ck(cudaDeviceSynchronize(), "gemv");
     std::vector<float> y(size_t(T) * N);
     std::vector<uint16_t> yb(size_t(T) * N);
@@ -121,7 +122,7 @@ int main(int argc, char** argv) {
   if (!sweep_only) {
     int failures = 0;
     const int shapes[][2] = {{1, 8}, {5, 24}, {576, 576}, {960, 576}, {1000, 1536}, {4099, 520}};
-    for (int v = 1; v <= 2; ++v)
+    for (int v = 1; v <= pagedattn::cuda::kGemvVersions; ++v)
       for (int T = 1; T <= pagedattn::cuda::kGemvMaxTokens; ++T)
         for (const auto& s : shapes) failures += gate(T, s[0], s[1], v) ? 0 : 1;
     std::printf("gate: %s (%d failures)\n", failures ? "FAILED" : "ok", failures);
@@ -142,8 +143,9 @@ int main(int argc, char** argv) {
                     {"tp2 down", 4096, 7168},   {"tp2 lm_head", 64128, 4096},
                     {"smol qkv", 960, 576},     {"smol o", 576, 576},     {"smol gate/up", 3072, 576},
                     {"smol down", 576, 1536},   {"smol lm_head", 49152, 576}};
-  std::printf("%-13s %2s %7s %6s | %8s %8s %8s | %7s %7s %7s\n", "op", "T", "N", "K", "cublas",
-              "v1 us", "v2 us", "cublas%", "v1%", "v2%");
+  std::printf("%-13s %2s %7s %6s | %7s %7s %7s %7s %7s | %7s %6s %6s %6s %6s (%% of copy)\n",
+              "op", "T", "N", "K", "cublas", "v1 us", "v2 us", "v3 us", "v4 us", "cublas", "v1",
+              "v2", "v3", "v4");
   const float one = 1.f, zero = 0.f;
   for (int T : {1, 2, 4, 8}) {
     for (const Op& op : ops) {
@@ -155,12 +157,16 @@ int main(int argc, char** argv) {
                           m.dx, CUDA_R_16BF, m.K, &zero, m.dy, CUDA_R_32F, m.N, CUBLAS_COMPUTE_32F,
                           CUBLAS_GEMM_DEFAULT);
            },
+           [&] { pagedattn::cuda::gemv(a, nullptr, 1); },
            [&] { pagedattn::cuda::gemv(a, nullptr, 2); },
+           [&] { pagedattn::cuda::gemv(a, nullptr, 3); },
            [&] { pagedattn::cuda::gemv(a, nullptr, 4); }},
           2, 10);
       auto pct = [&](double u) { return 100.0 * m.bytes() / (u * 1e-6) / (copy.gbps * 1e9); };
-      std::printf("%-13s %2d %7d %6d | %8.1f %8.1f %8.1f | %6.1f%% %6.1f%% %6.1f%%\n", op.name, T,
-                  op.N, op.K, us[0], us[1], us[2], pct(us[0]), pct(us[1]), pct(us[2]));
+      std::printf("%-13s %2d %7d %6d | %7.1f %7.1f %7.1f %7.1f %7.1f | %6.1f%% %5.1f%% %5.1f%% "
+                  "%5.1f%% %5.1f%%\n",
+                  op.name, T, op.N, op.K, us[0], us[1], us[2], us[3], us[4], pct(us[0]),
+                  pct(us[1]), pct(us[2]), pct(us[3]), pct(us[4]));
     }
   }
   cublasDestroy(h);

@@ -2,8 +2,8 @@
 # One GPU call for the few-token product of decode steps (src/model/cuda/gemv.h): builds the CLI,
 # the GPU tests and the gemv lab; runs the lab (gate, then the sweep against cuBLAS), the GPU
 # suite (GPU_FILTER narrows it), and `bench model` on synthetic SmolLM2-135M and Llama-3-8B with
-# the products at few tokens through gemv and, alternately, all through cuBLAS
-# (PAGEDATTN_GEMV_MAX_TOKENS=0). Logs under $OUT; a summary is last.
+# the products gemv_pick chooses through gemv and, alternately, all through cuBLAS
+# (PAGEDATTN_GEMV=0). Logs under $OUT; a summary is last.
 #   scripts/device/gemv.sh
 #   SKIP_SUITE=1 scripts/device/gemv.sh
 set -uo pipefail
@@ -29,13 +29,13 @@ grep -E "^\[  FAILED|Failure" "$OUT/suite.log" 2>/dev/null | head -20
 
 # Interleaved: gemv, cuBLAS, gemv, cuBLAS (sustained work moves the clocks).
 for round in 1 2; do
-  for g in 8 0; do
-    echo "## gemv_max_tokens $g" >>"$OUT/model.log"
-    step "smol-g$g" 60 model.log env PAGEDATTN_GEMV_MAX_TOKENS=$g "$bin" bench model \
-      --model synthetic:smollm2-135m --device cuda --batch 1,8 --prompt-len 512 \
+  for g in 1 0; do
+    echo "## gemv $g" >>"$OUT/model.log"
+    step "smol-g$g" 60 model.log env PAGEDATTN_GEMV=$g "$bin" bench model \
+      --model synthetic:smollm2-135m --device cuda --batch 1,2,4 --prompt-len 512 \
       --decode-steps 64 --json
-    step "8b-g$g" 60 model.log env PAGEDATTN_GEMV_MAX_TOKENS=$g "$bin" bench model \
-      --model synthetic:llama3-8b --device cuda --batch 1,8 --prompt-len 512 \
+    step "8b-g$g" 60 model.log env PAGEDATTN_GEMV=$g "$bin" bench model \
+      --model synthetic:llama3-8b --device cuda --batch 1,2,4 --prompt-len 512 \
       --decode-steps 32 --json
   done
 done
@@ -49,6 +49,6 @@ for line in sys.stdin:
     r = json.loads(line)
     model, batch, ms = r["model"], r["batch"], r["decode_ms_per_step"]
     pct = r.get("pct_of_floor", 0)
-    print(f"gemv<={g} {model:22s} batch {batch:3d}  {ms:7.3f} ms/step  {pct:5.1f}% of floor")
+    print(f"gemv={g} {model:22s} batch {batch:3d}  {ms:7.3f} ms/step  {pct:5.1f}% of floor")
 '
 print_summary

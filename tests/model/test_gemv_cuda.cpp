@@ -32,9 +32,9 @@ TEST(GemvCuda, MatchesDoublePrecisionOnRandomShapes) {
     const int K = 8 * (1 + int(g() % 300));
     const int ldy = N + int(g() % 5);
     const int mode = int(g() % 3);  // f32, f32 accumulated, bf16
-    const int rows = g() % 2 ? 2 : 4;
+    const int version = 1 + int(g() % uint32_t(cuda::kGemvVersions));
     SCOPED_TRACE(::testing::Message() << "T " << T << " N " << N << " K " << K << " ldy " << ldy
-                                      << " mode " << mode << " rows/warp " << rows);
+                                      << " mode " << mode << " version " << version);
     std::vector<uint16_t> x(size_t(T) * K), w(size_t(N) * K);
     for (auto& v : x) v = f32_to_bf16(nd(g));
     for (auto& v : w) v = f32_to_bf16(0.1f * nd(g));
@@ -62,7 +62,7 @@ TEST(GemvCuda, MatchesDoublePrecisionOnRandomShapes) {
     a.ldy = ldy;
     a.y_bf16 = mode == 2;
     a.accumulate = mode == 1;
-    cuda::gemv(a, nullptr, rows);
+    cuda::gemv(a, nullptr, version);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<float> got(size_t(T) * ldy);
     if (mode == 2) {
@@ -123,6 +123,10 @@ TEST(GemvCuda, RefusesWhatItCannotTake) {
   b = a;
   b.x = buf + 1;  // misaligned
   EXPECT_FALSE(cuda::gemv_supported(b));
+  // The pick takes gemv only at one or two tokens.
+  EXPECT_EQ(cuda::gemv_pick(4, 4096, 4096), 0);
+  EXPECT_EQ(cuda::gemv_pick(1, 4096, 12), 0);
+  EXPECT_NE(cuda::gemv_pick(1, 576, 576), 0);
   try {
     cuda::gemv(b, nullptr);
     ADD_FAILURE() << "a misaligned x was taken";

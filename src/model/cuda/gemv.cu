@@ -72,13 +72,74 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvArgs a) {
   }
 }
 
-template <int R>
+// grid (ceil(N / R)), block kWarps * 32. Block b owns rows b * R ... b * R + R - 1 and its
+// threads split K: thread i takes the 16-byte chunks i, i + 256, ... of every row, so a row's
+// loads are spread over the whole block (a warp per row leaves too few bytes in flight on long
+// rows). Lanes, then warps, are summed in a fixed order.
+template <int T, int R>
+__global__ void __launch_bounds__(kWarps * 32) gemv_split_kernel(GemvArgs a) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row0 = blockIdx.x * R;
+  const int chunks = a.K / 8;
+  const uint4* x4 = reinterpret_cast<const uint4*>(a.x);
+  const uint4* w4 = reinterpret_cast<const uint4*>(a.w);
+  float acc[R][T];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll 2
+  for (int c = threadIdx.x; c < chunks; c += kWarps * 32) {
+    uint4 wv[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      wv[r] = row0 + r < a.N ? __ldcs(w4 + int64_t(row0 + r) * chunks + c) : zero;
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      const uint4 xv = __ldg(x4 + int64_t(t) * chunks + c);
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r][t] = dot8(wv[r], xv, acc[r][t]);
+    }
+  }
+  __shared__ float part[kWarps][R * T];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      float v = acc[r][t];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) part[warp][r * T + t] = v;
+    }
+  __syncthreads();
+  if (threadIdx.x >= R * T) return;
+  const int r = threadIdx.x / T, t = threadIdx.x % T;
+  if (row0 + r >= a.N) return;
+  float v = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) v += part[w][threadIdx.x];
+  const int64_t at = int64_t(t) * a.ldy + row0 + r;
+  if (a.y_bf16) {
+    static_cast<uint16_t*>(a.y)[at] = f32_to_bf16(v);
+  } else {
+    float* y = static_cast<float*>(a.y) + at;
+    *y = a.accumulate ? *y + v : v;
+  }
+}
+
+template <int R, bool kSplit>
 void launch(const GemvArgs& a, cudaStream_t stream) {
-  const unsigned grid = unsigned((a.N + kWarps * R - 1) / (kWarps * R));
+  const int per_block = kSplit ? R : kWarps * R;
+  const unsigned grid = unsigned((a.N + per_block - 1) / per_block);
   switch (a.T) {
-#define PA_GEMV_CASE(T)                                                   \
-  case T:                                                                 \
-    gemv_kernel<T, R><<<grid, kWarps * 32, 0, stream>>>(a);               \
+#define PA_GEMV_CASE(T)                                                 \
+  case T:                                                               \
+    if (kSplit) {                                                       \
+      gemv_split_kernel<T, R><<<grid, kWarps * 32, 0, stream>>>(a);     \
+    } else {                                                            \
+      gemv_kernel<T, R><<<grid, kWarps * 32, 0, stream>>>(a);           \
+    }                                                                   \
     break;
     PA_GEMV_CASE(1)
     PA_GEMV_CASE(2)
@@ -103,15 +164,22 @@ bool gemv_supported(const GemvArgs& a) {
          !(a.y_bf16 && a.accumulate);
 }
 
-void gemv(const GemvArgs& a, cudaStream_t stream, int rows_per_warp) {
+int gemv_pick(int32_t T, int32_t N, int32_t K) {
+  if (K < 8 || K % 8 != 0) return 0;
+  if (T == 1) return N < kGemvWideRows ? 3 : 1;
+  if (T == 2) return N < kGemvWideRows ? 3 : 0;
+  return 0;
+}
+
+void gemv(const GemvArgs& a, cudaStream_t stream, int version) {
   PA_CHECK(gemv_supported(a), "gemv: unsupported arguments (T ", a.T, ", N ", a.N, ", K ", a.K,
            ", ldy ", a.ldy, ")");
-  const int R = rows_per_warp == 0 ? 4 : rows_per_warp;
-  PA_CHECK(R == 2 || R == 4, "gemv: rows_per_warp is 2 or 4, got ", R);
-  if (R == 2) {
-    launch<2>(a, stream);
-  } else {
-    launch<4>(a, stream);
+  switch (version == 0 ? kGemvDefaultVersion : version) {
+    case 1: launch<2, false>(a, stream); break;
+    case 2: launch<4, false>(a, stream); break;
+    case 3: launch<4, true>(a, stream); break;
+    case 4: launch<8, true>(a, stream); break;
+    default: fail("gemv: version ", version, " (1 to ", kGemvVersions, ")");
   }
   const cudaError_t e = cudaGetLastError();
   PA_CHECK(e == cudaSuccess, "gemv: launch failed: ", cudaGetErrorString(e));

@@ -156,7 +156,7 @@ struct LlamaModelCuda::Impl {
   Tensor cublas_workspace;  // given to cuBLAS: no allocation while a graph is captured
   cuda::StepGraphs graphs;
   bool use_graphs = true;
-  int32_t gemv_max_tokens = cuda::kGemvMaxTokens;  // PAGEDATTN_GEMV_MAX_TOKENS overrides (0: off)
+  bool use_gemv = true;  // PAGEDATTN_GEMV=0: cuBLAS for every product (a comparison)
   std::unique_ptr<CudaAttentionPlan> plan;
   Tensor staging;  // f32 weights on their way to bf16 (load from a file only)
 
@@ -334,13 +334,14 @@ struct LlamaModelCuda::Impl {
   Tensor host_logits(int64_t rows, int64_t cols);
 
   // y [T, out] (ytype: f32 or bf16) = beta * y + x [T, in] (bf16) W^T, W [out, in] bf16, fp32
-  // accumulation; beta is 0 or 1 (1: f32 y only). Up to gemv_max_tokens tokens the CUDA-core
-  // stream of gemv.h, cuBLAS above (kernels_dev/gemv.cu measures both; the lab's tensor-core
-  // skinny GEMM, kernels_dev/skinny_gemm.cu, is slower than cuBLAS at every decode shape but
-  // lm_head). ldy: y's row stride in elements (0: out).
+  // accumulation; beta is 0 or 1 (1: f32 y only). At the shapes where gemv_pick says it is
+  // faster (one or two tokens), the CUDA-core stream of gemv.h; cuBLAS everywhere else
+  // (kernels_dev/gemv.cu measures both; the lab's tensor-core skinny GEMM,
+  // kernels_dev/skinny_gemm.cu, and cuBLASLt's other algorithms, kernels_dev/cublaslt_algos.cu,
+  // are not faster). ldy: y's row stride in elements (0: out).
   void gemm(const void* x_, int32_t T, int32_t in, const Tensor& w, int32_t out, void* y,
             cudaDataType_t ytype, float beta, const char* what, int32_t ldy = 0) {
-    if (T <= gemv_max_tokens) {
+    if (const int v = use_gemv ? cuda::gemv_pick(T, out, in) : 0) {
       cuda::GemvArgs a;
       a.x = static_cast<const uint16_t*>(x_);
       a.w = w.data_as<uint16_t>();
@@ -352,7 +353,7 @@ struct LlamaModelCuda::Impl {
       a.y_bf16 = ytype == CUDA_R_16BF;
       a.accumulate = beta != 0.f;
       if (cuda::gemv_supported(a)) {
-        cuda::gemv(a, stream);
+        cuda::gemv(a, stream, v);
         return;
       }
     }
@@ -379,8 +380,7 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
   inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling);
   if (const char* g = std::getenv("PAGEDATTN_CUDA_GRAPHS"); g && std::string(g) == "0")
     use_graphs = false;  // a check of the plain launches against the graphs' results
-  if (const char* g = std::getenv("PAGEDATTN_GEMV_MAX_TOKENS"))
-    gemv_max_tokens = std::clamp(std::atoi(g), 0, int(cuda::kGemvMaxTokens));
+  if (const char* g = std::getenv("PAGEDATTN_GEMV"); g && std::string(g) == "0") use_gemv = false;
   check_cublas(cublasCreate(&cublas), "cublasCreate");
   check_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
   check_cublas(cublasSetStream(cublas, stream), "cublasSetStream");
