@@ -1,11 +1,12 @@
 // The decode steps' matrix products at a few tokens: y [T, N] = x [T, K] . W [N, K]^T with bf16
 // operands and fp32 accumulation, for T <= kGemvMaxTokens, on the CUDA cores.
 //
-// At so few tokens a product is a stream of W and nothing else; cuBLAS's kernels for it carry a
-// fixed cost of about 7 us (an H200 at SmolLM2-135M's 576-wide projections: 2-12% of the copy
-// rate) and reach 36-63% of the copy rate on one rank's share of Llama-3-8B's o and qkv. Here W
-// streams through 16-byte loads (evict-first), each thread holding the tokens' matching x values,
-// and the partial sums are added in a fixed order: the same bits every call, on every GPU.
+// At one or two tokens a product is a stream of W and little else; cuBLAS's kernels reach only
+// 36-46% of the copy rate on one tensor-parallel rank's qkv and o and take 8-9 us on SmolLM2-135M's
+// 576-wide projections, where this takes 6 (an H200, cold L2). Here W streams through 16-byte
+// loads (evict-first), each thread holding the tokens' matching x values, and the partial sums
+// are added in a fixed order: the same bits every call, on every GPU. From four tokens on cuBLAS's
+// tensor cores win (gemv_pick).
 // Versions (kernels_dev/gemv.cu measures them against cuBLAS): 1 and 2, a warp per 2 or 4 rows;
 // 3 and 4, a block per 4 or 8 rows with its threads splitting K.
 // Compiled as C++17 (nvcc).
