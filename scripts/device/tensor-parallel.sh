@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One call on a machine with 2 or more GPUs: builds the CLI and the GPU tests, runs the tensor-
-# parallel tests (a thread per rank against the single-GPU runner), then `bench model` with
-# --tensor-parallel 2 against one GPU on Llama-3-8B shapes (the collectives' time per step
-# reported), a rank killed in the middle of a run (the group must end with an error, not hang),
-# and Llama-3-70B shapes over two GPUs. Logs go to $OUT (default ./out/tp); a summary is last.
+# parallel tests (a thread per rank against the single-GPU runner) and the peer-memory
+# all-reduce's, then `bench model` with --tensor-parallel 2 against one GPU on Llama-3-8B shapes
+# (the collectives' time per step reported; once more with PAGEDATTN_PEER_ALL_REDUCE=0, all
+# through NCCL), a rank killed in the middle of a run (the group must end with an error, not
+# hang), and Llama-3-70B shapes over two GPUs. Logs go to $OUT (default ./out/tp); a summary is
+# last.
 #   scripts/device/tensor-parallel.sh
 #   BUDGET=500 SKIP_70B=1 scripts/device/tensor-parallel.sh
 set -uo pipefail
@@ -29,7 +31,7 @@ step build 240 build.log env BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh
 if [[ -f "$BUILD_DIR/deps-env.sh" ]]; then source "$BUILD_DIR/deps-env.sh"; fi
 bin="$BUILD_DIR/pagedattn"
 
-step tptests 120 tests.log "$BUILD_DIR/tests/test_gpu" --gtest_filter='TensorParallel*'
+step tptests 120 tests.log "$BUILD_DIR/tests/test_gpu" --gtest_filter='TensorParallel*:PeerAllReduce*'
 tail -4 "$OUT/tests.log"
 grep -E "^\[  FAILED|Failure|error" "$OUT/tests.log" | head -20
 
@@ -42,6 +44,10 @@ for tp in 1 2; do
   step "8b-tp$tp" 90 bench.log "$bin" bench model --model synthetic:llama3-8b --device cuda \
     --batch 1,32,64 --prompt-len 512 --decode-steps 32 --tensor-parallel "$tp" --json
 done
+# The same split with every all-reduce through NCCL (no peer-memory kernel), for comparison.
+step 8b-tp2-nccl 90 bench.log env PAGEDATTN_PEER_ALL_REDUCE=0 "$bin" bench model \
+  --model synthetic:llama3-8b --device cuda --batch 1,32,64 --prompt-len 512 --decode-steps 32 \
+  --tensor-parallel 2 --json
 step 8b-tp2-nographs 90 bench.log "$bin" bench model --model synthetic:llama3-8b --device cuda \
   --batch 1,32,64 --prompt-len 512 --decode-steps 32 --tensor-parallel 2 --json --no-cuda-graphs
 grep '^{' "$OUT/bench.log"

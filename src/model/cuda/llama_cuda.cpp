@@ -6,14 +6,17 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
 
+#include "gemv.h"
 #include "llama_kernels.h"
 #include "sampling_kernels.h"
 #include "nccl_comm.h"
+#include "peer_all_reduce.h"
 #include "pagedattn/attention_cuda.h"
 #include "pagedattn/error.h"
 #include "pagedattn/llama.h"
@@ -137,6 +140,9 @@ struct LlamaModelCuda::Impl {
   TpShard shard;
   TpSlices tp;
   cuda::NcclComm* comm = nullptr;
+  // The decode steps' all-reduces over peer memory, fused with the residual add and the next
+  // norm (null: NCCL for every all-reduce, e.g. ranks on several hosts).
+  std::unique_ptr<cuda::PeerAllReduce> peer;
   std::vector<double> inv_freq;  // [D / 2]
   std::vector<Layer> layers;
   Tensor embed;       // [vocab, hidden] bf16
@@ -150,6 +156,7 @@ struct LlamaModelCuda::Impl {
   Tensor cublas_workspace;  // given to cuBLAS: no allocation while a graph is captured
   cuda::StepGraphs graphs;
   bool use_graphs = true;
+  bool use_gemv = true;  // PAGEDATTN_GEMV=0: cuBLAS for every product (a comparison)
   std::unique_ptr<CudaAttentionPlan> plan;
   Tensor staging;  // f32 weights on their way to bf16 (load from a file only)
 
@@ -306,24 +313,50 @@ struct LlamaModelCuda::Impl {
   // every layer, logits_of_rows.
   struct Step;
   Step prepare_step(const ForwardBatch& batch, const KvCache& cache);
-  void embed_tokens(const Step& s, cudaStream_t st);
-  void run_layer(int32_t i, const Step& s, const PagedKVView& view, cudaStream_t st);
+  // Both return whether s.h already holds the next layer's normalised input (the peer
+  // all-reduce wrote it), which the next run_layer then does not compute again.
+  bool embed_tokens(const Step& s, cudaStream_t st);
+  bool run_layer(int32_t i, const Step& s, const PagedKVView& view, bool normed, cudaStream_t st);
   void logits_of_rows(const Step& s, cudaStream_t st);
 
   // The rank's partial sum in x (o_proj / down_proj output) -> the sum over ranks, in place.
   void all_reduce(float* x, int64_t n, cudaStream_t st) {
     if (comm) comm->all_reduce_sum(x, size_t(n), st);
   }
+  // Whether a step of T tokens sums its partial products through `peer` (the same answer on
+  // every rank: T is the same on every rank).
+  bool peer_step(int32_t T) const { return peer && T <= peer->max_rows(); }
+  // Its slots: every step uses them in the order embed, (o, down) per layer, so no slot is used
+  // twice in a row, within a step or across two.
+  static constexpr int32_t kSlotO = 0, kSlotDown = 1, kSlotEmbed = 2;
 
   // A host f32 tensor [rows, cols] for the logits: page-locked and reused where it can be.
   Tensor host_logits(int64_t rows, int64_t cols);
 
   // y [T, out] (ytype: f32 or bf16) = beta * y + x [T, in] (bf16) W^T, W [out, in] bf16, fp32
-  // accumulation; beta is 0 or 1 (1: f32 y only). cuBLAS for every shape: the lab's skinny GEMM
-  // (kernels_dev/skinny_gemm.cu) is slower at every decode shape but lm_head.
-  // ldy: y's row stride in elements (0: out).
+  // accumulation; beta is 0 or 1 (1: f32 y only). At the shapes where gemv_pick says it is
+  // faster (one or two tokens), the CUDA-core stream of gemv.h; cuBLAS everywhere else
+  // (kernels_dev/gemv.cu measures both; the lab's tensor-core skinny GEMM,
+  // kernels_dev/skinny_gemm.cu, and cuBLASLt's other algorithms, kernels_dev/cublaslt_algos.cu,
+  // are not faster). ldy: y's row stride in elements (0: out).
   void gemm(const void* x_, int32_t T, int32_t in, const Tensor& w, int32_t out, void* y,
             cudaDataType_t ytype, float beta, const char* what, int32_t ldy = 0) {
+    if (const int v = use_gemv ? cuda::gemv_pick(T, out, in) : 0) {
+      cuda::GemvArgs a;
+      a.x = static_cast<const uint16_t*>(x_);
+      a.w = w.data_as<uint16_t>();
+      a.y = y;
+      a.T = T;
+      a.N = out;
+      a.K = in;
+      a.ldy = ldy > 0 ? ldy : out;
+      a.y_bf16 = ytype == CUDA_R_16BF;
+      a.accumulate = beta != 0.f;
+      if (cuda::gemv_supported(a)) {
+        cuda::gemv(a, stream, v);
+        return;
+      }
+    }
     const float alpha = 1.f;
     // Column-major view: y^T [out, T] = W [out, in] (row-major = col-major W^T, hence OP_T) x^T.
     check_cublas(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &alpha, w.data(),
@@ -347,6 +380,7 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
   inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling);
   if (const char* g = std::getenv("PAGEDATTN_CUDA_GRAPHS"); g && std::string(g) == "0")
     use_graphs = false;  // a check of the plain launches against the graphs' results
+  if (const char* g = std::getenv("PAGEDATTN_GEMV"); g && std::string(g) == "0") use_gemv = false;
   check_cublas(cublasCreate(&cublas), "cublasCreate");
   check_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
   check_cublas(cublasSetStream(cublas, stream), "cublasSetStream");
@@ -394,6 +428,16 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
   synthetic.clear();
   // The embedding table is only gathered (a few rows per step) unless it is also the lm_head.
   step_weight_bytes = weight_bytes - (has_lm_head ? embed.nbytes() : 0);
+  if (comm && shard.world > 1) {
+    // NOTE: collective (every rank loads at the same point). Decode batches up to kPeerRows
+    // rows; longer prefill chunks are bandwidth-bound, where NCCL is as good.
+    constexpr int32_t kPeerRows = 512;
+    std::string why;
+    peer = cuda::PeerAllReduce::create(*comm, kPeerRows, c.hidden_size, &why);
+    if (!peer && shard.rank == 0)
+      std::fprintf(stderr, "pagedattn: tensor parallel: all-reduce through NCCL only (%s)\n",
+                   why.c_str());
+  }
 }
 
 Tensor LlamaModelCuda::Impl::host_logits(int64_t rows, int64_t cols) {
@@ -471,6 +515,7 @@ double LlamaModelCuda::time_collectives(int32_t tokens, int32_t logit_rows, int3
   const ModelConfig& c = m.config;
   const int64_t n = int64_t(tokens) * c.hidden_size, g = int64_t(logit_rows) * m.tp.vocab_stride;
   Tensor buf = Tensor::zeros({n}, DType::f32, Device::cuda);
+  Tensor h = Tensor::zeros({n}, DType::bf16, Device::cuda);
   Tensor send = Tensor::zeros({std::max<int64_t>(g, 1)}, DType::f32, Device::cuda);
   Tensor recv =
       Tensor::zeros({std::max<int64_t>(g, 1) * m.shard.world}, DType::f32, Device::cuda);
@@ -480,8 +525,15 @@ double LlamaModelCuda::time_collectives(int32_t tokens, int32_t logit_rows, int3
   std::vector<float> ms;
   for (int32_t rep = -1; rep < reps; ++rep) {  // rep -1: warm-up
     check_cuda(cudaEventRecord(e0, m.stream), "cudaEventRecord");
-    for (int32_t i = 0; i < 2 * c.num_layers + 1; ++i)
-      m.comm->all_reduce_sum(buf.data_as<float>(), size_t(n), m.stream);
+    for (int32_t i = 0; i < 2 * c.num_layers + 1; ++i) {
+      if (m.peer_step(tokens)) {  // the step's fused kernel: sum, residual add, norm
+        const int32_t slot = i == 0 ? Impl::kSlotEmbed : i % 2 ? Impl::kSlotO : Impl::kSlotDown;
+        m.peer->reduce(slot, buf.data_as<float>(), true, tokens, m.final_norm.data_as<float>(),
+                       c.rms_norm_eps, h.data_as<uint16_t>(), m.stream);
+      } else {
+        m.comm->all_reduce_sum(buf.data_as<float>(), size_t(n), m.stream);
+      }
+    }
     if (g > 0) m.comm->all_gather(send.data_as<float>(), recv.data_as<float>(), size_t(g), m.stream);
     check_cuda(cudaEventRecord(e1, m.stream), "cudaEventRecord");
     check_cuda(cudaEventSynchronize(e1), "collectives");
@@ -595,8 +647,15 @@ LlamaModelCuda::Impl::Step LlamaModelCuda::Impl::prepare_step(const ForwardBatch
 }
 
 // x = the tokens' embedding rows (summed over the ranks' vocabulary shards).
-void LlamaModelCuda::Impl::embed_tokens(const Step& s, cudaStream_t st) {
+bool LlamaModelCuda::Impl::embed_tokens(const Step& s, cudaStream_t st) {
   const int32_t hidden = config.hidden_size;
+  if (peer_step(s.T)) {  // and h = the first layer's normalised input
+    cuda::embed_gather_shard(embed.data_as<uint16_t>(), tp.vocab0, tp.vocab, s.tokens, s.T, hidden,
+                             peer->input(kSlotEmbed), st);
+    peer->reduce(kSlotEmbed, s.x, false, s.T, layers[0].attn_norm.data_as<float>(), config.rms_norm_eps,
+                 static_cast<uint16_t*>(s.h), st);
+    return true;
+  }
   if (comm) {
     cuda::embed_gather_shard(embed.data_as<uint16_t>(), tp.vocab0, tp.vocab, s.tokens, s.T, hidden,
                              s.x, st);
@@ -604,11 +663,12 @@ void LlamaModelCuda::Impl::embed_tokens(const Step& s, cudaStream_t st) {
   } else {
     cuda::embed_gather(embed.data_as<uint16_t>(), s.tokens, s.T, hidden, s.x, st);
   }
+  return false;
 }
 
 // One layer: norm, qkv, write K/V, attention, o (+= x), norm, gate/up, SwiGLU, down (+= x).
-void LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView& view,
-                                     cudaStream_t st) {
+bool LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView& view,
+                                     bool normed, cudaStream_t st) {
   const ModelConfig& c = config;
   const Layer& L = layers[size_t(i)];
   const int32_t T = s.T, hidden = c.hidden_size, D = c.head_dim, inter = tp.inter;
@@ -624,9 +684,12 @@ void LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView
   qp.num_kv_heads = tp.kv_heads;
   qp.head_dim = D;
   qp.eps = c.rms_norm_eps;
+  const bool fused = peer_step(T);  // all-reduce + residual add + next norm in one kernel
   // Attention block.
-  cuda::rms_norm_bf16(s.x, L.attn_norm.data_as<float>(), nullptr, T, hidden, c.rms_norm_eps, hb,
-                      st);
+  if (!normed) {
+    cuda::rms_norm_bf16(s.x, L.attn_norm.data_as<float>(), nullptr, T, hidden, c.rms_norm_eps, hb,
+                        st);
+  }
   gemm(s.h, T, hidden, L.wqkv, qkv_dim, s.qkv, CUDA_R_32F, 0.f, "qkv projection");
   cuda::qkv_post(s.qkv, opt_f32(L.bqkv), opt_f32(L.q_norm), opt_f32(L.k_norm), s.cos, s.sin, qp,
                  static_cast<uint16_t*>(s.q), static_cast<uint16_t*>(s.k),
@@ -634,15 +697,29 @@ void LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView
   write_kv_cuda(view, s.slots, T, s.k, s.v, DType::bf16, st);
   QKVTensor out_t{s.attn, DType::bf16, T, tp.q_heads, D};
   paged_attention_cuda(*plan, QKVTensor{s.q, DType::bf16, T, tp.q_heads, D}, view, out_t, st);
-  gemm(s.attn, T, q_dim, L.wo, hidden, s.x, CUDA_R_32F, residual_beta, "o projection");
-  all_reduce(s.x, int64_t(T) * hidden, st);
-  // MLP block.
-  cuda::rms_norm_bf16(s.x, L.mlp_norm.data_as<float>(), nullptr, T, hidden, c.rms_norm_eps, hb,
-                      st);
+  if (fused) {
+    gemm(s.attn, T, q_dim, L.wo, hidden, peer->input(kSlotO), CUDA_R_32F, 0.f, "o projection");
+    peer->reduce(kSlotO, s.x, true, T, L.mlp_norm.data_as<float>(), c.rms_norm_eps, hb, st);
+  } else {
+    gemm(s.attn, T, q_dim, L.wo, hidden, s.x, CUDA_R_32F, residual_beta, "o projection");
+    all_reduce(s.x, int64_t(T) * hidden, st);
+    // MLP block.
+    cuda::rms_norm_bf16(s.x, L.mlp_norm.data_as<float>(), nullptr, T, hidden, c.rms_norm_eps, hb,
+                        st);
+  }
   gemm(s.h, T, hidden, L.wgu, 2 * inter, s.gu, CUDA_R_16BF, 0.f, "gate/up projection");
   cuda::swiglu(s.gu, T, inter, static_cast<uint16_t*>(s.act), st);
+  if (fused) {
+    const bool last = i + 1 == c.num_layers;
+    gemm(s.act, T, inter, L.wd, hidden, peer->input(kSlotDown), CUDA_R_32F, 0.f,
+         "down projection");
+    peer->reduce(kSlotDown, s.x, true, T, last ? nullptr : layers[size_t(i) + 1].attn_norm.data_as<float>(),
+                 c.rms_norm_eps, hb, st);
+    return !last;
+  }
   gemm(s.act, T, inter, L.wd, hidden, s.x, CUDA_R_32F, residual_beta, "down projection");
   all_reduce(s.x, int64_t(T) * hidden, st);
+  return false;
 }
 
 // logits [R, vocab] = rms_norm(x[rows]) lm_head^T (each rank its vocabulary rows, gathered).
@@ -686,8 +763,9 @@ const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& 
   // of it replays correctly for any later step with the same launches (step_graphs.h).
   cudaStream_t st = m.stream;
   auto launch = [&] {
-    m.embed_tokens(s, st);
-    for (int32_t i = 0; i < c.num_layers; ++i) m.run_layer(i, s, cache.layer_view(i), st);
+    bool normed = m.embed_tokens(s, st);
+    for (int32_t i = 0; i < c.num_layers; ++i)
+      normed = m.run_layer(i, s, cache.layer_view(i), normed, st);
     m.logits_of_rows(s, st);
   };
 

@@ -126,6 +126,36 @@ void NcclComm::all_gather(const float* send, float* recv, size_t n, cudaStream_t
         "all-gather");
 }
 
+std::vector<char> NcclComm::all_gather_host(const void* bytes, size_t n) {
+  PA_CHECK(!aborted_, "tensor parallel: the group has been aborted");
+  std::vector<char> out(n * size_t(world_));
+  if (n == 0) return out;
+  void* dev = nullptr;
+  cudaStream_t st = nullptr;
+  auto done = [&] {
+    if (dev) cudaFree(dev);
+    if (st) cudaStreamDestroy(st);
+  };
+  try {
+    PA_CHECK(cudaMalloc(&dev, out.size()) == cudaSuccess && cudaStreamCreate(&st) == cudaSuccess,
+             "tensor parallel: cannot allocate the exchange buffer");
+    char* d = static_cast<char*>(dev);
+    PA_CHECK(cudaMemcpy(d + n * size_t(rank_), bytes, n, cudaMemcpyHostToDevice) == cudaSuccess,
+             "tensor parallel: exchange upload failed");
+    check(nccl().all_gather(d + n * size_t(rank_), d, n, ncclUint8,
+                            static_cast<ncclComm_t>(comm_), st),
+          "all-gather (setup)");
+    PA_CHECK(cudaStreamSynchronize(st) == cudaSuccess &&
+                 cudaMemcpy(out.data(), d, out.size(), cudaMemcpyDeviceToHost) == cudaSuccess,
+             "tensor parallel: exchange download failed");
+  } catch (...) {
+    done();
+    throw;
+  }
+  done();
+  return out;
+}
+
 void NcclComm::abort() {
   if (!comm_ || aborted_.exchange(true)) return;
   (void)nccl().abort(static_cast<ncclComm_t>(comm_));
@@ -144,6 +174,7 @@ NcclComm::NcclComm(const NcclId&, int32_t, int32_t) {
 NcclComm::~NcclComm() = default;
 void NcclComm::all_reduce_sum(float*, size_t, cudaStream_t) {}
 void NcclComm::all_gather(const float*, float*, size_t, cudaStream_t) {}
+std::vector<char> NcclComm::all_gather_host(const void*, size_t) { return {}; }
 void NcclComm::abort() {}
 
 #endif

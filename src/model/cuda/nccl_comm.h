@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace pagedattn::cuda {
 
@@ -39,6 +40,9 @@ class NcclComm {
   void all_reduce_sum(float* buf, size_t n, cudaStream_t stream);
   // recv [world, n] f32 = every rank's send [n], in rank order.
   void all_gather(const float* send, float* recv, size_t n, cudaStream_t stream);
+  // Every rank's `bytes` [n] (host memory), in rank order [world * n]; blocks until done. For the
+  // small exchanges of setting up (PeerAllReduce's memory handles), not for a step.
+  std::vector<char> all_gather_host(const void* bytes, size_t n);
   // Ends every pending and future collective of this communicator with an error (another thread
   // may call it while one is blocked). Idempotent.
   void abort();

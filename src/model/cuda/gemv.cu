@@ -1,0 +1,188 @@
+// The few-token matrix product of decode steps (gemv.h).
+#include "gemv.h"
+#include "pagedattn/dtype.h"
+#include "pagedattn/error.h"
+
+namespace pagedattn::cuda {
+
+namespace {
+
+constexpr int kWarps = 8;
+
+// acc += the dot product of 8 bf16 pairs (w, x), in a fixed order.
+__device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc) {
+  const uint32_t ws[4] = {w.x, w.y, w.z, w.w}, xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    acc = fmaf(__uint_as_float(ws[i] << 16), __uint_as_float(xs[i] << 16), acc);
+    acc = fmaf(__uint_as_float(ws[i] & 0xffff0000u), __uint_as_float(xs[i] & 0xffff0000u), acc);
+  }
+  return acc;
+}
+
+// grid (ceil(N / (kWarps * R))), block kWarps * 32. Warp w of block b owns rows
+// (b * kWarps + w) * R ... + R - 1; lane l takes the 16-byte chunks l, l + 32, ... of each.
+template <int T, int R>
+__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvArgs a) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row0 = (blockIdx.x * kWarps + warp) * R;
+  if (row0 >= a.N) return;
+  const int chunks = a.K / 8;
+  const uint4* x4 = reinterpret_cast<const uint4*>(a.x);
+  const uint4* w4 = reinterpret_cast<const uint4*>(a.w);
+  float acc[R][T];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll 2
+  for (int c = lane; c < chunks; c += 32) {
+    uint4 wv[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      wv[r] = row0 + r < a.N ? __ldcs(w4 + int64_t(row0 + r) * chunks + c) : zero;
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      const uint4 xv = __ldg(x4 + int64_t(t) * chunks + c);
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r][t] = dot8(wv[r], xv, acc[r][t]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < T; ++t)
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc[r][t] += __shfl_xor_sync(0xffffffffu, acc[r][t], o);
+  if (lane != 0) return;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (row0 + r >= a.N) break;
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      const int64_t at = int64_t(t) * a.ldy + row0 + r;
+      if (a.y_bf16) {
+        static_cast<uint16_t*>(a.y)[at] = f32_to_bf16(acc[r][t]);
+      } else {
+        float* y = static_cast<float*>(a.y) + at;
+        *y = a.accumulate ? *y + acc[r][t] : acc[r][t];
+      }
+    }
+  }
+}
+
+// grid (ceil(N / R)), block kWarps * 32. Block b owns rows b * R ... b * R + R - 1 and its
+// threads split K: thread i takes the 16-byte chunks i, i + 256, ... of every row, so a row's
+// loads are spread over the whole block (a warp per row leaves too few bytes in flight on long
+// rows). Lanes, then warps, are summed in a fixed order.
+template <int T, int R>
+__global__ void __launch_bounds__(kWarps * 32) gemv_split_kernel(GemvArgs a) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row0 = blockIdx.x * R;
+  const int chunks = a.K / 8;
+  const uint4* x4 = reinterpret_cast<const uint4*>(a.x);
+  const uint4* w4 = reinterpret_cast<const uint4*>(a.w);
+  float acc[R][T];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll 2
+  for (int c = threadIdx.x; c < chunks; c += kWarps * 32) {
+    uint4 wv[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      wv[r] = row0 + r < a.N ? __ldcs(w4 + int64_t(row0 + r) * chunks + c) : zero;
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      const uint4 xv = __ldg(x4 + int64_t(t) * chunks + c);
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r][t] = dot8(wv[r], xv, acc[r][t]);
+    }
+  }
+  __shared__ float part[kWarps][R * T];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      float v = acc[r][t];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) part[warp][r * T + t] = v;
+    }
+  __syncthreads();
+  if (threadIdx.x >= R * T) return;
+  const int r = threadIdx.x / T, t = threadIdx.x % T;
+  if (row0 + r >= a.N) return;
+  float v = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) v += part[w][threadIdx.x];
+  const int64_t at = int64_t(t) * a.ldy + row0 + r;
+  if (a.y_bf16) {
+    static_cast<uint16_t*>(a.y)[at] = f32_to_bf16(v);
+  } else {
+    float* y = static_cast<float*>(a.y) + at;
+    *y = a.accumulate ? *y + v : v;
+  }
+}
+
+template <int R, bool kSplit>
+void launch(const GemvArgs& a, cudaStream_t stream) {
+  const int per_block = kSplit ? R : kWarps * R;
+  const unsigned grid = unsigned((a.N + per_block - 1) / per_block);
+  switch (a.T) {
+#define PA_GEMV_CASE(T)                                                 \
+  case T:                                                               \
+    if (kSplit) {                                                       \
+      gemv_split_kernel<T, R><<<grid, kWarps * 32, 0, stream>>>(a);     \
+    } else {                                                            \
+      gemv_kernel<T, R><<<grid, kWarps * 32, 0, stream>>>(a);           \
+    }                                                                   \
+    break;
+    PA_GEMV_CASE(1)
+    PA_GEMV_CASE(2)
+    PA_GEMV_CASE(3)
+    PA_GEMV_CASE(4)
+    PA_GEMV_CASE(5)
+    PA_GEMV_CASE(6)
+    PA_GEMV_CASE(7)
+    PA_GEMV_CASE(8)
+#undef PA_GEMV_CASE
+    default:
+      break;
+  }
+}
+
+}  // namespace
+
+bool gemv_supported(const GemvArgs& a) {
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return a.T >= 1 && a.T <= kGemvMaxTokens && a.N >= 1 && a.K >= 8 && a.K % 8 == 0 &&
+         a.ldy >= a.N && a.x && a.w && a.y && aligned(a.x) && aligned(a.w) &&
+         !(a.y_bf16 && a.accumulate);
+}
+
+int gemv_pick(int32_t T, int32_t N, int32_t K) {
+  if (K < 8 || K % 8 != 0) return 0;
+  if (T == 1) return N < kGemvWideRows ? 3 : 1;
+  if (T == 2) return N < kGemvWideRows ? 3 : 0;
+  return 0;
+}
+
+void gemv(const GemvArgs& a, cudaStream_t stream, int version) {
+  PA_CHECK(gemv_supported(a), "gemv: unsupported arguments (T ", a.T, ", N ", a.N, ", K ", a.K,
+           ", ldy ", a.ldy, ")");
+  switch (version == 0 ? kGemvDefaultVersion : version) {
+    case 1: launch<2, false>(a, stream); break;
+    case 2: launch<4, false>(a, stream); break;
+    case 3: launch<4, true>(a, stream); break;
+    case 4: launch<8, true>(a, stream); break;
+    default: fail("gemv: version ", version, " (1 to ", kGemvVersions, ")");
+  }
+  const cudaError_t e = cudaGetLastError();
+  PA_CHECK(e == cudaSuccess, "gemv: launch failed: ", cudaGetErrorString(e));
+}
+
+}  // namespace pagedattn::cuda

@@ -1,0 +1,326 @@
+// PeerAllReduce: the one-kernel all-reduce over peer memory (peer_all_reduce.h has the picture).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "nccl_comm.h"
+#include "pagedattn/dtype.h"
+#include "pagedattn/error.h"
+#include "peer_all_reduce.h"
+
+namespace pagedattn::cuda {
+
+namespace {
+
+constexpr const char* kOp = "tensor parallel: peer all-reduce";
+constexpr int kMaxRanks = 8;
+constexpr int kMaxBlocks = 128;  // rows beyond the grid are looped over by the same blocks
+constexpr int kThreads = 256, kVecs = 8;  // a row of up to kThreads * kVecs * 4 values in registers
+
+// What peers write into a rank's memory: arrived[b][r] = the number of calls rank r's block b has
+// started (its partial of that call is ready: it was written by the kernels before this one).
+struct Flags {
+  uint32_t arrived[kMaxBlocks][kMaxRanks];
+};
+
+struct Peers {
+  const float* input[kMaxRanks];  // every rank's partial [max_rows, hidden] (the call's slot)
+  Flags* flags[kMaxRanks];        // every rank's flags
+};
+
+__device__ __forceinline__ void store_relaxed(uint32_t* p, uint32_t v) {
+  asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t load_relaxed(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Block b of this rank tells block b of every peer that it has started call `epoch`, then waits
+// until each of them has said the same. Threads 0..W-1 talk to rank t.
+// NOTE: relaxed, no fence: what a peer reads after this was written by kernels that finished
+// before this one began (stream order), and is in this GPU's memory by then. A peer may already
+// be one call ahead (it passed this call and started the next): hence the wrapping >=, not ==.
+// One meeting per call is enough because the caller never uses a slot twice in a row: a rank
+// writes a slot again only after starting a call on another slot, which its peers reach only
+// after the kernel that read this slot has finished.
+template <int W>
+__device__ __forceinline__ void meet(const Peers& peers, int rank, uint32_t epoch) {
+  const int t = threadIdx.x, b = blockIdx.x;
+  if (t < W && t != rank) {
+    store_relaxed(&peers.flags[t]->arrived[b][rank], epoch);
+    const uint32_t* mine = &peers.flags[rank]->arrived[b][t];
+    while (int32_t(load_relaxed(mine) - epoch) < 0) {
+    }
+  }
+}
+
+// Sum over the block (kThreads threads); every thread gets the result.
+__device__ float block_sum(float v) {
+  __shared__ float partial[kThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __syncthreads();  // partial may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  float s = lane < kThreads / 32 ? partial[lane] : 0.f;
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+
+__device__ __forceinline__ float4 add4(float4 a, float4 b) {
+  return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  return uint32_t(f32_to_bf16(lo)) | (uint32_t(f32_to_bf16(hi)) << 16);
+}
+
+// grid (min(rows, kMaxBlocks)), block kThreads; block b owns rows b, b + grid, ...
+// hidden % 4 == 0 and hidden <= kThreads * kVecs * 4 (checked on the host).
+template <int W>
+__global__ void __launch_bounds__(kThreads)
+    peer_reduce_kernel(Peers peers, int rank, uint32_t* __restrict__ counters,
+                       float* __restrict__ x,           // [rows, hidden] the residual stream
+                       int add_x, const float* __restrict__ norm_w,  // [hidden] or null
+                       float eps, uint16_t* __restrict__ h,          // [rows, hidden] bf16
+                       int rows, int hidden) {
+  const uint32_t epoch = counters[blockIdx.x] + 1;
+  meet<W>(peers, rank, epoch);
+  __syncthreads();
+  if (threadIdx.x == 0) counters[blockIdx.x] = epoch;
+  const int nv = hidden / 4;
+  for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t off = int64_t(r) * nv;
+    float4 s[kVecs];
+    // Every rank's rows in rank order: the same additions on every rank.
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int i = threadIdx.x + k * kThreads;
+      s[k] = i < nv ? __ldcg(reinterpret_cast<const float4*>(peers.input[0]) + off + i)
+                    : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int p = 1; p < W; ++p) {
+      float4 v[kVecs];
+#pragma unroll
+      for (int k = 0; k < kVecs; ++k) {
+        const int i = threadIdx.x + k * kThreads;
+        v[k] = i < nv ? __ldcg(reinterpret_cast<const float4*>(peers.input[p]) + off + i)
+                      : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int k = 0; k < kVecs; ++k) s[k] = add4(s[k], v[k]);
+    }
+    float4* xr = reinterpret_cast<float4*>(x) + off;
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int i = threadIdx.x + k * kThreads;
+      if (i >= nv) continue;
+      if (add_x) s[k] = add4(xr[i], s[k]);
+      xr[i] = s[k];
+      ss += s[k].x * s[k].x + s[k].y * s[k].y + s[k].z * s[k].z + s[k].w * s[k].w;
+    }
+    if (norm_w) {
+      const float inv = rsqrtf(block_sum(ss) / float(hidden) + eps);
+      const float4* wv = reinterpret_cast<const float4*>(norm_w);
+      uint2* hv = reinterpret_cast<uint2*>(h) + off;
+#pragma unroll
+      for (int k = 0; k < kVecs; ++k) {
+        const int i = threadIdx.x + k * kThreads;
+        if (i >= nv) continue;
+        const float4 w = wv[i], v = s[k];
+        hv[i] = make_uint2(pack_bf16x2(v.x * inv * w.x, v.y * inv * w.y),
+                           pack_bf16x2(v.z * inv * w.z, v.w * inv * w.w));
+      }
+    }
+  }
+}
+
+// What a rank tells the others about itself.
+struct RankInfo {
+  char host[64];
+  char pci[32];
+  int32_t pid;
+  int32_t device;
+  int32_t willing;  // PAGEDATTN_PEER_ALL_REDUCE is not 0 and the sizes agree
+  int32_t max_rows, hidden;
+  cudaIpcMemHandle_t handle;
+  uint64_t pointer;
+};
+
+size_t slot_bytes(int32_t max_rows, int32_t hidden) {
+  const size_t data = size_t(max_rows) * size_t(hidden) * 4;
+  return (data + 255) / 256 * 256;
+}
+size_t flags_offset(int32_t max_rows, int32_t hidden) {
+  return PeerAllReduce::kSlots * slot_bytes(max_rows, hidden);
+}
+
+}  // namespace
+
+std::unique_ptr<PeerAllReduce> PeerAllReduce::create(NcclComm& comm, int32_t max_rows,
+                                                     int32_t hidden, std::string* why) {
+  const int32_t world = comm.world(), rank = comm.rank();
+  auto say = [&](const std::string& w) {
+    if (why) *why = w;
+  };
+  std::unique_ptr<PeerAllReduce> pr(new PeerAllReduce());
+  pr->world_ = world;
+  pr->rank_ = rank;
+  pr->max_rows_ = max_rows;
+  pr->hidden_ = hidden;
+  const bool shape_ok = world >= 2 && world <= kMaxRanks && max_rows > 0 && hidden > 0 &&
+                        hidden % 4 == 0 && hidden <= kThreads * kVecs * 4;
+  const char* env = std::getenv("PAGEDATTN_PEER_ALL_REDUCE");
+  const bool wanted = !(env && std::string(env) == "0");
+
+  RankInfo me{};
+  gethostname(me.host, sizeof(me.host) - 1);
+  me.pid = int32_t(getpid());
+  PA_CHECK(cudaGetDevice(&me.device) == cudaSuccess, kOp, ": no current device");
+  PA_CHECK(cudaDeviceGetPCIBusId(me.pci, sizeof(me.pci) - 1, me.device) == cudaSuccess, kOp,
+           ": cannot read the device's PCI bus id");
+  me.max_rows = max_rows;
+  me.hidden = hidden;
+  me.willing = shape_ok && wanted;
+  if (me.willing) {
+    const size_t bytes = flags_offset(max_rows, hidden) + sizeof(Flags);
+    bool ok = cudaMalloc(&pr->own_, bytes) == cudaSuccess &&
+              cudaMemset(pr->own_, 0, bytes) == cudaSuccess &&
+              cudaMalloc(reinterpret_cast<void**>(&pr->counters_), kMaxBlocks * 4) == cudaSuccess &&
+              cudaMemset(pr->counters_, 0, kMaxBlocks * 4) == cudaSuccess &&
+              cudaIpcGetMemHandle(&me.handle, pr->own_) == cudaSuccess &&
+              cudaDeviceSynchronize() == cudaSuccess;  // zeroed before any peer can signal
+    if (!ok) {
+      (void)cudaGetLastError();
+      me.willing = 0;
+    }
+    me.pointer = uint64_t(reinterpret_cast<uintptr_t>(pr->own_));
+  }
+  const std::vector<char> gathered = comm.all_gather_host(&me, sizeof(me));
+  std::vector<RankInfo> infos(static_cast<size_t>(world));
+  std::memcpy(infos.data(), gathered.data(), infos.size() * sizeof(RankInfo));
+
+  // Map every peer's allocation; any failure here is this rank's "no", shared below.
+  std::string reason;
+  if (!shape_ok) {
+    reason = "world " + std::to_string(world) + " or hidden size " + std::to_string(hidden) +
+             " outside what the kernel takes";
+  } else if (!wanted) {
+    reason = "PAGEDATTN_PEER_ALL_REDUCE=0";
+  }
+  pr->bases_.assign(size_t(world), nullptr);
+  for (int32_t r = 0; r < world && reason.empty(); ++r) {
+    const RankInfo& o = infos[size_t(r)];
+    if (!o.willing) {
+      reason = "rank " + std::to_string(r) + " declined";
+      break;
+    }
+    if (o.max_rows != max_rows || o.hidden != hidden) {
+      reason = "the ranks' sizes differ";
+      break;
+    }
+    if (r == rank) {
+      pr->bases_[size_t(r)] = pr->own_;
+      continue;
+    }
+    if (std::strncmp(o.host, me.host, sizeof(me.host)) != 0) {
+      reason = "rank " + std::to_string(r) + " runs on another host";
+      break;
+    }
+    int dev = -1, can = 0;
+    if (cudaDeviceGetByPCIBusId(&dev, o.pci) != cudaSuccess ||
+        cudaDeviceCanAccessPeer(&can, me.device, dev) != cudaSuccess || !can) {
+      (void)cudaGetLastError();
+      reason = "this GPU cannot reach rank " + std::to_string(r) + "'s memory";
+      break;
+    }
+    if (o.pid == me.pid) {  // ranks as threads of one process: plain peer pointers
+      const cudaError_t e = cudaDeviceEnablePeerAccess(dev, 0);
+      if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError();
+        reason = "cannot enable peer access to rank " + std::to_string(r);
+        break;
+      }
+      (void)cudaGetLastError();
+      pr->bases_[size_t(r)] = reinterpret_cast<void*>(uintptr_t(o.pointer));
+    } else {
+      void* p = nullptr;
+      if (cudaIpcOpenMemHandle(&p, o.handle, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) {
+        (void)cudaGetLastError();
+        reason = "cannot map rank " + std::to_string(r) + "'s memory (CUDA IPC)";
+        break;
+      }
+      pr->bases_[size_t(r)] = p;
+      pr->ipc_opened_.push_back(p);
+    }
+  }
+  const char ok = reason.empty() ? 1 : 0;
+  const std::vector<char> oks = comm.all_gather_host(&ok, 1);
+  for (int32_t r = 0; r < world && reason.empty(); ++r) {
+    if (!oks[size_t(r)]) reason = "rank " + std::to_string(r) + " cannot map its peers' memory";
+  }
+  if (!reason.empty()) {
+    say(reason);
+    return nullptr;  // the destructor unmaps and frees what was made
+  }
+  return pr;
+}
+
+PeerAllReduce::~PeerAllReduce() {
+  for (void* p : ipc_opened_) cudaIpcCloseMemHandle(p);
+  if (own_) cudaFree(own_);
+  if (counters_) cudaFree(counters_);
+}
+
+float* PeerAllReduce::input(int32_t slot) const {
+  PA_CHECK(slot >= 0 && slot < kSlots, kOp, ": slot ", slot, " of ", kSlots);
+  return reinterpret_cast<float*>(static_cast<char*>(own_) +
+                                  size_t(slot) * slot_bytes(max_rows_, hidden_));
+}
+
+void PeerAllReduce::reduce(int32_t slot, float* x, bool add_x, int32_t rows, const float* norm_w,
+                           float eps, uint16_t* h, cudaStream_t stream) {
+  PA_CHECK(slot >= 0 && slot < kSlots, kOp, ": slot ", slot, " of ", kSlots);
+  PA_CHECK(slot != last_slot_, kOp, ": slot ", slot, " used twice in a row (a peer may still be ",
+           "reading it)");
+  PA_CHECK(rows >= 0 && rows <= max_rows_, kOp, ": ", rows, " rows, at most ", max_rows_);
+  PA_CHECK(!norm_w || h, kOp, ": a norm needs its output");
+  if (rows == 0) return;
+  last_slot_ = slot;
+  Peers peers{};
+  const size_t fo = flags_offset(max_rows_, hidden_);
+  for (int32_t r = 0; r < world_; ++r) {
+    char* base = static_cast<char*>(bases_[size_t(r)]);
+    peers.input[r] =
+        reinterpret_cast<const float*>(base + size_t(slot) * slot_bytes(max_rows_, hidden_));
+    peers.flags[r] = reinterpret_cast<Flags*>(base + fo);
+  }
+  const unsigned grid = unsigned(std::min(rows, kMaxBlocks));
+  switch (world_) {
+#define PA_PEER_CASE(W)                                                                      \
+  case W:                                                                                    \
+    peer_reduce_kernel<W><<<grid, kThreads, 0, stream>>>(peers, rank_, counters_, x, add_x, \
+                                                         norm_w, eps, h, rows, hidden_);     \
+    break;
+    PA_PEER_CASE(2)
+    PA_PEER_CASE(3)
+    PA_PEER_CASE(4)
+    PA_PEER_CASE(5)
+    PA_PEER_CASE(6)
+    PA_PEER_CASE(7)
+    PA_PEER_CASE(8)
+#undef PA_PEER_CASE
+    default:
+      fail(kOp, ": world ", world_);
+  }
+  const cudaError_t e = cudaGetLastError();
+  PA_CHECK(e == cudaSuccess, kOp, ": launch failed: ", cudaGetErrorString(e));
+}
+
+}  // namespace pagedattn::cuda
