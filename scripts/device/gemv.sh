@@ -3,9 +3,11 @@
 # the GPU tests and the gemv lab; runs the lab (gate, then the sweep against cuBLAS), the GPU
 # suite (GPU_FILTER narrows it), and `bench model` on synthetic SmolLM2-135M and Llama-3-8B with
 # the products gemv_pick chooses through gemv and, alternately, all through cuBLAS
-# (PAGEDATTN_GEMV=0). Logs under $OUT; a summary is last.
+# (PAGEDATTN_GEMV=0); AB_VAR names another switch to compare the same way (PAGEDATTN_PDL: kernels
+# launched as programmatic dependents or plainly). Logs under $OUT; a summary is last.
 #   scripts/device/gemv.sh
-#   SKIP_SUITE=1 scripts/device/gemv.sh
+#   SKIP_SUITE=1 AB_VAR=PAGEDATTN_PDL scripts/device/gemv.sh
+# Environment: SKIP_LAB, SKIP_SUITE, GPU_FILTER, MODEL_BATCHES (1,2,4), AB_VAR, BUDGET.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out/gemv}
@@ -13,14 +15,17 @@ BUILD_DIR=${BUILD_DIR:-build-gpu}
 mkdir -p "$OUT"
 end=$(($(date +%s) + ${BUDGET:-560}))
 source scripts/device/steps.sh
+ab=${AB_VAR:-PAGEDATTN_GEMV}
 record_device
 step build 240 build.log env BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh pagedattn \
   test_gpu gemv_lab || tail -30 "$OUT/build.log"
 if [[ -f "$BUILD_DIR/deps-env.sh" ]]; then source "$BUILD_DIR/deps-env.sh"; fi
 bin="$BUILD_DIR/pagedattn"
 
-step lab 120 lab.log "$BUILD_DIR/kernels_dev/gemv_lab"
-grep -vE "^gate .* ok$" "$OUT/lab.log" | tail -70
+if [[ -z "${SKIP_LAB:-}" ]]; then
+  step lab 120 lab.log "$BUILD_DIR/kernels_dev/gemv_lab"
+  grep -vE "^gate .* ok$" "$OUT/lab.log" | tail -70
+fi
 
 [[ -n "${SKIP_SUITE:-}" ]] ||
   step suite 240 suite.log "$BUILD_DIR/tests/test_gpu" ${GPU_FILTER:+--gtest_filter=$GPU_FILTER}
@@ -30,12 +35,12 @@ grep -E "^\[  FAILED|Failure" "$OUT/suite.log" 2>/dev/null | head -20
 # Interleaved: gemv, cuBLAS, gemv, cuBLAS (sustained work moves the clocks).
 for round in 1 2; do
   for g in 1 0; do
-    echo "## gemv $g" >>"$OUT/model.log"
-    step "smol-g$g" 60 model.log env PAGEDATTN_GEMV=$g "$bin" bench model \
-      --model synthetic:smollm2-135m --device cuda --batch 1,2,4 --prompt-len 512 \
+    echo "## $ab $g" >>"$OUT/model.log"
+    step "smol-g$g" 60 model.log env $ab=$g "$bin" bench model \
+      --model synthetic:smollm2-135m --device cuda --batch ${MODEL_BATCHES:-1,2,4} --prompt-len 512 \
       --decode-steps 64 --json
-    step "8b-g$g" 60 model.log env PAGEDATTN_GEMV=$g "$bin" bench model \
-      --model synthetic:llama3-8b --device cuda --batch 1,2,4 --prompt-len 512 \
+    step "8b-g$g" 60 model.log env $ab=$g "$bin" bench model \
+      --model synthetic:llama3-8b --device cuda --batch ${MODEL_BATCHES:-1,2,4} --prompt-len 512 \
       --decode-steps 32 --json
   done
 done
@@ -44,11 +49,11 @@ import json, sys
 g = "?"
 for line in sys.stdin:
     if line.startswith("## "):
-        g = line.split()[-1]
+        g = line[3:].strip().replace(" ", "=")
         continue
     r = json.loads(line)
     model, batch, ms = r["model"], r["batch"], r["decode_ms_per_step"]
     pct = r.get("pct_of_floor", 0)
-    print(f"gemv={g} {model:22s} batch {batch:3d}  {ms:7.3f} ms/step  {pct:5.1f}% of floor")
+    print(f"{g} {model:22s} batch {batch:3d}  {ms:7.3f} ms/step  {pct:5.1f}% of floor")
 '
 print_summary

@@ -104,6 +104,12 @@ __device__ __forceinline__ uint4 ldg16(const void* p) {
 __device__ __forceinline__ void allow_dependent_launch() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
+// The other side (pdl.h): a kernel launched with programmatic stream serialization waits here,
+// before touching memory, until the kernels before it have finished and their writes are visible.
+// A plainly launched kernel passes at once.
+__device__ __forceinline__ void wait_for_dependency() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
 
 // ---- cp.async: 16-byte global -> shared copies completing in commit groups ----
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {

@@ -2,6 +2,7 @@
 // dtype with exactly write_kv_cpu's arithmetic (dtype.h's conversions, x * (1 / scale) for fp8).
 #include "cuda_common.cuh"
 #include "pagedattn/attention_cuda.h"
+#include "pdl.h"
 
 namespace pagedattn {
 namespace {
@@ -11,6 +12,8 @@ namespace {
 //   slots: [num_tokens]; k, v: [num_tokens, num_kv_heads, head_dim] (src dtype)
 __global__ void write_kv_kernel(const PagedKVView kv, const int32_t* slots, int32_t num_tokens,
                                 const void* k, const void* v, DType src) {
+  cuda::wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
+  cuda::allow_dependent_launch();
   const int64_t per_token = int64_t(kv.num_kv_heads) * kv.head_dim;
   const int64_t total = per_token * num_tokens;
   const int64_t total_slots = int64_t(kv.num_pages) * kv.page_size;
@@ -55,9 +58,10 @@ void write_kv_cuda(const PagedKVView& kv, const int32_t* slots, int32_t num_toke
   const int64_t total = int64_t(num_tokens) * kv.num_kv_heads * kv.head_dim;
   const int threads = 256;
   const int64_t blocks = std::min<int64_t>((total + threads - 1) / threads, 65535);
-  write_kv_kernel<<<unsigned(blocks), threads, 0, static_cast<cudaStream_t>(stream)>>>(
-      kv, slots, num_tokens, k, v, src_dtype);
-  cuda::check_launch("write_kv: kernel launch");
+  cuda::check_cuda(cuda::launch_pdl(write_kv_kernel, dim3(unsigned(blocks)), dim3(threads), 0,
+                                    static_cast<cudaStream_t>(stream), kv, slots, num_tokens, k,
+                                    v, src_dtype),
+                   "write_kv: kernel launch");
 }
 
 }  // namespace pagedattn

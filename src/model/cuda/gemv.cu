@@ -1,5 +1,7 @@
 // The few-token matrix product of decode steps (gemv.h).
+#include "cuda_common.cuh"  // allow_dependent_launch, wait_for_dependency
 #include "gemv.h"
+#include "pdl.h"
 #include "pagedattn/dtype.h"
 #include "pagedattn/error.h"
 
@@ -24,6 +26,8 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc)
 // (b * kWarps + w) * R ... + R - 1; lane l takes the 16-byte chunks l, l + 32, ... of each.
 template <int T, int R>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvArgs a) {
+  wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
+  allow_dependent_launch();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row0 = (blockIdx.x * kWarps + warp) * R;
   if (row0 >= a.N) return;
@@ -78,6 +82,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvArgs a) {
 // rows). Lanes, then warps, are summed in a fixed order.
 template <int T, int R>
 __global__ void __launch_bounds__(kWarps * 32) gemv_split_kernel(GemvArgs a) {
+  wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
+  allow_dependent_launch();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row0 = blockIdx.x * R;
   const int chunks = a.K / 8;
@@ -130,16 +136,14 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_split_kernel(GemvArgs a) {
 
 template <int R, bool kSplit>
 void launch(const GemvArgs& a, cudaStream_t stream) {
+  cudaError_t e = cudaSuccess;
   const int per_block = kSplit ? R : kWarps * R;
   const unsigned grid = unsigned((a.N + per_block - 1) / per_block);
   switch (a.T) {
 #define PA_GEMV_CASE(T)                                                 \
   case T:                                                               \
-    if (kSplit) {                                                       \
-      gemv_split_kernel<T, R><<<grid, kWarps * 32, 0, stream>>>(a);     \
-    } else {                                                            \
-      gemv_kernel<T, R><<<grid, kWarps * 32, 0, stream>>>(a);           \
-    }                                                                   \
+    e = launch_pdl(kSplit ? gemv_split_kernel<T, R> : gemv_kernel<T, R>, \
+                   dim3(grid), dim3(kWarps * 32), 0, stream, a);          \
     break;
     PA_GEMV_CASE(1)
     PA_GEMV_CASE(2)
@@ -153,6 +157,7 @@ void launch(const GemvArgs& a, cudaStream_t stream) {
     default:
       break;
   }
+  PA_CHECK(e == cudaSuccess, "gemv: launch failed: ", cudaGetErrorString(e));
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "cuda_common.cuh"  // allow_dependent_launch
+#include "cuda_common.cuh"  // allow_dependent_launch, wait_for_dependency
+#include "pdl.h"
 #include "llama_kernels.h"
 #include "pagedattn/dtype.h"
 #include "pagedattn/error.h"
@@ -34,6 +35,8 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 __global__ void embed_gather_kernel(const uint16_t* __restrict__ embed,       // [vocab, hidden]
                                     const int32_t* __restrict__ tokens,       // [num_tokens]
                                     int32_t hidden, float* __restrict__ x) {  // [T, hidden]
+  wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
+  allow_dependent_launch();
   const uint16_t* row = embed + int64_t(tokens[blockIdx.x]) * hidden;
   float* out = x + int64_t(blockIdx.x) * hidden;
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[i] = bf16_to_f32(row[i]);
@@ -43,6 +46,8 @@ __global__ void embed_gather_shard_kernel(const uint16_t* __restrict__ embed,  /
                                           int32_t vocab0, int32_t vocab_rows,
                                           const int32_t* __restrict__ tokens,       // [num_tokens]
                                           int32_t hidden, float* __restrict__ x) {  // [T, hidden]
+  wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
+  allow_dependent_launch();
   const int32_t local = tokens[blockIdx.x] - vocab0;
   float* out = x + int64_t(blockIdx.x) * hidden;
   if (local < 0 || local >= vocab_rows) {
@@ -64,7 +69,8 @@ __global__ void __launch_bounds__(kNormThreads)
                     const int32_t* __restrict__ rows,  // [num_rows] or null
                     int32_t hidden, float eps,
                     uint16_t* __restrict__ out) {  // [num_rows, hidden]
-  allow_dependent_launch();  // a kernel launched as its dependent may start early
+  wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
+  allow_dependent_launch();
   const int64_t src = rows ? rows[blockIdx.x] : blockIdx.x;
   const float* xr = x + src * hidden;
   uint16_t* o = out + int64_t(blockIdx.x) * hidden;
@@ -119,6 +125,8 @@ __global__ void qkv_post_kernel(const float* __restrict__ qkv,       // [T, (Hq 
                                 QkvParams p, uint16_t* __restrict__ q,  // [T, Hq, D]
                                 uint16_t* __restrict__ k,               // [T, Hkv, D]
                                 uint16_t* __restrict__ v) {             // [T, Hkv, D]
+  wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
+  allow_dependent_launch();
   const int t = blockIdx.x, head = blockIdx.y, i = threadIdx.x;
   const int D = p.head_dim, half = D / 2, Hq = p.num_q_heads, Hkv = p.num_kv_heads;
   const int64_t width = int64_t(Hq + 2 * Hkv) * D;
@@ -158,6 +166,7 @@ template <int V>
 __global__ void swiglu_kernel(const uint16_t* __restrict__ gu,  // [T, 2 * inter] bf16
                               int32_t inter,
                               uint16_t* __restrict__ a) {  // [T, inter]
+  wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
   allow_dependent_launch();
   const int j = (blockIdx.x * blockDim.x + threadIdx.x) * V;
   if (j >= inter) return;
@@ -202,6 +211,8 @@ __global__ void __launch_bounds__(kArgmaxThreads)
     argmax_rows_kernel(const float* __restrict__ x,  // [rows, vocab]
                        int32_t vocab,
                        int32_t* __restrict__ ids) {  // [rows]
+  wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
+  allow_dependent_launch();
   const float* row = x + int64_t(blockIdx.x) * vocab;
   // The host rule: its running maximum starts at x[0], which a NaN never leaves, so the answer
   // is 0. Every thread reads the same value: the whole block returns or none of it does.
@@ -313,24 +324,26 @@ unsigned blocks_for(int64_t n) { return unsigned((n + 255) / 256); }
 void embed_gather(const uint16_t* embed, const int32_t* tokens, int32_t num_tokens, int32_t hidden,
                   float* x, cudaStream_t stream) {
   if (num_tokens == 0) return;
-  embed_gather_kernel<<<num_tokens, 256, 0, stream>>>(embed, tokens, hidden, x);
-  check_launch("LlamaModelCuda: embedding gather");
+  check_cuda(launch_pdl(embed_gather_kernel, dim3(num_tokens), dim3(256), 0, stream, embed, tokens,
+                        hidden, x),
+             "LlamaModelCuda: embedding gather");
 }
 
 void embed_gather_shard(const uint16_t* embed, int32_t vocab0, int32_t vocab_rows,
                         const int32_t* tokens, int32_t num_tokens, int32_t hidden, float* x,
                         cudaStream_t stream) {
   if (num_tokens == 0) return;
-  embed_gather_shard_kernel<<<num_tokens, 256, 0, stream>>>(embed, vocab0, vocab_rows, tokens,
-                                                            hidden, x);
-  check_launch("LlamaModelCuda: embedding gather (vocabulary shard)");
+  check_cuda(launch_pdl(embed_gather_shard_kernel, dim3(num_tokens), dim3(256), 0, stream, embed,
+                        vocab0, vocab_rows, tokens, hidden, x),
+             "LlamaModelCuda: embedding gather (vocabulary shard)");
 }
 
 void rms_norm_bf16(const float* x, const float* weight, const int32_t* rows, int32_t num_rows,
                    int32_t hidden, float eps, uint16_t* out, cudaStream_t stream) {
   if (num_rows == 0) return;
-  rms_norm_kernel<<<num_rows, kNormThreads, 0, stream>>>(x, weight, rows, hidden, eps, out);
-  check_launch("LlamaModelCuda: rms_norm");
+  check_cuda(launch_pdl(rms_norm_kernel, dim3(num_rows), dim3(kNormThreads), 0, stream, x, weight,
+                        rows, hidden, eps, out),
+             "LlamaModelCuda: rms_norm");
 }
 
 void qkv_post(const float* qkv, const float* bias, const float* q_norm, const float* k_norm,
@@ -340,28 +353,26 @@ void qkv_post(const float* qkv, const float* bias, const float* q_norm, const fl
            "LlamaModelCuda: head_dim must be a multiple of 64 up to 512, got ", p.head_dim);
   if (p.num_tokens == 0) return;
   const dim3 grid(unsigned(p.num_tokens), unsigned(p.num_q_heads + 2 * p.num_kv_heads));
-  qkv_post_kernel<<<grid, unsigned(p.head_dim / 2), 0, stream>>>(qkv, bias, q_norm, k_norm,
-                                                                 rope_cos, rope_sin, p, q, k, v);
-  check_launch("LlamaModelCuda: qkv bias / norm / rope");
+  check_cuda(launch_pdl(qkv_post_kernel, grid, dim3(unsigned(p.head_dim / 2)), 0, stream, qkv,
+                        bias, q_norm, k_norm, rope_cos, rope_sin, p, q, k, v),
+             "LlamaModelCuda: qkv bias / norm / rope");
 }
 
 void swiglu(const uint16_t* gu, int32_t num_tokens, int32_t inter, uint16_t* a,
             cudaStream_t stream) {
   if (num_tokens == 0 || inter == 0) return;
-  if (inter % 8 == 0) {
-    swiglu_kernel<8>
-        <<<dim3(blocks_for(inter / 8), unsigned(num_tokens)), 256, 0, stream>>>(gu, inter, a);
-  } else {
-    swiglu_kernel<1>
-        <<<dim3(blocks_for(inter), unsigned(num_tokens)), 256, 0, stream>>>(gu, inter, a);
-  }
-  check_launch("LlamaModelCuda: swiglu");
+  const bool wide = inter % 8 == 0;
+  check_cuda(launch_pdl(wide ? swiglu_kernel<8> : swiglu_kernel<1>,
+                        dim3(blocks_for(wide ? inter / 8 : inter), unsigned(num_tokens)),
+                        dim3(256), 0, stream, gu, inter, a),
+             "LlamaModelCuda: swiglu");
 }
 
 void argmax_rows(const float* x, int32_t rows, int32_t vocab, int32_t* ids, cudaStream_t stream) {
   if (rows == 0) return;
-  argmax_rows_kernel<<<rows, kArgmaxThreads, 0, stream>>>(x, vocab, ids);
-  check_launch("LlamaModelCuda: argmax");
+  check_cuda(launch_pdl(argmax_rows_kernel, dim3(rows), dim3(kArgmaxThreads), 0, stream, x, vocab,
+                        ids),
+             "LlamaModelCuda: argmax");
 }
 
 void f32_to_bf16_device(const float* src, int64_t n, uint16_t* dst, cudaStream_t stream) {

@@ -5,7 +5,9 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cuda_common.cuh"  // allow_dependent_launch, wait_for_dependency
 #include "nccl_comm.h"
+#include "pdl.h"
 #include "pagedattn/dtype.h"
 #include "pagedattn/error.h"
 #include "peer_all_reduce.h"
@@ -88,6 +90,8 @@ __global__ void __launch_bounds__(kThreads)
                        int add_x, const float* __restrict__ norm_w,  // [hidden] or null
                        float eps, uint16_t* __restrict__ h,          // [rows, hidden] bf16
                        int rows, int hidden) {
+  wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
+  allow_dependent_launch();
   const uint32_t epoch = counters[blockIdx.x] + 1;
   meet<W>(peers, rank, epoch);
   __syncthreads();
@@ -302,11 +306,12 @@ void PeerAllReduce::reduce(int32_t slot, float* x, bool add_x, int32_t rows, con
     peers.flags[r] = reinterpret_cast<Flags*>(base + fo);
   }
   const unsigned grid = unsigned(std::min(rows, kMaxBlocks));
+  cudaError_t e = cudaSuccess;
   switch (world_) {
 #define PA_PEER_CASE(W)                                                                      \
   case W:                                                                                    \
-    peer_reduce_kernel<W><<<grid, kThreads, 0, stream>>>(peers, rank_, counters_, x, add_x, \
-                                                         norm_w, eps, h, rows, hidden_);     \
+    e = launch_pdl(peer_reduce_kernel<W>, dim3(grid), dim3(kThreads), 0, stream, peers, rank_, \
+                   counters_, x, int(add_x), norm_w, eps, h, rows, hidden_);                  \
     break;
     PA_PEER_CASE(2)
     PA_PEER_CASE(3)
@@ -319,7 +324,6 @@ void PeerAllReduce::reduce(int32_t slot, float* x, bool add_x, int32_t rows, con
     default:
       fail(kOp, ": world ", world_);
   }
-  const cudaError_t e = cudaGetLastError();
   PA_CHECK(e == cudaSuccess, kOp, ": launch failed: ", cudaGetErrorString(e));
 }
 
