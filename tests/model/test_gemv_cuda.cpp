@@ -96,6 +96,64 @@ TEST(GemvCuda, MatchesDoublePrecisionOnRandomShapes) {
   EXPECT_GT(checked, 1000);
 }
 
+// gate/up and SwiGLU in one launch: the same bits as the product into bf16 followed by the
+// model's swiglu, checked here against double precision on the bf16-rounded gate and up.
+TEST(GemvCuda, SwigluMatchesDoublePrecision) {
+  PA_SKIP_WITHOUT_GPU();
+  std::mt19937 g(11);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int trial = 0; trial < 20; ++trial) {
+    const int T = 1 + int(g() % 2);
+    const int inter = 1 + int(g() % 1500);
+    const int K = 8 * (1 + int(g() % 200));
+    SCOPED_TRACE(::testing::Message() << "T " << T << " inter " << inter << " K " << K);
+    ASSERT_TRUE(cuda::gemv_swiglu_takes(T, inter, K));
+    std::vector<uint16_t> x(size_t(T) * K), w(size_t(2 * inter) * K);
+    for (auto& v : x) v = f32_to_bf16(nd(g));
+    for (auto& v : w) v = f32_to_bf16(0.1f * nd(g));
+    uint16_t *dx = nullptr, *dw = nullptr, *dy = nullptr;
+    ASSERT_EQ(cudaMalloc(&dx, x.size() * 2), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dw, w.size() * 2), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dy, size_t(T) * inter * 2), cudaSuccess);
+    cudaMemcpy(dx, x.data(), x.size() * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(dw, w.data(), w.size() * 2, cudaMemcpyHostToDevice);
+    cudaMemset(dy, 0xff, size_t(T) * inter * 2);
+    cuda::GemvArgs a;
+    a.x = dx;
+    a.w = dw;
+    a.y = dy;
+    a.T = T;
+    a.N = a.ldy = inter;
+    a.K = K;
+    a.y_bf16 = true;
+    cuda::gemv_swiglu(a, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<uint16_t> got(size_t(T) * inter);
+    cudaMemcpy(got.data(), dy, got.size() * 2, cudaMemcpyDeviceToHost);
+    cudaFree(dx);
+    cudaFree(dw);
+    cudaFree(dy);
+    int bad = 0;
+    for (int t = 0; t < T; ++t) {
+      for (int j = 0; j < inter; ++j) {
+        double gs = 0, us = 0;
+        for (int k = 0; k < K; ++k) {
+          const double xv = bf16_to_f32(x[size_t(t) * K + k]);
+          gs += xv * bf16_to_f32(w[size_t(j) * K + k]);
+          us += xv * bf16_to_f32(w[size_t(inter + j) * K + k]);
+        }
+        const double gb = bf16_to_f32(f32_to_bf16(float(gs)));
+        const double ub = bf16_to_f32(f32_to_bf16(float(us)));
+        const double want = gb / (1 + std::exp(-gb)) * ub;
+        const double v = bf16_to_f32(got[size_t(t) * inter + j]);
+        // bf16 output (half a step) plus a gate or up sum one bf16 step off after rounding.
+        if (!(std::abs(v - want) <= 2e-2 * std::abs(want) + 2e-3 * (1 + std::abs(ub)))) ++bad;
+      }
+    }
+    EXPECT_EQ(bad, 0);
+  }
+}
+
 // Host checks only: no device needed.
 TEST(GemvCuda, RefusesWhatItCannotTake) {
   alignas(16) static uint16_t buf[64];
@@ -127,6 +185,9 @@ TEST(GemvCuda, RefusesWhatItCannotTake) {
   EXPECT_EQ(cuda::gemv_pick(4, 4096, 4096), 0);
   EXPECT_EQ(cuda::gemv_pick(1, 4096, 12), 0);
   EXPECT_NE(cuda::gemv_pick(1, 576, 576), 0);
+  EXPECT_FALSE(cuda::gemv_swiglu_takes(3, 1536, 576));
+  EXPECT_FALSE(cuda::gemv_swiglu_takes(1, 14336, 4096));  // 28672 rows: version 1's
+  EXPECT_TRUE(cuda::gemv_swiglu_takes(1, 1536, 576));
   try {
     cuda::gemv(b, nullptr);
     ADD_FAILURE() << "a misaligned x was taken";

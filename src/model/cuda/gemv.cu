@@ -79,38 +79,42 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvArgs a) {
 // grid (ceil(N / R)), block kWarps * 32. Block b owns rows b * R ... b * R + R - 1 and its
 // threads split K: thread i takes the 16-byte chunks i, i + 256, ... of every row, so a row's
 // loads are spread over the whole block (a warp per row leaves too few bytes in flight on long
-// rows). Lanes, then warps, are summed in a fixed order.
-template <int T, int R>
+// rows). Lanes, then warps, are summed in a fixed order. GLU: W holds 2N rows (gate, then up);
+// the block also takes the up rows N + b * R ... and writes silu(gate) * up (gemv_swiglu).
+template <int T, int R, bool GLU>
 __global__ void __launch_bounds__(kWarps * 32) gemv_split_kernel(GemvArgs a) {
   wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
   allow_dependent_launch();
+  constexpr int RR = GLU ? 2 * R : R;  // rows of W a block reads
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row0 = blockIdx.x * R;
   const int chunks = a.K / 8;
   const uint4* x4 = reinterpret_cast<const uint4*>(a.x);
   const uint4* w4 = reinterpret_cast<const uint4*>(a.w);
-  float acc[R][T];
+  float acc[RR][T];
 #pragma unroll
-  for (int r = 0; r < R; ++r)
+  for (int r = 0; r < RR; ++r)
 #pragma unroll
     for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
   const uint4 zero = make_uint4(0, 0, 0, 0);
 #pragma unroll 2
   for (int c = threadIdx.x; c < chunks; c += kWarps * 32) {
-    uint4 wv[R];
+    uint4 wv[RR];
 #pragma unroll
-    for (int r = 0; r < R; ++r)
-      wv[r] = row0 + r < a.N ? __ldcs(w4 + int64_t(row0 + r) * chunks + c) : zero;
+    for (int r = 0; r < RR; ++r) {
+      const int rr = r % R, row = (r < R ? 0 : a.N) + row0 + rr;
+      wv[r] = row0 + rr < a.N ? __ldcs(w4 + int64_t(row) * chunks + c) : zero;
+    }
 #pragma unroll
     for (int t = 0; t < T; ++t) {
       const uint4 xv = __ldg(x4 + int64_t(t) * chunks + c);
 #pragma unroll
-      for (int r = 0; r < R; ++r) acc[r][t] = dot8(wv[r], xv, acc[r][t]);
+      for (int r = 0; r < RR; ++r) acc[r][t] = dot8(wv[r], xv, acc[r][t]);
     }
   }
-  __shared__ float part[kWarps][R * T];
+  __shared__ float part[kWarps][RR * T];
 #pragma unroll
-  for (int r = 0; r < R; ++r)
+  for (int r = 0; r < RR; ++r)
 #pragma unroll
     for (int t = 0; t < T; ++t) {
       float v = acc[r][t];
@@ -126,7 +130,15 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_split_kernel(GemvArgs a) {
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) v += part[w][threadIdx.x];
   const int64_t at = int64_t(t) * a.ldy + row0 + r;
-  if (a.y_bf16) {
+  if constexpr (GLU) {
+    // As the unfused path computes it: gate and up rounded to bf16 (the product's output), then
+    // silu(g) * u in f32 (llama_kernels.cu's swiglu), rounded to bf16.
+    float u = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) u += part[w][R * T + threadIdx.x];
+    const float g = bf16_to_f32(f32_to_bf16(v)), ub = bf16_to_f32(f32_to_bf16(u));
+    static_cast<uint16_t*>(a.y)[at] = f32_to_bf16(g / (1.f + __expf(-g)) * ub);
+  } else if (a.y_bf16) {
     static_cast<uint16_t*>(a.y)[at] = f32_to_bf16(v);
   } else {
     float* y = static_cast<float*>(a.y) + at;
@@ -142,7 +154,7 @@ void launch(const GemvArgs& a, cudaStream_t stream) {
   switch (a.T) {
 #define PA_GEMV_CASE(T)                                                 \
   case T:                                                               \
-    e = launch_pdl(kSplit ? gemv_split_kernel<T, R> : gemv_kernel<T, R>, \
+    e = launch_pdl(kSplit ? gemv_split_kernel<T, R, false> : gemv_kernel<T, R>, \
                    dim3(grid), dim3(kWarps * 32), 0, stream, a);          \
     break;
     PA_GEMV_CASE(1)
@@ -174,6 +186,21 @@ int gemv_pick(int32_t T, int32_t N, int32_t K) {
   if (T == 1) return N < kGemvWideRows ? 3 : 1;
   if (T == 2) return N < kGemvWideRows ? 3 : 0;
   return 0;
+}
+
+bool gemv_swiglu_takes(int32_t T, int32_t inter, int32_t K) {
+  return (T == 1 || T == 2) && gemv_pick(T, 2 * inter, K) == 3;
+}
+
+void gemv_swiglu(const GemvArgs& a, cudaStream_t stream) {
+  PA_CHECK(gemv_supported(a) && a.y_bf16 && !a.accumulate && a.T <= 2, "gemv_swiglu: ",
+           "unsupported arguments (T ", a.T, ", N ", a.N, ", K ", a.K, ", ldy ", a.ldy, ")");
+  constexpr int R = 4;  // version 3's rows per block
+  const dim3 grid(unsigned((a.N + R - 1) / R));
+  const cudaError_t e =
+      a.T == 1 ? launch_pdl(gemv_split_kernel<1, R, true>, grid, dim3(kWarps * 32), 0, stream, a)
+               : launch_pdl(gemv_split_kernel<2, R, true>, grid, dim3(kWarps * 32), 0, stream, a);
+  PA_CHECK(e == cudaSuccess, "gemv_swiglu: launch failed: ", cudaGetErrorString(e));
 }
 
 void gemv(const GemvArgs& a, cudaStream_t stream, int version) {

@@ -41,6 +41,13 @@ bool gemv_supported(const GemvArgs& a);
 // tokens version 3 on N < 12288 only; from four tokens on, cuBLAS (its tensor cores reuse each W
 // load across the tokens; these kernels' FMA work grows with them).
 int gemv_pick(int32_t T, int32_t N, int32_t K);
+// The gate/up product and SwiGLU in one launch, where gemv_pick takes version 3 for the gate/up
+// product (one or two tokens, 2 * inter < kGemvWideRows rows): y [T, inter] bf16 =
+// silu(g) * u with g, u = x . W[0:inter]^T, x . W[inter:2 inter]^T, each rounded to bf16 first
+// (the same bits as the product into bf16 followed by llama_kernels.h's swiglu).
+bool gemv_swiglu_takes(int32_t T, int32_t inter, int32_t K);
+// a.N = inter, a.w [2 * inter, K], a.y bf16 [T, ldy]. Throws Error on what it does not take.
+void gemv_swiglu(const GemvArgs& a, cudaStream_t stream);
 // Enqueues the product with `version` (0: kGemvDefaultVersion). Throws Error on arguments
 // gemv_supported refuses, an unknown version or a failed launch.
 void gemv(const GemvArgs& a, cudaStream_t stream, int version = 0);

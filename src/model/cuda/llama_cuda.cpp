@@ -157,6 +157,8 @@ struct LlamaModelCuda::Impl {
   cuda::StepGraphs graphs;
   bool use_graphs = true;
   bool use_gemv = true;  // PAGEDATTN_GEMV=0: cuBLAS for every product (a comparison)
+  // PAGEDATTN_FUSE=0: K/V through write_kv and SwiGLU as its own kernel (a comparison).
+  bool fuse = true;
   std::unique_ptr<CudaAttentionPlan> plan;
   Tensor staging;  // f32 weights on their way to bf16 (load from a file only)
 
@@ -381,6 +383,7 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
   if (const char* g = std::getenv("PAGEDATTN_CUDA_GRAPHS"); g && std::string(g) == "0")
     use_graphs = false;  // a check of the plain launches against the graphs' results
   if (const char* g = std::getenv("PAGEDATTN_GEMV"); g && std::string(g) == "0") use_gemv = false;
+  if (const char* f = std::getenv("PAGEDATTN_FUSE"); f && std::string(f) == "0") fuse = false;
   check_cublas(cublasCreate(&cublas), "cublasCreate");
   check_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
   check_cublas(cublasSetStream(cublas, stream), "cublasSetStream");
@@ -690,11 +693,21 @@ bool LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView
     cuda::rms_norm_bf16(s.x, L.attn_norm.data_as<float>(), nullptr, T, hidden, c.rms_norm_eps, hb,
                         st);
   }
+  // bf16 pools take k and v straight from the RoPE kernel; other dtypes through write_kv.
+  const bool kv_direct = fuse && view.dtype == DType::bf16 && view.num_kv_heads == tp.kv_heads &&
+                         view.head_dim == D;
+  if (kv_direct) {
+    qp.k_pool = static_cast<uint16_t*>(view.k_pages);
+    qp.v_pool = static_cast<uint16_t*>(view.v_pages);
+    qp.slots = s.slots;
+    qp.page_size = view.page_size;
+    qp.num_pages = view.num_pages;
+  }
   gemm(s.h, T, hidden, L.wqkv, qkv_dim, s.qkv, CUDA_R_32F, 0.f, "qkv projection");
   cuda::qkv_post(s.qkv, opt_f32(L.bqkv), opt_f32(L.q_norm), opt_f32(L.k_norm), s.cos, s.sin, qp,
                  static_cast<uint16_t*>(s.q), static_cast<uint16_t*>(s.k),
                  static_cast<uint16_t*>(s.v), st);
-  write_kv_cuda(view, s.slots, T, s.k, s.v, DType::bf16, st);
+  if (!kv_direct) write_kv_cuda(view, s.slots, T, s.k, s.v, DType::bf16, st);
   QKVTensor out_t{s.attn, DType::bf16, T, tp.q_heads, D};
   paged_attention_cuda(*plan, QKVTensor{s.q, DType::bf16, T, tp.q_heads, D}, view, out_t, st);
   if (fused) {
@@ -707,8 +720,21 @@ bool LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView
     cuda::rms_norm_bf16(s.x, L.mlp_norm.data_as<float>(), nullptr, T, hidden, c.rms_norm_eps, hb,
                         st);
   }
-  gemm(s.h, T, hidden, L.wgu, 2 * inter, s.gu, CUDA_R_16BF, 0.f, "gate/up projection");
-  cuda::swiglu(s.gu, T, inter, static_cast<uint16_t*>(s.act), st);
+  cuda::GemvArgs glu;  // gate/up and SwiGLU in one launch where gemv takes the product
+  glu.x = static_cast<const uint16_t*>(s.h);
+  glu.w = L.wgu.data_as<uint16_t>();
+  glu.y = s.act;
+  glu.T = T;
+  glu.N = glu.ldy = inter;
+  glu.K = hidden;
+  glu.y_bf16 = true;
+  if (fuse && use_gemv && cuda::gemv_swiglu_takes(T, inter, hidden) &&
+      cuda::gemv_supported(glu)) {
+    cuda::gemv_swiglu(glu, st);
+  } else {
+    gemm(s.h, T, hidden, L.wgu, 2 * inter, s.gu, CUDA_R_16BF, 0.f, "gate/up projection");
+    cuda::swiglu(s.gu, T, inter, static_cast<uint16_t*>(s.act), st);
+  }
   if (fused) {
     const bool last = i + 1 == c.num_layers;
     gemm(s.act, T, inter, L.wd, hidden, peer->input(kSlotDown), CUDA_R_32F, 0.f,

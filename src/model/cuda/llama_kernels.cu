@@ -140,6 +140,14 @@ __global__ void qkv_post_kernel(const float* __restrict__ qkv,       // [T, (Hq 
   uint16_t* dst;
   if (is_q) {
     dst = q + (int64_t(t) * Hq + head) * D;
+  } else if (p.k_pool) {  // into the token's slot of the pool (PagedKVView::offset)
+    const int32_t slot = p.slots[t];
+    // NOTE: the same for every thread of the block (one token), so the whole block leaves.
+    if (slot < 0 || slot >= int64_t(p.num_pages) * p.page_size) return;
+    const int h = is_k ? head - Hq : head - Hq - Hkv;
+    const int64_t at = (int64_t(slot / p.page_size) * Hkv + h) * p.page_size * D +
+                       int64_t(slot % p.page_size) * D;
+    dst = (is_k ? p.k_pool : p.v_pool) + at;
   } else if (is_k) {
     dst = k + (int64_t(t) * Hkv + (head - Hq)) * D;
   } else {
