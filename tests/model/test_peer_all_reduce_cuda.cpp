@@ -16,6 +16,7 @@
 
 #include "model/cuda/nccl_comm.h"
 #include "model/cuda/peer_all_reduce.h"
+#include "tp_ranks.h"
 #endif
 
 namespace {
@@ -23,27 +24,7 @@ namespace {
 #ifdef PAGEDATTN_HAVE_CUDA
 
 using namespace pagedattn;
-
-// Runs f(rank) on two threads, rank r on GPU r; returns the ranks' errors ("" when none).
-template <class F>
-void on_two_ranks(std::unique_ptr<cuda::NcclComm> (&comm)[2], F&& f) {
-  std::thread t[2];
-  std::string err[2];
-  for (int r = 0; r < 2; ++r) {
-    t[r] = std::thread([&, r] {
-      try {
-        cudaSetDevice(r);
-        f(r);
-      } catch (const std::exception& e) {
-        err[r] = e.what();
-        for (auto& c : comm)
-          if (c) c->abort();
-      }
-    });
-  }
-  for (auto& th : t) th.join();
-  for (int r = 0; r < 2; ++r) ASSERT_EQ(err[r], "") << "rank " << r;
-}
+using pagedattn::testing::on_two_ranks;
 
 template <class T>
 std::vector<T> download(const T* d, size_t n) {

@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include "model/cuda/nccl_comm.h"
+#include "tp_ranks.h"
 #endif
 
 using namespace pagedattn;
@@ -136,25 +137,7 @@ void expect_two_ranks_match_one(const ModelConfig& c, float tol, bool from_file 
   std::unique_ptr<cuda::NcclComm> comm[2];
   std::unique_ptr<LlamaModelCuda> model[2];
   std::unique_ptr<KvCache> cache[2];
-  auto on_each_rank = [&](auto&& f) {
-    std::thread t[2];
-    std::string err[2];
-    for (int r = 0; r < 2; ++r) {
-      t[r] = std::thread([&, r] {
-        try {
-          cudaSetDevice(r);
-          f(r);
-        } catch (const std::exception& e) {
-          err[r] = e.what();
-          // The other rank may be waiting in a collective for this one: end the group.
-          for (auto& c : comm)
-            if (c) c->abort();
-        }
-      });
-    }
-    for (auto& th : t) th.join();
-    for (int r = 0; r < 2; ++r) ASSERT_EQ(err[r], "") << "rank " << r;
-  };
+  auto on_each_rank = [&](auto&& f) { pagedattn::testing::on_two_ranks(comm, f); };
   // The matrices as bf16 host tensors (as a checkpoint stores them; their values are the ones the
   // device rounds the f32 weights to), the vectors f32.
   ModelFile file;

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "block_math.cuh"  // block_sum, pack_bf16x2
 #include "cuda_common.cuh"  // allow_dependent_launch, wait_for_dependency
 #include "pdl.h"
 #include "llama_kernels.h"
@@ -12,24 +13,6 @@
 namespace pagedattn::cuda {
 
 namespace {
-
-// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
-__device__ float block_sum(float v) {
-  __shared__ float partial[32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  __syncthreads();  // partial may still be read by a previous call
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  float s = lane < warps ? partial[lane] : 0.f;
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  return s;
-}
-
-// Two floats -> two bf16 (round to nearest even), the first in the low half.
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  return uint32_t(f32_to_bf16(lo)) | (uint32_t(f32_to_bf16(hi)) << 16);
-}
 
 // grid (num_tokens), block 256
 __global__ void embed_gather_kernel(const uint16_t* __restrict__ embed,       // [vocab, hidden]

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "block_math.cuh"  // block_sum, pack_bf16x2
 #include "cuda_common.cuh"  // allow_dependent_launch, wait_for_dependency
 #include "nccl_comm.h"
 #include "pdl.h"
@@ -60,25 +61,8 @@ __device__ __forceinline__ void meet(const Peers& peers, int rank, uint32_t epoc
   }
 }
 
-// Sum over the block (kThreads threads); every thread gets the result.
-__device__ float block_sum(float v) {
-  __shared__ float partial[kThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  __syncthreads();  // partial may still be read by a previous call
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  float s = lane < kThreads / 32 ? partial[lane] : 0.f;
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  return s;
-}
-
 __device__ __forceinline__ float4 add4(float4 a, float4 b) {
   return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-}
-
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  return uint32_t(f32_to_bf16(lo)) | (uint32_t(f32_to_bf16(hi)) << 16);
 }
 
 // grid (min(rows, kMaxBlocks)), block kThreads; block b owns rows b, b + grid, ...

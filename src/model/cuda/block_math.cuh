@@ -1,0 +1,28 @@
+// Small device helpers shared by the model's kernels (llama_kernels.cu, peer_all_reduce.cu).
+#pragma once
+
+#include <cstdint>
+
+#include "pagedattn/dtype.h"
+
+namespace pagedattn::cuda {
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float partial[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  __syncthreads();  // partial may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  float s = lane < warps ? partial[lane] : 0.f;
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+
+// Two floats -> two bf16 (round to nearest even), the first in the low half.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  return uint32_t(f32_to_bf16(lo)) | (uint32_t(f32_to_bf16(hi)) << 16);
+}
+
+}  // namespace pagedattn::cuda
