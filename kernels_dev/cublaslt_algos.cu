@@ -202,7 +202,8 @@ int main(int argc, char** argv) {
                        {128256, 4096}, {3072, 4096}, {4096, 2048},  {14336, 4096},
                        {4096, 7168},  {64128, 4096}, {960, 576},    {576, 576},
                        {3072, 576},   {576, 1536},   {49152, 576}};
-  std::printf("  T       N      K | default us  %%copy | best us   %%copy | gain  | algorithms | best\n");
+  std::printf(
+      "  T       N      K | default us  %%copy | best us   %%copy | gain  | algorithms | best\n");
   for (int T : {1, 32, 64}) {
     for (const auto& s : nk) {
       if (only[0] && (T != only[0] || s[0] != only[1] || s[1] != only[2])) continue;

@@ -137,12 +137,15 @@ int main(int argc, char** argv) {
     const char* name;
     int N, K;
   };
-  const Op ops[] = {{"8b qkv", 6144, 4096},     {"8b o", 4096, 4096},     {"8b gate/up", 28672, 4096},
-                    {"8b down", 4096, 14336},   {"8b lm_head", 128256, 4096},
-                    {"tp2 qkv", 3072, 4096},    {"tp2 o", 4096, 2048},    {"tp2 gate/up", 14336, 4096},
-                    {"tp2 down", 4096, 7168},   {"tp2 lm_head", 64128, 4096},
-                    {"smol qkv", 960, 576},     {"smol o", 576, 576},     {"smol gate/up", 3072, 576},
-                    {"smol down", 576, 1536},   {"smol lm_head", 49152, 576}};
+  // Llama-3-8B's projections, one rank's of its two-way split, SmolLM2-135M's.
+  const Op ops[] = {{"8b qkv", 6144, 4096},       {"8b o", 4096, 4096},
+                    {"8b gate/up", 28672, 4096},  {"8b down", 4096, 14336},
+                    {"8b lm_head", 128256, 4096}, {"tp2 qkv", 3072, 4096},
+                    {"tp2 o", 4096, 2048},        {"tp2 gate/up", 14336, 4096},
+                    {"tp2 down", 4096, 7168},     {"tp2 lm_head", 64128, 4096},
+                    {"smol qkv", 960, 576},       {"smol o", 576, 576},
+                    {"smol gate/up", 3072, 576},  {"smol down", 576, 1536},
+                    {"smol lm_head", 49152, 576}};
   std::printf("%-13s %2s %7s %6s | %7s %7s %7s %7s %7s | %7s %6s %6s %6s %6s (%% of copy)\n",
               "op", "T", "N", "K", "cublas", "v1 us", "v2 us", "v3 us", "v4 us", "cublas", "v1",
               "v2", "v3", "v4");

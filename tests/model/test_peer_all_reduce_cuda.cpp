@@ -100,10 +100,10 @@ TEST(PeerAllReduceCuda, SumsResidualAndNormMatchTheHost) {
           std::vector<double> want(static_cast<size_t>(hidden));
           for (int32_t i = 0; i < hidden; ++i) {
             const size_t k = size_t(row) * size_t(hidden) + size_t(i);
-            want[size_t(i)] = (add_x ? double(x0[k]) : 0.0) + double(part[0][k]) + part[1][k];
-            ss += want[size_t(i)] * want[size_t(i)];
-            if (!(std::abs(got_x[0][k] - want[size_t(i)]) <= 1e-5 * (1 + std::abs(want[size_t(i)]))))
-              ++bad;
+            const double sum = (add_x ? double(x0[k]) : 0.0) + double(part[0][k]) + part[1][k];
+            want[size_t(i)] = sum;
+            ss += sum * sum;
+            if (!(std::abs(got_x[0][k] - sum) <= 1e-5 * (1 + std::abs(sum)))) ++bad;
           }
           const double inv = 1.0 / std::sqrt(ss / hidden + 1e-5);
           for (int32_t i = 0; i < hidden && norm; ++i) {

@@ -537,7 +537,8 @@ double LlamaModelCuda::time_collectives(int32_t tokens, int32_t logit_rows, int3
         m.comm->all_reduce_sum(buf.data_as<float>(), size_t(n), m.stream);
       }
     }
-    if (g > 0) m.comm->all_gather(send.data_as<float>(), recv.data_as<float>(), size_t(g), m.stream);
+    if (g > 0)
+      m.comm->all_gather(send.data_as<float>(), recv.data_as<float>(), size_t(g), m.stream);
     check_cuda(cudaEventRecord(e1, m.stream), "cudaEventRecord");
     check_cuda(cudaEventSynchronize(e1), "collectives");
     float t = 0;
@@ -655,8 +656,8 @@ bool LlamaModelCuda::Impl::embed_tokens(const Step& s, cudaStream_t st) {
   if (peer_step(s.T)) {  // and h = the first layer's normalised input
     cuda::embed_gather_shard(embed.data_as<uint16_t>(), tp.vocab0, tp.vocab, s.tokens, s.T, hidden,
                              peer->input(kSlotEmbed), st);
-    peer->reduce(kSlotEmbed, s.x, false, s.T, layers[0].attn_norm.data_as<float>(), config.rms_norm_eps,
-                 static_cast<uint16_t*>(s.h), st);
+    peer->reduce(kSlotEmbed, s.x, false, s.T, layers[0].attn_norm.data_as<float>(),
+                 config.rms_norm_eps, static_cast<uint16_t*>(s.h), st);
     return true;
   }
   if (comm) {
@@ -669,7 +670,9 @@ bool LlamaModelCuda::Impl::embed_tokens(const Step& s, cudaStream_t st) {
   return false;
 }
 
-// One layer: norm, qkv, write K/V, attention, o (+= x), norm, gate/up, SwiGLU, down (+= x).
+// One layer: norm, qkv, RoPE and the K/V store, attention, o (+= x), norm, gate/up, SwiGLU,
+// down (+= x); with the peer all-reduce each sum also writes the next norm (`normed`: this
+// layer's first norm is done).
 bool LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView& view,
                                      bool normed, cudaStream_t st) {
   const ModelConfig& c = config;
@@ -739,8 +742,8 @@ bool LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView
     const bool last = i + 1 == c.num_layers;
     gemm(s.act, T, inter, L.wd, hidden, peer->input(kSlotDown), CUDA_R_32F, 0.f,
          "down projection");
-    peer->reduce(kSlotDown, s.x, true, T, last ? nullptr : layers[size_t(i) + 1].attn_norm.data_as<float>(),
-                 c.rms_norm_eps, hb, st);
+    const float* next_norm = last ? nullptr : layers[size_t(i) + 1].attn_norm.data_as<float>();
+    peer->reduce(kSlotDown, s.x, true, T, next_norm, c.rms_norm_eps, hb, st);
     return !last;
   }
   gemm(s.act, T, inter, L.wd, hidden, s.x, CUDA_R_32F, residual_beta, "down projection");

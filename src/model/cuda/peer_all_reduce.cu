@@ -260,6 +260,9 @@ std::unique_ptr<PeerAllReduce> PeerAllReduce::create(NcclComm& comm, int32_t max
   return pr;
 }
 
+// NOTE: no meeting here: a peer whose last step had no logit rows (no all-gather to wait on) may
+// still be reading this rank's slot when this rank shuts down; that peer is shutting down too,
+// and at worst reports a failed read as it leaves.
 PeerAllReduce::~PeerAllReduce() {
   for (void* p : ipc_opened_) cudaIpcCloseMemHandle(p);
   if (own_) cudaFree(own_);

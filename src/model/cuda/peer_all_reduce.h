@@ -9,9 +9,9 @@
 // peers' memory, sums them in rank order (so every rank holds the same bits), adds the residual
 // stream and writes the next layer's normalised input. The partials go to one of kSlots buffers,
 // never the same one twice in a row, so a rank never overwrites rows a peer may still be reading
-// (the kernel's one signal also tells that the peer's previous call has finished). Only ranks on one host whose GPUs reach each other's memory
-// use it; otherwise (several hosts, no peer access, PAGEDATTN_PEER_ALL_REDUCE=0, rows beyond
-// max_rows) the runner keeps NCCL.
+// (the kernel's one signal also tells that the peer's previous call has finished). Only ranks on
+// one host whose GPUs reach each other's memory use it; otherwise (several hosts, no peer access,
+// PAGEDATTN_PEER_ALL_REDUCE=0, rows beyond max_rows) the runner keeps NCCL.
 //
 // NOTE: every rank must make the same calls in the same order with the same row counts (the
 // tensor-parallel step guarantees it: every rank runs the same launches), as with NCCL: a block
