@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -277,43 +278,54 @@ CUtensorMap map_of(const void* ptr, int64_t rows, int64_t cols, int box_rows) {
 // than SMs * CTAs per SM / size: the runtime says how many.
 template <int NT, int ST, int BOXES, int WG, bool GLU>
 int splits_for(int blocks, int kblocks, int ctas_per_sm) {
-  static std::array<int, kMaxSplits + 1> fit{};  // clusters of s CTAs that fit at once
-  static std::once_flag once;
-  std::call_once(once, [] {
-    for (int s = 1; s <= kMaxSplits; ++s) {
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(unsigned(s));
-      cfg.blockDim = dim3(Cfg<NT, ST, BOXES, WG>::kThreads);
-      cfg.dynamicSmemBytes = size_t(Cfg<NT, ST, BOXES, WG>::kSmem);
-      cudaLaunchAttribute at[1];
-      at[0].id = cudaLaunchAttributeClusterDimension;
-      at[0].val.clusterDim.x = unsigned(s);
-      at[0].val.clusterDim.y = at[0].val.clusterDim.z = 1;
-      cfg.attrs = at;
-      cfg.numAttrs = 1;
-      int n = 0;
-      if (cudaOccupancyMaxActiveClusters(&n, wgmma_gemm_kernel<NT, ST, BOXES, WG, GLU>, &cfg) ==
-          cudaSuccess)
-        fit[size_t(s)] = n;
+  struct Fit {
+    int sms = 1;
+    std::array<int, kMaxSplits + 1> clusters{};  // clusters of s CTAs that fit at once
+  };
+  static std::mutex mu;
+  static std::unordered_map<int, Fit> by_device;  // the answers differ between GPU models
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 1;
+  Fit fit;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = by_device.find(dev);
+    if (it == by_device.end()) {
+      Fit f;
+      f.sms = std::max(1, cuda_sm_count());
+      for (int s = 1; s <= kMaxSplits; ++s) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(unsigned(s));
+        cfg.blockDim = dim3(Cfg<NT, ST, BOXES, WG>::kThreads);
+        cfg.dynamicSmemBytes = size_t(Cfg<NT, ST, BOXES, WG>::kSmem);
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = unsigned(s);
+        at[0].val.clusterDim.y = at[0].val.clusterDim.z = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        int n = 0;
+        if (cudaOccupancyMaxActiveClusters(&n, wgmma_gemm_kernel<NT, ST, BOXES, WG, GLU>, &cfg) ==
+            cudaSuccess)
+          f.clusters[size_t(s)] = n;
+      }
+      (void)cudaGetLastError();
+      it = by_device.emplace(dev, f).first;
     }
-    (void)cudaGetLastError();
-  });
-  static const int sms = std::max(1, cuda_sm_count());
-  for (int s = std::min({kMaxSplits, ctas_per_sm * sms / blocks, kblocks}); s > 1; --s)
-    if (fit[size_t(s)] >= blocks) return s;
+    fit = it->second;
+  }
+  for (int s = std::min({kMaxSplits, ctas_per_sm * fit.sms / blocks, kblocks}); s > 1; --s)
+    if (fit.clusters[size_t(s)] >= blocks) return s;
   return 1;
 }
 
 template <int NT, int ST, int BOXES, int WG = 1, bool GLU = false>
 cudaError_t launch(const GemvArgs& a, int ctas_per_sm, cudaStream_t stream) {
   using C = Cfg<NT, ST, BOXES, WG>;
-  static std::once_flag once;
-  static cudaError_t attr = cudaSuccess;
-  std::call_once(once, [] {
-    attr = cudaFuncSetAttribute(wgmma_gemm_kernel<NT, ST, BOXES, WG, GLU>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
-  });
-  if (attr != cudaSuccess) return attr;
+  // NOTE: per device: every rank of a tensor-parallel process sets it on its own GPU.
+  static std::atomic<uint64_t> smem_set{0};
+  set_smem_limit_on_this_device(wgmma_gemm_kernel<NT, ST, BOXES, WG, GLU>, C::kSmem, smem_set,
+                                "wgmma_gemm: shared memory limit");
   const int out_rows = GLU ? C::kBM / 2 : C::kBM;  // outputs per row block
   const int blocks = (a.N + out_rows - 1) / out_rows, kblocks = (a.K + C::kBK - 1) / C::kBK;
   const int splits = splits_for<NT, ST, BOXES, WG, GLU>(blocks, kblocks, ctas_per_sm);
@@ -358,21 +370,28 @@ cudaError_t launch_version(const GemvArgs& a, int v, cudaStream_t stream) {
 }  // namespace
 
 bool wgmma_gemm_available() {
-  static int available = -1;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    int dev = 0, major = 0, minor = 0;
-    cudaFuncAttributes fa{};
-    available =
-        cudaGetDevice(&dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-        major == 9 && minor == 0 &&
-        cudaFuncGetAttributes(&fa, wgmma_gemm_kernel<8, 5, 1, 1, false>) == cudaSuccess &&
-        fa.binaryVersion == 90 && tensor_map_encoder_available();
+  // Per device (a process may drive GPUs of several kinds): bit d of `known` says whether device
+  // d was asked, bit d of `yes` its answer.
+  static std::atomic<uint64_t> known{0}, yes{0};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev >= 64) {
     (void)cudaGetLastError();
-  });
-  return available == 1;
+    return false;
+  }
+  const uint64_t bit = uint64_t(1) << dev;
+  if (known.load() & bit) return (yes.load() & bit) != 0;
+  int major = 0, minor = 0;
+  cudaFuncAttributes fa{};
+  const bool ok =
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+      major == 9 && minor == 0 &&
+      cudaFuncGetAttributes(&fa, wgmma_gemm_kernel<8, 5, 1, 1, false>) == cudaSuccess &&
+      fa.binaryVersion == 90 && tensor_map_encoder_available();
+  (void)cudaGetLastError();
+  if (ok) yes.fetch_or(bit);
+  known.fetch_or(bit);
+  return ok;
 }
 
 bool wgmma_gemm_supported(const GemvArgs& a) {
