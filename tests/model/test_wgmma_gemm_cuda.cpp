@@ -194,8 +194,8 @@ TEST(WgmmaGemmCuda, RefusesWhatItCannotTake) {
   b = a;
   b.w = buf + 1;  // misaligned
   EXPECT_FALSE(cuda::wgmma_gemm_supported(b));
-  // The pick (unless PAGEDATTN_WGMMA_GEMM overrides it): up to 16 tokens on every weight, up to
-  // 64 on the smallest and the largest, never where the device cannot run it.
+  // The pick (unless PAGEDATTN_WGMMA_GEMM overrides it): up to 16 tokens on every weight, 32 on
+  // the smaller ones, 64 on the smallest and the largest, never where the device cannot run it.
   if (!std::getenv("PAGEDATTN_WGMMA_GEMM")) {
     const bool can = cuda::wgmma_gemm_available();
     EXPECT_EQ(cuda::wgmma_gemm_pick(8, 4096, 4096), can);
@@ -203,7 +203,9 @@ TEST(WgmmaGemmCuda, RefusesWhatItCannotTake) {
     EXPECT_EQ(cuda::wgmma_gemm_pick(64, 576, 576), can);      // SmolLM2's o
     EXPECT_EQ(cuda::wgmma_gemm_pick(64, 128256, 4096), can);  // Llama-3-8B's lm_head
     EXPECT_FALSE(cuda::wgmma_gemm_pick(cuda::kWgmmaGemmMaxTokens + 1, 128256, 4096));
-    EXPECT_FALSE(cuda::wgmma_gemm_swiglu_takes(cuda::kWgmmaGemmPickMaxTokens + 1, 1024, 4096));
+    EXPECT_EQ(cuda::wgmma_gemm_pick(32, 3072, 4096), can);  // one rank of two: qkv
+    EXPECT_FALSE(cuda::wgmma_gemm_pick(33, 3072, 4096));
+    EXPECT_FALSE(cuda::wgmma_gemm_swiglu_takes(cuda::kWgmmaGemmPickMaxTokens + 1, 4096, 4096));
     EXPECT_EQ(cuda::wgmma_gemm_swiglu_takes(32, 14336, 4096), can);  // 28672 x 4096: large
   }
   EXPECT_FALSE(cuda::wgmma_gemm_pick(8, 4096, 12));

@@ -404,15 +404,19 @@ bool wgmma_gemm_supported(const GemvArgs& a) {
 bool wgmma_gemm_pick(int32_t T, int32_t N, int32_t K) {
   static const int forced = [] {  // -1: the rule below
     const char* v = std::getenv("PAGEDATTN_WGMMA_GEMM");
-    return v && *v >= '0' && *v <= '9' ? std::clamp(std::atoi(v), 0, int(kWgmmaGemmMaxTokens)) : -1;
+    if (!v || *v < '0' || *v > '9') return -1;
+    return std::clamp(std::atoi(v), 0, int(kWgmmaGemmMaxTokens));
   }();
   if (T < 1 || N < 1 || K < 8 || K % 8 != 0) return false;
   const int64_t elements = int64_t(N) * K;
-  const bool any_tokens =
-      elements <= kWgmmaGemmSmallElements || elements >= kWgmmaGemmLargeElements;
-  const int max_tokens = forced >= 0  ? forced
-                         : any_tokens ? int(kWgmmaGemmMaxTokens)
-                                      : int(kWgmmaGemmPickMaxTokens);
+  // The smaller the weight, the more of its product is launch and latency, which this kernel's
+  // early start hides; the largest stream best here.
+  int max_tokens = kWgmmaGemmPickMaxTokens;
+  if (elements <= kWgmmaGemmSmallElements || elements >= kWgmmaGemmLargeElements)
+    max_tokens = kWgmmaGemmMaxTokens;
+  else if (elements < kWgmmaGemmMediumElements)
+    max_tokens = 32;
+  if (forced >= 0) max_tokens = forced;
   if (T > max_tokens) return false;
   return wgmma_gemm_available();
 }

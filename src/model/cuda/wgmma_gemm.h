@@ -34,18 +34,20 @@ bool wgmma_gemm_available();
 // of 8, x and w 16-byte aligned, ldy >= N, accumulate only into f32.
 bool wgmma_gemm_supported(const GemvArgs& a);
 // Whether the model takes it over cuBLAS, where wgmma_gemm_available(): up to
-// kWgmmaGemmPickMaxTokens tokens, and up to kWgmmaGemmMaxTokens on a W of at most
-// kWgmmaGemmSmallElements or at least kWgmmaGemmLargeElements. PAGEDATTN_WGMMA_GEMM=N takes it up
-// to N tokens on every W instead (0: never; a comparison). From the lab and the model (an H200
-// and an H100, 2026-11-26): from 3 to 16 tokens it is within 8% of cuBLAS on Llama-3-8B's
-// products alone (gate/up and lm_head faster) and, as a programmatic dependent launch, streams
-// its weights in while the kernel before it ends: a step at batch 8 takes 3-6% less; from 32
-// tokens on cuBLAS is faster on the middle-sized products (qkv, o, down: this kernel loses
-// 1-4 us more than at 8 tokens, not from its x reads: version 4 halves them and is no faster),
-// but not on the largest (lm_head: 359 against 384 us on an H100) nor on SmolLM2-135M's, whose
-// products are a few microseconds of launch and latency (its step at batch 32: 18% less).
+// kWgmmaGemmPickMaxTokens tokens; up to 32 on a W of fewer than kWgmmaGemmMediumElements; up to
+// kWgmmaGemmMaxTokens on a W of at most kWgmmaGemmSmallElements or at least
+// kWgmmaGemmLargeElements. PAGEDATTN_WGMMA_GEMM=N takes it up to N tokens on every W instead (0:
+// never; a comparison). From the lab and the model (an H200 and an H100, 2026-11-26): from 3 to
+// 16 tokens it is within 8% of cuBLAS on Llama-3-8B's products alone (gate/up and lm_head faster)
+// and, as a programmatic dependent launch, streams its weights in while the kernel before it
+// ends: a step at batch 8 takes 3-6% less; from 32 tokens on cuBLAS is faster on the
+// middle-sized products (qkv, o, down: this kernel loses 1-4 us more than at 8 tokens, not from
+// its x reads: version 4 halves them and is no faster), but not on the largest (lm_head: 359
+// against 384 us on an H100), nor on one tensor-parallel rank's qkv and o at 32 tokens, nor on
+// SmolLM2-135M's, whose products are a few microseconds of launch and latency.
 constexpr int32_t kWgmmaGemmPickMaxTokens = 16;
 constexpr int64_t kWgmmaGemmSmallElements = int64_t(1) << 22;
+constexpr int64_t kWgmmaGemmMediumElements = int64_t(1) << 24;
 constexpr int64_t kWgmmaGemmLargeElements = int64_t(1) << 26;
 bool wgmma_gemm_pick(int32_t T, int32_t N, int32_t K);
 // The gate/up product and SwiGLU in one launch, where wgmma_gemm_pick takes the gate/up product:
