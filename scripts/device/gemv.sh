@@ -4,10 +4,15 @@
 # suite (GPU_FILTER narrows it), and `bench model` on synthetic SmolLM2-135M and Llama-3-8B with
 # the products gemv_pick chooses through gemv and, alternately, all through cuBLAS
 # (PAGEDATTN_GEMV=0); AB_VAR names another switch to compare the same way (PAGEDATTN_PDL: kernels
-# launched as programmatic dependents or plainly). Logs under $OUT; a summary is last.
+# launched as programmatic dependents or plainly). LAB names the lab to run instead of gemv's
+# (wgmma_gemm_lab: the few-dozen-token product on Hopper); AB_VALUES the switch's values, in the
+# order run (default "1 0"). Logs under $OUT; a summary is last.
 #   scripts/device/gemv.sh
 #   SKIP_SUITE=1 AB_VAR=PAGEDATTN_PDL scripts/device/gemv.sh
-# Environment: SKIP_LAB, SKIP_SUITE, GPU_FILTER, MODEL_BATCHES (1,2,4), AB_VAR, BUDGET.
+#   LAB=wgmma_gemm_lab AB_VAR=PAGEDATTN_WGMMA_GEMM AB_VALUES="16 0" MODEL_BATCHES=4,8,16 \
+#     scripts/device/gemv.sh
+# Environment: LAB, SKIP_LAB, SKIP_SUITE, SKIP_SMOL, GPU_FILTER, MODEL_BATCHES (1,2,4), AB_VAR,
+# AB_VALUES, BUDGET.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out/gemv}
@@ -16,14 +21,15 @@ mkdir -p "$OUT"
 end=$(($(date +%s) + ${BUDGET:-560}))
 source scripts/device/steps.sh
 ab=${AB_VAR:-PAGEDATTN_GEMV}
+lab=${LAB:-gemv_lab}
 record_device
 step build 240 build.log env BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh pagedattn \
-  test_gpu gemv_lab || tail -30 "$OUT/build.log"
+  test_gpu "$lab" || tail -30 "$OUT/build.log"
 if [[ -f "$BUILD_DIR/deps-env.sh" ]]; then source "$BUILD_DIR/deps-env.sh"; fi
 bin="$BUILD_DIR/pagedattn"
 
 if [[ -z "${SKIP_LAB:-}" ]]; then
-  step lab 120 lab.log "$BUILD_DIR/kernels_dev/gemv_lab"
+  step lab 240 lab.log "$BUILD_DIR/kernels_dev/$lab"
   grep -vE "^gate .* ok$" "$OUT/lab.log" | tail -70
 fi
 
@@ -32,11 +38,11 @@ fi
 tail -4 "$OUT/suite.log" 2>/dev/null
 grep -E "^\[  FAILED|Failure" "$OUT/suite.log" 2>/dev/null | head -20
 
-# Interleaved: gemv, cuBLAS, gemv, cuBLAS (sustained work moves the clocks).
+# Interleaved: the switch's values in turn, twice (sustained work moves the clocks).
 for round in 1 2; do
-  for g in 1 0; do
+  for g in ${AB_VALUES:-1 0}; do
     echo "## $ab $g" >>"$OUT/model.log"
-    step "smol-g$g" 60 model.log env $ab=$g "$bin" bench model \
+    [[ -n "${SKIP_SMOL:-}" ]] || step "smol-g$g" 60 model.log env $ab=$g "$bin" bench model \
       --model synthetic:smollm2-135m --device cuda --batch ${MODEL_BATCHES:-1,2,4} --prompt-len 512 \
       --decode-steps 64 --json
     step "8b-g$g" 60 model.log env $ab=$g "$bin" bench model \

@@ -1,5 +1,6 @@
-// Hopper (sm_90a) device primitives of the wgmma prefill kernel: mbarriers, bulk tensor copies
-// (TMA), named barriers, wgmma shared-memory descriptors and fences, register reallocation.
+// Hopper (sm_90a) device primitives of the wgmma kernels (the prefill, the decode steps'
+// products): mbarriers, bulk tensor copies (TMA), named barriers, wgmma shared-memory descriptors
+// and fences, register reallocation.
 //
 // Shared-memory tiles are stored as the TMA writes them with CU_TENSOR_MAP_SWIZZLE_128B: a tile of
 // R rows x HEAD_DIM 16-bit elements is HEAD_DIM / 64 column blocks of [R][64] (128-byte rows),
@@ -46,6 +47,14 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 }
 
 // ---- bulk tensor copies global -> shared, completing on an mbarrier ----
+__device__ __forceinline__ void tma_load_2d(void* dst, const void* map, uint64_t* bar, int c0,
+                                            int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, "
+      "%4}], [%2];\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+      : "memory");
+}
 __device__ __forceinline__ void tma_load_3d(void* dst, const void* map, uint64_t* bar, int c0,
                                             int c1, int c2) {
   asm volatile(

@@ -1,14 +1,9 @@
 // The host side of the Hopper prefill kernel (prefill_hopper_kernel.cuh): which shapes it takes,
-// whether this device runs it, and the tensor maps of each launch.
-//
-// NOTE: the tensor maps are encoded by the driver's cuTensorMapEncodeTiled, reached through
-// cudaGetDriverEntryPointByVersion: linking libcuda would make every binary fail to start on a
-// machine without a driver (CI), and the runtime hands out the entry point where one exists.
-#include <cudaTypedefs.h>
-
+// whether this device runs it, and the tensor maps of each launch (tensor_map.h).
 #include <mutex>
 
 #include "prefill_hopper_kernel.cuh"
+#include "tensor_map.h"
 
 namespace pagedattn::cuda {
 
@@ -21,50 +16,6 @@ void launch_prefill_hopper_bf16_fp8(const AttentionParams& p, int head_dim, cons
 void launch_prefill_hopper_f16_fp8(const AttentionParams& p, int head_dim, const HopperMaps& m,
                                    cudaStream_t s);
 cudaError_t prefill_hopper_attributes(cudaFuncAttributes* a);
-
-namespace {
-
-PFN_cuTensorMapEncodeTiled_v12000 encoder() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult res{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                         &res) == cudaSuccess &&
-        res == cudaDriverEntryPointSuccess)
-      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-    (void)cudaGetLastError();
-  });
-  return fn;
-}
-
-// A 128-byte-swizzled map of 16-bit elements: dims[0] is the contiguous one (strides in bytes
-// of dims 1..rank-1), box[0] = 64 elements (one 128-byte row of the swizzle pattern).
-bool encode(CUtensorMap* map, DType t, const void* ptr, int rank, const cuuint64_t* dims,
-            const cuuint64_t* strides, const cuuint32_t* box) {
-  const auto fn = encoder();
-  if (!fn || (reinterpret_cast<uintptr_t>(ptr) & 15) != 0) return false;
-  const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
-  const CUtensorMapDataType dt =
-      t == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  return fn(map, dt, cuuint32_t(rank), const_cast<void*>(ptr), dims, strides, box, elem_strides,
-            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-// An unswizzled map of e4m3 bytes (the staging tiles of fp8 pools): box[0] = head_dim bytes.
-bool encode_fp8(CUtensorMap* map, const void* ptr, int rank, const cuuint64_t* dims,
-                const cuuint64_t* strides, const cuuint32_t* box) {
-  const auto fn = encoder();
-  if (!fn || (reinterpret_cast<uintptr_t>(ptr) & 15) != 0) return false;
-  const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
-  return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, cuuint32_t(rank), const_cast<void*>(ptr), dims,
-            strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-}  // namespace
 
 bool prefill_hopper_supported(DType q, DType kv, int head_dim, int group, int page_size,
                               bool gather) {
@@ -86,7 +37,7 @@ bool prefill_hopper_available() {
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
         major == 9 && minor == 0 && prefill_hopper_attributes(&a) == cudaSuccess &&
-        a.binaryVersion == 90 && encoder() != nullptr;
+        a.binaryVersion == 90 && tensor_map_encoder_available();
     (void)cudaGetLastError();
   });
   return available == 1;
@@ -120,9 +71,9 @@ void launch_prefill_hopper(const AttentionParams& p_in, DType q, DType kv, int h
     const cuuint64_t f_strides[3] = {cuuint64_t(D), cuuint64_t(p.head_stride),
                                      cuuint64_t(p.page_stride)};  // bytes
     const cuuint32_t f_box[4] = {cuuint32_t(D), cuuint32_t(p.tma_box_rows), 1, 1};
-    const bool ok = encode(&m.q, q, p.q, 3, q_dims, q_strides, q_box) &&
-                    encode_fp8(&m.k, p.k_pages, 4, kv_dims, f_strides, f_box) &&
-                    encode_fp8(&m.v, p.v_pages, 4, kv_dims, f_strides, f_box);
+    const bool ok = encode_tensor_map_16bit(&m.q, q, p.q, 3, q_dims, q_strides, q_box) &&
+                    encode_tensor_map_u8(&m.k, p.k_pages, 4, kv_dims, f_strides, f_box) &&
+                    encode_tensor_map_u8(&m.v, p.v_pages, 4, kv_dims, f_strides, f_box);
     // No other prefill kernel takes fp8 pools, and the plan picks this one without looking at the
     // pools' addresses: a pool the tensor maps cannot describe is an error here.
     PA_CHECK(ok, "paged_attention_cuda: the fp8 K/V pools cannot be described by tensor maps "
@@ -130,9 +81,11 @@ void launch_prefill_hopper(const AttentionParams& p_in, DType q, DType kv, int h
     if (q == DType::bf16) return launch_prefill_hopper_bf16_fp8(p, head_dim, m, s);
     return launch_prefill_hopper_f16_fp8(p, head_dim, m, s);
   }
-  const bool ok = encode(&m.q, q, p.q, 3, q_dims, q_strides, q_box) &&
-                  (p.hopper_gather || (encode(&m.k, kv, p.k_pages, 4, kv_dims, kv_strides, kv_box) &&
-                                       encode(&m.v, kv, p.v_pages, 4, kv_dims, kv_strides, kv_box)));
+  const bool ok =
+      encode_tensor_map_16bit(&m.q, q, p.q, 3, q_dims, q_strides, q_box) &&
+      (p.hopper_gather ||
+       (encode_tensor_map_16bit(&m.k, kv, p.k_pages, 4, kv_dims, kv_strides, kv_box) &&
+        encode_tensor_map_16bit(&m.v, kv, p.v_pages, 4, kv_dims, kv_strides, kv_box)));
   if (!ok) return launch_prefill(p_in, q, kv, head_dim, s);
   if (q == DType::bf16) return launch_prefill_hopper_bf16(p, head_dim, m, s);
   return launch_prefill_hopper_f16(p, head_dim, m, s);

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "gemv.h"
+#include "wgmma_gemm.h"
 #include "llama_kernels.h"
 #include "sampling_kernels.h"
 #include "nccl_comm.h"
@@ -337,27 +338,32 @@ struct LlamaModelCuda::Impl {
 
   // y [T, out] (ytype: f32 or bf16) = beta * y + x [T, in] (bf16) W^T, W [out, in] bf16, fp32
   // accumulation; beta is 0 or 1 (1: f32 y only). At the shapes where gemv_pick says it is
-  // faster (one or two tokens), the CUDA-core stream of gemv.h; cuBLAS everywhere else
-  // (kernels_dev/gemv.cu measures both; the lab's tensor-core skinny GEMM,
+  // faster (one or two tokens), the CUDA-core stream of gemv.h; where wgmma_gemm_pick says so (a
+  // few dozen tokens on Hopper), the tensor-core stream of wgmma_gemm.h; cuBLAS everywhere else
+  // (kernels_dev/gemv.cu and wgmma_gemm.cu measure them; the lab's older skinny GEMM,
   // kernels_dev/skinny_gemm.cu, and cuBLASLt's other algorithms, kernels_dev/cublaslt_algos.cu,
   // are not faster). ldy: y's row stride in elements (0: out).
   void gemm(const void* x_, int32_t T, int32_t in, const Tensor& w, int32_t out, void* y,
             cudaDataType_t ytype, float beta, const char* what, int32_t ldy = 0) {
+    cuda::GemvArgs a;
+    a.x = static_cast<const uint16_t*>(x_);
+    a.w = w.data_as<uint16_t>();
+    a.y = y;
+    a.T = T;
+    a.N = out;
+    a.K = in;
+    a.ldy = ldy > 0 ? ldy : out;
+    a.y_bf16 = ytype == CUDA_R_16BF;
+    a.accumulate = beta != 0.f;
     if (const int v = use_gemv ? cuda::gemv_pick(T, out, in) : 0) {
-      cuda::GemvArgs a;
-      a.x = static_cast<const uint16_t*>(x_);
-      a.w = w.data_as<uint16_t>();
-      a.y = y;
-      a.T = T;
-      a.N = out;
-      a.K = in;
-      a.ldy = ldy > 0 ? ldy : out;
-      a.y_bf16 = ytype == CUDA_R_16BF;
-      a.accumulate = beta != 0.f;
       if (cuda::gemv_supported(a)) {
         cuda::gemv(a, stream, v);
         return;
       }
+    }
+    if (cuda::wgmma_gemm_pick(T, out, in) && cuda::wgmma_gemm_supported(a)) {
+      cuda::wgmma_gemm(a, stream);
+      return;
     }
     const float alpha = 1.f;
     // Column-major view: y^T [out, T] = W [out, in] (row-major = col-major W^T, hence OP_T) x^T.
@@ -734,6 +740,11 @@ bool LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView
   if (fuse && use_gemv && cuda::gemv_swiglu_takes(T, inter, hidden) &&
       cuda::gemv_supported(glu)) {
     cuda::gemv_swiglu(glu, st);
+  } else if (fuse && !(use_gemv && cuda::gemv_pick(T, 2 * inter, hidden)) &&
+             cuda::wgmma_gemm_swiglu_takes(T, inter, hidden) && cuda::wgmma_gemm_supported(glu)) {
+    // (Where gemv takes the gate/up product without SwiGLU, it and the separate SwiGLU are
+    // faster: Llama-3-8B's 28672 rows at one token.)
+    cuda::wgmma_gemm_swiglu(glu, st);
   } else {
     gemm(s.h, T, hidden, L.wgu, 2 * inter, s.gu, CUDA_R_16BF, 0.f, "gate/up projection");
     cuda::swiglu(s.gu, T, inter, static_cast<uint16_t*>(s.act), st);

@@ -1,0 +1,454 @@
+// The decode steps' products on Hopper's tensor cores, fed by bulk tensor copies (wgmma_gemm.h).
+//
+// grid (splits, blocks), cluster (splits, 1, 1), block 128 WG + 32: warps 0 .. 4 WG - 1 are WG
+// consumer warpgroups, the last warp the producer. CTA (s, b) owns rows [BM b, BM b + BM) of W
+// (BM = 128 WG; each warpgroup 128 of them) and the K blocks [s * KB / splits,
+// (s + 1) * KB / splits) of 64 BOXES elements (KB = ceil(K / (64 BOXES))).
+//   stage i: W [BM][64] per copy (each warpgroup's two 64-row halves are A operands of
+//            m64nNTk16) and x [NT][64] (the B operand; token rows past T are zeros, filled by the
+//            copy), 128-byte swizzled.
+//   result:  the accumulators -> shared [NT][BM + 4] f32 of each CTA; CTA s of the cluster sums
+//            every CTA's shared copy, in split order, for its share of the [T][BM] outputs (16
+//            bytes a read), and writes y (+ y when accumulating; bf16 or f32; GLU: the gate half
+//            and the up half of the rows -> silu(gate) * up).
+// The splits are chosen so that every cluster fits the GPU at once (splits_for).
+#include <cooperative_groups.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "hopper.cuh"
+#include "pagedattn/attention_cuda.h"  // cuda_sm_count
+#include "pagedattn/dtype.h"
+#include "pagedattn/error.h"
+#include "pdl.h"
+#include "tensor_map.h"
+#include "wgmma_gemm.h"
+#include "wgmma_ops.cuh"
+
+namespace pagedattn::cuda {
+
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kBox = 64;       // K per copy: one 128-byte row of the swizzle pattern
+constexpr int kMaxSplits = 8;  // the largest portable cluster
+
+// NT tokens (a multiple of 8), ST stages of BOXES copies of 64 K elements, WG consumer warpgroups
+// of 128 rows of W each (two m64 accumulators).
+template <int NT, int ST, int BOXES, int WG>
+struct Cfg {
+  static constexpr int kBM = 128 * WG;            // rows of W per CTA
+  static constexpr int kThreads = 128 * WG + 32;  // the consumer warpgroups, the producer warp
+  static constexpr int kRedStride = kBM + 4;      // floats between the reduction's token rows
+  static constexpr int kStages = ST;
+  static constexpr int kBK = BOXES * kBox;
+  static constexpr int kWBox = kBM * kBox * 2;  // 16 or 32 KiB
+  static constexpr int kXBox = NT * kBox * 2;   // a multiple of 1024 (NT % 8 == 0)
+  static constexpr int kWBytes = BOXES * kWBox;
+  static constexpr int kStageBytes = kWBytes + BOXES * kXBox;
+  static constexpr int kSmem = 1024 + kStages * kStageBytes + 2 * kStages * 8;
+  static_assert(NT * kRedStride * 4 <= kStages * kStageBytes, "reduction buffer fits the stages");
+};
+
+// The sum over the cluster's CTAs, in rank order, of the 4 floats at `mine` in each one's shared
+// memory (all reads issued before the first add).
+__device__ __forceinline__ float4 cluster_sum(cg::cluster_group& cluster, const float* mine,
+                                              int splits) {
+  float4 part[kMaxSplits];
+#pragma unroll
+  for (int q = 0; q < kMaxSplits; ++q)
+    if (q < splits) part[q] = *reinterpret_cast<const float4*>(cluster.map_shared_rank(mine, q));
+  float4 sum = part[0];
+#pragma unroll
+  for (int q = 1; q < kMaxSplits; ++q) {
+    if (q < splits) {
+      sum.x += part[q].x;
+      sum.y += part[q].y;
+      sum.z += part[q].z;
+      sum.w += part[q].w;
+    }
+  }
+  return sum;
+}
+
+// GLU: the gate/up product with SwiGLU (W [2 N, K]: a CTA's first half of rows are gate rows
+// [H b, H b + H), H = half its rows, its second half the matching up rows N + H b ...; y [T, N]
+// bf16).
+template <int NT, int ST, int BOXES, int WG, bool GLU>
+__global__ void __launch_bounds__(128 * WG + 32, 1)
+    wgmma_gemm_kernel(const __grid_constant__ CUtensorMap tw,
+                      const __grid_constant__ CUtensorMap tx, const GemvArgs a) {
+  using C = Cfg<NT, ST, BOXES, WG>;
+  constexpr int kBK = C::kBK, kBM = C::kBM, kHalf = C::kBM / 2, kRedStride = C::kRedStride;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* base =
+      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint64_t* full = reinterpret_cast<uint64_t*>(base + ST * C::kStageBytes);
+  uint64_t* empty = full + ST;
+  auto w_tile = [&](int s) { return base + s * C::kStageBytes; };
+  auto x_tile = [&](int s) { return base + s * C::kStageBytes + C::kWBytes; };
+
+  const int splits = int(gridDim.x), split = int(blockIdx.x), row_block = int(blockIdx.y);
+  const int kblocks = (a.K + kBK - 1) / kBK;
+  const int kb0 = split * kblocks / splits, n = (split + 1) * kblocks / splits - kb0;
+  // Stage s holding K block i: copy b of W and of x at K element (kb0 + i) * kBK + 64 b.
+  auto load_w = [&](int s, int i) {
+    for (int b = 0; b < BOXES; ++b) {
+      const int k = (kb0 + i) * kBK + b * kBox;
+      if constexpr (GLU) {
+        tma_load_2d(w_tile(s) + b * C::kWBox, &tw, &full[s], k, row_block * kHalf);
+        tma_load_2d(w_tile(s) + b * C::kWBox + kHalf * 128, &tw, &full[s], k,
+                    a.N + row_block * kHalf);
+      } else {
+        tma_load_2d(w_tile(s) + b * C::kWBox, &tw, &full[s], k, row_block * kBM);
+      }
+    }
+  };
+  auto load_x = [&](int s, int i) {
+    for (int b = 0; b < BOXES; ++b)
+      tma_load_2d(x_tile(s) + b * C::kXBox, &tx, &full[s], (kb0 + i) * kBK + b * kBox, 0);
+  };
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < ST; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 4 * WG);  // one arrival per consumer warp
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+  allow_dependent_launch();
+
+  const int wg = warp / 4;  // a consumer warpgroup owns rows [128 wg, 128 wg + 128) of the block
+  float acc0[NT / 2], acc1[NT / 2];  // its rows 0-63 and 64-127
+#pragma unroll
+  for (int j = 0; j < NT / 2; ++j) acc0[j] = acc1[j] = 0.f;
+
+  if (warp == 4 * WG) {
+    if (lane == 0) {
+      prefetch_tensor_map(&tw);
+      prefetch_tensor_map(&tx);
+      // W does not depend on the kernels before this one: its first stages are requested before
+      // they finish; x (their output) after.
+      const int first = n < ST ? n : ST;
+      for (int i = 0; i < first; ++i) {
+        mbar_arrive_expect_tx(&full[i], C::kStageBytes);
+        load_w(i, i);
+      }
+      wait_for_dependency();
+      for (int i = 0; i < first; ++i) load_x(i, i);
+      for (int i = first; i < n; ++i) {
+        const int s = i % ST;
+        mbar_wait(&empty[s], ((i / ST) - 1) & 1);
+        mbar_arrive_expect_tx(&full[s], C::kStageBytes);
+        load_w(s, i);
+        load_x(s, i);
+      }
+    }
+  } else {
+    for (int i = 0; i < n; ++i) {
+      const int s = i % ST;
+      mbar_wait(&full[s], (i / ST) & 1);
+      const uint32_t wa = smem_u32(w_tile(s)) + wg * 128 * 128, xa = smem_u32(x_tile(s));
+      fence_regs(acc0);
+      fence_regs(acc1);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        // Copy kk / 4; 16 elements along K inside its 128-byte rows.
+        const uint32_t wb = wa + (kk / 4) * C::kWBox + (kk % 4) * 32;
+        const uint64_t db = wgmma_desc(xa + (kk / 4) * C::kXBox + (kk % 4) * 32, 16, 1024);
+        wgmma_ss<Bf16, NT>(acc0, wgmma_desc(wb, 16, 1024), db, 1);
+        wgmma_ss<Bf16, NT>(acc1, wgmma_desc(wb + 64 * 128, 16, 1024), db, 1);
+      }
+      wgmma_commit();
+      wgmma_wait<1>();  // stage i - 1's products are done: its buffers go back to the producer
+      fence_regs(acc0);
+      fence_regs(acc1);
+      if (i > 0 && lane == 0) mbar_arrive(&empty[(i - 1) % ST]);
+    }
+    wgmma_wait<0>();
+    fence_regs(acc0);
+    fence_regs(acc1);
+  }
+  // Every stage has landed and been read: the stage memory becomes the reduction buffer.
+  __syncthreads();
+  float* red = reinterpret_cast<float*>(base);  // [NT][kRedStride]
+  if (warp < 4 * WG) {
+    // m64nNT accumulator layout: d[4 g + e] is row 16 (warp % 4) + lane / 4 (+ 8 for e >= 2) of
+    // the warpgroup's 64, column (token) 8 g + 2 (lane % 4) + (e & 1).
+#pragma unroll
+    for (int j = 0; j < NT / 2; ++j) {
+      const int g = j / 4, e = j % 4;
+      const int row = 128 * wg + 16 * (warp % 4) + lane / 4 + (e >= 2 ? 8 : 0);
+      const int t = 8 * g + 2 * (lane % 4) + (e & 1);
+      red[t * kRedStride + row] = acc0[j];
+      red[t * kRedStride + 64 + row] = acc1[j];
+    }
+  }
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  wait_for_dependency();  // y may be the output of the kernels before this one
+  // Groups of 4 outputs (token t, rows r .. r + 3), split evenly over the cluster's CTAs; every
+  // CTA's 16-byte copy of a group is requested before any is added (remote reads take hundreds
+  // of cycles), then they are added in split order. GLU: a group is 4 gate sums and their 4 up
+  // sums (kHalf rows on).
+  constexpr int kOutRows = GLU ? kHalf : kBM;
+  constexpr int kGroupsPerToken = kOutRows / 4;
+  const int groups = a.T * kGroupsPerToken;
+  const int g0 = split * groups / splits, g1 = (split + 1) * groups / splits;
+  for (int g = g0 + int(threadIdx.x); g < g1; g += C::kThreads) {
+    const int t = g / kGroupsPerToken, r = (g % kGroupsPerToken) * 4;
+    const float* mine = red + t * kRedStride + r;
+    const float4 sum = cluster_sum(cluster, mine, splits);
+    float v[4] = {sum.x, sum.y, sum.z, sum.w};
+    if constexpr (GLU) {
+      // As the unfused path computes it: gate and up rounded to bf16 (the product's output),
+      // then silu(g) * u in f32 (llama_kernels.cu's swiglu).
+      const float4 up = cluster_sum(cluster, mine + kHalf, splits);
+      const float u[4] = {up.x, up.y, up.z, up.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float gb = bf16_to_f32(f32_to_bf16(v[j])), ub = bf16_to_f32(f32_to_bf16(u[j]));
+        v[j] = gb / (1.f + __expf(-gb)) * ub;
+      }
+    }
+    const int row0 = row_block * kOutRows + r;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (row0 + j >= a.N) break;
+      const int64_t at = int64_t(t) * a.ldy + row0 + j;
+      if (GLU || a.y_bf16) {
+        static_cast<uint16_t*>(a.y)[at] = f32_to_bf16(v[j]);
+      } else {
+        float* y = static_cast<float*>(a.y) + at;
+        *y = a.accumulate ? *y + v[j] : v[j];
+      }
+    }
+  }
+  cluster.sync();  // no CTA leaves while another still reads its shared memory
+}
+
+// The tensor maps of W and x, cached by what they describe (a map holds only the address, the
+// shape and the box: an entry for a freed and reused address is still right).
+struct MapKey {
+  const void* ptr;
+  int64_t rows, cols, box_rows;
+  bool operator==(const MapKey& o) const {
+    return ptr == o.ptr && rows == o.rows && cols == o.cols && box_rows == o.box_rows;
+  }
+};
+struct MapKeyHash {
+  size_t operator()(const MapKey& k) const {
+    size_t h = std::hash<const void*>()(k.ptr);
+    for (int64_t v : {k.rows, k.cols, k.box_rows}) h = h * 1000003u ^ std::hash<int64_t>()(v);
+    return h;
+  }
+};
+
+// A [rows][cols] bf16 matrix (rows cols apart), boxes of box_rows x 64.
+CUtensorMap map_of(const void* ptr, int64_t rows, int64_t cols, int box_rows) {
+  static std::mutex mu;
+  static std::unordered_map<MapKey, CUtensorMap, MapKeyHash> cache;
+  const MapKey key{ptr, rows, cols, box_rows};
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  CUtensorMap m;
+  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(cols) * 2};
+  const cuuint32_t box[2] = {cuuint32_t(kBox), cuuint32_t(box_rows)};
+  PA_CHECK(encode_tensor_map_16bit(&m, DType::bf16, ptr, 2, dims, strides, box),
+           "wgmma_gemm: the driver refused a tensor map of ", rows, " x ", cols);
+  if (cache.size() >= 4096) cache.clear();
+  cache.emplace(key, m);
+  return m;
+}
+
+// K slices per row block (the cluster's size): the most, up to ctas_per_sm CTAs per SM, whose
+// clusters all fit the GPU at once (a second wave of a few clusters would double the time); 1
+// where the row blocks alone fill it. A cluster's CTAs must share a GPC, so fewer clusters fit
+// than SMs * CTAs per SM / size: the runtime says how many.
+template <int NT, int ST, int BOXES, int WG, bool GLU>
+int splits_for(int blocks, int kblocks, int ctas_per_sm) {
+  struct Fit {
+    int sms = 1;
+    std::array<int, kMaxSplits + 1> clusters{};  // clusters of s CTAs that fit at once
+  };
+  static std::mutex mu;
+  static std::unordered_map<int, Fit> by_device;  // the answers differ between GPU models
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 1;
+  Fit fit;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = by_device.find(dev);
+    if (it == by_device.end()) {
+      Fit f;
+      f.sms = std::max(1, cuda_sm_count());
+      for (int s = 1; s <= kMaxSplits; ++s) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(unsigned(s));
+        cfg.blockDim = dim3(Cfg<NT, ST, BOXES, WG>::kThreads);
+        cfg.dynamicSmemBytes = size_t(Cfg<NT, ST, BOXES, WG>::kSmem);
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = unsigned(s);
+        at[0].val.clusterDim.y = at[0].val.clusterDim.z = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        int n = 0;
+        if (cudaOccupancyMaxActiveClusters(&n, wgmma_gemm_kernel<NT, ST, BOXES, WG, GLU>, &cfg) ==
+            cudaSuccess)
+          f.clusters[size_t(s)] = n;
+      }
+      (void)cudaGetLastError();
+      it = by_device.emplace(dev, f).first;
+    }
+    fit = it->second;
+  }
+  for (int s = std::min({kMaxSplits, ctas_per_sm * fit.sms / blocks, kblocks}); s > 1; --s)
+    if (fit.clusters[size_t(s)] >= blocks) return s;
+  return 1;
+}
+
+template <int NT, int ST, int BOXES, int WG = 1, bool GLU = false>
+cudaError_t launch(const GemvArgs& a, int ctas_per_sm, cudaStream_t stream) {
+  using C = Cfg<NT, ST, BOXES, WG>;
+  // NOTE: per device: every rank of a tensor-parallel process sets it on its own GPU.
+  static std::atomic<uint64_t> smem_set{0};
+  set_smem_limit_on_this_device(wgmma_gemm_kernel<NT, ST, BOXES, WG, GLU>, C::kSmem, smem_set,
+                                "wgmma_gemm: shared memory limit");
+  const int out_rows = GLU ? C::kBM / 2 : C::kBM;  // outputs per row block
+  const int blocks = (a.N + out_rows - 1) / out_rows, kblocks = (a.K + C::kBK - 1) / C::kBK;
+  const int splits = splits_for<NT, ST, BOXES, WG, GLU>(blocks, kblocks, ctas_per_sm);
+  const CUtensorMap tw = map_of(a.w, GLU ? 2 * int64_t(a.N) : a.N, a.K, out_rows);
+  const CUtensorMap tx = map_of(a.x, a.T, a.K, NT);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(splits), unsigned(blocks));
+  cfg.blockDim = dim3(C::kThreads);
+  cfg.dynamicSmemBytes = C::kSmem;
+  cfg.stream = stream;
+  cudaLaunchAttribute at[2];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = unsigned(splits);
+  at[0].val.clusterDim.y = 1;
+  at[0].val.clusterDim.z = 1;
+  at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[1].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
+  cfg.attrs = at;
+  cfg.numAttrs = 2;
+  return cudaLaunchKernelEx(&cfg, wgmma_gemm_kernel<NT, ST, BOXES, WG, GLU>, tw, tx, a);
+}
+
+// Version v at NT tokens: 1, 128 rows a CTA, five (NT 64: four) stages of one copy, two CTAs
+// per SM; 2, ten (eight) stages of one copy, one CTA per SM; 3, two stages of two copies (128 K
+// elements), two CTAs per SM; 4, 256 rows a CTA (two consumer warpgroups sharing each x tile:
+// half the x reads), five stages, one CTA per SM.
+template <int NT>
+cudaError_t launch_version(const GemvArgs& a, int v, cudaStream_t stream) {
+  constexpr bool wide = NT > 32;
+  switch (v) {
+    case 1:
+      return launch < NT, wide ? 4 : 5, 1 > (a, 2, stream);
+    case 2:
+      return launch < NT, wide ? 8 : 10, 1 > (a, 1, stream);
+    case 3:
+      return launch<NT, 2, 2>(a, 2, stream);
+    default:
+      return launch<NT, 5, 1, 2>(a, 1, stream);
+  }
+}
+
+}  // namespace
+
+bool wgmma_gemm_available() {
+  // Per device (a process may drive GPUs of several kinds): bit d of `known` says whether device
+  // d was asked, bit d of `yes` its answer.
+  static std::atomic<uint64_t> known{0}, yes{0};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev >= 64) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  const uint64_t bit = uint64_t(1) << dev;
+  if (known.load() & bit) return (yes.load() & bit) != 0;
+  int major = 0, minor = 0;
+  cudaFuncAttributes fa{};
+  const bool ok =
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+      major == 9 && minor == 0 &&
+      cudaFuncGetAttributes(&fa, wgmma_gemm_kernel<8, 5, 1, 1, false>) == cudaSuccess &&
+      fa.binaryVersion == 90 && tensor_map_encoder_available();
+  (void)cudaGetLastError();
+  if (ok) yes.fetch_or(bit);
+  known.fetch_or(bit);
+  return ok;
+}
+
+bool wgmma_gemm_supported(const GemvArgs& a) {
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return a.T >= 1 && a.T <= kWgmmaGemmMaxTokens && a.N >= 1 && a.K >= 8 && a.K % 8 == 0 &&
+         a.ldy >= a.N && a.x && a.w && a.y && aligned(a.x) && aligned(a.w) &&
+         !(a.y_bf16 && a.accumulate);
+}
+
+bool wgmma_gemm_pick(int32_t T, int32_t N, int32_t K) {
+  static const int forced = [] {  // -1: the rule below
+    const char* v = std::getenv("PAGEDATTN_WGMMA_GEMM");
+    if (!v || *v < '0' || *v > '9') return -1;
+    return std::clamp(std::atoi(v), 0, int(kWgmmaGemmMaxTokens));
+  }();
+  if (T < 1 || N < 1 || K < 8 || K % 8 != 0) return false;
+  const int64_t elements = int64_t(N) * K;
+  // The smaller the weight, the more of its product is launch and latency, which this kernel's
+  // early start hides; the largest stream best here.
+  int max_tokens = kWgmmaGemmPickMaxTokens;
+  if (elements <= kWgmmaGemmSmallElements || elements >= kWgmmaGemmLargeElements)
+    max_tokens = kWgmmaGemmMaxTokens;
+  else if (elements < kWgmmaGemmMediumElements)
+    max_tokens = 32;
+  if (forced >= 0) max_tokens = forced;
+  if (T > max_tokens) return false;
+  return wgmma_gemm_available();
+}
+
+bool wgmma_gemm_swiglu_takes(int32_t T, int32_t inter, int32_t K) {
+  return wgmma_gemm_pick(T, 2 * inter, K);
+}
+
+void wgmma_gemm_swiglu(const GemvArgs& a, cudaStream_t stream) {
+  PA_CHECK(wgmma_gemm_supported(a) && a.y_bf16 && !a.accumulate,
+           "wgmma_gemm_swiglu: ", "unsupported arguments (T ", a.T, ", N ", a.N, ", K ", a.K,
+           ", ldy ", a.ldy, ")");
+  PA_CHECK(wgmma_gemm_available(), "wgmma_gemm_swiglu: this device cannot run it (sm_90 only)");
+  const cudaError_t e = a.T <= 8    ? launch<8, 5, 1, 1, true>(a, 2, stream)
+                        : a.T <= 16 ? launch<16, 5, 1, 1, true>(a, 2, stream)
+                        : a.T <= 32 ? launch<32, 5, 1, 1, true>(a, 2, stream)
+                                    : launch<64, 4, 1, 1, true>(a, 2, stream);
+  PA_CHECK(e == cudaSuccess, "wgmma_gemm_swiglu: launch failed: ", cudaGetErrorString(e));
+}
+
+void wgmma_gemm(const GemvArgs& a, cudaStream_t stream, int version) {
+  PA_CHECK(wgmma_gemm_supported(a), "wgmma_gemm: unsupported arguments (T ", a.T, ", N ", a.N,
+           ", K ", a.K, ", ldy ", a.ldy, ")");
+  PA_CHECK(wgmma_gemm_available(), "wgmma_gemm: this device cannot run it (sm_90 only)");
+  const int v = version == 0 ? kWgmmaGemmDefaultVersion : version;
+  PA_CHECK(v >= 1 && v <= kWgmmaGemmVersions, "wgmma_gemm: version ", version, " (1 to ",
+           kWgmmaGemmVersions, ")");
+  const cudaError_t e = a.T <= 8    ? launch_version<8>(a, v, stream)
+                        : a.T <= 16 ? launch_version<16>(a, v, stream)
+                        : a.T <= 32 ? launch_version<32>(a, v, stream)
+                                    : launch_version<64>(a, v, stream);
+  PA_CHECK(e == cudaSuccess, "wgmma_gemm: launch failed: ", cudaGetErrorString(e));
+}
+
+}  // namespace pagedattn::cuda
