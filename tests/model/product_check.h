@@ -141,4 +141,36 @@ inline int check_swiglu(std::mt19937& g, int T, int inter, int K,
   return bad;
 }
 
+// The argument checks both products share (host only): a valid product of T = 1 is taken; T past
+// max_tokens or 0, K not a multiple of 8, ldy < N, a bf16 output accumulated into, a misaligned x
+// or W are not. Returns the valid arguments and, in *misaligned, ones the launch must refuse.
+inline cuda::GemvArgs expect_common_refusals(
+    const std::function<bool(const cuda::GemvArgs&)>& takes, int max_tokens,
+    cuda::GemvArgs* misaligned) {
+  alignas(16) static uint16_t buf[64];
+  cuda::GemvArgs a;
+  a.x = buf;
+  a.w = buf;
+  a.y = buf;
+  a.T = 1;
+  a.N = 4;
+  a.K = 8;
+  a.ldy = 4;
+  EXPECT_TRUE(takes(a));
+  auto refused = [&](auto edit, const char* what) {
+    cuda::GemvArgs b = a;
+    edit(b);
+    EXPECT_FALSE(takes(b)) << what;
+    return b;
+  };
+  refused([&](cuda::GemvArgs& b) { b.T = max_tokens + 1; }, "T past the most tokens");
+  refused([](cuda::GemvArgs& b) { b.T = 0; }, "T = 0");
+  refused([](cuda::GemvArgs& b) { b.K = 12; }, "K not a multiple of 8");
+  refused([](cuda::GemvArgs& b) { b.ldy = 3; }, "ldy < N");
+  refused([](cuda::GemvArgs& b) { b.y_bf16 = b.accumulate = true; }, "bf16 accumulated into");
+  refused([](cuda::GemvArgs& b) { b.w = buf + 1; }, "misaligned W");
+  *misaligned = refused([](cuda::GemvArgs& b) { b.x = buf + 1; }, "misaligned x");
+  return a;
+}
+
 }  // namespace pagedattn::test

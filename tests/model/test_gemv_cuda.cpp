@@ -55,31 +55,8 @@ TEST(GemvCuda, SwigluMatchesDoublePrecision) {
 
 // Host checks only: no device needed.
 TEST(GemvCuda, RefusesWhatItCannotTake) {
-  alignas(16) static uint16_t buf[64];
-  cuda::GemvArgs a;
-  a.x = buf;
-  a.w = buf;
-  a.y = buf;
-  a.T = 1;
-  a.N = 4;
-  a.K = 8;
-  a.ldy = 4;
-  EXPECT_TRUE(cuda::gemv_supported(a));
-  cuda::GemvArgs b = a;
-  b.T = cuda::kGemvMaxTokens + 1;
-  EXPECT_FALSE(cuda::gemv_supported(b));
-  b = a;
-  b.K = 12;  // not a multiple of 8
-  EXPECT_FALSE(cuda::gemv_supported(b));
-  b = a;
-  b.ldy = 3;
-  EXPECT_FALSE(cuda::gemv_supported(b));
-  b = a;
-  b.y_bf16 = b.accumulate = true;
-  EXPECT_FALSE(cuda::gemv_supported(b));
-  b = a;
-  b.x = buf + 1;  // misaligned
-  EXPECT_FALSE(cuda::gemv_supported(b));
+  cuda::GemvArgs b;
+  test::expect_common_refusals(cuda::gemv_supported, cuda::kGemvMaxTokens, &b);
   // The pick takes gemv only at one or two tokens.
   EXPECT_EQ(cuda::gemv_pick(4, 4096, 4096), 0);
   EXPECT_EQ(cuda::gemv_pick(1, 4096, 12), 0);

@@ -63,34 +63,9 @@ TEST(WgmmaGemmCuda, SwigluMatchesDoublePrecision) {
 
 // Host checks only: no device needed.
 TEST(WgmmaGemmCuda, RefusesWhatItCannotTake) {
-  alignas(16) static uint16_t buf[64];
-  cuda::GemvArgs a;
-  a.x = buf;
-  a.w = buf;
-  a.y = buf;
-  a.T = 1;
-  a.N = 4;
-  a.K = 8;
-  a.ldy = 4;
-  EXPECT_TRUE(cuda::wgmma_gemm_supported(a));
-  cuda::GemvArgs b = a;
-  b.T = cuda::kWgmmaGemmMaxTokens + 1;
-  EXPECT_FALSE(cuda::wgmma_gemm_supported(b));
-  b = a;
-  b.T = 0;
-  EXPECT_FALSE(cuda::wgmma_gemm_supported(b));
-  b = a;
-  b.K = 12;  // not a multiple of 8
-  EXPECT_FALSE(cuda::wgmma_gemm_supported(b));
-  b = a;
-  b.ldy = 3;
-  EXPECT_FALSE(cuda::wgmma_gemm_supported(b));
-  b = a;
-  b.y_bf16 = b.accumulate = true;
-  EXPECT_FALSE(cuda::wgmma_gemm_supported(b));
-  b = a;
-  b.w = buf + 1;  // misaligned
-  EXPECT_FALSE(cuda::wgmma_gemm_supported(b));
+  cuda::GemvArgs b;
+  const cuda::GemvArgs a =
+      test::expect_common_refusals(cuda::wgmma_gemm_supported, cuda::kWgmmaGemmMaxTokens, &b);
   // The pick (unless PAGEDATTN_WGMMA_GEMM overrides it): up to 16 tokens on every weight, 32 on
   // the smaller ones, 64 on the smallest and the largest, never where the device cannot run it.
   if (!std::getenv("PAGEDATTN_WGMMA_GEMM")) {
@@ -108,7 +83,7 @@ TEST(WgmmaGemmCuda, RefusesWhatItCannotTake) {
   EXPECT_FALSE(cuda::wgmma_gemm_pick(8, 4096, 12));
   try {
     cuda::wgmma_gemm(b, nullptr);
-    ADD_FAILURE() << "a misaligned W was taken";
+    ADD_FAILURE() << "a misaligned x was taken";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("wgmma_gemm"), std::string::npos);
   }
