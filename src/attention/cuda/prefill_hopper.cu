@@ -1,7 +1,5 @@
 // The host side of the Hopper prefill kernel (prefill_hopper_kernel.cuh): which shapes it takes,
 // whether this device runs it, and the tensor maps of each launch (tensor_map.h).
-#include <mutex>
-
 #include "prefill_hopper_kernel.cuh"
 #include "tensor_map.h"
 
@@ -27,20 +25,8 @@ bool prefill_hopper_supported(DType q, DType kv, int head_dim, int group, int pa
 }
 
 bool prefill_hopper_available() {
-  static int available = -1;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    int dev = 0, major = 0, minor = 0;
-    cudaFuncAttributes a{};
-    available =
-        cudaGetDevice(&dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-        major == 9 && minor == 0 && prefill_hopper_attributes(&a) == cudaSuccess &&
-        a.binaryVersion == 90 && tensor_map_encoder_available();
-    (void)cudaGetLastError();
-  });
-  return available == 1;
+  static PerDeviceAnswers answers;
+  return hopper_kernel_runs_here(answers, prefill_hopper_attributes);
 }
 
 void launch_prefill_hopper(const AttentionParams& p_in, DType q, DType kv, int head_dim,

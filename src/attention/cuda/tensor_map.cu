@@ -39,6 +39,28 @@ bool encode(CUtensorMap* map, CUtensorMapDataType dt, CUtensorMapSwizzle swizzle
 
 bool tensor_map_encoder_available() { return encoder() != nullptr; }
 
+bool hopper_kernel_runs_here(PerDeviceAnswers& answers,
+                             cudaError_t (*attributes)(cudaFuncAttributes*)) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev >= 64) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  const uint64_t bit = uint64_t(1) << dev;
+  if (answers.known.load() & bit) return (answers.yes.load() & bit) != 0;
+  int major = 0, minor = 0;
+  cudaFuncAttributes fa{};
+  const bool ok =
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+      major == 9 && minor == 0 && attributes(&fa) == cudaSuccess && fa.binaryVersion == 90 &&
+      tensor_map_encoder_available();
+  (void)cudaGetLastError();
+  if (ok) answers.yes.fetch_or(bit);
+  answers.known.fetch_or(bit);
+  return ok;
+}
+
 bool encode_tensor_map_16bit(CUtensorMap* map, DType t, const void* ptr, int rank,
                              const cuuint64_t* dims, const cuuint64_t* strides,
                              const cuuint32_t* box) {

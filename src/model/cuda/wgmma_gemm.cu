@@ -18,9 +18,7 @@
 #include <array>
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
 #include <mutex>
-#include <string>
 #include <unordered_map>
 
 #include "hopper.cuh"
@@ -370,28 +368,10 @@ cudaError_t launch_version(const GemvArgs& a, int v, cudaStream_t stream) {
 }  // namespace
 
 bool wgmma_gemm_available() {
-  // Per device (a process may drive GPUs of several kinds): bit d of `known` says whether device
-  // d was asked, bit d of `yes` its answer.
-  static std::atomic<uint64_t> known{0}, yes{0};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev >= 64) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  const uint64_t bit = uint64_t(1) << dev;
-  if (known.load() & bit) return (yes.load() & bit) != 0;
-  int major = 0, minor = 0;
-  cudaFuncAttributes fa{};
-  const bool ok =
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-      major == 9 && minor == 0 &&
-      cudaFuncGetAttributes(&fa, wgmma_gemm_kernel<8, 5, 1, 1, false>) == cudaSuccess &&
-      fa.binaryVersion == 90 && tensor_map_encoder_available();
-  (void)cudaGetLastError();
-  if (ok) yes.fetch_or(bit);
-  known.fetch_or(bit);
-  return ok;
+  static PerDeviceAnswers answers;
+  return hopper_kernel_runs_here(answers, [](cudaFuncAttributes* fa) {
+    return cudaFuncGetAttributes(fa, wgmma_gemm_kernel<8, 5, 1, 1, false>);
+  });
 }
 
 bool wgmma_gemm_supported(const GemvArgs& a) {
