@@ -11,8 +11,8 @@
 #   SKIP_SUITE=1 AB_VAR=PAGEDATTN_PDL scripts/device/gemv.sh
 #   LAB=wgmma_gemm_lab AB_VAR=PAGEDATTN_WGMMA_GEMM AB_VALUES="16 0" MODEL_BATCHES=4,8,16 \
 #     scripts/device/gemv.sh
-# Environment: LAB, LAB_ARGS, SKIP_LAB, SKIP_SUITE, SKIP_SMOL, GPU_FILTER, MODEL_BATCHES (1,2,4), AB_VAR,
-# AB_VALUES, BUDGET.
+# Environment: LAB, LAB_ARGS, SKIP_LAB, SKIP_SUITE, SUITE_SECS (240), SKIP_SMOL, GPU_FILTER,
+# MODEL_BATCHES (1,2,4), AB_VAR, AB_VALUES, BUDGET.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out/gemv}
@@ -34,7 +34,8 @@ if [[ -z "${SKIP_LAB:-}" ]]; then
 fi
 
 [[ -n "${SKIP_SUITE:-}" ]] ||
-  step suite 240 suite.log "$BUILD_DIR/tests/test_gpu" ${GPU_FILTER:+--gtest_filter=$GPU_FILTER}
+  step suite "${SUITE_SECS:-240}" suite.log "$BUILD_DIR/tests/test_gpu" \
+    ${GPU_FILTER:+--gtest_filter=$GPU_FILTER}
 tail -4 "$OUT/suite.log" 2>/dev/null
 grep -E "^\[  FAILED|Failure" "$OUT/suite.log" 2>/dev/null | head -20
 
