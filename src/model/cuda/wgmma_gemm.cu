@@ -311,8 +311,8 @@ int splits_for(int blocks, int kblocks, int ctas_per_sm) {
         cfg.attrs = at;
         cfg.numAttrs = 1;
         int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, wgmma_gemm_kernel<NT, ST, BOXES, WG, AC, GLU>, &cfg) ==
-            cudaSuccess)
+        const auto kernel = wgmma_gemm_kernel<NT, ST, BOXES, WG, AC, GLU>;
+        if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) == cudaSuccess)
           f.clusters[size_t(s)] = n;
       }
       (void)cudaGetLastError();

@@ -5,12 +5,13 @@
 //
 // A decode step's product is a stream of W: at 32 tokens cuBLAS reaches 69-74% of the copy rate
 // on Llama-3-8B's qkv and o and 36-41% on one tensor-parallel rank's (kernels_dev/gemv.cu and
-// wgmma_gemm.cu measure them). Here a CTA owns 128 rows of W (two m64 wgmmas sharing each x tile)
-// and a slice of K: one producer warp keeps several 16 KiB stages of W in flight, issuing the
-// first before the kernel ahead of it has finished (programmatic dependent launch; x waits for
-// it); the K slices of a row block form a thread-block cluster whose CTAs add their partial sums
-// through distributed shared memory in slice order, so every call gives the same bits. The
-// gate/up product can end in SwiGLU (wgmma_gemm_swiglu), one kernel fewer a layer.
+// wgmma_gemm.cu measure them). Here a CTA owns 64 or 128 rows of W (one or two m64 wgmmas sharing
+// each x tile) and a slice of K: one producer warp keeps a ring of W stages in flight (up to about
+// 200 KiB), issuing them before the kernel ahead of it has finished (programmatic dependent
+// launch; x waits for it); the K slices of a row block form a thread-block cluster whose CTAs add
+// their partial sums through distributed shared memory in slice order, so every call gives the
+// same bits. The gate/up product can end in SwiGLU (wgmma_gemm_swiglu), one kernel fewer a
+// layer.
 // Compiled as C++17 (nvcc).
 #pragma once
 
