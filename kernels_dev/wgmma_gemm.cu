@@ -6,10 +6,13 @@
 //
 // Versions (wgmma_gemm.cu): 1, 128 rows a CTA, a ring of five 16 KiB W stages, two CTAs per SM
 // (the model's); 2, ten stages, one CTA per SM; 3, two stages of 32 KiB (128 K elements), two
-// CTAs per SM; 4, 256 rows a CTA in two warpgroups (half the x reads), one CTA per SM.
+// CTAs per SM; 4, 256 rows a CTA in two warpgroups (half the x reads), one CTA per SM; 5, 64
+// rows a CTA (more row blocks, fewer K slices), a ring of about 200 KiB, one CTA per SM; 6, 64
+// rows, about 100 KiB, two CTAs per SM.
 //
 //   wgmma_gemm_lab               correctness gate, then the sweep
 //   wgmma_gemm_lab --sweep-only  the sweep alone
+//   wgmma_gemm_lab --tokens 8,32 the sweep at these token counts only
 //   wgmma_gemm_lab --shape T:N:K one shape's timing alone (for a profiler)
 //
 // Gate (product_lab.h): against a double-precision product on the host (every element of small
@@ -23,6 +26,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -43,9 +47,20 @@ int main(int argc, char** argv) {
   }
   bool sweep_only = false;
   int only_t = 0, only_n = 0, only_k = 0;  // --shape T:N:K: that shape alone (for a profiler)
+  std::vector<int> token_list = {1, 2, 4, 8, 16, 32, 64};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--sweep-only") sweep_only = true;
+    if (arg == "--tokens" && i + 1 < argc) {  // the sweep's token counts, e.g. 8,32,64
+      token_list.clear();
+      for (const char* p = argv[++i]; *p;) {
+        char* end = nullptr;
+        const long t = std::strtol(p, &end, 10);
+        if (end == p) break;
+        if (t >= 1 && t <= 64) token_list.push_back(int(t));
+        p = *end == ',' ? end + 1 : end;
+      }
+    }
     if (arg == "--shape" && i + 1 < argc &&
         std::sscanf(argv[++i], "%d:%d:%d", &only_t, &only_n, &only_k) == 3)
       sweep_only = true;
@@ -78,7 +93,7 @@ int main(int argc, char** argv) {
   std::printf(" %6s (%% of copy) | best\n", "gemv");
   const float one = 1.f, zero = 0.f;
   std::vector<lab::ProductShape> all = lab::decode_products();
-  std::vector<int> token_counts = {1, 2, 4, 8, 16, 32, 64};
+  std::vector<int> token_counts = token_list;
   if (only_t > 0) {
     all = {{"shape", only_n, only_k}};
     token_counts = {only_t};

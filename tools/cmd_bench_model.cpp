@@ -67,6 +67,7 @@ struct BatchResult {
   double decode_s = 0;  // the greedy decode steps: forward and argmax (on the device on CUDA)
   double floor_s = 0, kv_bytes_mean = 0;  // CUDA
   double collective_ms = -1;               // tensor parallel: collectives of one decode step
+  double device_s = -1;  // CUDA: the device's time on the decode steps (Model::device_busy_seconds)
 };
 
 // Prefills `batch` random prompts of prompt_len tokens, then runs decode_steps greedy steps, all
@@ -101,12 +102,14 @@ BatchResult run_batch(Engine& engine, int batch, int32_t prompt_len, int32_t dec
   }
   r.prefill_s = since(t0);
   t0 = std::chrono::steady_clock::now();
+  const double busy0 = engine.model().device_busy_seconds();
   for (int32_t step = 0; step < decode_steps; ++step) {
     PA_CHECK(engine.has_work(), "bench model: the requests ended before the decode steps");
     for (const RequestOutput& o : engine.step())
       PA_CHECK(o.error.empty(), "bench model: ", o.error);
   }
   r.decode_s = since(t0);
+  if (busy0 >= 0) r.device_s = engine.model().device_busy_seconds() - busy0;
   PA_CHECK(!engine.has_work(), "bench model: the requests outlived their decode steps");
   return r;
 }
@@ -140,6 +143,13 @@ void print_result(const BenchModelArgs& a, const SessionOptions& so, const Engin
           floor_ms, pct,
           a.no_cuda_graphs ? "false" : "true");
     }
+    if (r.device_s >= 0) {
+      // The device's share of a step (from its first upload to its download): the rest is host
+      // work between steps while the device waits.
+      std::printf(",\"device_ms_per_step\":%.3f,\"host_gap_ms_per_step\":%.3f",
+                  1e3 * r.device_s / a.decode_steps,
+                  1e3 * std::max(0.0, r.decode_s - r.device_s) / a.decode_steps);
+    }
     if (r.collective_ms >= 0) {
       std::printf(",\"tensor_parallel\":%d,\"collective_ms_per_step\":%.3f",
                   so.tensor_parallel, r.collective_ms);
@@ -154,6 +164,9 @@ void print_result(const BenchModelArgs& a, const SessionOptions& so, const Engin
     if (floor) {
       std::printf("; floor %.3f ms/step (%.2f GB weights + %.3f GB K/V): %.1f%% of floor", floor_ms,
                   double(floor->weight_bytes) / 1e9, r.kv_bytes_mean / 1e9, pct);
+    }
+    if (r.device_s >= 0) {
+      std::printf("; device busy %.3f ms/step", 1e3 * r.device_s / a.decode_steps);
     }
     if (r.collective_ms >= 0) {
       std::printf("; %d GPUs, collectives alone %.3f ms/step", so.tensor_parallel,

@@ -11,8 +11,8 @@
 #   SKIP_SUITE=1 AB_VAR=PAGEDATTN_PDL scripts/device/gemv.sh
 #   LAB=wgmma_gemm_lab AB_VAR=PAGEDATTN_WGMMA_GEMM AB_VALUES="16 0" MODEL_BATCHES=4,8,16 \
 #     scripts/device/gemv.sh
-# Environment: LAB, SKIP_LAB, SKIP_SUITE, SKIP_SMOL, GPU_FILTER, MODEL_BATCHES (1,2,4), AB_VAR,
-# AB_VALUES, BUDGET.
+# Environment: LAB, LAB_ARGS, SKIP_LAB, SKIP_SUITE, SUITE_SECS (240), SKIP_SMOL, GPU_FILTER,
+# MODEL_BATCHES (1,2,4), AB_VAR, AB_VALUES, BUDGET.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out/gemv}
@@ -29,23 +29,27 @@ if [[ -f "$BUILD_DIR/deps-env.sh" ]]; then source "$BUILD_DIR/deps-env.sh"; fi
 bin="$BUILD_DIR/pagedattn"
 
 if [[ -z "${SKIP_LAB:-}" ]]; then
-  step lab 240 lab.log "$BUILD_DIR/kernels_dev/$lab"
+  step lab 240 lab.log "$BUILD_DIR/kernels_dev/$lab" ${LAB_ARGS:-}
   grep -vE "^gate .* ok$" "$OUT/lab.log" | tail -70
 fi
 
 [[ -n "${SKIP_SUITE:-}" ]] ||
-  step suite 240 suite.log "$BUILD_DIR/tests/test_gpu" ${GPU_FILTER:+--gtest_filter=$GPU_FILTER}
+  step suite "${SUITE_SECS:-240}" suite.log "$BUILD_DIR/tests/test_gpu" \
+    ${GPU_FILTER:+--gtest_filter=$GPU_FILTER}
 tail -4 "$OUT/suite.log" 2>/dev/null
 grep -E "^\[  FAILED|Failure" "$OUT/suite.log" 2>/dev/null | head -20
 
 # Interleaved: the switch's values in turn, twice (sustained work moves the clocks).
+# A value with '=' in it is an assignment of its own (VAR=value), run as it is.
 for round in 1 2; do
   for g in ${AB_VALUES:-1 0}; do
-    echo "## $ab $g" >>"$OUT/model.log"
-    [[ -n "${SKIP_SMOL:-}" ]] || step "smol-g$g" 60 model.log env $ab=$g "$bin" bench model \
+    set_it="$ab=$g"
+    [[ "$g" == *=* ]] && set_it="$g"
+    echo "## $set_it" >>"$OUT/model.log"
+    [[ -n "${SKIP_SMOL:-}" ]] || step "smol-g$g" 60 model.log env $set_it "$bin" bench model \
       --model synthetic:smollm2-135m --device cuda --batch ${MODEL_BATCHES:-1,2,4} --prompt-len 512 \
       --decode-steps 64 --json
-    step "8b-g$g" 60 model.log env $ab=$g "$bin" bench model \
+    step "8b-g$g" 60 model.log env $set_it "$bin" bench model \
       --model synthetic:llama3-8b --device cuda --batch ${MODEL_BATCHES:-1,2,4} --prompt-len 512 \
       --decode-steps 32 --json
   done
@@ -55,7 +59,7 @@ import json, sys
 g = "?"
 for line in sys.stdin:
     if line.startswith("## "):
-        g = line[3:].strip().replace(" ", "=")
+        g = line[3:].strip()
         continue
     r = json.loads(line)
     model, batch, ms = r["model"], r["batch"], r["decode_ms_per_step"]

@@ -17,11 +17,11 @@ if [[ -f "$BUILD_DIR/deps-env.sh" ]]; then source "$BUILD_DIR/deps-env.sh"; fi
 lab=$BUILD_DIR/kernels_dev/wgmma_gemm_lab
 for s in $shapes; do
   echo "== ncu $s"
-  # With --shape the lab times, in its first round, cuBLAS, then versions 1, 2 and 3 (3 untimed
+  # With --shape the lab times, in its first round, cuBLAS, then versions 1 to 6 (3 untimed
   # launches and 10 timed ones each): cuBLAS's 4th launch (and its split-K reduce, if any), then
-  # the 4th launch of each version.
+  # the 4th launch of versions 1, 5 and 6.
   for pick in "^(?!wgmma|l2_read) 3 2 cublas" "wgmma_gemm_kernel 3 1 v1" \
-    "wgmma_gemm_kernel 16 1 v2" "wgmma_gemm_kernel 29 1 v3"; do
+    "wgmma_gemm_kernel 55 1 v5" "wgmma_gemm_kernel 68 1 v6"; do
     read -r rx skip count name <<<"$pick"
     f="$OUT/ncu_${s//:/_}_$name.txt"
     ncu --kernel-name regex:"$rx" --launch-skip "$skip" --launch-count "$count" \

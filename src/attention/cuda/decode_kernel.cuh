@@ -84,6 +84,9 @@ __global__ void __launch_bounds__(kDecodeThreads,
   const int tid = threadIdx.x, grp = tid / kTx, lane = tid % kTx;
 
   const int lo = it.lo, hi = it.hi;  // the row's visible positions (planned on the host)
+  // q, the pages and their scales are the kernels' before this one (launched as a programmatic
+  // dependent: everything above reads only the plan's metadata, uploaded before them).
+  wait_for_dependency();
   const bool fp8 = KV::kBytes == 1;
   const float k_mul = fp8 ? p.k_scale[kvh] : 1.f;
   const float v_mul = fp8 ? p.v_scale[kvh] : 1.f;

@@ -6,6 +6,7 @@
 
 #include "cuda_common.cuh"
 #include "kernels.h"
+#include "pdl.h"
 
 namespace pagedattn::cuda {
 
@@ -24,8 +25,10 @@ void launch_decode_kernel(const AttentionParams& p, int heads, cudaStream_t s) {
   AttentionParams pp = p;
   pp.head_tiles = (p.group + heads - 1) / heads;
   const dim3 grid(unsigned(p.num_decode_items), unsigned(p.num_kv_heads * pp.head_tiles));
-  Kernel<<<grid, THREADS, SMEM, s>>>(pp);
-  check_launch("paged_attention_cuda: decode kernel launch");
+  // A programmatic dependent (pdl.h): its CTAs may be scheduled while the kernel before it ends
+  // and wait for it before reading q and the pages.
+  check_cuda(launch_pdl(Kernel, grid, dim3(THREADS), SMEM, s, pp),
+             "paged_attention_cuda: decode kernel launch");
 }
 
 // CTAs of one kernel instance resident at once on an SM (cached per instance; at least 1).

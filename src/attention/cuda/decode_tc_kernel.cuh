@@ -131,6 +131,9 @@ __global__ void __launch_bounds__(kDecodeTcThreads) decode_tc_kernel(const Atten
   const int fr = lane / 4, fc = (lane % 4) * 2;
 
   const int lo = it.lo, hi = it.hi;  // the row's visible positions (planned on the host)
+  // q, the pages and their scales are the kernels' before this one (launched as a programmatic
+  // dependent: everything above reads only the plan's metadata, uploaded before them).
+  wait_for_dependency();
   const float k_mul = S::kFp8 ? p.k_scale[kvh] : 1.f;
   const float v_mul = S::kFp8 ? p.v_scale[kvh] : 1.f;
   const float s_mul = p.scale * k_mul;

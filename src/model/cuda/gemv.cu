@@ -1,4 +1,6 @@
 // The few-token matrix product of decode steps (gemv.h).
+#include <cstdlib>
+
 #include "cuda_common.cuh"  // allow_dependent_launch, wait_for_dependency
 #include "gemv.h"
 #include "pdl.h"
@@ -25,32 +27,43 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc)
 // grid (ceil(N / (kWarps * R))), block kWarps * 32. Warp w of block b owns rows
 // (b * kWarps + w) * R ... + R - 1; lane l takes the 16-byte chunks l, l + 32, ... of each.
 template <int T, int R>
-__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvArgs a) {
-  wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
-  allow_dependent_launch();
+__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvArgs a, bool early) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row0 = (blockIdx.x * kWarps + warp) * R;
-  if (row0 >= a.N) return;
   const int chunks = a.K / 8;
   const uint4* x4 = reinterpret_cast<const uint4*>(a.x);
   const uint4* w4 = reinterpret_cast<const uint4*>(a.w);
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  auto load_w = [&](int c, uint4 (&wv)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      wv[r] = row0 + r < a.N ? __ldcs(w4 + int64_t(row0 + r) * chunks + c) : zero;
+  };
+  // W is no kernel's output: its first loads go out before the kernels ahead have finished.
+  uint4 wv[R];
+  if (early && row0 < a.N && lane < chunks) load_w(lane, wv);
+  wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
+  allow_dependent_launch();
+  if (row0 >= a.N) return;
+  if (!early && lane < chunks) load_w(lane, wv);
   float acc[R][T];
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
-  const uint4 zero = make_uint4(0, 0, 0, 0);
-#pragma unroll 2
   for (int c = lane; c < chunks; c += 32) {
-    uint4 wv[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-      wv[r] = row0 + r < a.N ? __ldcs(w4 + int64_t(row0 + r) * chunks + c) : zero;
+    uint4 next[R];
+    const bool more = c + 32 < chunks;
+    if (more) load_w(c + 32, next);
 #pragma unroll
     for (int t = 0; t < T; ++t) {
       const uint4 xv = __ldg(x4 + int64_t(t) * chunks + c);
 #pragma unroll
       for (int r = 0; r < R; ++r) acc[r][t] = dot8(wv[r], xv, acc[r][t]);
+    }
+    if (more) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) wv[r] = next[r];
     }
   }
 #pragma unroll
@@ -82,34 +95,47 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvArgs a) {
 // rows). Lanes, then warps, are summed in a fixed order. GLU: W holds 2N rows (gate, then up);
 // the block also takes the up rows N + b * R ... and writes silu(gate) * up (gemv_swiglu).
 template <int T, int R, bool GLU>
-__global__ void __launch_bounds__(kWarps * 32) gemv_split_kernel(GemvArgs a) {
-  wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
-  allow_dependent_launch();
+__global__ void __launch_bounds__(kWarps * 32) gemv_split_kernel(GemvArgs a, bool early) {
   constexpr int RR = GLU ? 2 * R : R;  // rows of W a block reads
+  constexpr int kStride = kWarps * 32;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row0 = blockIdx.x * R;
   const int chunks = a.K / 8;
   const uint4* x4 = reinterpret_cast<const uint4*>(a.x);
   const uint4* w4 = reinterpret_cast<const uint4*>(a.w);
-  float acc[RR][T];
-#pragma unroll
-  for (int r = 0; r < RR; ++r)
-#pragma unroll
-    for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
   const uint4 zero = make_uint4(0, 0, 0, 0);
-#pragma unroll 2
-  for (int c = threadIdx.x; c < chunks; c += kWarps * 32) {
-    uint4 wv[RR];
+  auto load_w = [&](int c, uint4 (&wv)[RR]) {
 #pragma unroll
     for (int r = 0; r < RR; ++r) {
       const int rr = r % R, row = (r < R ? 0 : a.N) + row0 + rr;
       wv[r] = row0 + rr < a.N ? __ldcs(w4 + int64_t(row) * chunks + c) : zero;
     }
+  };
+  // W is no kernel's output: its first loads go out before the kernels ahead have finished.
+  const int c0 = int(threadIdx.x);
+  uint4 wv[RR];
+  if (early && c0 < chunks) load_w(c0, wv);
+  wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
+  allow_dependent_launch();
+  if (!early && c0 < chunks) load_w(c0, wv);
+  float acc[RR][T];
+#pragma unroll
+  for (int r = 0; r < RR; ++r)
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
+  for (int c = c0; c < chunks; c += kStride) {
+    uint4 next[RR];
+    const bool more = c + kStride < chunks;
+    if (more) load_w(c + kStride, next);
 #pragma unroll
     for (int t = 0; t < T; ++t) {
       const uint4 xv = __ldg(x4 + int64_t(t) * chunks + c);
 #pragma unroll
       for (int r = 0; r < RR; ++r) acc[r][t] = dot8(wv[r], xv, acc[r][t]);
+    }
+    if (more) {
+#pragma unroll
+      for (int r = 0; r < RR; ++r) wv[r] = next[r];
     }
   }
   __shared__ float part[kWarps][RR * T];
@@ -146,6 +172,16 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_split_kernel(GemvArgs a) {
   }
 }
 
+// Whether W's first loads go out before the kernels ahead have finished (PAGEDATTN_GEMV_EARLY=0:
+// after, a comparison).
+bool early_w() {
+  static const bool on = [] {
+    const char* e = std::getenv("PAGEDATTN_GEMV_EARLY");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
 template <int R, bool kSplit>
 void launch(const GemvArgs& a, cudaStream_t stream) {
   cudaError_t e = cudaSuccess;
@@ -155,7 +191,7 @@ void launch(const GemvArgs& a, cudaStream_t stream) {
 #define PA_GEMV_CASE(T)                                                 \
   case T:                                                               \
     e = launch_pdl(kSplit ? gemv_split_kernel<T, R, false> : gemv_kernel<T, R>, \
-                   dim3(grid), dim3(kWarps * 32), 0, stream, a);          \
+                   dim3(grid), dim3(kWarps * 32), 0, stream, a, early_w());  \
     break;
     PA_GEMV_CASE(1)
     PA_GEMV_CASE(2)
@@ -198,8 +234,10 @@ void gemv_swiglu(const GemvArgs& a, cudaStream_t stream) {
   constexpr int R = 4;  // version 3's rows per block
   const dim3 grid(unsigned((a.N + R - 1) / R));
   const cudaError_t e =
-      a.T == 1 ? launch_pdl(gemv_split_kernel<1, R, true>, grid, dim3(kWarps * 32), 0, stream, a)
-               : launch_pdl(gemv_split_kernel<2, R, true>, grid, dim3(kWarps * 32), 0, stream, a);
+      a.T == 1 ? launch_pdl(gemv_split_kernel<1, R, true>, grid, dim3(kWarps * 32), 0, stream, a,
+                            early_w())
+               : launch_pdl(gemv_split_kernel<2, R, true>, grid, dim3(kWarps * 32), 0, stream, a,
+                            early_w());
   PA_CHECK(e == cudaSuccess, "gemv_swiglu: launch failed: ", cudaGetErrorString(e));
 }
 

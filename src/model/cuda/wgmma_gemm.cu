@@ -2,9 +2,9 @@
 //
 // grid (splits, blocks), cluster (splits, 1, 1), block 128 WG + 32: warps 0 .. 4 WG - 1 are WG
 // consumer warpgroups, the last warp the producer. CTA (s, b) owns rows [BM b, BM b + BM) of W
-// (BM = 128 WG; each warpgroup 128 of them) and the K blocks [s * KB / splits,
+// (BM = 64 AC WG; each warpgroup 64 AC of them) and the K blocks [s * KB / splits,
 // (s + 1) * KB / splits) of 64 BOXES elements (KB = ceil(K / (64 BOXES))).
-//   stage i: W [BM][64] per copy (each warpgroup's two 64-row halves are A operands of
+//   stage i: W [BM][64] per copy (each warpgroup's AC 64-row parts are A operands of
 //            m64nNTk16) and x [NT][64] (the B operand; token rows past T are zeros, filled by the
 //            copy), 128-byte swizzled.
 //   result:  the accumulators -> shared [NT][BM + 4] f32 of each CTA; CTA s of the cluster sums
@@ -40,15 +40,17 @@ constexpr int kBox = 64;       // K per copy: one 128-byte row of the swizzle pa
 constexpr int kMaxSplits = 8;  // the largest portable cluster
 
 // NT tokens (a multiple of 8), ST stages of BOXES copies of 64 K elements, WG consumer warpgroups
-// of 128 rows of W each (two m64 accumulators).
-template <int NT, int ST, int BOXES, int WG>
+// of 64 AC rows of W each (AC m64 accumulators, 1 or 2).
+template <int NT, int ST, int BOXES, int WG, int AC>
 struct Cfg {
-  static constexpr int kBM = 128 * WG;            // rows of W per CTA
+  static_assert(AC == 1 || AC == 2, "one or two m64 accumulators a warpgroup");
+  static constexpr int kBM = 64 * AC * WG;        // rows of W per CTA
+  static constexpr int kWgRows = 64 * AC;         // rows of W per warpgroup
   static constexpr int kThreads = 128 * WG + 32;  // the consumer warpgroups, the producer warp
   static constexpr int kRedStride = kBM + 4;      // floats between the reduction's token rows
   static constexpr int kStages = ST;
   static constexpr int kBK = BOXES * kBox;
-  static constexpr int kWBox = kBM * kBox * 2;  // 16 or 32 KiB
+  static constexpr int kWBox = kBM * kBox * 2;  // 8, 16 or 32 KiB
   static constexpr int kXBox = NT * kBox * 2;   // a multiple of 1024 (NT % 8 == 0)
   static constexpr int kWBytes = BOXES * kWBox;
   static constexpr int kStageBytes = kWBytes + BOXES * kXBox;
@@ -80,11 +82,11 @@ __device__ __forceinline__ float4 cluster_sum(cg::cluster_group& cluster, const 
 // GLU: the gate/up product with SwiGLU (W [2 N, K]: a CTA's first half of rows are gate rows
 // [H b, H b + H), H = half its rows, its second half the matching up rows N + H b ...; y [T, N]
 // bf16).
-template <int NT, int ST, int BOXES, int WG, bool GLU>
+template <int NT, int ST, int BOXES, int WG, int AC, bool GLU>
 __global__ void __launch_bounds__(128 * WG + 32, 1)
     wgmma_gemm_kernel(const __grid_constant__ CUtensorMap tw,
                       const __grid_constant__ CUtensorMap tx, const GemvArgs a) {
-  using C = Cfg<NT, ST, BOXES, WG>;
+  using C = Cfg<NT, ST, BOXES, WG, AC>;
   constexpr int kBK = C::kBK, kBM = C::kBM, kHalf = C::kBM / 2, kRedStride = C::kRedStride;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* base =
@@ -125,10 +127,15 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
   __syncthreads();
   allow_dependent_launch();
 
-  const int wg = warp / 4;  // a consumer warpgroup owns rows [128 wg, 128 wg + 128) of the block
-  float acc0[NT / 2], acc1[NT / 2];  // its rows 0-63 and 64-127
+  // A consumer warpgroup owns rows [kWgRows wg, kWgRows (wg + 1)) of the block; acc[a] its rows
+  // 64 a .. 64 a + 63.
+  constexpr int kWgRows = C::kWgRows;
+  const int wg = warp / 4;
+  float acc[AC][NT / 2];
 #pragma unroll
-  for (int j = 0; j < NT / 2; ++j) acc0[j] = acc1[j] = 0.f;
+  for (int c = 0; c < AC; ++c)
+#pragma unroll
+    for (int j = 0; j < NT / 2; ++j) acc[c][j] = 0.f;
 
   if (warp == 4 * WG) {
     if (lane == 0) {
@@ -155,27 +162,28 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
     for (int i = 0; i < n; ++i) {
       const int s = i % ST;
       mbar_wait(&full[s], (i / ST) & 1);
-      const uint32_t wa = smem_u32(w_tile(s)) + wg * 128 * 128, xa = smem_u32(x_tile(s));
-      fence_regs(acc0);
-      fence_regs(acc1);
+      const uint32_t wa = smem_u32(w_tile(s)) + wg * kWgRows * 128, xa = smem_u32(x_tile(s));
+#pragma unroll
+      for (int c = 0; c < AC; ++c) fence_regs(acc[c]);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk) {
         // Copy kk / 4; 16 elements along K inside its 128-byte rows.
         const uint32_t wb = wa + (kk / 4) * C::kWBox + (kk % 4) * 32;
         const uint64_t db = wgmma_desc(xa + (kk / 4) * C::kXBox + (kk % 4) * 32, 16, 1024);
-        wgmma_ss<Bf16, NT>(acc0, wgmma_desc(wb, 16, 1024), db, 1);
-        wgmma_ss<Bf16, NT>(acc1, wgmma_desc(wb + 64 * 128, 16, 1024), db, 1);
+#pragma unroll
+        for (int c = 0; c < AC; ++c)
+          wgmma_ss<Bf16, NT>(acc[c], wgmma_desc(wb + c * 64 * 128, 16, 1024), db, 1);
       }
       wgmma_commit();
       wgmma_wait<1>();  // stage i - 1's products are done: its buffers go back to the producer
-      fence_regs(acc0);
-      fence_regs(acc1);
+#pragma unroll
+      for (int c = 0; c < AC; ++c) fence_regs(acc[c]);
       if (i > 0 && lane == 0) mbar_arrive(&empty[(i - 1) % ST]);
     }
     wgmma_wait<0>();
-    fence_regs(acc0);
-    fence_regs(acc1);
+#pragma unroll
+    for (int c = 0; c < AC; ++c) fence_regs(acc[c]);
   }
   // Every stage has landed and been read: the stage memory becomes the reduction buffer.
   __syncthreads();
@@ -186,10 +194,10 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
 #pragma unroll
     for (int j = 0; j < NT / 2; ++j) {
       const int g = j / 4, e = j % 4;
-      const int row = 128 * wg + 16 * (warp % 4) + lane / 4 + (e >= 2 ? 8 : 0);
+      const int row = kWgRows * wg + 16 * (warp % 4) + lane / 4 + (e >= 2 ? 8 : 0);
       const int t = 8 * g + 2 * (lane % 4) + (e & 1);
-      red[t * kRedStride + row] = acc0[j];
-      red[t * kRedStride + 64 + row] = acc1[j];
+#pragma unroll
+      for (int c = 0; c < AC; ++c) red[t * kRedStride + 64 * c + row] = acc[c][j];
     }
   }
   cg::cluster_group cluster = cg::this_cluster();
@@ -274,7 +282,7 @@ CUtensorMap map_of(const void* ptr, int64_t rows, int64_t cols, int box_rows) {
 // clusters all fit the GPU at once (a second wave of a few clusters would double the time); 1
 // where the row blocks alone fill it. A cluster's CTAs must share a GPC, so fewer clusters fit
 // than SMs * CTAs per SM / size: the runtime says how many.
-template <int NT, int ST, int BOXES, int WG, bool GLU>
+template <int NT, int ST, int BOXES, int WG, int AC, bool GLU>
 int splits_for(int blocks, int kblocks, int ctas_per_sm) {
   struct Fit {
     int sms = 1;
@@ -294,8 +302,8 @@ int splits_for(int blocks, int kblocks, int ctas_per_sm) {
       for (int s = 1; s <= kMaxSplits; ++s) {
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = dim3(unsigned(s));
-        cfg.blockDim = dim3(Cfg<NT, ST, BOXES, WG>::kThreads);
-        cfg.dynamicSmemBytes = size_t(Cfg<NT, ST, BOXES, WG>::kSmem);
+        cfg.blockDim = dim3(Cfg<NT, ST, BOXES, WG, AC>::kThreads);
+        cfg.dynamicSmemBytes = size_t(Cfg<NT, ST, BOXES, WG, AC>::kSmem);
         cudaLaunchAttribute at[1];
         at[0].id = cudaLaunchAttributeClusterDimension;
         at[0].val.clusterDim.x = unsigned(s);
@@ -303,8 +311,8 @@ int splits_for(int blocks, int kblocks, int ctas_per_sm) {
         cfg.attrs = at;
         cfg.numAttrs = 1;
         int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, wgmma_gemm_kernel<NT, ST, BOXES, WG, GLU>, &cfg) ==
-            cudaSuccess)
+        const auto kernel = wgmma_gemm_kernel<NT, ST, BOXES, WG, AC, GLU>;
+        if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) == cudaSuccess)
           f.clusters[size_t(s)] = n;
       }
       (void)cudaGetLastError();
@@ -317,16 +325,16 @@ int splits_for(int blocks, int kblocks, int ctas_per_sm) {
   return 1;
 }
 
-template <int NT, int ST, int BOXES, int WG = 1, bool GLU = false>
+template <int NT, int ST, int BOXES, int WG = 1, int AC = 2, bool GLU = false>
 cudaError_t launch(const GemvArgs& a, int ctas_per_sm, cudaStream_t stream) {
-  using C = Cfg<NT, ST, BOXES, WG>;
+  using C = Cfg<NT, ST, BOXES, WG, AC>;
   // NOTE: per device: every rank of a tensor-parallel process sets it on its own GPU.
   static std::atomic<uint64_t> smem_set{0};
-  set_smem_limit_on_this_device(wgmma_gemm_kernel<NT, ST, BOXES, WG, GLU>, C::kSmem, smem_set,
+  set_smem_limit_on_this_device(wgmma_gemm_kernel<NT, ST, BOXES, WG, AC, GLU>, C::kSmem, smem_set,
                                 "wgmma_gemm: shared memory limit");
   const int out_rows = GLU ? C::kBM / 2 : C::kBM;  // outputs per row block
   const int blocks = (a.N + out_rows - 1) / out_rows, kblocks = (a.K + C::kBK - 1) / C::kBK;
-  const int splits = splits_for<NT, ST, BOXES, WG, GLU>(blocks, kblocks, ctas_per_sm);
+  const int splits = splits_for<NT, ST, BOXES, WG, AC, GLU>(blocks, kblocks, ctas_per_sm);
   const CUtensorMap tw = map_of(a.w, GLU ? 2 * int64_t(a.N) : a.N, a.K, out_rows);
   const CUtensorMap tx = map_of(a.x, a.T, a.K, NT);
   cudaLaunchConfig_t cfg = {};
@@ -343,26 +351,41 @@ cudaError_t launch(const GemvArgs& a, int ctas_per_sm, cudaStream_t stream) {
   at[1].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
   cfg.attrs = at;
   cfg.numAttrs = 2;
-  return cudaLaunchKernelEx(&cfg, wgmma_gemm_kernel<NT, ST, BOXES, WG, GLU>, tw, tx, a);
+  return cudaLaunchKernelEx(&cfg, wgmma_gemm_kernel<NT, ST, BOXES, WG, AC, GLU>, tw, tx, a);
 }
 
 // Version v at NT tokens: 1, 128 rows a CTA, five (NT 64: four) stages of one copy, two CTAs
 // per SM; 2, ten (eight) stages of one copy, one CTA per SM; 3, two stages of two copies (128 K
 // elements), two CTAs per SM; 4, 256 rows a CTA (two consumer warpgroups sharing each x tile:
-// half the x reads), five stages, one CTA per SM.
-template <int NT>
+// half the x reads), five stages, one CTA per SM; 5, 64 rows a CTA (twice the row blocks, so
+// fewer K slices: longer streams, a smaller sum), a ring of about 200 KiB, one CTA per SM; 6, 64
+// rows, about 100 KiB, two CTAs per SM.
+template <int NT, bool GLU>
 cudaError_t launch_version(const GemvArgs& a, int v, cudaStream_t stream) {
   constexpr bool wide = NT > 32;
+  constexpr int kStage64 = 64 * kBox * 2 + NT * kBox * 2;  // a stage of 64 rows and NT tokens
   switch (v) {
     case 1:
-      return launch < NT, wide ? 4 : 5, 1 > (a, 2, stream);
+      return launch<NT, wide ? 4 : 5, 1, 1, 2, GLU>(a, 2, stream);
     case 2:
-      return launch < NT, wide ? 8 : 10, 1 > (a, 1, stream);
+      return launch<NT, wide ? 8 : 10, 1, 1, 2, GLU>(a, 1, stream);
     case 3:
-      return launch<NT, 2, 2>(a, 2, stream);
+      return launch<NT, 2, 2, 1, 2, GLU>(a, 2, stream);
+    case 4:
+      return launch<NT, 5, 1, 2, 2, GLU>(a, 1, stream);
+    case 5:
+      return launch<NT, 200 * 1024 / kStage64, 1, 1, 1, GLU>(a, 1, stream);
     default:
-      return launch<NT, 5, 1, 2>(a, 1, stream);
+      return launch<NT, 100 * 1024 / kStage64, 1, 1, 1, GLU>(a, 2, stream);
   }
+}
+
+template <bool GLU>
+cudaError_t launch_tokens(const GemvArgs& a, int v, cudaStream_t stream) {
+  return a.T <= 8    ? launch_version<8, GLU>(a, v, stream)
+         : a.T <= 16 ? launch_version<16, GLU>(a, v, stream)
+         : a.T <= 32 ? launch_version<32, GLU>(a, v, stream)
+                     : launch_version<64, GLU>(a, v, stream);
 }
 
 }  // namespace
@@ -370,7 +393,7 @@ cudaError_t launch_version(const GemvArgs& a, int v, cudaStream_t stream) {
 bool wgmma_gemm_available() {
   static PerDeviceAnswers answers;
   return hopper_kernel_runs_here(answers, [](cudaFuncAttributes* fa) {
-    return cudaFuncGetAttributes(fa, wgmma_gemm_kernel<8, 5, 1, 1, false>);
+    return cudaFuncGetAttributes(fa, wgmma_gemm_kernel<8, 5, 1, 1, 2, false>);
   });
 }
 
@@ -388,32 +411,43 @@ bool wgmma_gemm_pick(int32_t T, int32_t N, int32_t K) {
     return std::clamp(std::atoi(v), 0, int(kWgmmaGemmMaxTokens));
   }();
   if (T < 1 || N < 1 || K < 8 || K % 8 != 0) return false;
-  const int64_t elements = int64_t(N) * K;
-  // The smaller the weight, the more of its product is launch and latency, which this kernel's
-  // early start hides; the largest stream best here.
-  int max_tokens = kWgmmaGemmPickMaxTokens;
-  if (elements <= kWgmmaGemmSmallElements || elements >= kWgmmaGemmLargeElements)
-    max_tokens = kWgmmaGemmMaxTokens;
-  else if (elements < kWgmmaGemmMediumElements)
-    max_tokens = 32;
-  if (forced >= 0) max_tokens = forced;
-  if (T > max_tokens) return false;
+  if (T > (forced >= 0 ? forced : kWgmmaGemmMaxTokens)) return false;
   return wgmma_gemm_available();
+}
+
+int wgmma_gemm_version_for(int32_t T, int32_t N, int32_t K) {
+  static const int forced = [] {  // 0: the rule below
+    const char* v = std::getenv("PAGEDATTN_WGMMA_GEMM_VERSION");
+    const int n = v ? std::atoi(v) : 0;
+    return n >= 1 && n <= kWgmmaGemmVersions ? n : 0;
+  }();
+  if (forced) return forced;
+  (void)T;
+  // Small weights (SmolLM2's): the product is mostly launch and latency, and two 128-row CTAs
+  // an SM start sooner than one with a 200 KiB ring.
+  return int64_t(N) * K <= kWgmmaGemmSmallElements ? 1 : kWgmmaGemmDefaultVersion;
 }
 
 bool wgmma_gemm_swiglu_takes(int32_t T, int32_t inter, int32_t K) {
   return wgmma_gemm_pick(T, 2 * inter, K);
 }
 
-void wgmma_gemm_swiglu(const GemvArgs& a, cudaStream_t stream) {
+// The version asked for (0: wgmma_gemm_version_for's), checked.
+static int version_of(const GemvArgs& a, int version, int32_t rows, const char* what) {
+  const int v = version == 0 ? wgmma_gemm_version_for(a.T, rows, a.K) : version;
+  PA_CHECK(v >= 1 && v <= kWgmmaGemmVersions, what, ": version ", version, " (1 to ",
+           kWgmmaGemmVersions, ")");
+  return v;
+}
+
+void wgmma_gemm_swiglu(const GemvArgs& a, cudaStream_t stream, int version) {
   PA_CHECK(wgmma_gemm_supported(a) && a.y_bf16 && !a.accumulate,
            "wgmma_gemm_swiglu: ", "unsupported arguments (T ", a.T, ", N ", a.N, ", K ", a.K,
            ", ldy ", a.ldy, ")");
   PA_CHECK(wgmma_gemm_available(), "wgmma_gemm_swiglu: this device cannot run it (sm_90 only)");
-  const cudaError_t e = a.T <= 8    ? launch<8, 5, 1, 1, true>(a, 2, stream)
-                        : a.T <= 16 ? launch<16, 5, 1, 1, true>(a, 2, stream)
-                        : a.T <= 32 ? launch<32, 5, 1, 1, true>(a, 2, stream)
-                                    : launch<64, 4, 1, 1, true>(a, 2, stream);
+  const int v = version == 0 ? kWgmmaGemmSwigluVersion
+                             : version_of(a, version, 2 * a.N, "wgmma_gemm_swiglu");
+  const cudaError_t e = launch_tokens<true>(a, v, stream);
   PA_CHECK(e == cudaSuccess, "wgmma_gemm_swiglu: launch failed: ", cudaGetErrorString(e));
 }
 
@@ -421,13 +455,8 @@ void wgmma_gemm(const GemvArgs& a, cudaStream_t stream, int version) {
   PA_CHECK(wgmma_gemm_supported(a), "wgmma_gemm: unsupported arguments (T ", a.T, ", N ", a.N,
            ", K ", a.K, ", ldy ", a.ldy, ")");
   PA_CHECK(wgmma_gemm_available(), "wgmma_gemm: this device cannot run it (sm_90 only)");
-  const int v = version == 0 ? kWgmmaGemmDefaultVersion : version;
-  PA_CHECK(v >= 1 && v <= kWgmmaGemmVersions, "wgmma_gemm: version ", version, " (1 to ",
-           kWgmmaGemmVersions, ")");
-  const cudaError_t e = a.T <= 8    ? launch_version<8>(a, v, stream)
-                        : a.T <= 16 ? launch_version<16>(a, v, stream)
-                        : a.T <= 32 ? launch_version<32>(a, v, stream)
-                                    : launch_version<64>(a, v, stream);
+  const int v = version_of(a, version, a.N, "wgmma_gemm");
+  const cudaError_t e = launch_tokens<false>(a, v, stream);
   PA_CHECK(e == cudaSuccess, "wgmma_gemm: launch failed: ", cudaGetErrorString(e));
 }
 

@@ -5,12 +5,13 @@
 //
 // A decode step's product is a stream of W: at 32 tokens cuBLAS reaches 69-74% of the copy rate
 // on Llama-3-8B's qkv and o and 36-41% on one tensor-parallel rank's (kernels_dev/gemv.cu and
-// wgmma_gemm.cu measure them). Here a CTA owns 128 rows of W (two m64 wgmmas sharing each x tile)
-// and a slice of K: one producer warp keeps several 16 KiB stages of W in flight, issuing the
-// first before the kernel ahead of it has finished (programmatic dependent launch; x waits for
-// it); the K slices of a row block form a thread-block cluster whose CTAs add their partial sums
-// through distributed shared memory in slice order, so every call gives the same bits. The
-// gate/up product can end in SwiGLU (wgmma_gemm_swiglu), one kernel fewer a layer.
+// wgmma_gemm.cu measure them). Here a CTA owns 64 or 128 rows of W (one or two m64 wgmmas sharing
+// each x tile) and a slice of K: one producer warp keeps a ring of W stages in flight (up to about
+// 200 KiB), issuing them before the kernel ahead of it has finished (programmatic dependent
+// launch; x waits for it); the K slices of a row block form a thread-block cluster whose CTAs add
+// their partial sums through distributed shared memory in slice order, so every call gives the
+// same bits. The gate/up product can end in SwiGLU (wgmma_gemm_swiglu), one kernel fewer a
+// layer.
 // Compiled as C++17 (nvcc).
 #pragma once
 
@@ -25,7 +26,12 @@ namespace pagedattn::cuda {
 constexpr int32_t kWgmmaGemmMaxTokens = 64;
 // Versions (kernels_dev/wgmma_gemm.cu measures them): the depth of the copy ring, the CTAs per SM
 // and the rows per CTA (wgmma_gemm.cu).
-constexpr int kWgmmaGemmVersions = 4, kWgmmaGemmDefaultVersion = 1;
+constexpr int kWgmmaGemmVersions = 6, kWgmmaGemmDefaultVersion = 5;
+// The version of the products of weights of at most this many elements (wgmma_gemm_version_for).
+constexpr int64_t kWgmmaGemmSmallElements = int64_t(1) << 22;
+// The version of the gate/up product with SwiGLU: its 64-row version (32 gate and 32 up rows a
+// CTA) made Llama-3-8B's step 4-5% longer at 8-64 sequences than this one (an H100, 2026-11-26).
+constexpr int kWgmmaGemmSwigluVersion = 1;
 
 // Whether this process can run it: an sm_90 device, a kernel image built for sm_90a and the
 // driver's tensor-map encoder (false without a device).
@@ -34,29 +40,25 @@ bool wgmma_gemm_available();
 // of 8, x and w 16-byte aligned, ldy >= N, accumulate only into f32.
 bool wgmma_gemm_supported(const GemvArgs& a);
 // Whether the model takes it over cuBLAS, where wgmma_gemm_available(): up to
-// kWgmmaGemmPickMaxTokens tokens; up to 32 on a W of fewer than kWgmmaGemmMediumElements; up to
-// kWgmmaGemmMaxTokens on a W of at most kWgmmaGemmSmallElements or at least
-// kWgmmaGemmLargeElements. PAGEDATTN_WGMMA_GEMM=N takes it up to N tokens on every W instead (0:
-// never; a comparison). From the lab and the model (an H200 and an H100, 2026-11-26): from 3 to
-// 16 tokens it is within 8% of cuBLAS on Llama-3-8B's products alone (gate/up and lm_head faster)
-// and, as a programmatic dependent launch, streams its weights in while the kernel before it
-// ends: a step at batch 8 takes 3-6% less; from 32 tokens on cuBLAS is faster on the
-// middle-sized products (qkv, o, down: this kernel loses 1-4 us more than at 8 tokens, not from
-// its x reads: version 4 halves them and is no faster), but not on the largest (lm_head: 359
-// against 384 us on an H100), nor on one tensor-parallel rank's qkv and o at 32 tokens, nor on
-// SmolLM2-135M's, whose products are a few microseconds of launch and latency.
-constexpr int32_t kWgmmaGemmPickMaxTokens = 16;
-constexpr int64_t kWgmmaGemmSmallElements = int64_t(1) << 22;
-constexpr int64_t kWgmmaGemmMediumElements = int64_t(1) << 24;
-constexpr int64_t kWgmmaGemmLargeElements = int64_t(1) << 26;
+// kWgmmaGemmMaxTokens tokens on every weight (gemv takes one or two first).
+// PAGEDATTN_WGMMA_GEMM=N takes it up to N tokens instead (0: never; a comparison). Alone
+// (kernels_dev/wgmma_gemm.cu, cold L2) it is level with cuBLAS at 8-16 tokens and slower on the
+// middle-sized products from 32; in the model it is faster at every batch from 4 to 64 (an H100,
+// 2026-11-26: Llama-3-8B's step 4-6% shorter at 8 and 32 sequences, 3% at 64), because as a
+// programmatic dependent launch it streams up to 200 KiB of W per SM in while the kernel before
+// it ends.
 bool wgmma_gemm_pick(int32_t T, int32_t N, int32_t K);
 // The gate/up product and SwiGLU in one launch, where wgmma_gemm_pick takes the gate/up product:
 // y [T, inter] bf16 = silu(g) * u with g, u = x . W[0:inter]^T, x . W[inter:2 inter]^T, each
 // rounded to bf16 first (as the product into bf16 followed by llama_kernels.h's swiglu).
 bool wgmma_gemm_swiglu_takes(int32_t T, int32_t inter, int32_t K);
-// a.N = inter, a.w [2 * inter, K], a.y bf16 [T, ldy]. Throws Error on what it does not take.
-void wgmma_gemm_swiglu(const GemvArgs& a, cudaStream_t stream);
-// Enqueues the product with `version` (0: kWgmmaGemmDefaultVersion). Throws Error on arguments
+// a.N = inter, a.w [2 * inter, K], a.y bf16 [T, ldy]; version 0: kWgmmaGemmSwigluVersion.
+// Throws Error on what it does not take.
+void wgmma_gemm_swiglu(const GemvArgs& a, cudaStream_t stream, int version = 0);
+// The version the model runs at this shape: 1 on weights of at most kWgmmaGemmSmallElements,
+// kWgmmaGemmDefaultVersion on the others (PAGEDATTN_WGMMA_GEMM_VERSION=v: v everywhere).
+int wgmma_gemm_version_for(int32_t T, int32_t N, int32_t K);
+// Enqueues the product with `version` (0: wgmma_gemm_version_for's). Throws Error on arguments
 // wgmma_gemm_supported refuses, an unknown version, a device that cannot run it, a tensor map
 // the driver refuses or a failed launch.
 void wgmma_gemm(const GemvArgs& a, cudaStream_t stream, int version = 0);
