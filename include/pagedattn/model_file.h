@@ -70,8 +70,8 @@ struct ModelFile {
 // How load_model_file keeps a file's weights: dequantised to f32 (every runner reads these); in a
 // GGUF file's own blocks (the CPU runner reads them in place); or `stored`: a Hugging Face
 // folder's tensors in their stored dtype (f32, f16 or bf16), memory-mapped and untouched until
-// read, so the CUDA runner reads only what it uploads (a tensor-parallel rank only its slice);
-// GGUF files load as with f32 then.
+// read, and a GGUF file's matrices in its blocks as with `file`, so the CUDA runner reads and
+// dequantises only what it uploads (a tensor-parallel rank only its slice).
 enum class WeightFormat { f32, file, stored };
 
 // Loads a .gguf file or a Hugging Face folder (config.json + *.safetensors). Throws Error naming
@@ -79,6 +79,12 @@ enum class WeightFormat { f32, file, stored };
 ModelFile load_model_file(const std::string& path, WeightFormat format = WeightFormat::f32);
 // The file with every entry of `weights` dequantised to an f32 tensor (for runners that need f32).
 ModelFile with_f32_weights(const ModelFile& file);
+// Rows [row0, row0 + rows) and columns [col0, col0 + cols) of a file weight dequantised to f32
+// into out [rows][cols], the same values as with_f32_weights gives them. Only the blocks that hold
+// them are read where col0 and cols are multiples of the block size, else whole rows. Throws
+// Error on a range outside the weight.
+void dequantize_block(const FileWeight& w, int64_t row0, int64_t rows, int64_t col0, int64_t cols,
+                      float* out);
 
 // The parts, for tools and tests.
 // Every tensor of one .safetensors file (F32, F16, BF16), converted to f32, by its stored name.

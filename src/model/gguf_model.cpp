@@ -192,7 +192,7 @@ ModelFile load_gguf_model(const std::string& path, WeightFormat format) {
   for (const GGUFTensorInfo& ti : g.tensors()) {
     const std::string name = hf_name(ti.name);
     if (name.empty()) continue;
-    if (format == WeightFormat::file && ti.ne.size() == 2) {
+    if ((format == WeightFormat::file || format == WeightFormat::stored) && ti.ne.size() == 2) {
       PA_CHECK(ggml_type_supported(ti.type), "load_model_file: ", path, ": tensor '", ti.name,
                "': unsupported type ", ggml_type_name(ti.type));
       FileWeight w;

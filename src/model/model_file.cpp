@@ -268,6 +268,30 @@ ModelFile load_model_file(const std::string& path, WeightFormat format) {
   return mf;
 }
 
+void dequantize_block(const FileWeight& w, int64_t row0, int64_t rows, int64_t col0, int64_t cols,
+                      float* out) {
+  PA_CHECK(w.shape.size() == 2, "dequantize_block: the weight is not a matrix");
+  const int64_t whole_rows = w.shape[0], whole_cols = w.shape[1];
+  PA_CHECK(row0 >= 0 && rows >= 0 && row0 + rows <= whole_rows && col0 >= 0 && cols >= 0 &&
+               col0 + cols <= whole_cols,
+           "dequantize_block: rows [", row0, ", ", row0 + rows, ") and columns [", col0, ", ",
+           col0 + cols, ") are outside the weight's [", whole_rows, ", ", whole_cols, "]");
+  const GGMLType type = GGMLType(w.ggml_type);
+  const int64_t bs = ggml_block_size(type), bb = ggml_block_bytes(type);
+  const bool edges = col0 % bs == 0 && cols % bs == 0;
+  std::vector<float> row(edges ? 0 : size_t(whole_cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* src = w.data.get() + (row0 + r) * w.row_bytes;
+    float* dst = out + r * cols;
+    if (edges) {
+      dequantize_row(type, src + col0 / bs * bb, dst, cols);
+    } else {
+      dequantize_row(type, src, row.data(), whole_cols);
+      std::copy(row.begin() + col0, row.begin() + col0 + cols, dst);
+    }
+  }
+}
+
 ModelFile with_f32_weights(const ModelFile& file) {
   ModelFile out;
   out.path = file.path;

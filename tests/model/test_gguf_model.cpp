@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <vector>
 
 #include "default_model.h"
 #include "pagedattn/error.h"
@@ -276,6 +277,52 @@ TEST(GGUFModel, DefaultModelLoads) {
     }
     EXPECT_GT(sum, 0) << name;
   }
+}
+
+// WeightFormat::stored (the CUDA runner's): a GGUF file's matrices stay in its blocks, and
+// dequantize_block gives any block of rows and columns of one (a tensor-parallel rank's slice)
+// with the same values as dequantising the whole tensor, reading only those rows.
+TEST(GGUFModel, StoredMatricesDequantiseByBlock) {
+  const std::string path = default_model_path();
+  if (!fs::exists(path)) GTEST_SKIP() << "default model missing: run scripts/fetch-default-model.sh";
+  const ModelFile stored = load_model_file(path, WeightFormat::stored);
+  const ModelFile whole = load_model_file(path);  // every tensor dequantised to f32
+  EXPECT_EQ(stored.weights.size(), 1u + 30u * 7u);  // the embeddings and 7 matrices a layer
+  EXPECT_EQ(stored.tensors.size() + stored.weights.size(), whole.tensors.size());
+  for (const auto& [name, w] : stored.weights) EXPECT_EQ(stored.tensors.count(name), 0u) << name;
+  struct Case {
+    const char* name;
+    int64_t row0, rows, col0, cols;
+  };
+  // Q8_0 embeddings and Q4_1 projections (blocks of 32); q_proj's rows as unpermuted; column
+  // ranges on block edges (only those blocks read) and off them (whole rows read).
+  const Case cases[] = {{"model.embed_tokens.weight", 0, 3, 0, 576},
+                        {"model.embed_tokens.weight", 49149, 3, 288, 288},
+                        {"model.layers.3.self_attn.q_proj.weight", 64, 64, 0, 576},
+                        {"model.layers.3.self_attn.q_proj.weight", 5, 70, 32, 64},
+                        {"model.layers.0.self_attn.o_proj.weight", 0, 576, 192, 192},
+                        {"model.layers.29.mlp.down_proj.weight", 100, 9, 7, 1000},
+                        {"model.layers.29.mlp.down_proj.weight", 575, 1, 1535, 1},
+                        {"model.layers.7.mlp.gate_proj.weight", 0, 0, 0, 576}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << c.name << " rows " << c.row0 << "+" << c.rows
+                                      << " cols " << c.col0 << "+" << c.cols);
+    const FileWeight& w = stored.weights.at(c.name);
+    const Tensor& f = whole.tensors.at(c.name);
+    ASSERT_EQ(w.shape, f.shape());
+    std::vector<float> got(size_t(c.rows * c.cols), NAN);
+    dequantize_block(w, c.row0, c.rows, c.col0, c.cols, got.data());
+    int wrong = 0;
+    for (int64_t r = 0; r < c.rows; ++r)
+      for (int64_t k = 0; k < c.cols; ++k)
+        wrong += got[size_t(r * c.cols + k)] != f.data_as<float>()[(c.row0 + r) * f.dim(1) + c.col0 + k];
+    EXPECT_EQ(wrong, 0);
+  }
+  const FileWeight& o = stored.weights.at("model.layers.0.self_attn.o_proj.weight");
+  float out[4];
+  EXPECT_THROW(dequantize_block(o, 575, 2, 0, 1, out), Error);
+  EXPECT_THROW(dequantize_block(o, 0, 1, 570, 7, out), Error);
+  EXPECT_THROW(dequantize_block(o, -1, 1, 0, 1, out), Error);
 }
 
 }  // namespace

@@ -96,7 +96,8 @@ std::vector<float> host_block_f32(const Tensor& t, const TpBlock& b) {
 }
 
 // The checks of a model file for the CUDA runner: LlamaModel's (its messages) when every tensor
-// is f32, else the config, the tensors' shapes and dtypes (f32, f16 or bf16 on the host).
+// is f32, else the config, the tensors' shapes and dtypes (f32, f16 or bf16 on the host; a GGUF
+// file's matrices in its blocks, which load_model_file checked).
 ModelConfig checked_config(const ModelFile& file) {
   bool all_f32 = file.weights.empty();
   for (const auto& [name, t] : file.tensors) all_f32 = all_f32 && t.dtype() == DType::f32;
@@ -110,6 +111,7 @@ ModelConfig checked_config(const ModelFile& file) {
   shapes.path = file.path;
   shapes.config = file.config;
   shapes.tensors = file.tensors;  // shares the storage
+  shapes.weights = file.weights;  // a GGUF file's blocks (WeightFormat::stored), shared too
   check_llama_config(shapes.config, kOp);
   check_model_tensors(shapes);
   for (const auto& [name, t] : shapes.tensors) {
@@ -118,7 +120,6 @@ ModelConfig checked_config(const ModelFile& file) {
              kOp, ": tensor ", name, " is ", dtype_name(t.dtype()), " on ",
              device_name(t.device()), "; expected f32, f16 or bf16 on the cpu");
   }
-  PA_CHECK(file.weights.empty(), kOp, ": quantized weights must be dequantised first");
   return shapes.config;
 }
 
@@ -197,8 +198,8 @@ struct LlamaModelCuda::Impl {
   std::vector<int32_t> host_meta;
   std::vector<float> rope_cos, rope_sin;
 
-  // Where the weights come from while loading: the file's host f32 tensors, or (file null) the
-  // synthetic hash of (seed, tensor id, index), filled on the device.
+  // Where the weights come from while loading: the file's host tensors (f32, f16, bf16) or GGUF
+  // blocks, or (file null) the synthetic hash of (seed, tensor id, index), filled on the device.
   const ModelFile* file = nullptr;
   uint64_t seed = 0;
   std::map<std::string, SyntheticTensor> synthetic;  // by name
@@ -225,7 +226,21 @@ struct LlamaModelCuda::Impl {
   // Block b of tensor `name` (tensor_parallel.h's TpBlock: this rank's rows and columns) into dst
   // (device, contiguous [b.rows, b.cols]) as f32.
   void put_f32(const std::string& name, const TpBlock& b, float* dst) {
-    if (file) {
+    if (file && file->weights.count(name)) {
+      // A GGUF file's blocks: only the block's rows (and, on block edges, columns) are read and
+      // dequantised, a few rows at a time.
+      const FileWeight& w = file->weights.at(name);
+      const int64_t chunk =
+          std::max<int64_t>(1, (int64_t(16) << 20) / std::max<int64_t>(b.cols, 1));  // 64 MB
+      std::vector<float> host(size_t(std::min(chunk, b.rows) * b.cols));
+      for (int64_t r = 0; r < b.rows; r += chunk) {
+        const int64_t n = std::min(chunk, b.rows - r);
+        dequantize_block(w, b.row0 + r, n, b.col0, b.cols, host.data());
+        check_cuda(cudaMemcpy(dst + r * b.cols, host.data(), size_t(n * b.cols) * 4,
+                              cudaMemcpyHostToDevice),
+                   "weight upload");
+      }
+    } else if (file) {
       const Tensor& t = file->tensors.at(name);
       if (t.dtype() == DType::f32) {
         const float* src = t.data_as<float>() + b.row0 * b.whole_cols + b.col0;
@@ -248,7 +263,9 @@ struct LlamaModelCuda::Impl {
   // The same block as bf16.
   void put_bf16(const std::string& name, const TpBlock& b, uint16_t* dst) {
     const int64_t n = b.rows * b.cols;
-    if (file && file->tensors.at(name).dtype() == DType::bf16) {  // as stored: no conversion
+    const bool stored_bf16 = file && !file->weights.count(name) &&
+                             file->tensors.at(name).dtype() == DType::bf16;
+    if (stored_bf16) {  // as stored: no conversion
       const auto* src = file->tensors.at(name).data_as<uint16_t>() + b.row0 * b.whole_cols + b.col0;
       check_cuda(cudaMemcpy2D(dst, size_t(b.cols) * 2, src, size_t(b.whole_cols) * 2,
                               size_t(b.cols) * 2, size_t(b.rows), cudaMemcpyHostToDevice),
@@ -405,7 +422,8 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
   // NOTE: a separate lm_head exists exactly when the embeddings are not tied: LlamaModel's check
   // (file) and synthetic_tensors (no file) agree on that.
   const bool has_lm_head =
-      file ? file->tensors.count("lm_head.weight") > 0 : synthetic.count("lm_head.weight") > 0;
+      file ? file->tensors.count("lm_head.weight") + file->weights.count("lm_head.weight") > 0
+           : synthetic.count("lm_head.weight") > 0;
   if (has_lm_head) lm_head = stack_bf16({"lm_head.weight"}, {c.vocab_size}, hidden);
   final_norm = stack_f32({"model.norm.weight"}, {hidden});
   for (int32_t i = 0; i < c.num_layers; ++i) {
