@@ -81,18 +81,24 @@ std::string architecture_of(const json& j, const std::string& file) {
        "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)");
 }
 
+// "[a, b]" without a tensor of that shape (a hostile config's shape may not fit in memory).
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
 void expect_shape(const ModelFile& mf, const std::string& name, std::vector<int64_t> shape) {
   if (auto w = mf.weights.find(name); w != mf.weights.end()) {
     PA_CHECK(w->second.shape == shape, "load_model_file: ", mf.path, ": tensor '", name,
-             "' has shape ", Tensor::empty(w->second.shape, DType::f32).shape_str(),
-             ", the config needs ", Tensor::empty(shape, DType::f32).shape_str());
+             "' has shape ", shape_text(w->second.shape), ", the config needs ",
+             shape_text(shape));
     return;
   }
   auto it = mf.tensors.find(name);
   PA_CHECK(it != mf.tensors.end(), "load_model_file: ", mf.path, ": missing tensor '", name, "'");
   PA_CHECK(it->second.shape() == shape, "load_model_file: ", mf.path, ": tensor '", name,
-           "' has shape ", it->second.shape_str(), ", the config needs ",
-           Tensor::empty(shape, DType::f32).shape_str());
+           "' has shape ", it->second.shape_str(), ", the config needs ", shape_text(shape));
 }
 
 }  // namespace

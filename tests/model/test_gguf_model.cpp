@@ -279,6 +279,34 @@ TEST(GGUFModel, DefaultModelLoads) {
   }
 }
 
+// A file whose config asks for shapes too large to hold (a hostile vocab_size or hidden_size)
+// gets an Error naming both shapes, not an allocation of the config's shape (a fuzzer found the
+// check allocating 8 GB to print the shape it expected).
+TEST(GGUFModel, HugeConfigShapesAreRefusedWithoutAllocating) {
+  ModelFile mf;
+  mf.path = "hostile.gguf";
+  mf.config.vocab_size = 1 << 30;
+  mf.config.hidden_size = 1 << 30;
+  mf.config.num_layers = 1;
+  mf.config.num_q_heads = mf.config.num_kv_heads = 1;
+  mf.config.head_dim = 1 << 30;
+  mf.config.intermediate_size = 1;
+  mf.tensors.emplace("model.embed_tokens.weight", Tensor::empty({4, 8}, DType::f32));
+  try {
+    check_model_tensors(mf);
+    FAIL() << "a shape the file does not have was accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("[4, 8]"), std::string::npos) << what;
+    EXPECT_NE(what.find("[1073741824, 1073741824]"), std::string::npos) << what;
+  }
+  FileWeight w;
+  w.shape = {4, 32};
+  mf.tensors.clear();
+  mf.weights.emplace("model.embed_tokens.weight", w);
+  EXPECT_THROW(check_model_tensors(mf), Error);
+}
+
 // WeightFormat::stored (the CUDA runner's): a GGUF file's matrices stay in its blocks, and
 // dequantize_block gives any block of rows and columns of one (a tensor-parallel rank's slice)
 // with the same values as dequantising the whole tensor, reading only those rows.
