@@ -58,6 +58,16 @@ struct FileWeight {
   int64_t row_bytes = 0;                // bytes of one row of blocks
   std::shared_ptr<const uint8_t> data;  // [rows * row_bytes], shares the mapping or a copy
   bool mapped = false;  // data lies in a private read-only mapping of the file (pages re-readable)
+  // Rows still in llama.cpp's q/k order, heads of head_rows rows (0: in Hugging Face order):
+  // Hugging Face row h * head_rows + i * head_rows / 2 + j is stored row h * head_rows + 2 j + i.
+  // Only WeightFormat::stored leaves them so (file_row maps them); `file` reorders a copy.
+  int64_t head_rows = 0;
+  // The stored row holding Hugging Face row r.
+  int64_t file_row(int64_t r) const {
+    if (head_rows == 0) return r;
+    const int64_t half = head_rows / 2, in_head = r % head_rows;
+    return r - in_head + 2 * (in_head % half) + in_head / half;
+  }
 };
 
 struct ModelFile {

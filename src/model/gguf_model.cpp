@@ -201,10 +201,20 @@ ModelFile load_gguf_model(const std::string& path, WeightFormat format) {
       w.row_bytes = ti.ne[0] / ggml_block_size(GGMLType(ti.type)) * ggml_block_bytes(GGMLType(ti.type));
       w.data = g.tensor_bytes(ti);
       w.mapped = g.mapped();
-      if (permuted && ti.name.ends_with(".attn_q.weight"))
-        w = unpermute_file_rows(w, c.num_q_heads, path, ti.name);
-      if (permuted && ti.name.ends_with(".attn_k.weight"))
-        w = unpermute_file_rows(w, c.num_kv_heads, path, ti.name);
+      // The CPU runner reads rows in place: they are reordered into a copy. The CUDA runner
+      // (stored) dequantises rows through file_row: a rank reads only its heads' rows.
+      const bool q = ti.name.ends_with(".attn_q.weight"), k = ti.name.ends_with(".attn_k.weight");
+      if (permuted && (q || k)) {
+        const int32_t heads = q ? c.num_q_heads : c.num_kv_heads;
+        if (format == WeightFormat::file) {
+          w = unpermute_file_rows(w, heads, path, ti.name);
+        } else {
+          PA_CHECK(heads > 0 && w.shape[0] % (2 * int64_t(heads)) == 0, "load_model_file: ",
+                   path, ": tensor '", ti.name, "' does not split into ", heads,
+                   " heads of even size");
+          w.head_rows = w.shape[0] / heads;
+        }
+      }
       mf.weights.emplace(name, std::move(w));
       continue;
     }

@@ -287,7 +287,7 @@ void dequantize_block(const FileWeight& w, int64_t row0, int64_t rows, int64_t c
   const bool edges = col0 % bs == 0 && cols % bs == 0;
   std::vector<float> row(edges ? 0 : size_t(whole_cols));
   for (int64_t r = 0; r < rows; ++r) {
-    const uint8_t* src = w.data.get() + (row0 + r) * w.row_bytes;
+    const uint8_t* src = w.data.get() + w.file_row(row0 + r) * w.row_bytes;
     float* dst = out + r * cols;
     if (edges) {
       dequantize_row(type, src + col0 / bs * bb, dst, cols);
@@ -307,7 +307,7 @@ ModelFile with_f32_weights(const ModelFile& file) {
     Tensor t = Tensor::empty(w.shape, DType::f32);
     const int64_t rows = w.shape[0], cols = w.shape[1];
     for (int64_t r = 0; r < rows; ++r)
-      dequantize_row(GGMLType(w.ggml_type), w.data.get() + r * w.row_bytes,
+      dequantize_row(GGMLType(w.ggml_type), w.data.get() + w.file_row(r) * w.row_bytes,
                      t.data_as<float>() + r * cols, cols);
     out.tensors.emplace(name, std::move(t));
   }

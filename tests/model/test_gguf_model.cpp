@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <utility>
 #include <vector>
 
 #include "default_model.h"
@@ -328,6 +330,7 @@ TEST(GGUFModel, StoredMatricesDequantiseByBlock) {
                         {"model.embed_tokens.weight", 49149, 3, 288, 288},
                         {"model.layers.3.self_attn.q_proj.weight", 64, 64, 0, 576},
                         {"model.layers.3.self_attn.q_proj.weight", 5, 70, 32, 64},
+                        {"model.layers.11.self_attn.k_proj.weight", 60, 70, 0, 576},
                         {"model.layers.0.self_attn.o_proj.weight", 0, 576, 192, 192},
                         {"model.layers.29.mlp.down_proj.weight", 100, 9, 7, 1000},
                         {"model.layers.29.mlp.down_proj.weight", 575, 1, 1535, 1},
@@ -345,6 +348,24 @@ TEST(GGUFModel, StoredMatricesDequantiseByBlock) {
       for (int64_t k = 0; k < c.cols; ++k)
         wrong += got[size_t(r * c.cols + k)] != f.data_as<float>()[(c.row0 + r) * f.dim(1) + c.col0 + k];
     EXPECT_EQ(wrong, 0);
+  }
+  // q and k stay in llama.cpp's row order in the file (a rank reads only its heads' rows), mapped
+  // through file_row; WeightFormat::file reorders them into a copy instead.
+  EXPECT_EQ(stored.weights.at("model.layers.3.self_attn.q_proj.weight").head_rows, 64);
+  EXPECT_EQ(stored.weights.at("model.layers.3.self_attn.k_proj.weight").head_rows, 64);
+  EXPECT_EQ(stored.weights.at("model.layers.3.self_attn.v_proj.weight").head_rows, 0);
+  const ModelFile file_format = load_model_file(path, WeightFormat::file);
+  EXPECT_EQ(file_format.weights.at("model.layers.3.self_attn.q_proj.weight").head_rows, 0);
+  ModelFile few;
+  few.weights.emplace("k", stored.weights.at("model.layers.11.self_attn.k_proj.weight"));
+  few.weights.emplace("q", file_format.weights.at("model.layers.11.self_attn.q_proj.weight"));
+  const ModelFile f32 = with_f32_weights(few);
+  for (const auto& [key, name] : {std::pair{"k", "model.layers.11.self_attn.k_proj.weight"},
+                                  {"q", "model.layers.11.self_attn.q_proj.weight"}}) {
+    const Tensor& a = f32.tensors.at(key);
+    const Tensor& b = whole.tensors.at(name);
+    ASSERT_EQ(a.shape(), b.shape());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0) << name;
   }
   const FileWeight& o = stored.weights.at("model.layers.0.self_attn.o_proj.weight");
   float out[4];
