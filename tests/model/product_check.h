@@ -10,10 +10,12 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "model/cuda/gemv.h"  // GemvArgs
 #include "pagedattn/dtype.h"
+#include "pagedattn/error.h"
 
 namespace pagedattn::test {
 
@@ -144,6 +146,17 @@ inline int check_swiglu(std::mt19937& g, int T, int inter, int K,
 // The argument checks both products share (host only): a valid product of T = 1 is taken; T past
 // max_tokens or 0, K not a multiple of 8, ldy < N, a bf16 output accumulated into, a misaligned x
 // or W are not. Returns the valid arguments and, in *misaligned, ones the launch must refuse.
+// That run() throws an Error whose message names `name` (what: the case, in a failure).
+inline void expect_error_naming(const std::function<void()>& run, const char* name,
+                                const char* what) {
+  try {
+    run();
+    ADD_FAILURE() << what << " was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << what << ": " << e.what();
+  }
+}
+
 inline cuda::GemvArgs expect_common_refusals(
     const std::function<bool(const cuda::GemvArgs&)>& takes, int max_tokens,
     cuda::GemvArgs* misaligned) {

@@ -210,12 +210,7 @@ void launch(const GemvArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
-bool gemv_supported(const GemvArgs& a) {
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return a.T >= 1 && a.T <= kGemvMaxTokens && a.N >= 1 && a.K >= 8 && a.K % 8 == 0 &&
-         a.ldy >= a.N && a.x && a.w && a.y && aligned(a.x) && aligned(a.w) &&
-         !(a.y_bf16 && a.accumulate);
-}
+bool gemv_supported(const GemvArgs& a) { return product_args_ok(a, kGemvMaxTokens); }
 
 int gemv_pick(int32_t T, int32_t N, int32_t K) {
   if (K < 8 || K % 8 != 0) return 0;

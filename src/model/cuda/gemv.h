@@ -35,8 +35,15 @@ struct GemvArgs {
   bool accumulate = false;  // y += x W^T (f32 y only)
 };
 
-// Whether gemv takes these arguments: 1 <= T <= kGemvMaxTokens, K a multiple of 8, x and w
-// 16-byte aligned, ldy >= N, accumulate only into f32.
+// The arguments both decode products (gemv, wgmma_gemm.h) take: 1 <= T <= max_tokens, N >= 1, K a
+// positive multiple of 8, x, w and y given, x and w 16-byte aligned, ldy >= N, accumulate only
+// into f32.
+inline bool product_args_ok(const GemvArgs& a, int32_t max_tokens) {
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return a.T >= 1 && a.T <= max_tokens && a.N >= 1 && a.K >= 8 && a.K % 8 == 0 && a.ldy >= a.N &&
+         a.x && a.w && a.y && aligned(a.x) && aligned(a.w) && !(a.y_bf16 && a.accumulate);
+}
+// Whether gemv takes these arguments: product_args_ok up to kGemvMaxTokens tokens.
 bool gemv_supported(const GemvArgs& a);
 // The version that beats cuBLAS at this shape, or 0 where cuBLAS is as fast or faster. From the
 // lab (an H200, 2026-11-26, cold L2): at one token, version 3 on N < 12288 rows (SmolLM2's

@@ -397,12 +397,7 @@ bool wgmma_gemm_available() {
   });
 }
 
-bool wgmma_gemm_supported(const GemvArgs& a) {
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return a.T >= 1 && a.T <= kWgmmaGemmMaxTokens && a.N >= 1 && a.K >= 8 && a.K % 8 == 0 &&
-         a.ldy >= a.N && a.x && a.w && a.y && aligned(a.x) && aligned(a.w) &&
-         !(a.y_bf16 && a.accumulate);
-}
+bool wgmma_gemm_supported(const GemvArgs& a) { return product_args_ok(a, kWgmmaGemmMaxTokens); }
 
 bool wgmma_gemm_pick(int32_t T, int32_t N, int32_t K) {
   static const int forced = [] {  // -1: the rule below

@@ -36,8 +36,7 @@ constexpr int kWgmmaGemmSwigluVersion = 1;
 // Whether this process can run it: an sm_90 device, a kernel image built for sm_90a and the
 // driver's tensor-map encoder (false without a device).
 bool wgmma_gemm_available();
-// Whether it takes these arguments: 1 <= T <= kWgmmaGemmMaxTokens, N >= 1, K a positive multiple
-// of 8, x and w 16-byte aligned, ldy >= N, accumulate only into f32.
+// Whether it takes these arguments: product_args_ok (gemv.h) up to kWgmmaGemmMaxTokens tokens.
 bool wgmma_gemm_supported(const GemvArgs& a);
 // Whether the model takes it over cuBLAS, where wgmma_gemm_available(): up to
 // kWgmmaGemmMaxTokens tokens on every weight (gemv takes one or two first).
