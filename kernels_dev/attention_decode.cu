@@ -95,15 +95,18 @@ __global__ void decode_v1(const void* q, void* out, PagedKVView kv, const int32_
 
 __global__ void empty_kernel() {}
 
-// LAB_DECODE_TRACE=1: the tensor-core kernel records when each CTA starts, ends its prologue, sees
-// its first K/V, ends its chunks and exits (CudaPlanOptions::decode_trace); the sweep prints the
-// phases of the last timed launch (cold L2, like every timed one).
+// LAB_DECODE_TRACE=1: the tensor-core kernel records when each CTA starts, ends its prologue (its
+// first copies issued), ends its chunks and exits, and when a merging CTA knows it merges, has
+// issued and weighed its first window, has it copied, and has merged every window
+// (CudaPlanOptions::decode_trace); the sweep prints the phases of the last timed launch (cold L2,
+// like every timed one).
 constexpr size_t kTraceCtas = 1 << 16;
+constexpr int kTraceEvents = 8;
 uint64_t* trace_buffer() {
   static uint64_t* buf = [] {
     uint64_t* b = nullptr;
     const char* e = std::getenv("LAB_DECODE_TRACE");
-    if (e && std::atoi(e) > 0) lab::ck(cudaMalloc(&b, kTraceCtas * 9 * 8), "trace malloc");
+    if (e && std::atoi(e) > 0) lab::ck(cudaMalloc(&b, kTraceCtas * kTraceEvents * 8), "trace");
     return b;
   }();
   return buf;
@@ -111,31 +114,30 @@ uint64_t* trace_buffer() {
 
 // The phases of the traced launch of `ctas` CTAs, in microseconds: median and max over the CTAs.
 void print_trace(int ctas) {
-  constexpr int kEv = 9;
-  std::vector<uint64_t> t(size_t(ctas) * kEv);
+  std::vector<uint64_t> t(size_t(ctas) * kTraceEvents);
   lab::ck(cudaMemcpy(t.data(), trace_buffer(), t.size() * 8, cudaMemcpyDeviceToHost), "trace");
   const uint64_t mask = ~(uint64_t(1) << 63);
   uint64_t t0 = UINT64_MAX;
-  for (int c = 0; c < ctas; ++c) t0 = std::min(t0, t[size_t(c) * kEv]);
-  const char* names[] = {"start",      "prologue", "first K/V", "chunks",      "exit",
-                         "merge exit", "m:count",  "m:issue",   "m:copied",    "m:merged"};
-  std::vector<std::vector<double>> ph(10);
+  for (int c = 0; c < ctas; ++c) t0 = std::min(t0, t[size_t(c) * kTraceEvents]);
+  const char* names[] = {"start",   "prologue", "chunks",   "exit",    "merge exit",
+                         "m:count", "m:issue",  "m:copied", "m:merged"};
+  std::vector<std::vector<double>> ph(9);
   double end = 0;
   for (int c = 0; c < ctas; ++c) {
-    const uint64_t* e = &t[size_t(c) * kEv];
+    const uint64_t* e = &t[size_t(c) * kTraceEvents];
     ph[0].push_back(double(e[0] - t0) / 1e3);
-    for (int k = 1; k < 4; ++k) ph[size_t(k)].push_back(double(e[k] - e[k - 1]) / 1e3);
-    const bool merged = (e[4] >> 63) != 0;
-    ph[merged ? 5 : 4].push_back(double((e[4] & mask) - e[3]) / 1e3);
+    for (int k = 1; k < 3; ++k) ph[size_t(k)].push_back(double(e[k] - e[k - 1]) / 1e3);
+    const bool merged = (e[3] >> 63) != 0;
+    ph[merged ? 4 : 3].push_back(double((e[3] & mask) - e[2]) / 1e3);
     if (merged) {
-      ph[6].push_back(double(e[5] - e[3]) / 1e3);
-      for (int k = 6; k <= 8; ++k) ph[size_t(k + 1)].push_back(double(e[k] - e[k - 1]) / 1e3);
+      ph[5].push_back(double(e[4] - e[2]) / 1e3);
+      for (int k = 5; k <= 7; ++k) ph[size_t(k + 1)].push_back(double(e[k] - e[k - 1]) / 1e3);
     }
-    end = std::max(end, double((e[4] & mask) - t0) / 1e3);
+    end = std::max(end, double((e[3] & mask) - t0) / 1e3);
   }
   std::printf("  trace of %d CTAs, first start to last exit %.2f us; phase median/max us:", ctas,
               end);
-  for (int k = 0; k < 10; ++k) {
+  for (int k = 0; k < 9; ++k) {
     std::vector<double>& v = ph[size_t(k)];
     if (v.empty()) continue;
     std::sort(v.begin(), v.end());

@@ -68,12 +68,12 @@ struct CudaPlanOptions {
   // its first K/V copies need one dependent read, not two (false: read from the block table,
   // a comparison for the kernel lab).
   bool decode_item_pages = true;
-  // Kernel lab instrument: a device buffer of 9 x uint64_t per CTA of the tensor-core decode
+  // Kernel lab instrument: a device buffer of 8 x uint64_t per CTA of the tensor-core decode
   // kernel (blockIdx.x * gridDim.y + blockIdx.y), which then records the GPU's global timer (ns)
-  // at its start, after its prologue, when its first K/V step has landed, after its last chunk,
-  // and at its exit (bit 63 set where the CTA merged its row's partials), and in a merging CTA
-  // when it knows it merges, when its first window's copies are issued and weighed, when they
-  // have landed, and after the last window. Null: nothing recorded.
+  // at its start, after its prologue (its first copies issued), after its last chunk and at its
+  // exit (bit 63 set where the CTA merged its row's partials), and in a merging CTA when it knows
+  // it merges, when its first window's copies are issued and weighed, when they have landed, and
+  // after the last window. Null: nothing recorded.
   void* decode_trace = nullptr;
 };
 

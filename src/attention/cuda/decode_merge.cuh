@@ -9,7 +9,7 @@
 namespace pagedattn::cuda {
 
 // CudaPlanOptions::decode_trace: event e of this CTA, from its first thread (lab instrument).
-constexpr int kDecodeTraceEvents = 9;
+constexpr int kDecodeTraceEvents = 8;
 __device__ __forceinline__ void decode_trace_mark(const AttentionParams& p, int e,
                                                   uint64_t flag = 0) {
   if (p.decode_trace == nullptr || threadIdx.x != 0) return;
@@ -126,7 +126,7 @@ __device__ __forceinline__ void merge_partials(const AttentionParams& p, const M
       }
       if (lane == 0) s_run_m[g] = carry;
     }
-    decode_trace_mark(p, c0 == 0 ? 6 : 8);
+    decode_trace_mark(p, c0 == 0 ? 5 : 7);
     if constexpr (kBulk) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
       mbar_wait(&s_bar, phase);
@@ -136,7 +136,7 @@ __device__ __forceinline__ void merge_partials(const AttentionParams& p, const M
       cp_async_wait<0>();
     }
     __syncthreads();
-    if (c0 == 0) decode_trace_mark(p, 7);
+    if (c0 == 0) decode_trace_mark(p, 6);
     // run = run * w_run + chunk * w_chunk, in chunk order, for every owned element and its sum.
 #pragma unroll 4
     for (int c = 0; c < nc; ++c) {
@@ -151,7 +151,7 @@ __device__ __forceinline__ void merge_partials(const AttentionParams& p, const M
     }
     __syncthreads();  // the window is read before the next one is copied in
   }
-  decode_trace_mark(p, 8);
+  decode_trace_mark(p, 7);
   uint16_t* out =
       static_cast<uint16_t*>(p.out) + (int64_t(mi.q_row) * p.num_q_heads + head0) * HEAD_DIM;
 #pragma unroll
@@ -196,7 +196,7 @@ __device__ __forceinline__ bool merge_if_last(const AttentionParams& p, const De
   __syncthreads();
   if (!s_last) return false;
   __threadfence();
-  decode_trace_mark(p, 5);
+  decode_trace_mark(p, 4);
   // As few elements per thread as the rows need: the tile's MAX_HEADS rows, or half of them.
   constexpr int kOwn = (MAX_HEADS * HEAD_DIM + THREADS - 1) / THREADS;
   constexpr int kHalf = (MAX_HEADS / 2 * HEAD_DIM + THREADS - 1) / THREADS;

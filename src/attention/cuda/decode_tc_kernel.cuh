@@ -241,7 +241,6 @@ __global__ void __launch_bounds__(kDecodeTcThreads) decode_tc_kernel(const Atten
       issue((step + kStages - 1) % kStages);
       cp_async_wait<kStages - 1>();  // this thread's copies of this step have landed
       __syncwarp();                  // ... and every lane's, for the whole warp
-      if (step == 0) decode_trace_mark(p, 2);
       const uint8_t* tK =
           pipe + (size_t(step % kStages) * kWarps + warp) * S::kWarpStageBytes;  // [16][HEAD_DIM]
       const uint8_t* tV = tK + kTileChunks * 16;
@@ -455,11 +454,11 @@ __global__ void __launch_bounds__(kDecodeTcThreads) decode_tc_kernel(const Atten
   }
 
   cp_async_wait<0>();
-  decode_trace_mark(p, 3);
+  decode_trace_mark(p, 2);
   if (it.partial >= 0) {
     const bool merged = merge_if_last<Q, HEAD_DIM, kDecodeTcThreads, ROWS>(
         p, it, head0, gcount, v_mul, smem, S::kSmemBytes);
-    decode_trace_mark(p, 4, merged ? uint64_t(1) << 63 : 0);
+    decode_trace_mark(p, 3, merged ? uint64_t(1) << 63 : 0);
     return;
   }
   if (own_g < gcount) {
@@ -473,7 +472,7 @@ __global__ void __launch_bounds__(kDecodeTcThreads) decode_tc_kernel(const Atten
       *reinterpret_cast<uint32_t*>(out + j) = w;
     }
   }
-  decode_trace_mark(p, 4);
+  decode_trace_mark(p, 3);
 }
 
 template <class Q, class KV, int HEAD_DIM, int ROWS>
