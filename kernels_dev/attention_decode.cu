@@ -47,6 +47,14 @@
 // 3) The merge: the last CTA merged split rows straight from global memory, one L2 round trip
 // per chunk (SM active 45% of the time at batch 1, ctx 8192); staging the partials in shared
 // memory took batch 1, ctx 8192 from 35.6 to 30.7 us (clean flush both times).
+// 4) The merge again (2026-11-26; LAB_DECODE_TRACE=1 timelines, same flush): the merging CTA took
+// 12.9 us of 27.6 at batch 1, ctx 8192 (one thread per row walking the chunks for the running max
+// and the sums, a round trip per step for the (max, sum) pairs, a branch per element and chunk);
+// a warp scan for the maxima and branch-free element chains: 7.3 us, the partials' cp.async
+// being the rest (about 20 GB/s into one SM); bulk copies on an mbarrier: 5.3 us. With the block
+// table's first 8 entries in each item (one dependent read before the first copies, not two):
+// 30.5 -> 23.4 us at batch 1, ctx 8192; 101 -> 70 us at 32768 (docs/BENCHMARKS.md, "Small-batch
+// decode").
 // Split-KV: v3 over v2 is 4-13x at batch 1, ctx 8192 (too few CTAs otherwise) but 5-17% slower
 // where the grid already covers every SM, so the plan (c954ed1) splits only grids smaller than the
 // SM count. Tried and dropped: 4 keys per step for single-head CTAs (+3-5% bf16 at batch 64,
