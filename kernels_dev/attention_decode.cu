@@ -47,6 +47,14 @@
 // 3) The merge: the last CTA merged split rows straight from global memory, one L2 round trip
 // per chunk (SM active 45% of the time at batch 1, ctx 8192); staging the partials in shared
 // memory took batch 1, ctx 8192 from 35.6 to 30.7 us (clean flush both times).
+// 4) The merge again (2026-11-26; LAB_DECODE_TRACE=1 timelines, same flush): the merging CTA took
+// 12.9 us of 27.6 at batch 1, ctx 8192 (one thread per row walking the chunks for the running max
+// and the sums, a round trip per step for the (max, sum) pairs, a branch per element and chunk);
+// a warp scan for the maxima and branch-free element chains: 7.3 us, the partials' cp.async
+// being the rest (about 20 GB/s into one SM); bulk copies on an mbarrier: 5.3 us. With the block
+// table's first 8 entries in each item (one dependent read before the first copies, not two):
+// 30.5 -> 23.4 us at batch 1, ctx 8192; 101 -> 70 us at 32768 (docs/BENCHMARKS.md, "Small-batch
+// decode").
 // Split-KV: v3 over v2 is 4-13x at batch 1, ctx 8192 (too few CTAs otherwise) but 5-17% slower
 // where the grid already covers every SM, so the plan (c954ed1) splits only grids smaller than the
 // SM count. Tried and dropped: 4 keys per step for single-head CTAs (+3-5% bf16 at batch 64,
@@ -93,6 +101,59 @@ __global__ void decode_v1(const void* q, void* out, PagedKVView kv, const int32_
                    l > 0 ? acc[i] / l * vs : 0.f);
 }
 
+__global__ void empty_kernel() {}
+
+// LAB_DECODE_TRACE=1: the tensor-core kernel records when each CTA starts, ends its prologue (its
+// first copies issued), ends its chunks and exits, and when a merging CTA knows it merges, has
+// issued and weighed its first window, has it copied, and has merged every window
+// (CudaPlanOptions::decode_trace); the sweep prints the phases of the last timed launch (cold L2,
+// like every timed one).
+constexpr size_t kTraceCtas = 1 << 16;
+constexpr int kTraceEvents = 8;
+uint64_t* trace_buffer() {
+  static uint64_t* buf = [] {
+    uint64_t* b = nullptr;
+    const char* e = std::getenv("LAB_DECODE_TRACE");
+    if (e && std::atoi(e) > 0) lab::ck(cudaMalloc(&b, kTraceCtas * kTraceEvents * 8), "trace");
+    return b;
+  }();
+  return buf;
+}
+
+// The phases of the traced launch of `ctas` CTAs, in microseconds: median and max over the CTAs.
+void print_trace(int ctas) {
+  std::vector<uint64_t> t(size_t(ctas) * kTraceEvents);
+  lab::ck(cudaMemcpy(t.data(), trace_buffer(), t.size() * 8, cudaMemcpyDeviceToHost), "trace");
+  const uint64_t mask = ~(uint64_t(1) << 63);
+  uint64_t t0 = UINT64_MAX;
+  for (int c = 0; c < ctas; ++c) t0 = std::min(t0, t[size_t(c) * kTraceEvents]);
+  const char* names[] = {"start",   "prologue", "chunks",   "exit",    "merge exit",
+                         "m:count", "m:issue",  "m:copied", "m:merged"};
+  std::vector<std::vector<double>> ph(9);
+  double end = 0;
+  for (int c = 0; c < ctas; ++c) {
+    const uint64_t* e = &t[size_t(c) * kTraceEvents];
+    ph[0].push_back(double(e[0] - t0) / 1e3);
+    for (int k = 1; k < 3; ++k) ph[size_t(k)].push_back(double(e[k] - e[k - 1]) / 1e3);
+    const bool merged = (e[3] >> 63) != 0;
+    ph[merged ? 4 : 3].push_back(double((e[3] & mask) - e[2]) / 1e3);
+    if (merged) {
+      ph[5].push_back(double(e[4] - e[2]) / 1e3);
+      for (int k = 5; k <= 7; ++k) ph[size_t(k + 1)].push_back(double(e[k] - e[k - 1]) / 1e3);
+    }
+    end = std::max(end, double((e[3] & mask) - t0) / 1e3);
+  }
+  std::printf("  trace of %d CTAs, first start to last exit %.2f us; phase median/max us:", ctas,
+              end);
+  for (int k = 0; k < 9; ++k) {
+    std::vector<double>& v = ph[size_t(k)];
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    std::printf(" %s %.2f/%.2f", names[k], v[v.size() / 2], v.back());
+  }
+  std::printf("\n");
+}
+
 struct DeviceMeta {
   int32_t* kv_len = nullptr;
   int32_t* table = nullptr;
@@ -123,7 +184,13 @@ std::function<void()> make_version(int v, const lab::Problem& p,
     };
   }
   CudaPlanOptions o;
+  // LAB_DECODE_TARGET / LAB_DECODE_CHUNKS: the split-KV knobs (CTAs per SM the split aims at,
+  // chunks per CTA), for sweeps of the split at small batches.
+  if (const char* e = std::getenv("LAB_DECODE_TARGET")) o.target_ctas_per_sm = std::atoi(e);
+  if (const char* e = std::getenv("LAB_DECODE_CHUNKS")) o.chunks_per_cta = std::atoi(e);
+  if (const char* e = std::getenv("LAB_DECODE_ITEM_PAGES")) o.decode_item_pages = std::atoi(e);
   if (v == 2) o.target_ctas_per_sm = 0;
+  if (v == 4 && trace_buffer() != nullptr) o.decode_trace = trace_buffer();
   // v2, v3: the CUDA-core kernel on every group; v4: the tensor-core kernel on every group (the
   // library picks per group: CudaPlanOptions::tensor_core_decode_min_group).
   o.tensor_core_decode_min_group = v <= 3 ? 1 << 20 : 1;
@@ -151,7 +218,10 @@ lab::Shape shape(int batch, int ctx, int hkv, int d, int page, DType kv) {
 }  // namespace
 
 // attention_decode_lab [--sweep-only] [--shape KV:BATCH:CTX:HKV ...] [--versions DIGITS]
-//   --shape bf16:8:8192:8 times only those shapes (for a profiler); --versions 34 only those.
+// Environment: LAB_DECODE_TARGET, LAB_DECODE_CHUNKS, LAB_DECODE_ITEM_PAGES (CudaPlanOptions'
+// split and item-page knobs), LAB_DECODE_TRACE (the CTA timeline, below), LAB_FLUSH.
+//   --shape bf16:8:8192:8 times only those shapes, any context (for a profiler or a sweep);
+//   --versions 34 only those versions.
 int main(int argc, char** argv) {
   constexpr int kVersions = 4;
   bool gate = true;
@@ -209,30 +279,36 @@ int main(int argc, char** argv) {
   std::printf("%-5s %-6s %-6s %-4s %-5s %9s %9s %9s %9s %8s %8s %8s %8s\n", "kv", "batch", "ctx",
               "hkv", "d", "v1_us", "v2_us", "v3_us", "v4_us", "v1_GBps", "v2_GBps", "v3_GBps",
               "v4_GBps");
-  for (DType kv : {DType::bf16, DType::fp8_e4m3})
-    for (int hkv : {8, 32})
-      for (int batch : {1, 8, 64})
-        for (int ctx : {512, 8192}) {
-          bool wanted = only.empty();
-          for (const Only& o : only)
-            wanted |= o.kv == kv && o.batch == batch && o.ctx == ctx && o.hkv == hkv;
-          if (!wanted) continue;
-          lab::Shape s = shape(batch, ctx, hkv, 128, 16, kv);
-          s.kv_len.assign(size_t(batch), ctx);
-          lab::Problem p(s, 1, false);
-          double us[kVersions + 1] = {};
-          for (int v = 1; v <= kVersions; ++v) {
-            if (!run_v[size_t(v)]) continue;
-            std::unique_ptr<CudaAttentionPlan> plan;
-            std::unique_ptr<DeviceMeta> dev;
-            us[v] = lab::time_us(make_version(v, p, plan, dev), v == 1 ? 5 : 20);
-          }
-          const double gb = double(p.kv_bytes()) / 1e3;
-          auto gbps = [&](int v) { return us[v] > 0 ? gb / us[v] : 0.0; };
-          std::printf("%-5s %-6d %-6d %-4d %-5d %9.1f %9.1f %9.1f %9.1f %8.0f %8.0f %8.0f %8.0f\n",
-                      std::string(dtype_name(kv)).c_str(), batch, ctx, hkv, 128, us[1], us[2],
-                      us[3], us[4], gbps(1), gbps(2), gbps(3), gbps(4));
-        }
+  // The method's floor: an empty kernel timed the same way (flush, events around one launch).
+  std::printf("empty kernel under the same timing: %.1f us\n",
+              lab::time_us([] { empty_kernel<<<1, 32>>>(); }));
+  // The default grid, or (--shape) exactly the shapes asked for, in their order.
+  if (only.empty())
+    for (DType kv : {DType::bf16, DType::fp8_e4m3})
+      for (int hkv : {8, 32})
+        for (int batch : {1, 8, 64})
+          for (int ctx : {512, 8192}) only.push_back({kv, batch, ctx, hkv});
+  for (const Only& o : only) {
+    lab::Shape s = shape(o.batch, o.ctx, o.hkv, 128, 16, o.kv);
+    s.kv_len.assign(size_t(o.batch), o.ctx);
+    lab::Problem p(s, 1, false);
+    double us[kVersions + 1] = {};
+    for (int v = 1; v <= kVersions; ++v) {
+      if (!run_v[size_t(v)]) continue;
+      std::unique_ptr<CudaAttentionPlan> plan;
+      std::unique_ptr<DeviceMeta> dev;
+      us[v] = lab::time_us(make_version(v, p, plan, dev), v == 1 ? 5 : 20);
+      if (v == 4 && trace_buffer() != nullptr) {
+        const int ctas = plan->info().decode_ctas * o.hkv * ((32 / o.hkv + 7) / 8);
+        if (size_t(ctas) <= kTraceCtas && plan->info().decode_tc_rows == 8) print_trace(ctas);
+      }
+    }
+    const double gb = double(p.kv_bytes()) / 1e3;
+    auto gbps = [&](int v) { return us[v] > 0 ? gb / us[v] : 0.0; };
+    std::printf("%-5s %-6d %-6d %-4d %-5d %9.1f %9.1f %9.1f %9.1f %8.0f %8.0f %8.0f %8.0f\n",
+                std::string(dtype_name(o.kv)).c_str(), o.batch, o.ctx, o.hkv, 128, us[1], us[2],
+                us[3], us[4], gbps(1), gbps(2), gbps(3), gbps(4));
+  }
   std::printf("gate: %s (%d failures)\n", failures ? "FAIL" : "ok", failures);
   return failures ? 1 : 0;
 }

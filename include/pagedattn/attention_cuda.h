@@ -64,6 +64,17 @@ struct CudaPlanOptions {
   // tensor-core decode kernel, the others on the CUDA-core one. It depends on the model's shape
   // only, never on the batch, so a row's output does not depend on the batch it is in.
   int32_t tensor_core_decode_min_group = 2;
+  // Each decode CTA's work item carries the block table's entries of its first pages, so that
+  // its first K/V copies need one dependent read, not two (false: read from the block table,
+  // a comparison for the kernel lab).
+  bool decode_item_pages = true;
+  // Kernel lab instrument: a device buffer of 8 x uint64_t per CTA of the tensor-core decode
+  // kernel (blockIdx.x * gridDim.y + blockIdx.y), which then records the GPU's global timer (ns)
+  // at its start, after its prologue (its first copies issued), after its last chunk and at its
+  // exit (bit 63 set where the CTA merged its row's partials), and in a merging CTA when it knows
+  // it merges, when its first window's copies are issued and weighed, when they have landed, and
+  // after the last window. Null: nothing recorded.
+  void* decode_trace = nullptr;
 };
 
 // What a plan decided, for tests and benchmarks.

@@ -170,8 +170,10 @@ TEST(CudaAttention, SplitAndBatchInvariance) {
     for (DType kv : {DType::bf16, DType::fp8_e4m3}) {
       Spec s;
       s.kv_dtype = kv;
-      s.q_len = {1, 1, 1, 1};
-      s.kv_len = {5000, 1200, 3, 2600};
+      // 30000 positions: 118 chunks, more than one window of the merge (decode_merge.cuh) and
+      // than one warp scan of its running max.
+      s.q_len = {1, 1, 1, 1, 1};
+      s.kv_len = {5000, 1200, 3, 2600, 30000};
       Problem pr(s, 21);
       CudaPlanOptions unsplit;
       unsplit.target_ctas_per_sm = 0;
@@ -181,13 +183,16 @@ TEST(CudaAttention, SplitAndBatchInvariance) {
       split.tensor_core_decode_min_group = min_group;
       CudaPlanOptions dflt;
       dflt.tensor_core_decode_min_group = min_group;
+      CudaPlanOptions table_only = dflt;  // pages read from the block table alone
+      table_only.decode_item_pages = false;
       CudaAttentionPlan a(size_t(64) << 20, unsplit), b(size_t(64) << 20, split),
-          c(size_t(64) << 20, dflt);
+          c(size_t(64) << 20, dflt), e(size_t(64) << 20, table_only);
       const auto out_a = pr.run_cuda(a), out_b = pr.run_cuda(b), out_c = pr.run_cuda(c);
       EXPECT_EQ(a.info().split_rows, 0);
       EXPECT_GT(b.info().split_rows, 0);
       EXPECT_EQ(out_a, out_b);
       EXPECT_EQ(out_a, out_c);
+      EXPECT_EQ(out_a, pr.run_cuda(e));
       // The first sequence alone.
       Spec one = s;
       one.q_len = {1};

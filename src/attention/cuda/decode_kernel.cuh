@@ -42,8 +42,15 @@ struct DecodeShape {
   // pipe [kStages][2 (K, V)][kUnroll][kDecodeThreads] 16-byte vectors, then
   // s_acc [kGroups][GT][HEAD_DIM], s_m, s_d, s_w [kGroups][GT], s_cm, s_cd [GT] floats
   static constexpr size_t kPipeBytes = size_t(kStages) * 2 * kUnroll * kDecodeThreads * 16;
-  static constexpr size_t kSmemBytes =
+  // NOTE: single-head CTAs at head_dim 256 reserve at least 41 KiB, so that 5 fit an SM, not 6:
+  // with 76 registers a thread (this kernel's count since its merge changed) 6 fit by shared
+  // memory, and were 2.5-3.7% slower at batch 64, context 2048-8192, than the 5 that its former
+  // 86 registers allowed (H100, one call, alternating).
+  static constexpr size_t kOccupancyBytes = HEAD_DIM == 256 && GT == 1 ? 41 * 1024 : 0;
+  static constexpr size_t kNeededBytes =
       kPipeBytes + sizeof(float) * (size_t(kGroups) * GT * HEAD_DIM + 3 * kGroups * GT + 2 * GT);
+  static constexpr size_t kSmemBytes =
+      kNeededBytes > kOccupancyBytes ? kNeededBytes : kOccupancyBytes;
   static_assert(kSmemBytes >= sizeof(float) * GT * (HEAD_DIM + 5), "merge window of one chunk");
 };
 

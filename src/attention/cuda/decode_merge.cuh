@@ -3,30 +3,190 @@
 #pragma once
 
 #include "cuda_common.cuh"
+#include "hopper.cuh"
 #include "kernels.h"
 
 namespace pagedattn::cuda {
+
+// CudaPlanOptions::decode_trace: event e of this CTA, from its first thread (lab instrument).
+constexpr int kDecodeTraceEvents = 8;
+__device__ __forceinline__ void decode_trace_mark(const AttentionParams& p, int e,
+                                                  uint64_t flag = 0) {
+  if (p.decode_trace == nullptr || threadIdx.x != 0) return;
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  p.decode_trace[(int64_t(blockIdx.x) * gridDim.y + blockIdx.y) * kDecodeTraceEvents + e] =
+      t | flag;
+}
+
+// The merge of a split row's partials by one CTA (merge_if_last below), with OWN output elements
+// per thread: element threadIdx.x + j * THREADS, clamped to the last one (a thread past the rows
+// repeats it and writes nothing), so the loops have no branches.
+template <class Q, int HEAD_DIM, int THREADS, int MAX_HEADS, int OWN>
+__device__ __forceinline__ void merge_partials(const AttentionParams& p, const MergeItem& mi,
+                                               int head0, int gcount, float v_mul, uint8_t* smem,
+                                               size_t smem_bytes) {
+  // Window: per chunk gcount rows of HEAD_DIM outputs and gcount (max, sum, w_run, w_chunk).
+  constexpr int kWarps = THREADS / 32;
+  const int row_floats = gcount * HEAD_DIM;
+  const size_t per_chunk = size_t(gcount) * (HEAD_DIM + 4) * sizeof(float);
+  const int window = int(smem_bytes / per_chunk);  // >= 1: the kernels' static_asserts
+  float* s_o = reinterpret_cast<float*>(smem);     // [window][gcount][HEAD_DIM]
+  float4* s_q = reinterpret_cast<float4*>(s_o + size_t(window) * row_floats);  // [window][gcount]
+  __shared__ float s_run_m[MAX_HEADS];  // the running max before the window
+  if (threadIdx.x < MAX_HEADS) s_run_m[threadIdx.x] = -INFINITY;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The outputs come in by bulk copies (one per chunk, one thread issuing them): the cp.async of
+  // 16 bytes by every thread reach about 20 GB/s on one SM (4 us for the 64 KB of 32 chunks).
+  constexpr bool kBulk = true;
+  __shared__ alignas(8) uint64_t s_bar;
+  uint32_t phase = 0;
+  if (threadIdx.x == 0) {
+    mbar_init(&s_bar, 1);
+    mbar_fence_init();
+  }
+#else
+  constexpr bool kBulk = false;
+#endif
+
+  int own_e[OWN], own_g[OWN];
+  float acc[OWN], den[OWN];  // the element's running output and its row's running sum
+#pragma unroll
+  for (int j = 0; j < OWN; ++j) {
+    own_e[j] = min(int(threadIdx.x) + j * THREADS, row_floats - 1);
+    own_g[j] = own_e[j] / HEAD_DIM;
+    acc[j] = den[j] = 0.f;
+  }
+  for (int c0 = 0; c0 < mi.num_chunks; c0 += window) {
+    const int nc = min(window, mi.num_chunks - c0);
+    // The outputs (L2 only: the partials were written by other SMs), all in flight together.
+    if constexpr (kBulk) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      fence_proxy_async();  // the window's earlier generic accesses before the copies' writes
+      __syncthreads();      // (and the barrier's initialisation)
+      if (threadIdx.x == 0) {
+        fence_proxy_async_global();
+        mbar_arrive_expect_tx(&s_bar, uint32_t(nc * row_floats) * 4);
+        for (int c = 0; c < nc; ++c)
+          bulk_load(s_o + size_t(c) * row_floats,
+                    p.partial_o + (int64_t(mi.partial + c0 + c) * p.num_q_heads + head0) * HEAD_DIM,
+                    uint32_t(row_floats) * 4, &s_bar);
+      }
+#endif
+    } else {
+      const int vecs = row_floats / 4;
+      for (int c = 0; c < nc; ++c) {
+        const float* src =
+            p.partial_o + (int64_t(mi.partial + c0 + c) * p.num_q_heads + head0) * HEAD_DIM;
+        for (int v = threadIdx.x; v < vecs; v += THREADS)
+          cp_async16(s_o + size_t(c) * row_floats + v * 4, src + v * 4, true);
+      }
+      cp_async_commit();
+    }
+    // The (max, sum) pairs, four loads in flight per thread before their stores.
+    const int pairs = nc * gcount;
+    for (int i0 = 0; i0 < pairs; i0 += 4 * THREADS) {
+      float2 v[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int i = min(i0 + k * THREADS + int(threadIdx.x), pairs - 1);
+        const int64_t slot = int64_t(mi.partial + c0 + i / gcount) * p.num_q_heads + head0;
+        v[k] = __ldcg(reinterpret_cast<const float2*>(p.partial_md) + slot + i % gcount);
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int i = i0 + k * THREADS + int(threadIdx.x);
+        if (i < pairs) s_q[i] = make_float4(v[k].x, v[k].y, 0.f, 0.f);
+      }
+    }
+    __syncthreads();
+    // The weights: one warp per row scans the chunk maxima 32 at a time (an inclusive prefix max
+    // from the running max before the window); a new max of -inf leaves the state as it is (1, 0).
+    for (int g = warp; g < gcount; g += kWarps) {
+      float carry = s_run_m[g];
+      for (int s0 = 0; s0 < nc; s0 += 32) {
+        const int c = s0 + lane;
+        const float cm = c < nc ? s_q[c * gcount + g].x : -INFINITY;
+        float mn = cm;
+#pragma unroll
+        for (int o = 1; o < 32; o *= 2) {
+          const float y = __shfl_up_sync(0xffffffffu, mn, o);
+          if (lane >= o) mn = fmaxf(mn, y);
+        }
+        mn = fmaxf(mn, carry);
+        const float up = __shfl_up_sync(0xffffffffu, mn, 1);
+        const float mprev = lane == 0 ? carry : up;
+        if (c < nc) {
+          const bool keep = mn == -INFINITY;
+          s_q[c * gcount + g].z = keep ? 1.f : exp2f(mprev - mn);
+          s_q[c * gcount + g].w = keep ? 0.f : exp2f(cm - mn);
+        }
+        carry = __shfl_sync(0xffffffffu, mn, 31);
+      }
+      if (lane == 0) s_run_m[g] = carry;
+    }
+    decode_trace_mark(p, c0 == 0 ? 5 : 7);
+    if constexpr (kBulk) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      mbar_wait(&s_bar, phase);
+      phase ^= 1;
+#endif
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (c0 == 0) decode_trace_mark(p, 6);
+    // run = run * w_run + chunk * w_chunk, in chunk order, for every owned element and its sum.
+#pragma unroll 4
+    for (int c = 0; c < nc; ++c) {
+      const float4* qc = s_q + c * gcount;
+      const float* oc = s_o + size_t(c) * row_floats;
+#pragma unroll
+      for (int j = 0; j < OWN; ++j) {
+        const float4 q = qc[own_g[j]];
+        acc[j] = __fadd_rn(__fmul_rn(acc[j], q.z), __fmul_rn(oc[own_e[j]], q.w));
+        den[j] = __fadd_rn(__fmul_rn(den[j], q.z), __fmul_rn(q.y, q.w));
+      }
+    }
+    __syncthreads();  // the window is read before the next one is copied in
+  }
+  decode_trace_mark(p, 7);
+  uint16_t* out =
+      static_cast<uint16_t*>(p.out) + (int64_t(mi.q_row) * p.num_q_heads + head0) * HEAD_DIM;
+#pragma unroll
+  for (int j = 0; j < OWN; ++j) {
+    if (int(threadIdx.x) + j * THREADS < row_floats)
+      out[own_e[j]] = Q::from_float(finalize_state({0.f, den[j], acc[j]}, v_mul));
+  }
+}
 
 // Called by every thread of a decode CTA that has written its chunk partials (it.partial >= 0) for
 // query heads head0 .. head0 + gcount - 1 (gcount <= MAX_HEADS), once its own cp.async copies are
 // done (smem, of smem_bytes, is free). The CTAs of the row count themselves on p.merge_counters
 // (one counter per row and blockIdx.y); the last one merges all num_chunks partials in position
-// order with merge_state, exactly as an unsplit CTA merges its chunks (so the output is
-// bit-identical with or without the split), writes the output rows and resets the counter for the
-// next launch.
+// order with merge_state's arithmetic, exactly as an unsplit CTA merges its chunks (so the output
+// is bit-identical with or without the split), writes the output rows and resets the counter for
+// the next launch. Returns whether this CTA merged.
 //
-// NOTE: the partials are first copied into shared memory, a window of chunks at a time, with all
-// copies in flight at once: merging straight from global memory costs one L2 round trip per chunk
-// (32 chunks at context 8192: about 20 us of a batch-1 step).
+// merge_state(run, cm, cd, ca) is run = run * w_run + chunk * w_chunk with weights that depend on
+// the row only (exp2f of the previous running max and of the chunk max against the new one). The
+// merge computes every (chunk, row)'s weights at once (the running max is a prefix max: a warp
+// scan per row), and leaves each output element and each row's sum a multiply-add chain over the
+// chunks with merge_state's roundings, its operands in shared memory, where the partials of a
+// window of chunks are copied first, all copies in flight at once.
+// NOTE: measured on an H100 at batch 1 (lab trace, CudaPlanOptions::decode_trace): the previous
+// merge, with the running max and the row sums as loops of one thread per row, the (max, sum)
+// pairs read one round trip per loop step and a branch per element and chunk, took the merging
+// CTA 12.9 us at context 8192 (32 chunks) and 49 us at 32768, two fifths of the kernel's time.
 template <class Q, int HEAD_DIM, int THREADS, int MAX_HEADS>
-__device__ __forceinline__ void merge_if_last(const AttentionParams& p, const DecodeItem& it,
+__device__ __forceinline__ bool merge_if_last(const AttentionParams& p, const DecodeItem& it,
                                               int head0, int gcount, float v_mul, uint8_t* smem,
                                               size_t smem_bytes) {
   __shared__ int s_last;
-  __threadfence();  // this thread's partials are visible device-wide before the
-                    // count moves
-  __syncthreads();
   const MergeItem mi = p.merge_items[it.merge];
+  __threadfence();  // this thread's partials are visible device-wide before the count moves
+  __syncthreads();
   if (threadIdx.x == 0) {
     int32_t* counter = p.merge_counters + int64_t(it.merge) * gridDim.y + blockIdx.y;
     const int done = atomicAdd(counter, 1);
@@ -34,104 +194,22 @@ __device__ __forceinline__ void merge_if_last(const AttentionParams& p, const De
     if (s_last) *counter = 0;  // every other CTA of the row has counted already
   }
   __syncthreads();
-  if (!s_last) return;
+  if (!s_last) return false;
   __threadfence();
-
-  // Window: per chunk gcount rows of HEAD_DIM outputs, gcount (max, sum) pairs and gcount (running
-  // max, w_run, w_chunk) triples.
-  const int row_floats = gcount * HEAD_DIM;
-  const size_t per_chunk = size_t(row_floats + 5 * gcount) * sizeof(float);
-  const int window = int(smem_bytes / per_chunk);   // >= 1: the kernels' static_asserts
-  float* s_o = reinterpret_cast<float*>(smem);      // [window][gcount][HEAD_DIM]
-  float* s_md = s_o + size_t(window) * row_floats;  // [window][gcount][2]
-  float* s_w = s_md + size_t(window) * 2 * gcount;  // [window][gcount][3]
-  __shared__ float s_run_m[MAX_HEADS], s_run_d[MAX_HEADS];
-  if (threadIdx.x < gcount) {
-    s_run_m[threadIdx.x] = -INFINITY;
-    s_run_d[threadIdx.x] = 0.f;
-  }
-
-  // merge_state(run, cm, cd, ca) is run = run * w_run + chunk * w_chunk with weights that depend on
-  // the row only (exp2f of the running and the chunk max against the new max): they are computed
-  // once per (chunk, row), in parallel, and each element is left a multiply-add chain with the same
-  // roundings, so the result is bit-identical to merge_state per element.
+  decode_trace_mark(p, 4);
+  // As few elements per thread as the rows need: the tile's MAX_HEADS rows, or half of them.
   constexpr int kOwn = (MAX_HEADS * HEAD_DIM + THREADS - 1) / THREADS;
-  float acc[kOwn];  // element threadIdx.x + j * THREADS
-#pragma unroll
-  for (int j = 0; j < kOwn; ++j) acc[j] = 0.f;
-  for (int c0 = 0; c0 < mi.num_chunks; c0 += window) {
-    const int nc = min(window, mi.num_chunks - c0);
-    // Copies (L2 only: the partials were written by other SMs), all in flight together.
-    const int vecs = row_floats / 4;
-    for (int i = threadIdx.x; i < nc * vecs; i += THREADS) {
-      const int c = i / vecs, v = i % vecs;
-      const int64_t slot = int64_t(mi.partial + c0 + c) * p.num_q_heads + head0;
-      cp_async16(s_o + size_t(c) * row_floats + v * 4, p.partial_o + slot * HEAD_DIM + v * 4, true);
-    }
-    cp_async_commit();
-    for (int i = threadIdx.x; i < nc * 2 * gcount; i += THREADS) {
-      const int c = i / (2 * gcount), k = i % (2 * gcount);
-      const int64_t slot = int64_t(mi.partial + c0 + c) * p.num_q_heads + head0;
-      s_md[i] = __ldcg(p.partial_md + slot * 2 + k);
-    }
-    __syncthreads();
-    // The running max after each chunk (a prefix max; one thread per row), in s_w[..][0].
-    if (threadIdx.x < gcount) {
-      float m = s_run_m[threadIdx.x];
-      for (int c = 0; c < nc; ++c) {
-        m = fmaxf(m, s_md[(c * gcount + threadIdx.x) * 2]);
-        s_w[(c * gcount + threadIdx.x) * 3] = m;
-      }
-    }
-    __syncthreads();
-    // The weights of every (chunk, row); a new max of -inf leaves the state as it is (1, 0).
-    for (int i = threadIdx.x; i < nc * gcount; i += THREADS) {
-      const int c = i / gcount, g = i % gcount;
-      const float mn = s_w[i * 3];
-      const float mprev = c == 0 ? s_run_m[g] : s_w[(i - gcount) * 3];
-      const bool keep = mn == -INFINITY;
-      s_w[i * 3 + 1] = keep ? 1.f : exp2f(mprev - mn);
-      s_w[i * 3 + 2] = keep ? 0.f : exp2f(s_md[i * 2] - mn);
-    }
-    __syncthreads();
-    if (threadIdx.x < gcount) {  // the row's sum and max, in chunk order
-      const int g = threadIdx.x;
-      float d = s_run_d[g], m = s_run_m[g];
-      for (int c = 0; c < nc; ++c) {
-        const float* w = s_w + (c * gcount + g) * 3 + 1;
-        const float cm = s_md[(c * gcount + g) * 2];
-        if (fmaxf(m, cm) == -INFINITY) continue;
-        d = __fadd_rn(__fmul_rn(d, w[0]), __fmul_rn(s_md[(c * gcount + g) * 2 + 1], w[1]));
-        m = fmaxf(m, cm);
-      }
-      s_run_d[g] = d;
-      s_run_m[g] = m;
-    }
-    cp_async_wait<0>();
-    __syncthreads();
-    for (int c = 0; c < nc; ++c) {
-#pragma unroll
-      for (int j = 0; j < kOwn; ++j) {
-        const int e = threadIdx.x + j * THREADS;
-        if (e < row_floats) {
-          const float* w = s_w + (c * gcount + e / HEAD_DIM) * 3 + 1;
-          acc[j] =
-              __fadd_rn(__fmul_rn(acc[j], w[0]), __fmul_rn(s_o[size_t(c) * row_floats + e], w[1]));
-        }
-      }
-    }
-    __syncthreads();  // the window is read before the next one is copied in
-  }
-  uint16_t* out =
-      static_cast<uint16_t*>(p.out) + (int64_t(mi.q_row) * p.num_q_heads + head0) * HEAD_DIM;
-#pragma unroll
-  for (int j = 0; j < kOwn; ++j) {
-    const int e = threadIdx.x + j * THREADS;
-    if (e < row_floats) {
-      const int g = e / HEAD_DIM;
-      out[e] = Q::from_float(finalize_state({s_run_m[g], s_run_d[g], acc[j]}, v_mul));
+  constexpr int kHalf = (MAX_HEADS / 2 * HEAD_DIM + THREADS - 1) / THREADS;
+  if constexpr (kHalf >= 1 && kHalf < kOwn) {
+    if (gcount * HEAD_DIM <= kHalf * THREADS) {
+      merge_partials<Q, HEAD_DIM, THREADS, MAX_HEADS, kHalf>(p, mi, head0, gcount, v_mul, smem,
+                                                             smem_bytes);
+      return true;
     }
   }
+  merge_partials<Q, HEAD_DIM, THREADS, MAX_HEADS, kOwn>(p, mi, head0, gcount, v_mul, smem,
+                                                        smem_bytes);
+  return true;
 }
 
 }  // namespace pagedattn::cuda

@@ -104,6 +104,7 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
 template <class Q, class KV, int HEAD_DIM, int ROWS>
 __global__ void __launch_bounds__(kDecodeTcThreads) decode_tc_kernel(const AttentionParams p) {
   allow_dependent_launch();
+  decode_trace_mark(p, 0);
   using S = DecodeTcShape<KV, HEAD_DIM, ROWS>;
   using MT = std::conditional_t<S::kFp8, F16, Q>;  // the mma's operand type
   constexpr int kWarps = S::kWarps, kWK = S::kWarpKeys, kStep = S::kStep, kStages = S::kStages;
@@ -126,6 +127,8 @@ __global__ void __launch_bounds__(kDecodeTcThreads) decode_tc_kernel(const Atten
   const int gcount = min(ROWS, p.group - g0);
   const int head0 = kvh * p.group + g0;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  // Lane i: the block-table entry of the item's page i % kDecodeItemPages (read beside the item).
+  const int item_page = p.decode_items[blockIdx.x].pages[lane % kDecodeItemPages];
   // Fragment coordinates: rows (keys of S^T, dims of O^T) lane / 4 and lane / 4 + 8; columns
   // (heads) 2 t and 2 t + 1 of each n8 tile.
   const int fr = lane / 4, fc = (lane % 4) * 2;
@@ -174,19 +177,20 @@ __global__ void __launch_bounds__(kDecodeTcThreads) decode_tc_kernel(const Atten
   // ---- the producer: the warp's copies of one step, kStages - 1 steps ahead of their use ----
   int pc = it.chunk_begin;  // producer cursor: chunk and first position of the step
   int pbase = max(pc * kDecodeChunkTokens, lo);
+  const int first_page = pbase / p.page_size;  // the item's page 0 (DecodeItem::pages)
   auto issue = [&](int stage) {
     const bool live = pc < it.chunk_end;
     const int te = min((pc + 1) * kDecodeChunkTokens, hi);
-    // Lane r < kWK finds the byte offset of the warp's row r (-1: past the chunk, zero-filled).
+    // Lane r < kWK finds the byte offset of the warp's row r (-1: past the chunk, zero-filled),
+    // its page from the item's copy where it has it, else from the block table.
     int64_t row_off = -1;
-    if (lane < kWK) {
-      const int t = pbase + warp * kWK + lane;
-      if (live && t < te) {
-        row_off =
-            (int64_t(bt[t / p.page_size]) * p.page_stride + int64_t(t % p.page_size) * HEAD_DIM) *
-                KV::kBytes +
-            head_off;
-      }
+    const int t = pbase + warp * kWK + lane;
+    const int idx = t / p.page_size - first_page;
+    const int copied = __shfl_sync(0xffffffffu, item_page, idx & (kDecodeItemPages - 1));
+    if (lane < kWK && live && t < te) {
+      const int page = idx < kDecodeItemPages && copied >= 0 ? copied : bt[t / p.page_size];
+      row_off = (int64_t(page) * p.page_stride + int64_t(t % p.page_size) * HEAD_DIM) * KV::kBytes +
+                head_off;
     }
     uint4* dk =
         reinterpret_cast<uint4*>(pipe + (size_t(stage) * kWarps + warp) * S::kWarpStageBytes);
@@ -213,6 +217,7 @@ __global__ void __launch_bounds__(kDecodeTcThreads) decode_tc_kernel(const Atten
   };
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) issue(st);
+  decode_trace_mark(p, 1);
 
   int step = 0;
   for (int c = it.chunk_begin; c < it.chunk_end; ++c) {
@@ -449,9 +454,11 @@ __global__ void __launch_bounds__(kDecodeTcThreads) decode_tc_kernel(const Atten
   }
 
   cp_async_wait<0>();
+  decode_trace_mark(p, 2);
   if (it.partial >= 0) {
-    merge_if_last<Q, HEAD_DIM, kDecodeTcThreads, ROWS>(p, it, head0, gcount, v_mul, smem,
-                                                       S::kSmemBytes);
+    const bool merged = merge_if_last<Q, HEAD_DIM, kDecodeTcThreads, ROWS>(
+        p, it, head0, gcount, v_mul, smem, S::kSmemBytes);
+    decode_trace_mark(p, 3, merged ? uint64_t(1) << 63 : 0);
     return;
   }
   if (own_g < gcount) {
@@ -465,6 +472,7 @@ __global__ void __launch_bounds__(kDecodeTcThreads) decode_tc_kernel(const Atten
       *reinterpret_cast<uint32_t*>(out + j) = w;
     }
   }
+  decode_trace_mark(p, 3);
 }
 
 template <class Q, class KV, int HEAD_DIM, int ROWS>

@@ -10,13 +10,21 @@
 
 namespace pagedattn::cuda {
 
+// Block-table entries copied into each decode item: the pages of its first positions.
+constexpr int kDecodeItemPages = 8;
+static_assert((kDecodeItemPages & (kDecodeItemPages - 1)) == 0, "a power of two (lane masks)");
+
 // One CTA of the decode kernel: query row q_row of sequence seq, which sees positions [lo, hi)
 // (causal limit and sliding window applied), those in chunks [chunk_begin, chunk_end) of
 // kDecodeChunkTokens each. partial < 0: the CTA covers every chunk of the row and writes the
 // output; else chunk c's state goes to partial slot partial + c - chunk_begin, and merge names
-// the row's MergeItem.
+// the row's MergeItem. pages: the block table's entries for the item's first page on (the one of
+// position max(chunk_begin * kDecodeChunkTokens, lo)), -1 past the row's positions or where the
+// plan leaves them out (CudaPlanOptions::decode_item_pages), so that the tensor-core kernel's
+// first copies wait on one read (the item) instead of two (the item, then the block table).
 struct DecodeItem {
   int32_t seq, q_row, lo, hi, chunk_begin, chunk_end, partial, merge;
+  int32_t pages[kDecodeItemPages];
 };
 // A split row: num_chunks partial states from slot partial on, in position order, written by
 // num_ctas decode CTAs (per head tile); the last of them to finish merges them (merge_if_last).
@@ -59,6 +67,7 @@ struct AttentionParams {
   int32_t* merge_counters = nullptr;
   // Query heads per CTA of the tensor-core decode kernel (8 or 16); 0: the CUDA-core kernel.
   int32_t decode_tc_rows = 0;
+  uint64_t* decode_trace = nullptr;  // CudaPlanOptions::decode_trace
   // prefill
   const PrefillItem* prefill_items = nullptr;  // [num_prefill_items]
   int32_t num_prefill_items = 0;

@@ -187,19 +187,34 @@ int32_t split_decode_rows(const std::vector<DecodeQueryRow>& rows, int64_t chunk
   for (const DecodeQueryRow& r : rows) {
     const int32_t nc = r.chunk_hi - r.chunk_lo;
     if (nc <= chunks_per_cta) {
-      items.push_back({r.seq, r.q_row, r.lo, r.hi, r.chunk_lo, r.chunk_hi, -1, -1});
+      items.push_back({r.seq, r.q_row, r.lo, r.hi, r.chunk_lo, r.chunk_hi, -1, -1, {}});
       continue;
     }
     const int32_t merge = int32_t(merges.size());
     int32_t ctas = 0;
     for (int32_t c = r.chunk_lo; c < r.chunk_hi; c += int32_t(chunks_per_cta), ++ctas) {
       const int32_t e = int32_t(std::min<int64_t>(r.chunk_hi, c + chunks_per_cta));
-      items.push_back({r.seq, r.q_row, r.lo, r.hi, c, e, partials + (c - r.chunk_lo), merge});
+      items.push_back({r.seq, r.q_row, r.lo, r.hi, c, e, partials + (c - r.chunk_lo), merge, {}});
     }
     merges.push_back({r.q_row, partials, nc, ctas});
     partials += nc;
   }
   return partials;
+}
+
+// Fills each item's copy of its first block-table entries (DecodeItem::pages; -1 where `copy` is
+// false or past the row's positions).
+void fill_item_pages(const BatchLayout& batch, int32_t page_size, bool copy,
+                     std::vector<cuda::DecodeItem>& items) {
+  for (cuda::DecodeItem& it : items) {
+    const int32_t first = std::max(it.chunk_begin * kDecodeChunkTokens, it.lo) / page_size;
+    const int32_t end = (it.hi + page_size - 1) / page_size;  // pages holding positions < hi
+    for (int32_t i = 0; i < cuda::kDecodeItemPages; ++i) {
+      const int32_t pg = first + i;
+      it.pages[i] =
+          copy && pg < end ? batch.block_table[int64_t(it.seq) * batch.max_pages_per_seq + pg] : -1;
+    }
+  }
 }
 
 }  // namespace
@@ -265,6 +280,7 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   std::vector<int32_t> counters;  // the fused merge's (zeroed) counts, uploaded with the rest
   for (;;) {
     partials = split_decode_rows(rows, k, items, merges);
+    fill_item_pages(batch, kv.page_size, im.opts.decode_item_pages, items);
     counters.assign(merges.size() * size_t(Hk * tiles), 0);
     host.clear();
     o_qi = stage(host, batch.q_indptr, size_t(n) + 1);
@@ -313,6 +329,7 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   p.num_merge_items = int32_t(merges.size());
   p.merge_counters = reinterpret_cast<int32_t*>(im.ws + o_counters);
   p.decode_tc_rows = tc_rows;
+  p.decode_trace = static_cast<uint64_t*>(im.opts.decode_trace);
   p.prefill_items = reinterpret_cast<const cuda::PrefillItem*>(im.ws + o_prefill);
   p.num_prefill_items = int32_t(prefill.size());
   p.prefill_kernel = !use_hopper                      ? cuda::kPrefillMma

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One GPU call that compares the decode kernels of two commits side by side: builds the attention
+# benchmark of BASE (default: main) in a git worktree and of the working tree, then runs both on
+# the decode grid (`--mode decode`, page 16 unless BENCH_ARGS says otherwise), alternating, ROUNDS
+# rounds, and prints each shape's median per round for both. Logs under $OUT.
+#   BASE=c7d6eaa scripts/device/decode-ab.sh
+# Environment: BASE, ROUNDS (2), BENCH_ARGS ("--page-size 16 --iters 20"), BUDGET (500).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/out/decode-ab}
+BUILD_DIR=${BUILD_DIR:-build-gpu}
+mkdir -p "$OUT"
+end=$(($(date +%s) + ${BUDGET:-500}))
+source scripts/device/steps.sh
+record_device
+base_tree=/tmp/pagedattn-base
+rm -rf "$base_tree"
+git worktree prune 2>/dev/null
+git worktree add --detach "$base_tree" "${BASE:-main}" >>"$OUT/build.log" 2>&1 ||
+  { echo "no worktree of ${BASE:-main}"; exit 1; }
+deps=$(realpath "${DEPS_DIR:-build-cuda-deps}")
+step build-new 240 build.log env BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh \
+  bench_attention_cuda_main || { tail -20 "$OUT/build.log"; exit 1; }
+step build-base 240 build.log env BUILD_DIR="$base_tree/build-gpu" DEPS_DIR="$deps" \
+  DEPS_PREFIX=/tmp/pagedattn-deps-base bash "$base_tree/scripts/device/build.sh" \
+  bench_attention_cuda_main || { tail -20 "$OUT/build.log"; exit 1; }
+if [[ -f "$BUILD_DIR/deps-env.sh" ]]; then source "$BUILD_DIR/deps-env.sh"; fi
+args=(--mode decode ${BENCH_ARGS:---page-size 16 --iters 20})
+for ((r = 1; r <= ${ROUNDS:-2}; ++r)); do
+  step "base $r" 120 "base_$r.log" "$base_tree/build-gpu/kernels_dev/bench_attention_cuda_main" \
+    "${args[@]}"
+  step "new $r" 120 "new_$r.log" "$BUILD_DIR/kernels_dev/bench_attention_cuda_main" "${args[@]}"
+done
+python3 - "$OUT" "${ROUNDS:-2}" <<'PY'
+import sys, collections
+out, rounds = sys.argv[1], int(sys.argv[2])
+res = collections.OrderedDict()
+for r in range(1, rounds + 1):
+    for who in ("base", "new"):
+        try:
+            lines = open(f"{out}/{who}_{r}.log")
+        except OSError:
+            continue
+        for line in lines:
+            if not line.startswith("kind=decode"):
+                continue
+            d = dict(x.split("=", 1) for x in line.split() if "=" in x)
+            k = (d["kv"], d["hkv"], d["d"], d["batch"], d["ctx"], d["page"])
+            res.setdefault(k, {"base": [], "new": []})[who].append(float(d["us"]))
+print("kv hkv d batch ctx page | base us (rounds) | new us (rounds) | new/base (medians)")
+for k, v in res.items():
+    b, n = sorted(v["base"]), sorted(v["new"])
+    ratio = n[len(n) // 2] / b[len(b) // 2] if b and n else float("nan")
+    print(" ".join(k), "|", "/".join("%.2f" % x for x in v["base"]), "|",
+          "/".join("%.2f" % x for x in v["new"]), "| %.3f" % ratio)
+PY
+print_summary
+git worktree remove --force "$base_tree" >/dev/null 2>&1
