@@ -24,7 +24,10 @@ import csv, sys, collections
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 head = rows[0]
 ki, ni, vi = head.index("ID"), head.index("Kernel Name"), head.index("Metric Value")
-kern = [(int(r[ki]), r[ni], float(r[vi])) for r in rows[1:] if r[vi].replace('.', '', 1).isdigit()]
+# Nsight Compute may print values with thousands separators ("1,234.5"): strip them first.
+num = lambda v: v.replace(",", "")
+kern = [(int(r[ki]), r[ni], float(num(r[vi]))) for r in rows[1:]
+        if num(r[vi]).replace('.', '', 1).isdigit()]
 kern.sort()
 # One decode step: from the last embedding gather to the end.
 starts = [i for i, k in enumerate(kern) if "embed" in k[1]]
