@@ -174,6 +174,10 @@ void register_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--max-body-bytes", a->server.max_body_bytes, "Largest request body")
       ->capture_default_str();
+  cmd->add_option("--max-header-bytes", a->server.max_header_bytes,
+                  "Largest request line and headers, together (431 past it)")
+      ->check(CLI::Range(size_t(1024), size_t(1) << 30))
+      ->capture_default_str();
   cmd->add_option("--max-connections", a->server.max_connections,
                   "Connections served at once (one more gets a 503)")
       ->capture_default_str();

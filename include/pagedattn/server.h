@@ -40,6 +40,8 @@ struct ServerConfig {
   std::string model_name = "default";  // the id served by /v1/models and required in requests
   // Every body, however framed (Content-Length, chunked, or none), stops here with a 413.
   size_t max_body_bytes = 1 << 20;
+  // A request's line and headers together stop here with a 431.
+  size_t max_header_bytes = 64 * 1024;
   // Connections served at once (each on a thread of its own); one more gets a 503 and is closed.
   int max_connections = 512;
   double idle_timeout_s = 5;     // a new or kept-alive connection must start a request by then

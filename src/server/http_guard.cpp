@@ -68,13 +68,31 @@ void address_of(int sock, bool peer, std::string& ip, int& port) {
   ip = buf;
 }
 
-// A socket stream whose reads stop at a deadline as well as at a per-read timeout.
+// The 431 for a request whose line and headers pass `limit` bytes, in OpenAI's error format.
+std::string header_too_large_response(size_t limit) {
+  const std::string body = R"({"error":{"message":"the request line and headers are larger than )" +
+                           std::to_string(limit) +
+                           R"( bytes","type":"invalid_request_error","param":null,)"
+                           R"("code":"headers_too_large"}})";
+  return "HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\n"
+         "Connection: close\r\nContent-Length: " +
+         std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+// A socket stream whose reads stop at a deadline as well as at a per-read timeout, and, while a
+// request's line and headers are read, past a byte limit.
 class GuardedStream : public httplib::Stream {
  public:
   GuardedStream(int sock, int io_timeout_ms) : sock_(sock), io_ms_(io_timeout_ms) {}
 
   void set_deadline(Clock::time_point t) { deadline_ = t; }
   bool has_buffered() const { return off_ < size_; }
+  // From here the parser may read `limit` more bytes (the request line and headers); one more
+  // read answers 431 itself and refuses every later write, so the parser's own answer (none
+  // inside the request line, a 400 inside the headers) never goes out. end_header_limit():
+  // unlimited again (the body has its own limit).
+  void set_header_limit(size_t limit) { header_limit_ = header_left_ = limit; }
+  void end_header_limit() { header_left_ = kUnlimited; }
 
   bool is_readable() const override {
     if (has_buffered()) return true;
@@ -85,6 +103,10 @@ class GuardedStream : public httplib::Stream {
     return poll_one(sock_, POLLOUT, io_ms_) > 0 && !peer_closed(sock_);
   }
   ssize_t read(char* ptr, size_t size) override {
+    if (header_left_ == 0) {
+      refuse_header();
+      return -1;
+    }
     if (!has_buffered()) {
       if (!is_readable()) return -1;
       ssize_t n;
@@ -95,13 +117,14 @@ class GuardedStream : public httplib::Stream {
       off_ = 0;
       size_ = size_t(n);
     }
-    const size_t k = std::min(size, size_ - off_);
+    const size_t k = std::min({size, size_ - off_, header_left_});
     std::memcpy(ptr, buf_ + off_, k);
     off_ += k;
+    if (header_left_ != kUnlimited) header_left_ -= k;
     return ssize_t(k);
   }
   ssize_t write(const char* ptr, size_t size) override {
-    if (!is_writable()) return -1;
+    if (refused_ || !is_writable()) return -1;
     ssize_t n;
     do {
       n = ::send(sock_, ptr, size, MSG_NOSIGNAL);
@@ -115,10 +138,22 @@ class GuardedStream : public httplib::Stream {
     address_of(sock_, false, ip, port);
   }
   socket_t socket() const override { return sock_; }
+  bool refused() const { return refused_; }
 
  private:
+  static constexpr size_t kUnlimited = SIZE_MAX;
+
+  void refuse_header() {
+    if (refused_) return;
+    refused_ = true;
+    const std::string res = header_too_large_response(header_limit_);
+    (void)::send(sock_, res.data(), res.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+
   int sock_;
   int io_ms_;
+  size_t header_limit_ = kUnlimited, header_left_ = kUnlimited;
+  bool refused_ = false;
   Clock::time_point deadline_ = Clock::time_point::max();
   char buf_[16 * 1024];
   size_t off_ = 0, size_ = 0;
@@ -271,12 +306,15 @@ bool GuardedHttpServer::process_and_close_socket(socket_t sock) {
         (poll_one(sock, POLLIN, to_ms(limits_.idle_timeout_s)) <= 0 || peer_closed(sock)))
       break;
     strm.set_deadline(Clock::now() + std::chrono::milliseconds(to_ms(limits_.header_timeout_s)));
+    strm.set_header_limit(limits_.max_header_bytes);
     bool closed = false;
     ret = process_request(strm, left == 1, closed, [&](httplib::Request&) {
+      strm.end_header_limit();
       strm.set_deadline(Clock::now() + std::chrono::milliseconds(to_ms(limits_.body_timeout_s)));
     });
+    strm.end_header_limit();
     strm.set_deadline(Clock::time_point::max());
-    if (!ret || closed || tl_close) break;
+    if (!ret || closed || tl_close || strm.refused()) break;
   }
   tl_socket = -1;
   tl_close = false;

@@ -7,7 +7,9 @@
 //   - deadlines: a new or kept-alive connection must start a request within idle_timeout; the
 //     request line and headers must arrive within header_timeout of its first byte, and the body
 //     within body_timeout of the end of the headers (a client trickling a byte at a time is cut off
-//     too); each read and write waits at most io_timeout.
+//     too); each read and write waits at most io_timeout;
+//   - the request line and headers together stop at max_header_bytes with a 431 (cpp-httplib 0.11
+//     bounds each header line, not their number: a client could fill memory for header_timeout).
 //
 // NOTE: cpp-httplib 0.11 (Debian 12) reads every request on a pool of a fixed size with a per-read
 // timeout only: ~70 half-sent requests held all 64 workers. It lets a subclass replace its
@@ -32,6 +34,7 @@ struct HttpLimits {
   double header_timeout_s = 10;  // first byte of a request -> end of its headers
   double body_timeout_s = 30;    // end of headers -> end of body
   double io_timeout_s = 10;      // one read or write making no progress
+  size_t max_header_bytes = 64 * 1024;  // request line and headers, together
 };
 
 class GuardedHttpServer : public httplib::Server {

@@ -147,6 +147,7 @@ struct Server::Impl {
     l.header_timeout_s = c.header_timeout_s;
     l.body_timeout_s = c.body_timeout_s;
     l.io_timeout_s = c.io_timeout_s;
+    l.max_header_bytes = c.max_header_bytes;
     return l;
   }
   void routes();
@@ -606,6 +607,8 @@ Server::Server(AsyncEngine& engine, TextCodec codec, ServerConfig config)
   const ServerConfig& c = impl_->config;
   PA_CHECK(c.max_connections >= 1, "Server: max_connections must be >= 1, got ", c.max_connections);
   PA_CHECK(c.max_body_bytes >= 1, "Server: max_body_bytes must be >= 1");
+  PA_CHECK(c.max_header_bytes >= 1024, "Server: max_header_bytes must be >= 1024, got ",
+           c.max_header_bytes);
   for (double t : {c.idle_timeout_s, c.header_timeout_s, c.body_timeout_s, c.io_timeout_s})
     PA_CHECK(t > 0 && t <= 86400, "Server: timeouts must be in (0, 86400] seconds, got ", t);
   PA_CHECK(c.default_chat_max_tokens >= 1, "Server: default_chat_max_tokens must be >= 1, got ",

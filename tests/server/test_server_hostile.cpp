@@ -212,6 +212,71 @@ TEST_P(HostileTest, HttpLayerErrorsSayWhatIsWrong) {
   EXPECT_NE(error_message(r2).find("body could not be read"), std::string::npos) << r2;
 }
 
+// `count` header lines of `width` bytes each ("X-Pad-<i>: aaa...").
+std::string pad_headers(int count, size_t width) {
+  std::string out;
+  for (int i = 0; i < count; ++i) {
+    std::string line = "X-Pad-" + std::to_string(i) + ": ";
+    line += std::string(width > line.size() + 2 ? width - line.size() - 2 : 1, 'a');
+    out += line + "\r\n";
+  }
+  return out;
+}
+
+// The request line and headers together stop at max_header_bytes with a 431 in OpenAI's format
+// (cpp-httplib bounds each header line only): however many lines, or one long request line. Just
+// under the limit is served; the connection is closed after the 431; the server goes on.
+TEST_P(HostileTest, HeadersStopAtTheLimitWith431) {
+  FakeServer s(GetParam());  // the default limit, 65536 bytes
+  auto raw = [&](const std::string& request) {
+    const int fd = connect_raw(s.port);
+    EXPECT_GE(fd, 0);
+    if (fd < 0) return std::string();
+    send_raw(fd, request);
+    std::string r = recv_raw(fd);
+    ::close(fd);
+    return r;
+  };
+  // 2000 header lines of 100 bytes (200 KB), each far under the per-line bound.
+  std::string r = raw("GET /health HTTP/1.1\r\nHost: x\r\n" + pad_headers(2000, 100) + "\r\n");
+  EXPECT_EQ(raw_status(r), 431) << r.substr(0, 300);
+  EXPECT_NE(error_message(r).find("larger than 65536 bytes"), std::string::npos) << r;
+  EXPECT_NE(r.find("\"code\":\"headers_too_large\""), std::string::npos) << r;
+  // One request line of 100 KB (the parser alone would close without an answer).
+  r = raw("GET /" + std::string(100 * 1024, 'a') + " HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(raw_status(r), 431) << r.substr(0, 300);
+  // 40 KB of headers: served.
+  r = raw("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + pad_headers(40, 1000) +
+          "\r\n");
+  EXPECT_EQ(raw_status(r), 200) << r.substr(0, 300);
+  // A request on a kept-alive connection gets the whole limit again.
+  const int fd = connect_raw(s.port);
+  ASSERT_GE(fd, 0);
+  const std::string one = "GET /health HTTP/1.1\r\nHost: x\r\n" + pad_headers(40, 1000) + "\r\n";
+  send_raw(fd, one + one.substr(0, one.size() - 2) + "Connection: close\r\n\r\n");
+  r = recv_raw(fd);
+  ::close(fd);
+  EXPECT_EQ(raw_status(r), 200) << r.substr(0, 300);
+  EXPECT_NE(r.find("HTTP/1.1 200", r.find("\r\n\r\n")), std::string::npos)
+      << "the second request was not served: " << r.substr(0, 600);
+  auto h = s.client()->Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  EXPECT_TRUE(s.pages_released());
+}
+
+// The limit is the server's setting.
+TEST(HostileHeaders, LimitFollowsTheConfig) {
+  FakeServer s(false, [](ServerConfig& c) { c.max_header_bytes = 4096; });
+  const int fd = connect_raw(s.port);
+  ASSERT_GE(fd, 0);
+  send_raw(fd, "GET /health HTTP/1.1\r\nHost: x\r\n" + pad_headers(10, 500) + "\r\n");
+  const std::string r = recv_raw(fd);
+  ::close(fd);
+  EXPECT_EQ(raw_status(r), 431) << r.substr(0, 300);
+  EXPECT_NE(error_message(r).find("larger than 4096 bytes"), std::string::npos) << r;
+}
+
 // finish_reason is one of OpenAI's values, also for a request the server ends (shutdown).
 TEST_P(HostileTest, CancelledStreamEndsWithAnOpenAiFinishReason) {
   FakeServer s(GetParam());

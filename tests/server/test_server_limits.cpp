@@ -176,7 +176,8 @@ TEST(ServerLimits, BadConfigIsRefused) {
            [](ServerConfig& c) { c.max_connections = 0; },
            [](ServerConfig& c) { c.header_timeout_s = 0; },
            [](ServerConfig& c) { c.io_timeout_s = -1; },
-           [](ServerConfig& c) { c.default_chat_max_tokens = 0; }}) {
+           [](ServerConfig& c) { c.default_chat_max_tokens = 0; },
+           [](ServerConfig& c) { c.max_header_bytes = 100; }}) {
     ServerConfig c;
     c.port = 0;
     bad(c);
