@@ -33,7 +33,8 @@ struct ChatMessage {
 // to the architecture ("llama" with a Llama-3 vocabulary is decided by the tokenizer overload).
 ChatFamily detect_chat_family(std::string_view chat_template, std::string_view architecture);
 // The family for a tokenizer: its template when it has one, else its special tokens
-// (<|im_start|>, <|start_header_id|>, [INST]), else chatml.
+// (<|im_start|>, <|start_header_id|>, [INST]), else mistral for a SentencePiece vocabulary (Llama
+// 2, Mistral v0.1/v0.2), else chatml.
 ChatFamily detect_chat_family(const Tokenizer& tok);
 
 // The default system prompt a ChatML template inserts when the conversation has none

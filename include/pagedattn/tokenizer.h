@@ -1,9 +1,14 @@
-// Byte-level BPE tokenizer (GPT-2 family: SmolLM2, Llama 3, Qwen2/3) from GGUF metadata or a
-// Hugging Face tokenizer.json.
+// Tokenizers of the Llama family: byte-level BPE (GPT-2 family: SmolLM2, Llama 3, Qwen2/3) from
+// GGUF metadata or a Hugging Face tokenizer.json, and SentencePiece BPE (Llama 2, Mistral
+// v0.1-v0.3: GGUF tokenizer model "llama") from GGUF metadata.
 //
-// encode: special/added tokens are split out first (when parse_special), the rest is split by the
-// family's pre-tokenizer regex, each piece mapped to GPT-2's byte-to-unicode alphabet and merged
-// by merge rank. decode maps pieces back to bytes; StreamDecoder emits only complete UTF-8.
+// encode: special/added tokens are split out first (when parse_special). Byte-level BPE: the rest
+// is split by the family's pre-tokenizer regex, each piece mapped to GPT-2's byte-to-unicode
+// alphabet and merged by merge rank. SentencePiece: each stretch of text gets U+2581 for its
+// spaces and one before it (add_space_prefix: at the start and after a special token), its
+// characters are merged highest score first into vocabulary pieces, and a piece the vocabulary
+// lacks becomes its bytes' <0xXX> tokens. decode maps pieces back to bytes; StreamDecoder emits
+// only complete UTF-8.
 #pragma once
 
 #include <array>
@@ -32,7 +37,8 @@ enum class TokenType : uint8_t { normal = 1, unknown = 2, control = 3, user_defi
 
 class Tokenizer {
  public:
-  // From the tokenizer.ggml.* metadata of a GGUF file (model "gpt2").
+  // From the tokenizer.ggml.* metadata of a GGUF file (model "gpt2": byte-level BPE; "llama":
+  // SentencePiece BPE).
   static Tokenizer from_gguf(const GGUFFile& file);
   // From a Hugging Face tokenizer.json (and tokenizer_config.json beside it, when present, for
   // bos/eos and the chat template).
@@ -44,6 +50,8 @@ class Tokenizer {
   std::vector<int32_t> encode(std::string_view text, bool add_special = false,
                               bool parse_special = true) const;
   // Concatenated bytes of the tokens (special tokens included as their text unless skip_special).
+  // SentencePiece with add_space_prefix: the space that encode put before the text is dropped
+  // from the first text token (after any special ones), as sentencepiece's decode does.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;
   // The raw bytes of one token (throws Error for an id outside the vocabulary).
   std::string token_to_piece(int32_t id) const;
@@ -61,6 +69,8 @@ class Tokenizer {
   bool is_special(int32_t id) const;
   bool add_bos() const { return add_bos_; }
   PreTokenizer pre_tokenizer() const { return pre_; }
+  // SentencePiece BPE (GGUF tokenizer model "llama") rather than byte-level BPE.
+  bool sentencepiece() const { return spm_; }
   // The Jinja chat template from the file ("" when absent).
   const std::string& chat_template() const { return chat_template_; }
 
@@ -69,12 +79,19 @@ class Tokenizer {
   static Tokenizer from_parts(std::vector<std::string> vocab, const std::vector<std::string>& merges,
                               std::vector<TokenType> types, PreTokenizer pre, int32_t bos_id,
                               int32_t eos_id, bool add_bos, std::string chat_template = "");
+  // SentencePiece BPE from parts: pieces (spaces as U+2581), their scores (the higher merges
+  // first) and types (byte tokens are "<0xXX>").
+  static Tokenizer from_sentencepiece(std::vector<std::string> pieces, std::vector<float> scores,
+                                      std::vector<TokenType> types, int32_t bos_id, int32_t eos_id,
+                                      bool add_bos, bool add_space_prefix,
+                                      std::string chat_template = "");
 
  private:
   friend struct TokenizerLoader;
   void build_index(const std::vector<std::string>& merges);
   void bpe(std::string_view piece, std::vector<int32_t>& out) const;
   void encode_text(std::string_view text, std::vector<int32_t>& out) const;
+  void spm_encode(std::string_view text, bool prefix_space, std::vector<int32_t>& out) const;
 
   std::vector<std::string> vocab_;                       // [vocab_size] byte-level strings
   std::vector<TokenType> types_;                         // [vocab_size]
@@ -93,6 +110,11 @@ class Tokenizer {
   int32_t eos_id_ = -1;
   bool add_bos_ = false;
   std::string chat_template_;
+  // SentencePiece BPE
+  bool spm_ = false;
+  bool add_space_prefix_ = true;
+  std::vector<float> scores_;                 // [vocab_size]
+  std::array<int32_t, 256> spm_byte_ids_{};   // id of each byte's <0xXX> token, or -1
 };
 
 // A .gguf file or a folder with tokenizer.json.

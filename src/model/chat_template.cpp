@@ -150,6 +150,8 @@ ChatFamily detect_chat_family(const Tokenizer& tok) {
   if (tok.token_id("<|im_start|>") >= 0) return ChatFamily::chatml;
   if (tok.token_id("<|start_header_id|>") >= 0) return ChatFamily::llama3;
   if (tok.token_id("[INST]") >= 0) return ChatFamily::mistral;
+  // SentencePiece vocabularies of the family (Llama 2, Mistral v0.1/v0.2) hold [INST] as text.
+  if (tok.sentencepiece()) return ChatFamily::mistral;
   return ChatFamily::chatml;
 }
 

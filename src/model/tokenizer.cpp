@@ -1,8 +1,11 @@
 // Byte-level BPE: special tokens split out, pre-tokenizer split, bytes mapped to GPT-2's alphabet,
-// adjacent pairs merged lowest rank first (leftmost first among equal ranks).
+// adjacent pairs merged lowest rank first (leftmost first among equal ranks). SentencePiece BPE:
+// spaces as U+2581, characters merged highest score first (leftmost first among equal scores),
+// byte fallback for what the vocabulary lacks.
 #include "pagedattn/tokenizer.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <queue>
 
 #include "pagedattn/error.h"
@@ -16,7 +19,30 @@ uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) |
 
 bool is_added(TokenType t) { return t == TokenType::control || t == TokenType::user_defined; }
 
+constexpr std::string_view kSpmSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's space
+
 }  // namespace
+
+Tokenizer Tokenizer::from_sentencepiece(std::vector<std::string> pieces, std::vector<float> scores,
+                                        std::vector<TokenType> types, int32_t bos_id,
+                                        int32_t eos_id, bool add_bos, bool add_space_prefix,
+                                        std::string chat_template) {
+  const size_t n = pieces.size();
+  if (scores.empty()) scores.assign(n, 0.f);
+  PA_CHECK(scores.size() == n, "Tokenizer: scores has ", scores.size(), " entries, pieces ", n);
+  Tokenizer t = from_parts(std::move(pieces), {}, std::move(types), PreTokenizer::gpt2, bos_id,
+                           eos_id, add_bos, std::move(chat_template));
+  t.spm_ = true;
+  t.ignore_merges_ = false;
+  t.add_space_prefix_ = add_space_prefix;
+  t.scores_ = std::move(scores);
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    t.spm_byte_ids_[size_t(b)] = t.token_id(name);
+  }
+  return t;
+}
 
 Tokenizer Tokenizer::from_parts(std::vector<std::string> vocab, const std::vector<std::string>& merges,
                                 std::vector<TokenType> types, PreTokenizer pre, int32_t bos_id,
@@ -158,12 +184,104 @@ void Tokenizer::encode_text(std::string_view text, std::vector<int32_t>& out) co
   for (std::string_view piece : pre_tokenize(pre_, text)) bpe(piece, out);
 }
 
+// SentencePiece BPE over one stretch of text between special tokens. Symbols are UTF-8 characters
+// (an invalid byte is one of its own) in a linked list; a max-heap holds adjacent pairs whose
+// concatenation is a vocabulary piece, ordered by (score, leftmost); stale entries are skipped.
+// NOTE: as llama.cpp, pieces of type unused are not formed (sentencepiece forms them, then splits
+// them again), and user-defined pieces are split out before, as special tokens.
+void Tokenizer::spm_encode(std::string_view text, bool prefix_space,
+                           std::vector<int32_t>& out) const {
+  if (text.empty()) return;
+  std::string s;
+  s.reserve(text.size() + 3 * 8);
+  if (prefix_space) s += kSpmSpace;
+  for (char c : text) {
+    if (c == ' ')
+      s += kSpmSpace;
+    else
+      s += c;
+  }
+  struct Sym {
+    int32_t start, len, prev, next;
+  };
+  std::vector<Sym> sym;
+  for (size_t i = 0; i < s.size();) {
+    size_t len;
+    if (utf8_decode(s, i, len) == 0xFFFFFFFFu) len = 1;
+    const int32_t k = int32_t(sym.size());
+    sym.push_back({int32_t(i), int32_t(len), k - 1, k + 1});
+    i += len;
+  }
+  sym.back().next = -1;
+  auto piece_id = [&](int32_t start, int32_t len) {
+    const int32_t id = token_id(std::string_view(s).substr(size_t(start), size_t(len)));
+    return id >= 0 && types_[size_t(id)] == TokenType::normal ? id : -1;
+  };
+  struct Cand {
+    float score;
+    int32_t left, len;
+    bool operator<(const Cand& o) const {
+      return score != o.score ? score < o.score : left > o.left;
+    }
+  };
+  std::priority_queue<Cand> heap;
+  auto push = [&](int32_t l) {
+    if (l < 0 || sym[size_t(l)].next < 0) return;
+    const Sym& a = sym[size_t(l)];
+    const int32_t len = a.len + sym[size_t(a.next)].len;
+    const int32_t id = piece_id(a.start, len);
+    if (id >= 0) heap.push({scores_[size_t(id)], l, len});
+  };
+  for (int32_t k = 0; k + 1 < int32_t(sym.size()); ++k) push(k);
+  while (!heap.empty()) {
+    const Cand c = heap.top();
+    heap.pop();
+    Sym& l = sym[size_t(c.left)];
+    if (l.len == 0 || l.next < 0 || l.len + sym[size_t(l.next)].len != c.len) continue;  // stale
+    Sym& r = sym[size_t(l.next)];
+    l.len = c.len;
+    l.next = r.next;
+    if (l.next >= 0) sym[size_t(l.next)].prev = c.left;
+    r.len = 0;
+    push(l.prev);
+    push(c.left);
+  }
+  for (int32_t k = 0; k >= 0; k = sym[size_t(k)].next) {
+    const Sym& a = sym[size_t(k)];
+    const int32_t id = piece_id(a.start, a.len);
+    if (id >= 0) {
+      out.push_back(id);
+      continue;
+    }
+    // Byte fallback; without byte tokens, the unknown token for the piece (or nothing).
+    bool bytes = true;
+    for (int32_t i = 0; i < a.len && bytes; ++i)
+      bytes = spm_byte_ids_[uint8_t(s[size_t(a.start + i)])] >= 0;
+    if (bytes) {
+      for (int32_t i = 0; i < a.len; ++i) out.push_back(spm_byte_ids_[uint8_t(s[size_t(a.start + i)])]);
+    } else if (unk_id_ >= 0) {
+      out.push_back(unk_id_);
+    }
+  }
+}
+
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special,
                                        bool parse_special) const {
   std::vector<int32_t> out;
   if (add_special && add_bos_ && bos_id_ >= 0) out.push_back(bos_id_);
+  // A stretch of text between special tokens; SentencePiece puts a space before the first one and
+  // before each that follows a special token (as llama.cpp and Hugging Face's Llama tokenizers).
+  bool after_special = true;
+  auto text_part = [&](std::string_view part) {
+    if (spm_) {
+      spm_encode(part, add_space_prefix_ && after_special, out);
+      if (!part.empty()) after_special = false;
+    } else {
+      encode_text(part, out);
+    }
+  };
   if (!parse_special || special_ids_.empty()) {
-    encode_text(text, out);
+    text_part(text);
     return out;
   }
   // Leftmost-longest match of the added tokens; the text between them goes through BPE.
@@ -181,18 +299,35 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special,
       ++i;
       continue;
     }
-    encode_text(text.substr(start, i - start), out);
+    text_part(text.substr(start, i - start));
     out.push_back(hit);
+    after_special = true;
     i += vocab_[size_t(hit)].size();
     start = i;
   }
-  encode_text(text.substr(start), out);
+  text_part(text.substr(start));
   return out;
 }
 
 std::string Tokenizer::token_to_piece(int32_t id) const {
   const std::string& s = token_text(id);
   if (is_added(types_[size_t(id)])) return s;
+  if (spm_) {
+    unsigned b = 0;
+    if (types_[size_t(id)] == TokenType::byte && s.size() == 6 &&
+        std::sscanf(s.c_str(), "<0x%2X>", &b) == 1)
+      return std::string(1, char(b));
+    std::string out;
+    for (size_t i = 0; i < s.size();) {
+      if (s.compare(i, kSpmSpace.size(), kSpmSpace) == 0) {
+        out += ' ';
+        i += kSpmSpace.size();
+      } else {
+        out += s[i++];
+      }
+    }
+    return out;
+  }
   std::string out;
   for (size_t i = 0; i < s.size();) {
     size_t len;
@@ -207,9 +342,15 @@ std::string Tokenizer::token_to_piece(int32_t id) const {
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special) const {
   std::string out;
+  bool first_text = spm_ && add_space_prefix_;  // the space encode put before the text: dropped
   for (int32_t id : ids) {
     if (skip_special && is_special(id)) continue;
-    out += token_to_piece(id);
+    std::string piece = token_to_piece(id);
+    if (first_text && !is_added(types_[size_t(id)])) {
+      if (!piece.empty() && piece[0] == ' ') piece.erase(0, 1);
+      first_text = false;
+    }
+    out += piece;
   }
   return out;
 }

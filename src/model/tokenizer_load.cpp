@@ -22,12 +22,45 @@ struct TokenizerLoader {
   }
 };
 
+namespace {
+
+// SentencePiece BPE (tokenizer.ggml.model "llama": Llama 2, Mistral): pieces, their scores and
+// types, bos/eos, add_bos_token (default true, as llama.cpp) and add_space_prefix (default true).
+Tokenizer sentencepiece_from_gguf(const GGUFFile& g, const std::vector<std::string>& pieces,
+                                  std::vector<TokenType> types) {
+  const std::string& file = g.path();
+  const size_t n = pieces.size();
+  std::vector<float> scores;
+  if (const GGUFValue* s = g.find("tokenizer.ggml.scores")) {
+    PA_CHECK(s->type == GGUFType::array && s->floats.size() == n, "Tokenizer::from_gguf: ", file,
+             ": key 'tokenizer.ggml.scores' must be a float array of ", n, " entries");
+    scores.assign(s->floats.begin(), s->floats.end());
+  }
+  auto id_of = [&](const char* key) {
+    const int64_t id = g.get_int(key, -1);
+    PA_CHECK(id >= -1 && id < int64_t(n), "Tokenizer::from_gguf: ", file, ": key '", key, "' = ", id,
+             " is outside the vocabulary of ", n);
+    return int32_t(id);
+  };
+  try {
+    return Tokenizer::from_sentencepiece(
+        pieces, std::move(scores), std::move(types), id_of("tokenizer.ggml.bos_token_id"),
+        id_of("tokenizer.ggml.eos_token_id"), g.get_bool("tokenizer.ggml.add_bos_token", true),
+        g.get_bool("tokenizer.ggml.add_space_prefix", true),
+        g.get_string("tokenizer.chat_template", ""));
+  } catch (const Error& e) {
+    fail("Tokenizer::from_gguf: ", file, ": ", e.what());
+  }
+}
+
+}  // namespace
+
 Tokenizer Tokenizer::from_gguf(const GGUFFile& g) {
   const std::string& file = g.path();
   const std::string model = g.get_string("tokenizer.ggml.model");
-  PA_CHECK(model == "gpt2", "Tokenizer::from_gguf: ", file,
+  PA_CHECK(model == "gpt2" || model == "llama", "Tokenizer::from_gguf: ", file,
            ": key 'tokenizer.ggml.model': unsupported tokenizer model '", model,
-           "' (only byte-level BPE, 'gpt2')");
+           "' (byte-level BPE 'gpt2' or SentencePiece BPE 'llama')");
   const GGUFValue& tokens = g.get("tokenizer.ggml.tokens");
   PA_CHECK(tokens.type == GGUFType::array && tokens.array_type == GGUFType::string &&
                !tokens.strings.empty(),
@@ -44,6 +77,7 @@ Tokenizer Tokenizer::from_gguf(const GGUFFile& g) {
       types[i] = TokenType(v);
     }
   }
+  if (model == "llama") return sentencepiece_from_gguf(g, tokens.strings, std::move(types));
   std::vector<std::string> merges;
   if (const GGUFValue* m = g.find("tokenizer.ggml.merges")) {
     PA_CHECK(m->type == GGUFType::array && m->array_type == GGUFType::string, "Tokenizer::from_gguf: ",

@@ -105,6 +105,33 @@ inline Tokenizer make_tokenizer(PreTokenizer pre) {
                                "{{ '<|im_start|>system\\nYou are a fuzzer.<|im_end|>\\n' }}");
 }
 
+// A small SentencePiece BPE vocabulary: <unk>, <s>, </s>, the 256 byte tokens and a few pieces
+// (spaces as U+2581), scores falling with the id.
+inline Tokenizer make_sentencepiece_tokenizer() {
+  std::vector<std::string> pieces = {"<unk>", "<s>", "</s>"};
+  std::vector<TokenType> types = {TokenType::unknown, TokenType::control, TokenType::control};
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    pieces.push_back(name);
+    types.push_back(TokenType::byte);
+  }
+  const std::string sp = "\xE2\x96\x81";
+  for (const std::string& p : {sp, sp + "t", std::string("he"), sp + "the", std::string("in"),
+                               std::string("ing"), sp + "a", std::string("er"), sp + sp,
+                               std::string("1"), std::string("2"), std::string("12"),
+                               std::string("\xC3\xA9"), std::string("\xE6\x97\xA5"),
+                               std::string("t"), std::string("h"), std::string("e"),
+                               std::string("i"), std::string("n"), std::string("g"),
+                               std::string("a"), std::string("r")}) {
+    pieces.push_back(p);
+    types.push_back(TokenType::normal);
+  }
+  std::vector<float> scores(pieces.size());
+  for (size_t i = 0; i < scores.size(); ++i) scores[i] = -float(i);
+  return Tokenizer::from_sentencepiece(pieces, scores, types, 1, 2, true, true);
+}
+
 // What an accepted model configuration must be for the runtime to use it: positive dimensions,
 // query heads a multiple of KV heads, finite positive RoPE and norm constants, real token ids.
 inline bool config_is_usable(const ModelConfig& c) {

@@ -108,6 +108,29 @@ def tokenizer_kvs(pre="smollm"):
     ]
 
 
+def sentencepiece_kvs():
+    """A SentencePiece BPE vocabulary (tokenizer model "llama"): <unk>, <s>, </s>, byte tokens."""
+    sp = "\u2581"
+    toks = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    for p in [sp, sp + "t", "he", sp + "the", "in", "ing", "t", "h", "e", "i", "n", "g"]:
+        toks.append(p)
+        types.append(1)
+    return [
+        ("tokenizer.ggml.model", 8, "llama"),
+        ("tokenizer.ggml.tokens", 9, (8, toks)),
+        ("tokenizer.ggml.scores", 9, (6, [-float(i) for i in range(len(toks))])),
+        ("tokenizer.ggml.token_type", 9, (5, types)),
+        ("tokenizer.ggml.bos_token_id", 4, 1),
+        ("tokenizer.ggml.eos_token_id", 4, 2),
+        ("tokenizer.ggml.unknown_token_id", 4, 0),
+        ("tokenizer.ggml.add_bos_token", 7, 1),
+        ("tokenizer.ggml.add_space_prefix", 7, 1),
+        ("tokenizer.chat_template", 8, "{{ bos_token }}{% for m in messages %}[INST] "
+                                       "{{ m['content'] }} [/INST]{% endfor %}"),
+    ]
+
+
 def tiny_model(arch="llama", vocab_kind="Q4_0", version=3):
     hidden, inter, heads, kv_heads = 32, 32, 2, 1
     head_dim = hidden // heads
@@ -142,6 +165,7 @@ def write_gguf():
     out("gguf", "tiny_qwen2.gguf", tiny_model("qwen2", "Q8_0"))
     out("gguf", "tiny_qwen3_v2.gguf", tiny_model("qwen3", "F16", version=2))
     out("gguf", "tokenizer_only.gguf", gguf(tokenizer_kvs("llama-bpe")[1], [], version=3))
+    out("gguf", "sentencepiece_tokenizer.gguf", gguf(sentencepiece_kvs(), [], version=3))
     # Every scalar and array type, nested arrays, and one tensor of every supported type.
     kvs = [("u8", 0, 7), ("i8", 1, -7), ("u16", 2, 700), ("i16", 3, -700), ("u32", 4, 70000),
            ("i32", 5, -70000), ("f32", 6, 0.5), ("bool", 7, 1), ("str", 8, "text"),
@@ -234,7 +258,7 @@ def write_text():
     texts = ["Hello world", " the thing 12345 in going\n\n", "<|im_start|>user\nhi<|im_end|>\n",
              "caf\u00e9 \u65e5\u672c\u8a9e \U0001F600 don't I'LL", "a\xff\xfe\xc3b"]
     for i, t in enumerate(texts):
-        for mode in (0, 5, 10, 15):
+        for mode in (0, 5, 10, 15, 32, 44):  # 32 and up: the SentencePiece vocabulary
             raw = t.encode("utf-8", "surrogateescape") if i < 4 else t.encode("latin-1")
             out("tokenizer", "text%d_mode%d" % (i, mode), bytes([mode]) + raw)
 
