@@ -7,10 +7,16 @@
 
 #include <sys/wait.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace pagedattn::test {
@@ -72,6 +78,55 @@ inline PythonRun run_python_oracle(const std::filesystem::path& script,
   last = last.substr(last.rfind('\n') == std::string::npos ? 0 : last.rfind('\n') + 1);
   r.status = status == 0 ? PythonRun::ok : status == 77 ? PythonRun::skip : PythonRun::fail;
   r.reason = script.filename().string() + ": " + last;
+  return r;
+}
+
+// A finished oracle run kept in the temp folder (ctest runs each test in a process of its own):
+// `dir` holds what the script wrote.
+struct CachedOracle {
+  PythonRun::Status status = PythonRun::fail;
+  std::string reason;  // skip/fail: what went wrong
+  std::string output;  // fail: the script's output
+  std::filesystem::path dir;
+};
+
+// Runs `script` once for `key` (the texts and whatever else decides its results; the script's own
+// text is added): into a fresh folder that prepare() fills first and whose path args_for() turns
+// into the script's arguments. A run that ends well is kept under the temp folder for the next
+// process with the same key; one that does not is removed.
+inline CachedOracle run_cached_oracle(
+    const std::filesystem::path& script, const std::string& key,
+    const std::function<void(const std::filesystem::path&)>& prepare,
+    const std::function<std::vector<std::string>(const std::filesystem::path&)>& args_for) {
+  namespace fs = std::filesystem;
+  std::stringstream script_text;
+  script_text << std::ifstream(script).rdbuf();
+  const std::string stem = "pa_" + script.stem().string() + "_";
+  const fs::path cached =
+      fs::temp_directory_path() /
+      (stem + std::to_string(std::hash<std::string>{}(key + script_text.str())));
+  CachedOracle r;
+  r.dir = cached;
+  if (fs::exists(cached / "done")) {
+    r.status = PythonRun::ok;
+    return r;
+  }
+  const fs::path dir = fs::temp_directory_path() / (stem + "run_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  prepare(dir);
+  const PythonRun run = run_python_oracle(script, args_for(dir));
+  r.status = run.status;
+  r.reason = run.reason;
+  r.output = run.output;
+  if (run.status != PythonRun::ok) {
+    fs::remove_all(dir);
+    return r;
+  }
+  std::ofstream(dir / "done") << "ok";
+  std::error_code ec;
+  fs::rename(dir, cached, ec);  // another process may have put its run there first
+  if (ec) fs::remove_all(dir);
   return r;
 }
 

@@ -60,42 +60,28 @@ struct Oracle {
   std::string failure;  // the script's output when it failed
 };
 
-// Runs the Python oracle for the whole text set. ctest runs each test in its own process, so the
-// result is cached in the temp folder, keyed by the texts, the script and the model file.
+// Runs the Python oracle for the whole text set, once for these texts and this model file.
 const Oracle& oracle() {
   static const Oracle o = [] {
     Oracle r;
-    const fs::path script = kRepo / "tests/model/tokenizer_oracle.py";
     const std::string texts_json = json(texts()).dump();
-    std::stringstream script_text;
-    script_text << std::ifstream(script).rdbuf();
-    const size_t key = std::hash<std::string>{}(texts_json + script_text.str() +
-                                                std::to_string(fs::file_size(model_path())));
-    const fs::path cached = fs::temp_directory_path() / ("pa_tok_oracle_" + std::to_string(key) + ".json");
-    if (fs::exists(cached)) {
-      std::ifstream in(cached);
-      try {
-        r.out = json::parse(in);
-        return r;
-      } catch (const json::exception&) {
-      }
-    }
-    const fs::path dir = fs::temp_directory_path() / ("pa_tok_oracle_" + std::to_string(::getpid()));
-    fs::create_directories(dir);
-    std::ofstream(dir / "texts.json") << texts_json;
-    const test::PythonRun run = test::run_python_oracle(
-        script, {model_path(), (dir / "texts.json").string(), (dir / "out.json").string()});
+    const test::CachedOracle run = test::run_cached_oracle(
+        kRepo / "tests/model/tokenizer_oracle.py",
+        texts_json + std::to_string(fs::file_size(model_path())),
+        [&](const fs::path& dir) { std::ofstream(dir / "texts.json") << texts_json; },
+        [](const fs::path& dir) {
+          return std::vector<std::string>{model_path(), (dir / "texts.json").string(),
+                                          (dir / "out.json").string()};
+        });
     if (run.status == test::PythonRun::skip) {
       r.skip = run.reason;
     } else if (run.status == test::PythonRun::fail) {
       r.skip = "FAIL";
       r.failure = run.output;
     } else {
-      std::ifstream in(dir / "out.json");
+      std::ifstream in(run.dir / "out.json");
       r.out = json::parse(in);
-      fs::rename(dir / "out.json", cached);
     }
-    fs::remove_all(dir);
     return r;
   }();
   return o;

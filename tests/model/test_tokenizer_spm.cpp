@@ -53,46 +53,27 @@ struct Oracle {
   fs::path gguf;
 };
 
-// Runs the oracle once per process; its model and results are cached in the temp folder, keyed by
-// the texts and the script (ctest runs each test in a process of its own).
+// Runs the oracle once for these texts: it trains the model, writes its GGUF and the results.
 const Oracle& oracle() {
   static const Oracle o = [] {
     Oracle r;
-    const fs::path script = kRepo / "tests/model/spm_oracle.py";
     const std::string texts_json = json(texts()).dump();
-    std::stringstream script_text;
-    script_text << std::ifstream(script).rdbuf();
-    const size_t key = std::hash<std::string>{}(texts_json + script_text.str());
-    const fs::path cached = fs::temp_directory_path() / ("pa_spm_oracle_" + std::to_string(key));
-    r.gguf = cached / "spm.gguf";
-    if (fs::exists(cached / "done")) {
-      std::ifstream in(cached / "out.json");
-      try {
-        r.out = json::parse(in);
-        return r;
-      } catch (const json::exception&) {
-      }
-    }
-    const fs::path dir = fs::temp_directory_path() / ("pa_spm_oracle_" + std::to_string(::getpid()));
-    fs::create_directories(dir);
-    std::ofstream(dir / "texts.json") << texts_json;
-    const test::PythonRun run =
-        test::run_python_oracle(script, {(dir / "texts.json").string(), dir.string()});
+    const test::CachedOracle run = test::run_cached_oracle(
+        kRepo / "tests/model/spm_oracle.py", texts_json,
+        [&](const fs::path& dir) { std::ofstream(dir / "texts.json") << texts_json; },
+        [](const fs::path& dir) {
+          return std::vector<std::string>{(dir / "texts.json").string(), dir.string()};
+        });
     if (run.status == test::PythonRun::skip) {
       r.skip = run.reason;
     } else if (run.status == test::PythonRun::fail) {
       r.skip = "FAIL";
       r.failure = run.output;
     } else {
-      std::ifstream in(dir / "out.json");
+      r.gguf = run.dir / "spm.gguf";
+      std::ifstream in(run.dir / "out.json");
       r.out = json::parse(in);
-      std::ofstream(dir / "done") << "ok";
-      std::error_code ec;
-      fs::rename(dir, cached, ec);  // another process may have put it there first
-      if (ec) fs::remove_all(dir);
-      return r;
     }
-    fs::remove_all(dir);
     return r;
   }();
   return o;
