@@ -130,4 +130,13 @@ inline CachedOracle run_cached_oracle(
   return r;
 }
 
+// In a fixture's SetUp: fails the test with the script's output when the oracle failed, skips it
+// with the reason when the oracle could not run (offline); true when its results are there.
+#define PA_REQUIRE_ORACLE(run)                                                         \
+  do {                                                                                 \
+    ASSERT_NE((run).status, ::pagedattn::test::PythonRun::fail)                        \
+        << (run).reason << " failed:\n" << (run).output;                               \
+    if ((run).status == ::pagedattn::test::PythonRun::skip) GTEST_SKIP() << (run).reason; \
+  } while (0)
+
 }  // namespace pagedattn::test

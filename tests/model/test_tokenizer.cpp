@@ -55,9 +55,8 @@ const std::vector<std::string>& texts() {
 }
 
 struct Oracle {
+  test::CachedOracle run;
   json out;
-  std::string skip;     // why the tests skip, or "FAIL"
-  std::string failure;  // the script's output when it failed
 };
 
 // Runs the Python oracle for the whole text set, once for these texts and this model file.
@@ -73,15 +72,8 @@ const Oracle& oracle() {
           return std::vector<std::string>{model_path(), (dir / "texts.json").string(),
                                           (dir / "out.json").string()};
         });
-    if (run.status == test::PythonRun::skip) {
-      r.skip = run.reason;
-    } else if (run.status == test::PythonRun::fail) {
-      r.skip = "FAIL";
-      r.failure = run.output;
-    } else {
-      std::ifstream in(run.dir / "out.json");
-      r.out = json::parse(in);
-    }
+    if (run.status == test::PythonRun::ok) r.out = json::parse(std::ifstream(run.dir / "out.json"));
+    r.run = run;
     return r;
   }();
   return o;
@@ -92,8 +84,7 @@ class TokenizerOracle : public ::testing::Test {
   void SetUp() override {
     if (!fs::exists(model_path())) GTEST_SKIP() << "default model missing: run scripts/fetch-default-model.sh";
     const Oracle& o = oracle();
-    ASSERT_NE(o.skip, "FAIL") << "tests/model/tokenizer_oracle.py failed:\n" << o.failure;
-    if (!o.skip.empty()) GTEST_SKIP() << o.skip;
+    PA_REQUIRE_ORACLE(o.run);
   }
   static const GGUFFile& file() {
     static const GGUFFile f = GGUFFile::open(model_path());

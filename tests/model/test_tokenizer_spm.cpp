@@ -47,8 +47,7 @@ std::vector<std::string> texts() {
 }
 
 struct Oracle {
-  std::string skip;     // non-empty: why the oracle could not run ("FAIL": it failed)
-  std::string failure;  // the script's output when it failed
+  test::CachedOracle run;
   json out;
   fs::path gguf;
 };
@@ -64,16 +63,11 @@ const Oracle& oracle() {
         [](const fs::path& dir) {
           return std::vector<std::string>{(dir / "texts.json").string(), dir.string()};
         });
-    if (run.status == test::PythonRun::skip) {
-      r.skip = run.reason;
-    } else if (run.status == test::PythonRun::fail) {
-      r.skip = "FAIL";
-      r.failure = run.output;
-    } else {
+    if (run.status == test::PythonRun::ok) {
       r.gguf = run.dir / "spm.gguf";
-      std::ifstream in(run.dir / "out.json");
-      r.out = json::parse(in);
+      r.out = json::parse(std::ifstream(run.dir / "out.json"));
     }
+    r.run = run;
     return r;
   }();
   return o;
@@ -83,8 +77,7 @@ class SentencePieceOracle : public ::testing::Test {
  protected:
   void SetUp() override {
     const Oracle& o = oracle();
-    ASSERT_NE(o.skip, "FAIL") << "tests/model/spm_oracle.py failed:\n" << o.failure;
-    if (!o.skip.empty()) GTEST_SKIP() << o.skip;
+    PA_REQUIRE_ORACLE(o.run);
     file_ = std::make_unique<GGUFFile>(GGUFFile::open(o.gguf.string()));
     tok_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*file_));
   }
