@@ -68,15 +68,25 @@ void address_of(int sock, bool peer, std::string& ip, int& port) {
   ip = buf;
 }
 
-// The 431 for a request whose line and headers pass `limit` bytes, in OpenAI's error format.
+// A whole response the connection layer sends itself (the parser never saw the request), with an
+// OpenAI error object; `status` is the status line's code and text, `headers` extra header lines.
+// The message names only numbers and fixed words: no JSON escaping needed.
+std::string raw_error_response(const std::string& status, const std::string& headers,
+                               const std::string& message, const std::string& type,
+                               const std::string& code) {
+  const std::string body = R"({"error":{"message":")" + message + R"(","type":")" + type +
+                           R"(","param":null,"code":")" + code + R"("}})";
+  return "HTTP/1.1 " + status + "\r\nContent-Type: application/json\r\n" + headers +
+         "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" +
+         body;
+}
+
+// The 431 for a request whose line and headers pass `limit` bytes.
 std::string header_too_large_response(size_t limit) {
-  const std::string body = R"({"error":{"message":"the request line and headers are larger than )" +
-                           std::to_string(limit) +
-                           R"( bytes","type":"invalid_request_error","param":null,)"
-                           R"("code":"headers_too_large"}})";
-  return "HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\n"
-         "Connection: close\r\nContent-Length: " +
-         std::to_string(body.size()) + "\r\n\r\n" + body;
+  return raw_error_response(
+      "431 Request Header Fields Too Large", "",
+      "the request line and headers are larger than " + std::to_string(limit) + " bytes",
+      "invalid_request_error", "headers_too_large");
 }
 
 // A socket stream whose reads stop at a deadline as well as at a per-read timeout, and, while a
@@ -180,13 +190,10 @@ void lingering_close(int sock) {
 }
 
 void reject_busy(int sock) {
-  static const std::string body =
-      R"({"error":{"message":"the server has too many open connections; retry later",)"
-      R"("type":"server_error","param":null,"code":"too_many_connections"}})";
-  const std::string res =
-      "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-      "Retry-After: 1\r\nConnection: close\r\nContent-Length: " +
-      std::to_string(body.size()) + "\r\n\r\n" + body;
+  static const std::string res = raw_error_response(
+      "503 Service Unavailable", "Retry-After: 1\r\n",
+      "the server has too many open connections; retry later", "server_error",
+      "too_many_connections");
   (void)::send(sock, res.data(), res.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   lingering_close(sock);
 }
