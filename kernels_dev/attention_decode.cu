@@ -189,6 +189,8 @@ std::function<void()> make_version(int v, const lab::Problem& p,
   if (const char* e = std::getenv("LAB_DECODE_TARGET")) o.target_ctas_per_sm = std::atoi(e);
   if (const char* e = std::getenv("LAB_DECODE_CHUNKS")) o.chunks_per_cta = std::atoi(e);
   if (const char* e = std::getenv("LAB_DECODE_ITEM_PAGES")) o.decode_item_pages = std::atoi(e);
+  if (const char* e = std::getenv("LAB_DECODE_CHUNK_TOKENS"))
+    o.decode_chunk_tokens = std::atoi(e);
   if (v == 2) o.target_ctas_per_sm = 0;
   if (v == 4 && trace_buffer() != nullptr) o.decode_trace = trace_buffer();
   // v2, v3: the CUDA-core kernel on every group; v4: the tensor-core kernel on every group (the
@@ -218,8 +220,9 @@ lab::Shape shape(int batch, int ctx, int hkv, int d, int page, DType kv) {
 }  // namespace
 
 // attention_decode_lab [--sweep-only] [--shape KV:BATCH:CTX:HKV ...] [--versions DIGITS]
-// Environment: LAB_DECODE_TARGET, LAB_DECODE_CHUNKS, LAB_DECODE_ITEM_PAGES (CudaPlanOptions'
-// split and item-page knobs), LAB_DECODE_TRACE (the CTA timeline, below), LAB_FLUSH.
+// Environment: LAB_DECODE_TARGET, LAB_DECODE_CHUNKS, LAB_DECODE_ITEM_PAGES,
+// LAB_DECODE_CHUNK_TOKENS (CudaPlanOptions' split, item-page and chunk-size knobs),
+// LAB_DECODE_TRACE (the CTA timeline, below), LAB_FLUSH.
 //   --shape bf16:8:8192:8 times only those shapes, any context (for a profiler or a sweep);
 //   --versions 34 only those versions.
 int main(int argc, char** argv) {

@@ -4,7 +4,11 @@
 # the decode grid (`--mode decode`, page 16 unless BENCH_ARGS says otherwise), alternating, ROUNDS
 # rounds, and prints each shape's median per round for both. Logs under $OUT.
 #   BASE=c7d6eaa scripts/device/decode-ab.sh
-# Environment: BASE, ROUNDS (2), BENCH_ARGS ("--page-size 16 --iters 20"), BUDGET (500).
+#   GPU_FILTER='CudaAttention*' LAB_ARGS="--versions 34 --shape bf16:1:512:32" \
+#     scripts/device/decode-ab.sh   # the working tree's GPU tests and a lab sweep first
+# Environment: BASE, ROUNDS (2), BENCH_ARGS ("--page-size 16 --iters 20"), BUDGET (500),
+# GPU_FILTER (builds test_gpu and runs those tests), LAB_ARGS (builds attention_decode_lab and
+# runs `--sweep-only LAB_ARGS`).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out/decode-ab}
@@ -19,12 +23,25 @@ git worktree prune 2>/dev/null
 git worktree add --detach "$base_tree" "${BASE:-main}" >>"$OUT/build.log" 2>&1 ||
   { echo "no worktree of ${BASE:-main}"; exit 1; }
 deps=$(realpath "${DEPS_DIR:-build-cuda-deps}")
-step build-new 240 build.log env BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh \
-  bench_attention_cuda_main || { tail -20 "$OUT/build.log"; exit 1; }
+step build-new 300 build.log env BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh \
+  bench_attention_cuda_main ${GPU_FILTER:+test_gpu} ${LAB_ARGS:+attention_decode_lab} ||
+  { tail -20 "$OUT/build.log"; exit 1; }
 step build-base 240 build.log env BUILD_DIR="$base_tree/build-gpu" DEPS_DIR="$deps" \
   DEPS_PREFIX=/tmp/pagedattn-deps-base bash "$base_tree/scripts/device/build.sh" \
   bench_attention_cuda_main || { tail -20 "$OUT/build.log"; exit 1; }
 if [[ -f "$BUILD_DIR/deps-env.sh" ]]; then source "$BUILD_DIR/deps-env.sh"; fi
+run_gpu_suite_if_asked() {
+  [[ -n "${GPU_FILTER:-}" ]] || return 0
+  step gpu 200 test_gpu.log "$BUILD_DIR/tests/test_gpu" --gtest_filter="$GPU_FILTER"
+  tail -3 "$OUT/test_gpu.log"
+  grep -E "^\[  FAILED" "$OUT/test_gpu.log" | head -20
+}
+run_gpu_suite_if_asked
+if [[ -n "${LAB_ARGS:-}" ]]; then
+  # shellcheck disable=SC2086
+  step lab 120 lab.log "$BUILD_DIR/kernels_dev/attention_decode_lab" --sweep-only $LAB_ARGS
+  grep -vE "^\s*$" "$OUT/lab.log" | tail -30
+fi
 args=(--mode decode ${BENCH_ARGS:---page-size 16 --iters 20})
 for ((r = 1; r <= ${ROUNDS:-2}; ++r)); do
   step "base $r" 120 "base_$r.log" "$base_tree/build-gpu/kernels_dev/bench_attention_cuda_main" \
