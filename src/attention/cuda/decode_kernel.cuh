@@ -10,9 +10,9 @@
 // makes them visible, and the copies stay in flight across chunk boundaries and merges.
 // At the end of each chunk (DecodeItem::chunk_tokens positions) the groups' states are combined
 // in a fixed order into the chunk's state, which is either written out as a split-KV partial or
-// merged (merge_state) into the CTA's running state. The split partition is therefore fixed by position
-// and the arithmetic identical with or without splitting; the last CTA of a split row merges its
-// partials (merge_if_last).
+// merged (merge_state) into the CTA's running state. The split partition is therefore fixed by
+// position and the arithmetic identical with or without splitting; the last CTA of a split row
+// merges its partials (merge_if_last).
 #pragma once
 
 #include "cuda_common.cuh"

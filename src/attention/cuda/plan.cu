@@ -101,9 +101,9 @@ size_t stage(std::vector<uint8_t>& host, const T* src, size_t n) {
 }
 
 // One query row of the decode kernel before split-KV: its keys [lo, hi), in decode chunks
-// [chunk_lo, chunk_hi) of chunk_tokens positions. split_decode_rows turns each into one or more cuda::DecodeItem, the
-// kernels' per-CTA work (a row's whole range, or one slice of its chunks plus where its partial
-// result goes to be merged).
+// [chunk_lo, chunk_hi) of chunk_tokens positions. split_decode_rows turns each into one or more
+// cuda::DecodeItem, the kernels' per-CTA work (a row's whole range, or one slice of its chunks
+// plus where its partial result goes to be merged).
 struct DecodeQueryRow {
   int32_t seq, q_row, lo, hi, chunk_lo, chunk_hi, chunk_tokens;
 };
@@ -127,12 +127,10 @@ int32_t row_chunk_tokens(int32_t lo, int32_t hi, int32_t fixed) {
 }
 
 // The decode rows of every single-query sequence (and of every sequence without the prefill
-// kernels), and the prefill tiles of the rest (heaviest first). Returns the rows' positions in
-// kDecodeChunkTokens units (the split's measure of work).
-int64_t list_work(const BatchLayout& batch, const AttentionOptions& opt, int32_t group,
+// kernels), and the prefill tiles of the rest (heaviest first).
+void list_work(const BatchLayout& batch, const AttentionOptions& opt, int32_t group,
                   bool use_prefill, int32_t fixed_chunk, std::vector<DecodeQueryRow>& rows,
                   std::vector<cuda::PrefillItem>& prefill) {
-  int64_t total_chunks = 0;
   for (int32_t b = 0; b < batch.num_seqs; ++b) {
     const int32_t q0 = batch.q_indptr[b], qlen = batch.q_indptr[b + 1] - q0, L = batch.kv_len[b];
     if (qlen == 0) continue;
@@ -150,7 +148,6 @@ int64_t list_work(const BatchLayout& batch, const AttentionOptions& opt, int32_t
         row.chunk_lo = lo / c;
         row.chunk_hi = int32_t((int64_t(hi) + c - 1) / c);
       }
-      total_chunks += chunks_spanned(lo, hi, kDecodeChunkTokens);
       rows.push_back(row);
     }
   }
@@ -165,7 +162,6 @@ int64_t list_work(const BatchLayout& batch, const AttentionOptions& opt, int32_t
                    [&](const cuda::PrefillItem& a, const cuda::PrefillItem& b) {
                      return tile_keys(a) > tile_keys(b);
                    });
-  return total_chunks;
 }
 
 // KV heads per section of the Hopper kernel's work order: as many as keep the K and V of the
@@ -188,17 +184,41 @@ int32_t hopper_head_section(const BatchLayout& batch, const std::vector<cuda::Pr
   return int32_t(std::clamp<int64_t>(fit, 1, std::max(num_kv_heads, 1)));
 }
 
-// The split-KV choice: how many decode chunks one CTA takes (INT_MAX: no row is split). A grid that
-// already covers every SM is not split; a smaller one is split so that about `target` CTAs run.
-//   base_ctas: CTAs without splitting; total_ctas_chunks: chunks over all rows x KV heads x tiles.
-int64_t choose_chunks_per_cta(int64_t base_ctas, int64_t total_ctas_chunks, int32_t sm_count,
-                              int64_t target, int32_t forced) {
+// A row's own chunks per CTA under a split of k kDecodeChunkTokens units per CTA (at least one).
+int64_t row_slice(const DecodeQueryRow& r, int64_t k) {
+  return k == INT_MAX ? INT_MAX : std::max<int64_t>(1, k * kDecodeChunkTokens / r.chunk_tokens);
+}
+
+// The split-KV choice: how many kDecodeChunkTokens units of positions one CTA takes (INT_MAX: no
+// row is split). A grid that already covers every SM is not split; a smaller one is split into
+// the smallest slices whose grid has at most `target` CTAs (each row's slice is a whole number of
+// its own chunks, so the count is not simply the units over the slice).
+//   base_ctas: CTAs without splitting; ctas_per_row: KV heads x head tiles.
+int64_t choose_chunks_per_cta(const std::vector<DecodeQueryRow>& rows, int64_t ctas_per_row,
+                              int64_t base_ctas, int32_t sm_count, int64_t target,
+                              int32_t forced) {
   if (forced > 0) return forced;
   // NOTE: measured on an H100: splitting a grid that already covers every SM once lost 5-15%
   // (the merge pass and the tail), while a grid smaller than the SM count gains up to 12x.
-  if (target > 0 && base_ctas < sm_count)
-    return std::max<int64_t>(1, (total_ctas_chunks + target - 1) / target);
-  return INT_MAX;
+  if (target <= 0 || base_ctas >= sm_count) return INT_MAX;
+  auto ctas = [&](int64_t k) {
+    int64_t n = 0;
+    for (const DecodeQueryRow& r : rows)
+      n += std::max<int64_t>(1, (r.chunk_hi - r.chunk_lo + row_slice(r, k) - 1) / row_slice(r, k));
+    return n * ctas_per_row;
+  };
+  int64_t lo = 1, hi = 1;  // hi: a slice that takes every row whole (base_ctas < target CTAs)
+  for (const DecodeQueryRow& r : rows)
+    hi = std::max<int64_t>(hi, int64_t(r.chunk_hi - r.chunk_lo) * r.chunk_tokens /
+                                   kDecodeChunkTokens);
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (ctas(mid) <= target)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
 }
 
 // Each row as one work item, or (more than chunks_per_cta kDecodeChunkTokens units of its
@@ -213,10 +233,7 @@ int32_t split_decode_rows(const std::vector<DecodeQueryRow>& rows, int64_t chunk
   for (const DecodeQueryRow& r : rows) {
     const int32_t nc = r.chunk_hi - r.chunk_lo;
     // The slice in the row's own chunks (at least one).
-    const int64_t per_cta =
-        chunks_per_cta == INT_MAX
-            ? INT_MAX
-            : std::max<int64_t>(1, chunks_per_cta * kDecodeChunkTokens / r.chunk_tokens);
+    const int64_t per_cta = row_slice(r, chunks_per_cta);
     if (nc <= per_cta) {
       items.push_back(
           {r.seq, r.q_row, r.lo, r.hi, r.chunk_lo, r.chunk_hi, -1, -1, r.chunk_tokens, {}});
@@ -283,8 +300,7 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   // ---- rows for the decode kernel, prefill tiles for the rest ----
   std::vector<DecodeQueryRow> rows;
   std::vector<cuda::PrefillItem> prefill;
-  const int64_t total_chunks =
-      list_work(batch, opt, group, use_prefill, im.opts.decode_chunk_tokens, rows, prefill);
+  list_work(batch, opt, group, use_prefill, im.opts.decode_chunk_tokens, rows, prefill);
 
   // ---- which decode kernel, and split-KV: chunks per CTA from the shape and the SM count ----
   const int32_t tc_rows =
@@ -299,7 +315,7 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
                              : cuda::decode_ctas_per_sm(q.dtype, kv.dtype, D, tc_rows,
                                                         cuda::decode_group_tile(group, fp8));
   const int64_t target = int64_t(im.sm_count) * per_sm;
-  int64_t k = choose_chunks_per_cta(base_ctas, total_chunks * Hk * tiles, im.sm_count, target,
+  int64_t k = choose_chunks_per_cta(rows, Hk * tiles, base_ctas, im.sm_count, target,
                                     im.opts.chunks_per_cta);
 
   // Metadata first, then as many partials as the rest of the workspace holds.
