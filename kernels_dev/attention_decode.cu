@@ -55,6 +55,17 @@
 // table's first 8 entries in each item (one dependent read before the first copies, not two):
 // 30.5 -> 23.4 us at batch 1, ctx 8192; 101 -> 70 us at 32768 (docs/BENCHMARKS.md, "Small-batch
 // decode").
+// 5) Chunks per row and the merge's last steps (2026-11-26, same flush and trace): a row longer
+// than 32 chunks of 256 positions takes longer chunks (at most 32: CudaPlanOptions::
+// decode_chunk_tokens), so its merging CTA folds 32 partials, not 128: 70 -> 57 us at batch 1,
+// ctx 32768, 402 -> 376 us at batch 8. The count as one thread's acq_rel atomic after a barrier
+// (a fence by every thread before and after it): 1.31 -> 0.83-0.90 us; the partials' copies
+// issued by 32 lanes instead of one, and each thread's merged elements in one row (one load of
+// a chunk's weights, float4 loads of its outputs): element chains 1.82 -> 0.70 us. Batch 1, ctx
+// 8192: 23.4 -> 21.8-22.1 us. Tried and dropped: the CTAs of a split row claiming its chunks
+// from a shared cursor after a fixed first few (so that they end together): no faster at batch
+// 8 (106.3-106.6 against 105.9-106.0 us at ctx 8192, 379 against 375-376 at 32768), 0.5 us
+// slower at batch 1 (the claim's barrier before the first copies), 1% at batch 64 (registers).
 // Split-KV: v3 over v2 is 4-13x at batch 1, ctx 8192 (too few CTAs otherwise) but 5-17% slower
 // where the grid already covers every SM, so the plan (c954ed1) splits only grids smaller than the
 // SM count. Tried and dropped: 4 keys per step for single-head CTAs (+3-5% bf16 at batch 64,
