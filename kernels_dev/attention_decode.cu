@@ -66,6 +66,9 @@
 // from a shared cursor after a fixed first few (so that they end together): no faster at batch
 // 8 (106.3-106.6 against 105.9-106.0 us at ctx 8192, 379 against 375-376 at 32768), 0.5 us
 // slower at batch 1 (the claim's barrier before the first copies), 1% at batch 64 (registers).
+// Also dropped: 12 pipeline stages (about 88 KiB in flight, 2 CTAs an SM) for the CUDA-core
+// kernel's single-head CTAs of grids smaller than the SM count (group 1, batch 1, 32 KV heads):
+// slower, 15.3-15.6 -> 16.4 us at ctx 512, 53.9-54.3 -> 58.9 at 8192, fp8 33.6-33.8 -> 41.0.
 // Split-KV: v3 over v2 is 4-13x at batch 1, ctx 8192 (too few CTAs otherwise) but 5-17% slower
 // where the grid already covers every SM, so the plan (c954ed1) splits only grids smaller than the
 // SM count. Tried and dropped: 4 keys per step for single-head CTAs (+3-5% bf16 at batch 64,
