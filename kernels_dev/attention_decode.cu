@@ -69,6 +69,9 @@
 // Also dropped: 12 pipeline stages (about 88 KiB in flight, 2 CTAs an SM) for the CUDA-core
 // kernel's single-head CTAs of grids smaller than the SM count (group 1, batch 1, 32 KV heads):
 // slower, 15.3-15.6 -> 16.4 us at ctx 512, 53.9-54.3 -> 58.9 at 8192, fp8 33.6-33.8 -> 41.0.
+// And e4m3 -> f16 without the conversion unit (a byte permute replicating each sign, a shift by 7,
+// a mask, a product by 256 in f16: exact for every finite value) in both kernels: fp8 decode 0-10%
+// slower over the grid (batch 8, 32 KV heads, ctx 32768: 790 -> 854-862 us).
 // Split-KV: v3 over v2 is 4-13x at batch 1, ctx 8192 (too few CTAs otherwise) but 5-17% slower
 // where the grid already covers every SM, so the plan (c954ed1) splits only grids smaller than the
 // SM count. Tried and dropped: 4 keys per step for single-head CTAs (+3-5% bf16 at batch 64,
