@@ -55,6 +55,23 @@
 // table's first 8 entries in each item (one dependent read before the first copies, not two):
 // 30.5 -> 23.4 us at batch 1, ctx 8192; 101 -> 70 us at 32768 (docs/BENCHMARKS.md, "Small-batch
 // decode").
+// 5) Chunks per row and the merge's last steps (2026-11-26, same flush and trace): a row longer
+// than 32 chunks of 256 positions takes longer chunks (at most 32: CudaPlanOptions::
+// decode_chunk_tokens), so its merging CTA folds 32 partials, not 128: 70 -> 57 us at batch 1,
+// ctx 32768, 402 -> 376 us at batch 8. The count as one thread's acq_rel atomic after a barrier
+// (a fence by every thread before and after it): 1.31 -> 0.83-0.90 us; the partials' copies
+// issued by 32 lanes instead of one, and each thread's merged elements in one row (one load of
+// a chunk's weights, float4 loads of its outputs): element chains 1.82 -> 0.70 us. Batch 1, ctx
+// 8192: 23.4 -> 21.8-22.1 us. Tried and dropped: the CTAs of a split row claiming its chunks
+// from a shared cursor after a fixed first few (so that they end together): no faster at batch
+// 8 (106.3-106.6 against 105.9-106.0 us at ctx 8192, 379 against 375-376 at 32768), 0.5 us
+// slower at batch 1 (the claim's barrier before the first copies), 1% at batch 64 (registers).
+// Also dropped: 12 pipeline stages (about 88 KiB in flight, 2 CTAs an SM) for the CUDA-core
+// kernel's single-head CTAs of grids smaller than the SM count (group 1, batch 1, 32 KV heads):
+// slower, 15.3-15.6 -> 16.4 us at ctx 512, 53.9-54.3 -> 58.9 at 8192, fp8 33.6-33.8 -> 41.0.
+// And e4m3 -> f16 without the conversion unit (a byte permute replicating each sign, a shift by 7,
+// a mask, a product by 256 in f16: exact for every finite value) in both kernels: fp8 decode 0-10%
+// slower over the grid (batch 8, 32 KV heads, ctx 32768: 790 -> 854-862 us).
 // Split-KV: v3 over v2 is 4-13x at batch 1, ctx 8192 (too few CTAs otherwise) but 5-17% slower
 // where the grid already covers every SM, so the plan (c954ed1) splits only grids smaller than the
 // SM count. Tried and dropped: 4 keys per step for single-head CTAs (+3-5% bf16 at batch 64,
@@ -189,6 +206,8 @@ std::function<void()> make_version(int v, const lab::Problem& p,
   if (const char* e = std::getenv("LAB_DECODE_TARGET")) o.target_ctas_per_sm = std::atoi(e);
   if (const char* e = std::getenv("LAB_DECODE_CHUNKS")) o.chunks_per_cta = std::atoi(e);
   if (const char* e = std::getenv("LAB_DECODE_ITEM_PAGES")) o.decode_item_pages = std::atoi(e);
+  if (const char* e = std::getenv("LAB_DECODE_CHUNK_TOKENS"))
+    o.decode_chunk_tokens = std::atoi(e);
   if (v == 2) o.target_ctas_per_sm = 0;
   if (v == 4 && trace_buffer() != nullptr) o.decode_trace = trace_buffer();
   // v2, v3: the CUDA-core kernel on every group; v4: the tensor-core kernel on every group (the
@@ -218,8 +237,9 @@ lab::Shape shape(int batch, int ctx, int hkv, int d, int page, DType kv) {
 }  // namespace
 
 // attention_decode_lab [--sweep-only] [--shape KV:BATCH:CTX:HKV ...] [--versions DIGITS]
-// Environment: LAB_DECODE_TARGET, LAB_DECODE_CHUNKS, LAB_DECODE_ITEM_PAGES (CudaPlanOptions'
-// split and item-page knobs), LAB_DECODE_TRACE (the CTA timeline, below), LAB_FLUSH.
+// Environment: LAB_DECODE_TARGET, LAB_DECODE_CHUNKS, LAB_DECODE_ITEM_PAGES,
+// LAB_DECODE_CHUNK_TOKENS (CudaPlanOptions' split, item-page and chunk-size knobs),
+// LAB_DECODE_TRACE (the CTA timeline, below), LAB_FLUSH.
 //   --shape bf16:8:8192:8 times only those shapes, any context (for a profiler or a sweep);
 //   --versions 34 only those versions.
 int main(int argc, char** argv) {

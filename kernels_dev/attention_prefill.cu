@@ -78,6 +78,10 @@
 // staging tile per side and a conversion to bf16 through f32; 240 with two staging tiles; 307
 // converting 16 values a step; 346 with the products in f16 (one conversion instruction a pair).
 // Tried and not kept: 64-key tiles in five stages for fp8 pools, 282 (batch 4: 283; d64: 200).
+// Nor (2026-11-26, the attention benchmark, two builds alternating): the producer's e4m3 -> f16
+// without the conversion unit (a byte permute replicating each sign, a shift, a mask, a product
+// by 256 in f16; exact for every finite value): fp8 rows 8-20% slower (batch 1 / 8192: 1732-1755
+// -> 1858-2099 us), so the conversion instruction is not what bounds them.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>

@@ -5,15 +5,15 @@
 //   for (layer ...) paged_attention_cuda(plan, q[layer], kv[layer], out[layer], stream);
 //
 // plan() validates the batch with validate_paged_attention's rules (same messages), splits long
-// decode rows into fixed chunks of kDecodeChunkTokens positions (split-KV, chosen from the shape
-// and the SM count) and uploads the metadata into the workspace. run() only launches kernels
+// decode rows into fixed chunks of positions (split-KV over the chunks, chosen from the shape and
+// the SM count) and uploads the metadata into the workspace. run() only launches kernels
 // (one for the decode rows, the split-KV merge fused into it, one for the prefill rows), so a
 // decode step can be captured in a CUDA graph. Decode rows (q_len == 1) go to the split-KV decode
 // kernel (tensor cores for GQA groups); longer rows to the tensor-core prefill kernel.
 //
-// NOTE: the split-KV partition is fixed by position and the partial states are merged in
-// position order with the same arithmetic whether or not a row is split, so a row's output does
-// not depend on the batch it is in.
+// NOTE: the split-KV partition is fixed by position (a row's chunk size follows from its own
+// positions only) and the partial states are merged in position order with the same arithmetic
+// whether or not a row is split, so a row's output does not depend on the batch it is in.
 //
 // Supported: q/out bf16 or f16 (out has q's dtype); KV of q's dtype or fp8 e4m3 (per-head scales
 // in device memory); head_dim 64, 128 or 256; any page size; any GQA ratio.
@@ -29,15 +29,19 @@
 
 namespace pagedattn {
 
-// Positions per split-KV chunk (the unit of the fixed partition).
+// Positions per split-KV chunk (the unit of the fixed partition) of rows up to
+// kDecodeChunkTokens * kDecodeMaxChunks positions; a longer row's chunks are this doubled until
+// the row has at most kDecodeMaxChunks of them (CudaPlanOptions::decode_chunk_tokens).
 constexpr int32_t kDecodeChunkTokens = 256;
+constexpr int32_t kDecodeMaxChunks = 32;
 
 struct CudaPlanOptions {
   // When the decode rows give fewer CTAs than the GPU has SMs, their chunks are spread so that
   // about this many CTAs per SM run: -1, as many as fit at once (the decode kernel's occupancy:
   // one full wave); 0, no split-KV at all.
   int32_t target_ctas_per_sm = -1;
-  // Force this many chunks per decode CTA (0: chosen by the heuristic). Tests use it.
+  // Force the split-KV slice of a decode CTA to this many kDecodeChunkTokens units of positions
+  // (at least one of its row's chunks; 0: chosen by the heuristic). Tests use it.
   int32_t chunks_per_cta = 0;
   // Rows of sequences with q_len > 1 go to the tensor-core prefill kernel where it supports the
   // dtypes (false: the decode kernel runs every query row, a slower path kept for cross-checking).
@@ -64,6 +68,11 @@ struct CudaPlanOptions {
   // tensor-core decode kernel, the others on the CUDA-core one. It depends on the model's shape
   // only, never on the batch, so a row's output does not depend on the batch it is in.
   int32_t tensor_core_decode_min_group = 2;
+  // Positions per split-KV chunk of a decode row: 0, chosen per row from its own positions
+  // (kDecodeChunkTokens, doubled while the row would span more than kDecodeMaxChunks chunks: a
+  // long row then has fewer partial states to merge and fewer chunk ends); > 0, that many for
+  // every row (a multiple of 64; 256 is the partition before rows chose their own).
+  int32_t decode_chunk_tokens = 0;
   // Each decode CTA's work item carries the block table's entries of its first pages, so that
   // its first K/V copies need one dependent read, not two (false: read from the block table,
   // a comparison for the kernel lab).
@@ -84,7 +93,7 @@ struct CudaPlanInfo {
   int32_t split_rows = 0;       // decode rows whose chunks are spread over several CTAs
   int32_t prefill_tiles = 0;    // prefill work items
   bool prefill_hopper = false;  // the prefill items run on the Hopper (wgmma) kernel
-  int32_t chunks_per_cta = 0;
+  int32_t chunks_per_cta = 0;   // split-KV slice per CTA, in kDecodeChunkTokens positions
   int32_t decode_tc_rows = 0;  // query heads per tensor-core decode CTA (0: CUDA-core kernel)
   size_t workspace_bytes = 0;
 };

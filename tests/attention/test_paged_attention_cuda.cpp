@@ -69,6 +69,10 @@ TEST(CudaAttention, SplitKvMatchesReference) {
     Spec s = random_spec(rng, true, 3000);
     CudaPlanOptions o;
     o.chunks_per_cta = 1 + int(rng() % 3);
+    // Every third problem with a chunk size of its own: one step of the tensor-core kernel (64),
+    // three steps (192), or fewer, longer chunks.
+    const int32_t sizes[] = {64, 192, 512, 1024};
+    if (i % 3 == 0) o.decode_chunk_tokens = sizes[rng() % 4];
     check_problem(s, 500 + uint64_t(i), o);
     if (HasFailure()) return;
   }
@@ -166,57 +170,69 @@ TEST(CudaAttention, PoolsBeyond65536Pages) {
 // or in a bigger batch.
 TEST(CudaAttention, SplitAndBatchInvariance) {
   PA_SKIP_WITHOUT_GPU();
-  for (int min_group : {2, 1 << 20}) {  // the tensor-core and the CUDA-core decode kernel
-    for (DType kv : {DType::bf16, DType::fp8_e4m3}) {
-      Spec s;
-      s.kv_dtype = kv;
-      // 30000 positions: 118 chunks, more than one window of the merge (decode_merge.cuh) and
-      // than one warp scan of its running max.
-      s.q_len = {1, 1, 1, 1, 1};
-      s.kv_len = {5000, 1200, 3, 2600, 30000};
-      Problem pr(s, 21);
-      CudaPlanOptions unsplit;
-      unsplit.target_ctas_per_sm = 0;
-      unsplit.tensor_core_decode_min_group = min_group;
-      CudaPlanOptions split;
-      split.chunks_per_cta = 1;
-      split.tensor_core_decode_min_group = min_group;
-      CudaPlanOptions dflt;
-      dflt.tensor_core_decode_min_group = min_group;
-      CudaPlanOptions table_only = dflt;  // pages read from the block table alone
-      table_only.decode_item_pages = false;
-      CudaAttentionPlan a(size_t(64) << 20, unsplit), b(size_t(64) << 20, split),
-          c(size_t(64) << 20, dflt), e(size_t(64) << 20, table_only);
-      const auto out_a = pr.run_cuda(a), out_b = pr.run_cuda(b), out_c = pr.run_cuda(c);
-      EXPECT_EQ(a.info().split_rows, 0);
-      EXPECT_GT(b.info().split_rows, 0);
-      EXPECT_EQ(out_a, out_b);
-      EXPECT_EQ(out_a, out_c);
-      EXPECT_EQ(out_a, pr.run_cuda(e));
-      // The first sequence alone.
-      Spec one = s;
-      one.q_len = {1};
-      one.kv_len = {5000};
-      Problem alone(one, 21);
-      alone.q.assign(pr.q.begin(), pr.q.begin() + int64_t(alone.q.size()));
-      alone.k_pages = pr.k_pages;
-      alone.v_pages = pr.v_pages;
-      alone.k_scale = pr.k_scale;
-      alone.v_scale = pr.v_scale;
-      alone.num_pages = pr.num_pages;
-      alone.max_pages_per_seq = pr.max_pages_per_seq;
-      alone.block_table.assign(pr.block_table.begin(),
-                               pr.block_table.begin() + pr.max_pages_per_seq);
-      alone.upload();
-      CudaAttentionPlan d(size_t(64) << 20, dflt);
-      const auto out_d = alone.run_cuda(d);
-      EXPECT_TRUE(std::equal(out_d.begin(), out_d.end(), out_a.begin()));
+  // Chunk sizes chosen per row (the 30000-position row takes 1024), and 256 for every row: then
+  // that row has 118 chunks, more than one window of the merge (decode_merge.cuh) and than one
+  // warp scan of its running max.
+  for (int32_t chunk_tokens : {0, 256}) {
+    for (int min_group : {2, 1 << 20}) {  // the tensor-core and the CUDA-core decode kernel
+      for (DType kv : {DType::bf16, DType::fp8_e4m3}) {
+        Spec s;
+        s.kv_dtype = kv;
+        s.q_len = {1, 1, 1, 1, 1};
+        s.kv_len = {5000, 1200, 3, 2600, 30000};
+        Problem pr(s, 21);
+        CudaPlanOptions dflt;
+        dflt.tensor_core_decode_min_group = min_group;
+        dflt.decode_chunk_tokens = chunk_tokens;
+        CudaPlanOptions unsplit = dflt;
+        unsplit.target_ctas_per_sm = 0;
+        CudaPlanOptions split = dflt;
+        split.chunks_per_cta = 1;
+        CudaPlanOptions table_only = dflt;  // pages read from the block table alone
+        table_only.decode_item_pages = false;
+        CudaAttentionPlan a(size_t(64) << 20, unsplit), b(size_t(64) << 20, split),
+            c(size_t(64) << 20, dflt), e(size_t(64) << 20, table_only);
+        const auto out_a = pr.run_cuda(a), out_b = pr.run_cuda(b), out_c = pr.run_cuda(c);
+        EXPECT_EQ(a.info().split_rows, 0);
+        EXPECT_GT(b.info().split_rows, 0);
+        EXPECT_EQ(out_a, out_b);
+        EXPECT_EQ(out_a, out_c);
+        EXPECT_EQ(out_a, pr.run_cuda(e));
+        // The first sequence alone.
+        Spec one = s;
+        one.q_len = {1};
+        one.kv_len = {5000};
+        Problem alone(one, 21);
+        alone.q.assign(pr.q.begin(), pr.q.begin() + int64_t(alone.q.size()));
+        alone.k_pages = pr.k_pages;
+        alone.v_pages = pr.v_pages;
+        alone.k_scale = pr.k_scale;
+        alone.v_scale = pr.v_scale;
+        alone.num_pages = pr.num_pages;
+        alone.max_pages_per_seq = pr.max_pages_per_seq;
+        alone.block_table.assign(pr.block_table.begin(),
+                                 pr.block_table.begin() + pr.max_pages_per_seq);
+        alone.upload();
+        CudaAttentionPlan d(size_t(64) << 20, dflt);
+        const auto out_d = alone.run_cuda(d);
+        EXPECT_TRUE(std::equal(out_d.begin(), out_d.end(), out_a.begin()));
+      }
     }
   }
 }
 
 TEST(CudaAttention, PlanRejectsBadArgumentsWithTheirNames) {
   PA_SKIP_WITHOUT_GPU();
+  for (int32_t bad_chunk : {-64, 100, 1 << 25}) {
+    CudaPlanOptions o;
+    o.decode_chunk_tokens = bad_chunk;
+    try {
+      CudaAttentionPlan refused(size_t(1) << 20, o);
+      ADD_FAILURE() << "no error for decode_chunk_tokens " << bad_chunk;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("decode_chunk_tokens"), std::string::npos) << e.what();
+    }
+  }
   Spec s;
   s.q_len = {1, 2};
   s.kv_len = {40, 9};

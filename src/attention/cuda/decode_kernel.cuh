@@ -8,11 +8,11 @@
 // Loads run kStages - 1 steps ahead of use through a cp.async pipeline in shared memory: each
 // thread copies exactly the vectors it will read itself, so a commit-group wait (no barrier)
 // makes them visible, and the copies stay in flight across chunk boundaries and merges.
-// At the end of each kDecodeChunkTokens chunk the groups' states are combined in a fixed order
-// into the chunk's state, which is either written out as a split-KV partial or merged
-// (merge_state) into the CTA's running state. The split partition is therefore fixed by position
-// and the arithmetic identical with or without splitting; the last CTA of a split row merges its
-// partials (merge_if_last).
+// At the end of each chunk (DecodeItem::chunk_tokens positions) the groups' states are combined
+// in a fixed order into the chunk's state, which is either written out as a split-KV partial or
+// merged (merge_state) into the CTA's running state. The split partition is therefore fixed by
+// position and the arithmetic identical with or without splitting; the last CTA of a split row
+// merges its partials (merge_if_last).
 #pragma once
 
 #include "cuda_common.cuh"
@@ -123,11 +123,11 @@ __global__ void __launch_bounds__(kDecodeThreads,
 
   // ---- the producer: issues the copies of one step, kStages - 1 steps ahead of its use ----
   int pc = it.chunk_begin;  // producer cursor: chunk and first position of the step
-  int pbase = max(pc * kDecodeChunkTokens, lo);
+  int pbase = max(pc * it.chunk_tokens, lo);
   auto issue = [&](int stage) {
     uint4* slot = pipe + stage * 2 * kUnroll * kDecodeThreads + tid;
     const bool live = pc < it.chunk_end;
-    const int te = min((pc + 1) * kDecodeChunkTokens, hi);
+    const int te = min((pc + 1) * it.chunk_tokens, hi);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int t = pbase + u * kGroups + grp;
@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(kDecodeThreads,
       pbase += kStep;
       if (pbase >= te) {
         ++pc;
-        pbase = max(pc * kDecodeChunkTokens, lo);
+        pbase = max(pc * it.chunk_tokens, lo);
       }
     }
   };
@@ -155,8 +155,8 @@ __global__ void __launch_bounds__(kDecodeThreads,
 
   int step = 0;
   for (int c = it.chunk_begin; c < it.chunk_end; ++c) {
-    const int t_begin = max(c * kDecodeChunkTokens, lo);
-    const int t_end = min((c + 1) * kDecodeChunkTokens, hi);
+    const int t_begin = max(c * it.chunk_tokens, lo);
+    const int t_end = min((c + 1) * it.chunk_tokens, hi);
 
     float m[GT], d[GT], acc[GT][kVec];
 #pragma unroll

@@ -20,9 +20,10 @@
 // ldmatrix.trans plus a byte permute, which puts dims 2 r and 2 r + 1 (not r and r + 8) in a
 // thread's O^T rows. The mma then runs in f16, q converted from bf16 exactly within f16's range
 // (clamped beyond it).
-// At the end of each kDecodeChunkTokens chunk the four warp states are combined in warp order
-// into the chunk's state, written out as a split-KV partial or merged (merge_state) into the CTA's
-// running state, as in the CUDA-core kernel: the split partition is fixed by position.
+// At the end of each chunk (DecodeItem::chunk_tokens positions) the four warp states are combined
+// in warp order into the chunk's state, written out as a split-KV partial or merged (merge_state)
+// into the CTA's running state, as in the CUDA-core kernel: the split partition is fixed by
+// position.
 #pragma once
 
 #include <type_traits>
@@ -176,11 +177,11 @@ __global__ void __launch_bounds__(kDecodeTcThreads) decode_tc_kernel(const Atten
 
   // ---- the producer: the warp's copies of one step, kStages - 1 steps ahead of their use ----
   int pc = it.chunk_begin;  // producer cursor: chunk and first position of the step
-  int pbase = max(pc * kDecodeChunkTokens, lo);
+  int pbase = max(pc * it.chunk_tokens, lo);
   const int first_page = pbase / p.page_size;  // the item's page 0 (DecodeItem::pages)
   auto issue = [&](int stage) {
     const bool live = pc < it.chunk_end;
-    const int te = min((pc + 1) * kDecodeChunkTokens, hi);
+    const int te = min((pc + 1) * it.chunk_tokens, hi);
     // Lane r < kWK finds the byte offset of the warp's row r (-1: past the chunk, zero-filled),
     // its page from the item's copy where it has it, else from the block table.
     int64_t row_off = -1;
@@ -211,7 +212,7 @@ __global__ void __launch_bounds__(kDecodeTcThreads) decode_tc_kernel(const Atten
       pbase += kStep;
       if (pbase >= te) {
         ++pc;
-        pbase = max(pc * kDecodeChunkTokens, lo);
+        pbase = max(pc * it.chunk_tokens, lo);
       }
     }
   };
@@ -221,8 +222,8 @@ __global__ void __launch_bounds__(kDecodeTcThreads) decode_tc_kernel(const Atten
 
   int step = 0;
   for (int c = it.chunk_begin; c < it.chunk_end; ++c) {
-    const int t_begin = max(c * kDecodeChunkTokens, lo);
-    const int t_end = min((c + 1) * kDecodeChunkTokens, hi);
+    const int t_begin = max(c * it.chunk_tokens, lo);
+    const int t_end = min((c + 1) * it.chunk_tokens, hi);
 
     // Per head column (n, j): head n * 8 + 2 t + j.
     float m[kN][2], l[kN][2], o[kM][kN][4];

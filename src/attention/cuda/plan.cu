@@ -65,6 +65,11 @@ CudaAttentionPlan::CudaAttentionPlan(size_t workspace_bytes, CudaPlanOptions opt
   PA_CHECK(opts.tensor_core_decode_min_group >= 1,
            "CudaAttentionPlan: opts.tensor_core_decode_min_group must be >= 1, got ",
            opts.tensor_core_decode_min_group);
+  PA_CHECK(opts.decode_chunk_tokens >= 0 && opts.decode_chunk_tokens % 64 == 0 &&
+               opts.decode_chunk_tokens <= (1 << 24),
+           "CudaAttentionPlan: opts.decode_chunk_tokens must be 0 or a positive multiple of 64 up "
+           "to 2^24, got ",
+           opts.decode_chunk_tokens);
   PA_CHECK(opts.hopper_head_section == -1 || opts.hopper_head_section >= 1,
            "CudaAttentionPlan: opts.hopper_head_section must be -1 or >= 1, got ",
            opts.hopper_head_section);
@@ -96,19 +101,36 @@ size_t stage(std::vector<uint8_t>& host, const T* src, size_t n) {
 }
 
 // One query row of the decode kernel before split-KV: its keys [lo, hi), in decode chunks
-// [chunk_lo, chunk_hi). split_decode_rows turns each into one or more cuda::DecodeItem, the
-// kernels' per-CTA work (a row's whole range, or one slice of its chunks plus where its partial
-// result goes to be merged).
+// [chunk_lo, chunk_hi) of chunk_tokens positions. split_decode_rows turns each into one or more
+// cuda::DecodeItem, the kernels' per-CTA work (a row's whole range, or one slice of its chunks
+// plus where its partial result goes to be merged).
 struct DecodeQueryRow {
-  int32_t seq, q_row, lo, hi, chunk_lo, chunk_hi;
+  int32_t seq, q_row, lo, hi, chunk_lo, chunk_hi, chunk_tokens;
 };
 
+// Chunks of `c` positions that hold positions [lo, hi).
+int64_t chunks_spanned(int32_t lo, int32_t hi, int64_t c) {
+  return lo < hi ? (int64_t(hi) + c - 1) / c - lo / c : 0;
+}
+
+// A row's chunk size (CudaPlanOptions::decode_chunk_tokens): fixed (> 0), or kDecodeChunkTokens
+// doubled while the row spans more than kDecodeMaxChunks chunks. It depends on the row's own
+// positions only, so the row's output does not depend on the batch.
+// NOTE: every chunk ends with a combine of the CTA's warp states, and each chunk of a split row
+// is one partial state for its merging CTA to read and fold: a row of 32768 positions in 256-
+// position chunks left 128 partials, 17 us of merge at batch 1 on an H100.
+int32_t row_chunk_tokens(int32_t lo, int32_t hi, int32_t fixed) {
+  if (fixed > 0) return fixed;
+  int64_t c = kDecodeChunkTokens;
+  while (chunks_spanned(lo, hi, c) > kDecodeMaxChunks) c *= 2;
+  return int32_t(c);
+}
+
 // The decode rows of every single-query sequence (and of every sequence without the prefill
-// kernels), and the prefill tiles of the rest (heaviest first). Returns the rows' total chunks.
-int64_t list_work(const BatchLayout& batch, const AttentionOptions& opt, int32_t group,
-                  bool use_prefill, std::vector<DecodeQueryRow>& rows,
+// kernels), and the prefill tiles of the rest (heaviest first).
+void list_work(const BatchLayout& batch, const AttentionOptions& opt, int32_t group,
+                  bool use_prefill, int32_t fixed_chunk, std::vector<DecodeQueryRow>& rows,
                   std::vector<cuda::PrefillItem>& prefill) {
-  int64_t total_chunks = 0;
   for (int32_t b = 0; b < batch.num_seqs; ++b) {
     const int32_t q0 = batch.q_indptr[b], qlen = batch.q_indptr[b + 1] - q0, L = batch.kv_len[b];
     if (qlen == 0) continue;
@@ -120,12 +142,12 @@ int64_t list_work(const BatchLayout& batch, const AttentionOptions& opt, int32_t
       const int32_t pos = L - qlen + j;
       const int32_t hi = opt.causal ? pos + 1 : L;
       const int32_t lo = opt.window > 0 ? std::max(0, pos - opt.window + 1) : 0;
-      DecodeQueryRow row{b, q0 + j, lo, hi, 0, 0};
+      const int32_t c = row_chunk_tokens(lo, hi, fixed_chunk);
+      DecodeQueryRow row{b, q0 + j, lo, hi, 0, 0, c};
       if (lo < hi) {
-        row.chunk_lo = lo / kDecodeChunkTokens;
-        row.chunk_hi = (hi + kDecodeChunkTokens - 1) / kDecodeChunkTokens;
+        row.chunk_lo = lo / c;
+        row.chunk_hi = int32_t((int64_t(hi) + c - 1) / c);
       }
-      total_chunks += row.chunk_hi - row.chunk_lo;
       rows.push_back(row);
     }
   }
@@ -140,7 +162,6 @@ int64_t list_work(const BatchLayout& batch, const AttentionOptions& opt, int32_t
                    [&](const cuda::PrefillItem& a, const cuda::PrefillItem& b) {
                      return tile_keys(a) > tile_keys(b);
                    });
-  return total_chunks;
 }
 
 // KV heads per section of the Hopper kernel's work order: as many as keep the K and V of the
@@ -163,21 +184,46 @@ int32_t hopper_head_section(const BatchLayout& batch, const std::vector<cuda::Pr
   return int32_t(std::clamp<int64_t>(fit, 1, std::max(num_kv_heads, 1)));
 }
 
-// The split-KV choice: how many decode chunks one CTA takes (INT_MAX: no row is split). A grid that
-// already covers every SM is not split; a smaller one is split so that about `target` CTAs run.
-//   base_ctas: CTAs without splitting; total_ctas_chunks: chunks over all rows x KV heads x tiles.
-int64_t choose_chunks_per_cta(int64_t base_ctas, int64_t total_ctas_chunks, int32_t sm_count,
-                              int64_t target, int32_t forced) {
+// A row's own chunks per CTA under a split of k kDecodeChunkTokens units per CTA (at least one).
+int64_t row_slice(const DecodeQueryRow& r, int64_t k) {
+  return k == INT_MAX ? INT_MAX : std::max<int64_t>(1, k * kDecodeChunkTokens / r.chunk_tokens);
+}
+
+// The split-KV choice: how many kDecodeChunkTokens units of positions one CTA takes (INT_MAX: no
+// row is split). A grid that already covers every SM is not split; a smaller one is split into
+// the smallest slices whose grid has at most `target` CTAs (each row's slice is a whole number of
+// its own chunks, so the count is not simply the units over the slice).
+//   base_ctas: CTAs without splitting; ctas_per_row: KV heads x head tiles.
+int64_t choose_chunks_per_cta(const std::vector<DecodeQueryRow>& rows, int64_t ctas_per_row,
+                              int64_t base_ctas, int32_t sm_count, int64_t target,
+                              int32_t forced) {
   if (forced > 0) return forced;
   // NOTE: measured on an H100: splitting a grid that already covers every SM once lost 5-15%
   // (the merge pass and the tail), while a grid smaller than the SM count gains up to 12x.
-  if (target > 0 && base_ctas < sm_count)
-    return std::max<int64_t>(1, (total_ctas_chunks + target - 1) / target);
-  return INT_MAX;
+  if (target <= 0 || base_ctas >= sm_count) return INT_MAX;
+  auto ctas = [&](int64_t k) {
+    int64_t n = 0;
+    for (const DecodeQueryRow& r : rows)
+      n += std::max<int64_t>(1, (r.chunk_hi - r.chunk_lo + row_slice(r, k) - 1) / row_slice(r, k));
+    return n * ctas_per_row;
+  };
+  int64_t lo = 1, hi = 1;  // hi: a slice that takes every row whole (base_ctas < target CTAs)
+  for (const DecodeQueryRow& r : rows)
+    hi = std::max<int64_t>(hi, int64_t(r.chunk_hi - r.chunk_lo) * r.chunk_tokens /
+                                   kDecodeChunkTokens);
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (ctas(mid) <= target)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
 }
 
-// Each row as one work item, or (more than chunks_per_cta chunks) as one item per slice of
-// chunks plus a merge item that folds their partials. Returns the number of partial slots.
+// Each row as one work item, or (more than chunks_per_cta kDecodeChunkTokens units of its
+// positions) as one item per slice of its chunks plus a merge item that folds their partials.
+// Returns the number of partial slots.
 int32_t split_decode_rows(const std::vector<DecodeQueryRow>& rows, int64_t chunks_per_cta,
                           std::vector<cuda::DecodeItem>& items,
                           std::vector<cuda::MergeItem>& merges) {
@@ -186,15 +232,19 @@ int32_t split_decode_rows(const std::vector<DecodeQueryRow>& rows, int64_t chunk
   int32_t partials = 0;
   for (const DecodeQueryRow& r : rows) {
     const int32_t nc = r.chunk_hi - r.chunk_lo;
-    if (nc <= chunks_per_cta) {
-      items.push_back({r.seq, r.q_row, r.lo, r.hi, r.chunk_lo, r.chunk_hi, -1, -1, {}});
+    // The slice in the row's own chunks (at least one).
+    const int64_t per_cta = row_slice(r, chunks_per_cta);
+    if (nc <= per_cta) {
+      items.push_back(
+          {r.seq, r.q_row, r.lo, r.hi, r.chunk_lo, r.chunk_hi, -1, -1, r.chunk_tokens, {}});
       continue;
     }
     const int32_t merge = int32_t(merges.size());
     int32_t ctas = 0;
-    for (int32_t c = r.chunk_lo; c < r.chunk_hi; c += int32_t(chunks_per_cta), ++ctas) {
-      const int32_t e = int32_t(std::min<int64_t>(r.chunk_hi, c + chunks_per_cta));
-      items.push_back({r.seq, r.q_row, r.lo, r.hi, c, e, partials + (c - r.chunk_lo), merge, {}});
+    for (int32_t c = r.chunk_lo; c < r.chunk_hi; c += int32_t(per_cta), ++ctas) {
+      const int32_t e = int32_t(std::min<int64_t>(r.chunk_hi, c + per_cta));
+      items.push_back({r.seq, r.q_row, r.lo, r.hi, c, e, partials + (c - r.chunk_lo), merge,
+                       r.chunk_tokens, {}});
     }
     merges.push_back({r.q_row, partials, nc, ctas});
     partials += nc;
@@ -207,7 +257,7 @@ int32_t split_decode_rows(const std::vector<DecodeQueryRow>& rows, int64_t chunk
 void fill_item_pages(const BatchLayout& batch, int32_t page_size, bool copy,
                      std::vector<cuda::DecodeItem>& items) {
   for (cuda::DecodeItem& it : items) {
-    const int32_t first = std::max(it.chunk_begin * kDecodeChunkTokens, it.lo) / page_size;
+    const int32_t first = std::max(it.chunk_begin * it.chunk_tokens, it.lo) / page_size;
     const int32_t end = (it.hi + page_size - 1) / page_size;  // pages holding positions < hi
     for (int32_t i = 0; i < cuda::kDecodeItemPages; ++i) {
       const int32_t pg = first + i;
@@ -250,7 +300,7 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   // ---- rows for the decode kernel, prefill tiles for the rest ----
   std::vector<DecodeQueryRow> rows;
   std::vector<cuda::PrefillItem> prefill;
-  const int64_t total_chunks = list_work(batch, opt, group, use_prefill, rows, prefill);
+  list_work(batch, opt, group, use_prefill, im.opts.decode_chunk_tokens, rows, prefill);
 
   // ---- which decode kernel, and split-KV: chunks per CTA from the shape and the SM count ----
   const int32_t tc_rows =
@@ -265,7 +315,7 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
                              : cuda::decode_ctas_per_sm(q.dtype, kv.dtype, D, tc_rows,
                                                         cuda::decode_group_tile(group, fp8));
   const int64_t target = int64_t(im.sm_count) * per_sm;
-  int64_t k = choose_chunks_per_cta(base_ctas, total_chunks * Hk * tiles, im.sm_count, target,
+  int64_t k = choose_chunks_per_cta(rows, Hk * tiles, base_ctas, im.sm_count, target,
                                     im.opts.chunks_per_cta);
 
   // Metadata first, then as many partials as the rest of the workspace holds.
