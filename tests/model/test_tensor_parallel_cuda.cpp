@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <thread>
 
@@ -22,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include "model/cuda/nccl_comm.h"
+#include "test_gguf_writer.h"
 #include "tp_ranks.h"
 #endif
 
@@ -122,40 +124,26 @@ TEST(TensorParallelCuda, WorldOfOneIsBitIdentical) {
 // another order (and cuBLAS picks other kernels for the narrower matrices), which moves the bf16
 // roundings of the activations: logits agree within bf16's relative step (2^-7), greedy tokens
 // exactly.
-// from_file: the ranks slice a host file of the same weights (the loader's path for checkpoints:
-// bf16 matrices copied as stored, f32 vectors) instead of filling their slices on the device.
-void expect_two_ranks_match_one(const ModelConfig& c, float tol, bool from_file = false) {
+// make_plain() builds the one-GPU model, make_rank(r, comm) rank r's.
+template <class MakePlain, class MakeRank>
+void expect_two_ranks_match(const ModelConfig& c, float tol, MakePlain&& make_plain,
+                            MakeRank&& make_rank) {
   const Script s = make_script(c.vocab_size, 9);
   cudaSetDevice(0);
   std::vector<std::vector<std::vector<float>>> want;
   {
-    LlamaModelCuda plain(c, 21);
+    std::unique_ptr<LlamaModelCuda> plain = make_plain();
     KvCache cache(cache_for(c, c.num_kv_heads));
-    want = play(s, cache, [&](const ForwardBatch& b) { return plain.forward(b, cache); });
+    want = play(s, cache, [&](const ForwardBatch& b) { return plain->forward(b, cache); });
   }
   const cuda::NcclId id = cuda::nccl_unique_id();
   std::unique_ptr<cuda::NcclComm> comm[2];
   std::unique_ptr<LlamaModelCuda> model[2];
   std::unique_ptr<KvCache> cache[2];
   auto on_each_rank = [&](auto&& f) { pagedattn::testing::on_two_ranks(comm, f); };
-  // The matrices as bf16 host tensors (as a checkpoint stores them; their values are the ones the
-  // device rounds the f32 weights to), the vectors f32.
-  ModelFile file;
-  if (from_file) {
-    file = make_hashed_synthetic_model_file(c, 21);
-    for (auto& [name, t] : file.tensors) {
-      if (t.shape().size() != 2) continue;
-      Tensor b = Tensor::empty(t.shape(), DType::bf16);
-      for (int64_t i = 0; i < t.numel(); ++i)
-        b.data_as<uint16_t>()[i] = f32_to_bf16(t.data_as<float>()[i]);
-      t = std::move(b);
-    }
-  }
   on_each_rank([&](int r) {
     comm[r] = std::make_unique<cuda::NcclComm>(id, 2, r);
-    model[r] = from_file
-                   ? std::make_unique<LlamaModelCuda>(file, TpShard{r, 2}, comm[r].get())
-                   : std::make_unique<LlamaModelCuda>(c, 21, TpShard{r, 2}, comm[r].get());
+    model[r] = make_rank(r, comm[r].get());
     cache[r] = std::make_unique<KvCache>(cache_for(c, model[r]->num_local_kv_heads()));
     // NOTE: two ranks in one process: plain launches (the process-level runs, one rank per
     // process as the CLI starts them, replay CUDA graphs: scripts/device/tensor-parallel.sh).
@@ -193,6 +181,90 @@ void expect_two_ranks_match_one(const ModelConfig& c, float tol, bool from_file 
     }
   }
   EXPECT_EQ(compared, int(s.prompts.size()) * (s.decode + 1));
+}
+
+// from_file: the ranks slice a host file of the same weights (the loader's path for checkpoints:
+// bf16 matrices copied as stored, f32 vectors) instead of filling their slices on the device.
+void expect_two_ranks_match_one(const ModelConfig& c, float tol, bool from_file = false) {
+  // The matrices as bf16 host tensors (as a checkpoint stores them; their values are the ones the
+  // device rounds the f32 weights to), the vectors f32.
+  ModelFile file;
+  if (from_file) {
+    file = make_hashed_synthetic_model_file(c, 21);
+    for (auto& [name, t] : file.tensors) {
+      if (t.shape().size() != 2) continue;
+      Tensor b = Tensor::empty(t.shape(), DType::bf16);
+      for (int64_t i = 0; i < t.numel(); ++i)
+        b.data_as<uint16_t>()[i] = f32_to_bf16(t.data_as<float>()[i]);
+      t = std::move(b);
+    }
+  }
+  expect_two_ranks_match(
+      c, tol, [&] { return std::make_unique<LlamaModelCuda>(c, 21); },
+      [&](int r, cuda::NcclComm* comm) {
+        return from_file ? std::make_unique<LlamaModelCuda>(file, TpShard{r, 2}, comm)
+                         : std::make_unique<LlamaModelCuda>(c, 21, TpShard{r, 2}, comm);
+      });
+}
+
+// A llama-architecture GGUF file of config c with random quantised matrices: Q8_0 blocks for the
+// embeddings, attention and lm_head, Q4_1 for the MLP (values of a few hundredths); f32 norms
+// near 1.
+std::string write_quantized_gguf(const ModelConfig& c, const std::string& name) {
+  using pagedattn::testing::GGUFWriter;
+  std::mt19937 g(7);
+  std::uniform_real_distribution<float> unit(0.f, 1.f);
+  GGUFWriter w;
+  w.kv_str("general.architecture", "llama");
+  w.kv_u32("llama.context_length", 4096);
+  w.kv_u32("llama.embedding_length", uint32_t(c.hidden_size));
+  w.kv_u32("llama.block_count", uint32_t(c.num_layers));
+  w.kv_u32("llama.feed_forward_length", uint32_t(c.intermediate_size));
+  w.kv_u32("llama.attention.head_count", uint32_t(c.num_q_heads));
+  w.kv_u32("llama.attention.head_count_kv", uint32_t(c.num_kv_heads));
+  w.kv_f32("llama.attention.layer_norm_rms_epsilon", c.rms_norm_eps);
+  w.kv_f32("llama.rope.freq_base", c.rope_theta);
+  // [rows, cols] in blocks of 32 along a row: Q8_0 (f16 scale, 32 int8), Q4_1 (f16 scale and
+  // minimum, 16 bytes of nibbles: q = d * n + m).
+  auto matrix = [&](const std::string& tensor, int64_t rows, int64_t cols, bool q4) {
+    std::vector<uint8_t> b;
+    for (int64_t i = 0; i < rows * cols / 32; ++i) {
+      if (q4) {
+        const float d = 0.002f + 0.004f * unit(g);
+        pagedattn::testing::put_f16(b, d);
+        pagedattn::testing::put_f16(b, -7.5f * d);
+        for (int j = 0; j < 16; ++j) b.push_back(uint8_t(g() & 0xffu));
+      } else {
+        pagedattn::testing::put_f16(b, 0.0001f + 0.0003f * unit(g));
+        for (int j = 0; j < 32; ++j) b.push_back(uint8_t(g() & 0xffu));
+      }
+    }
+    w.tensor(tensor, {cols, rows}, q4 ? 3 : 8, b);  // GGMLType Q4_1 = 3, Q8_0 = 8
+  };
+  auto norm = [&](const std::string& tensor, int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = 0.9f + 0.2f * unit(g);
+    w.tensor_f32(tensor, {n}, v);
+  };
+  const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
+  matrix("token_embd.weight", c.vocab_size, H, false);
+  norm("output_norm.weight", H);
+  matrix("output.weight", c.vocab_size, H, false);
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    norm(b + "attn_norm.weight", H);
+    norm(b + "ffn_norm.weight", H);
+    matrix(b + "attn_q.weight", c.num_q_heads * D, H, false);
+    matrix(b + "attn_k.weight", c.num_kv_heads * D, H, false);
+    matrix(b + "attn_v.weight", c.num_kv_heads * D, H, false);
+    matrix(b + "attn_output.weight", H, c.num_q_heads * D, false);
+    matrix(b + "ffn_gate.weight", I, H, true);
+    matrix(b + "ffn_up.weight", I, H, true);
+    matrix(b + "ffn_down.weight", H, I, true);
+  }
+  const std::string path = (std::filesystem::temp_directory_path() / name).string();
+  w.write(path);
+  return path;
 }
 
 TEST(TensorParallelCuda, TwoRanksMatchOneGpu) {
@@ -235,6 +307,47 @@ TEST(TensorParallelCuda, TwoRanksSlicingAFileMatchOneGpu) {
     SCOPED_TRACE(variant);
     expect_two_ranks_match_one(gpu_config(variant), 1e-2f, /*from_file=*/true);
   }
+}
+
+// A GGUF file of quantised blocks on CUDA (the loader keeps the blocks, WeightFormat::stored, and
+// the runner dequantises what it uploads, a rank only its slice): on one GPU the same bits as the
+// file dequantised on the host first (WeightFormat::f32); on two, the one-GPU logits within
+// bf16's step and the same greedy tokens.
+TEST(TensorParallelCuda, QuantizedGgufOnOneAndTwoGpus) {
+  PA_SKIP_WITHOUT_GPU();
+  const std::string path = write_quantized_gguf(gpu_config("llama"), "tp_quantized.gguf");
+  const ModelFile stored = load_model_file(path, WeightFormat::stored);
+  const ModelFile f32 = load_model_file(path, WeightFormat::f32);
+  ASSERT_FALSE(stored.weights.empty()) << "the matrices should stay in the file's blocks";
+  ASSERT_TRUE(f32.weights.empty());
+  const ModelConfig& c = f32.config;
+  {
+    const Script s = make_script(c.vocab_size, 3);
+    LlamaModelCuda a(f32), b(stored);
+    KvCache ca(cache_for(c, c.num_kv_heads)), cb(cache_for(c, c.num_kv_heads));
+    const auto want = play(s, ca, [&](const ForwardBatch& x) { return a.forward(x, ca); });
+    const auto got = play(s, cb, [&](const ForwardBatch& x) { return b.forward(x, cb); });
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(got, want);
+    // Logits that say something: finite, and not one flat row.
+    for (const auto& step : want)
+      for (const auto& row : step) {
+        const auto [lo, hi] = std::minmax_element(row.begin(), row.end());
+        EXPECT_TRUE(std::isfinite(*lo) && std::isfinite(*hi));
+        EXPECT_GT(*hi - *lo, 1e-3f);
+      }
+  }
+  std::string why;
+  if (cuda_device_count() < 2 || !cuda::nccl_available(&why)) {
+    std::filesystem::remove(path);
+    GTEST_SKIP() << "one GPU checked; two ranks need 2 CUDA devices and NCCL " << why;
+  }
+  expect_two_ranks_match(
+      c, 1e-2f, [&] { return std::make_unique<LlamaModelCuda>(f32); },
+      [&](int r, cuda::NcclComm* comm) {
+        return std::make_unique<LlamaModelCuda>(stored, TpShard{r, 2}, comm);
+      });
+  std::filesystem::remove(path);
 }
 
 TEST(TensorParallelCuda, TwoRanksMatchOneGpuAtLlama3_8bShapes) {
