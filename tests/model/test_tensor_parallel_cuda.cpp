@@ -124,6 +124,19 @@ TEST(TensorParallelCuda, WorldOfOneIsBitIdentical) {
 // another order (and cuBLAS picks other kernels for the narrower matrices), which moves the bf16
 // roundings of the activations: logits agree within bf16's relative step (2^-7), greedy tokens
 // exactly.
+// The file with its matrices as bf16 host tensors (as a checkpoint stores them; their values are
+// the ones the device rounds the f32 weights to), the vectors f32.
+ModelFile with_bf16_matrices(ModelFile file) {
+  for (auto& [name, t] : file.tensors) {
+    if (t.shape().size() != 2) continue;
+    Tensor b = Tensor::empty(t.shape(), DType::bf16);
+    for (int64_t i = 0; i < t.numel(); ++i)
+      b.data_as<uint16_t>()[i] = f32_to_bf16(t.data_as<float>()[i]);
+    t = std::move(b);
+  }
+  return file;
+}
+
 // make_plain() builds the one-GPU model, make_rank(r, comm) rank r's.
 template <class MakePlain, class MakeRank>
 void expect_two_ranks_match(const ModelConfig& c, float tol, MakePlain&& make_plain,
@@ -186,19 +199,8 @@ void expect_two_ranks_match(const ModelConfig& c, float tol, MakePlain&& make_pl
 // from_file: the ranks slice a host file of the same weights (the loader's path for checkpoints:
 // bf16 matrices copied as stored, f32 vectors) instead of filling their slices on the device.
 void expect_two_ranks_match_one(const ModelConfig& c, float tol, bool from_file = false) {
-  // The matrices as bf16 host tensors (as a checkpoint stores them; their values are the ones the
-  // device rounds the f32 weights to), the vectors f32.
   ModelFile file;
-  if (from_file) {
-    file = make_hashed_synthetic_model_file(c, 21);
-    for (auto& [name, t] : file.tensors) {
-      if (t.shape().size() != 2) continue;
-      Tensor b = Tensor::empty(t.shape(), DType::bf16);
-      for (int64_t i = 0; i < t.numel(); ++i)
-        b.data_as<uint16_t>()[i] = f32_to_bf16(t.data_as<float>()[i]);
-      t = std::move(b);
-    }
-  }
+  if (from_file) file = with_bf16_matrices(make_hashed_synthetic_model_file(c, 21));
   expect_two_ranks_match(
       c, tol, [&] { return std::make_unique<LlamaModelCuda>(c, 21); },
       [&](int r, cuda::NcclComm* comm) {
@@ -283,14 +285,7 @@ TEST(TensorParallelCuda, Bf16MatricesAsStoredGiveTheSameBits) {
   PA_SKIP_WITHOUT_GPU();
   const ModelConfig c = gpu_config("qwen2");
   const ModelFile f32 = make_hashed_synthetic_model_file(c, 4);
-  ModelFile bf16 = f32;
-  for (auto& [name, t] : bf16.tensors) {
-    if (t.shape().size() != 2) continue;
-    Tensor b = Tensor::empty(t.shape(), DType::bf16);
-    for (int64_t i = 0; i < t.numel(); ++i)
-      b.data_as<uint16_t>()[i] = f32_to_bf16(t.data_as<float>()[i]);
-    t = std::move(b);
-  }
+  const ModelFile bf16 = with_bf16_matrices(f32);
   const Script s = make_script(c.vocab_size, 2);
   LlamaModelCuda a(f32), b(bf16);
   KvCache ca(cache_for(c, c.num_kv_heads)), cb(cache_for(c, c.num_kv_heads));
