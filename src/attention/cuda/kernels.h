@@ -16,8 +16,8 @@ static_assert((kDecodeItemPages & (kDecodeItemPages - 1)) == 0, "a power of two 
 
 // One CTA of the decode kernel: query row q_row of sequence seq, which sees positions [lo, hi)
 // (causal limit and sliding window applied), those in chunks [chunk_begin, chunk_end) of
-// chunk_tokens positions each (the row's own chunk size, CudaPlanOptions::decode_chunk_tokens). partial < 0: the CTA covers every chunk of the row and writes the
-// output; else chunk c's state goes to partial slot partial + c - chunk_begin, and merge names
+// chunk_tokens positions each (the row's own chunk size, CudaPlanOptions::decode_chunk_tokens).
+// partial < 0: the CTA covers every chunk of the row and writes the output; else chunk c's state goes to partial slot partial + c - chunk_begin, and merge names
 // the row's MergeItem. pages: the block table's entries for the item's first page on (the one of
 // position max(chunk_begin * chunk_tokens, lo)), -1 past the row's positions or where the
 // plan leaves them out (CudaPlanOptions::decode_item_pages), so that the tensor-core kernel's

@@ -114,23 +114,23 @@ int64_t chunks_spanned(int32_t lo, int32_t hi, int64_t c) {
 }
 
 // A row's chunk size (CudaPlanOptions::decode_chunk_tokens): fixed (> 0), or kDecodeChunkTokens
-// doubled while the row spans more than kDecodeMaxChunks chunks. It depends on the row's own
-// positions only, so the row's output does not depend on the batch.
+// doubled while the row spans more than kDecodeMaxChunks chunks (up to 2^20 positions). It depends
+// on the row's own positions only, so the row's output does not depend on the batch.
 // NOTE: every chunk ends with a combine of the CTA's warp states, and each chunk of a split row
 // is one partial state for its merging CTA to read and fold: a row of 32768 positions in 256-
 // position chunks left 128 partials, 17 us of merge at batch 1 on an H100.
 int32_t row_chunk_tokens(int32_t lo, int32_t hi, int32_t fixed) {
   if (fixed > 0) return fixed;
   int64_t c = kDecodeChunkTokens;
-  while (chunks_spanned(lo, hi, c) > kDecodeMaxChunks) c *= 2;
+  while (chunks_spanned(lo, hi, c) > kDecodeMaxChunks && c < (1 << 20)) c *= 2;
   return int32_t(c);
 }
 
 // The decode rows of every single-query sequence (and of every sequence without the prefill
 // kernels), and the prefill tiles of the rest (heaviest first).
 void list_work(const BatchLayout& batch, const AttentionOptions& opt, int32_t group,
-                  bool use_prefill, int32_t fixed_chunk, std::vector<DecodeQueryRow>& rows,
-                  std::vector<cuda::PrefillItem>& prefill) {
+               bool use_prefill, int32_t fixed_chunk, std::vector<DecodeQueryRow>& rows,
+               std::vector<cuda::PrefillItem>& prefill) {
   for (int32_t b = 0; b < batch.num_seqs; ++b) {
     const int32_t q0 = batch.q_indptr[b], qlen = batch.q_indptr[b + 1] - q0, L = batch.kv_len[b];
     if (qlen == 0) continue;
@@ -143,6 +143,9 @@ void list_work(const BatchLayout& batch, const AttentionOptions& opt, int32_t gr
       const int32_t hi = opt.causal ? pos + 1 : L;
       const int32_t lo = opt.window > 0 ? std::max(0, pos - opt.window + 1) : 0;
       const int32_t c = row_chunk_tokens(lo, hi, fixed_chunk);
+      // The kernels compute a chunk's end, (chunk + 1) * c, in 32 bits.
+      PA_CHECK(int64_t(hi) + c <= INT32_MAX, "paged_attention_cuda: kv_len[", b, "] = ", L,
+               " is too long for the decode kernels' 32-bit positions");
       DecodeQueryRow row{b, q0 + j, lo, hi, 0, 0, c};
       if (lo < hi) {
         row.chunk_lo = lo / c;
