@@ -31,7 +31,8 @@ namespace pagedattn {
 
 // Positions per split-KV chunk (the unit of the fixed partition) of rows up to
 // kDecodeChunkTokens * kDecodeMaxChunks positions; a longer row's chunks are this doubled until
-// the row has at most kDecodeMaxChunks of them (CudaPlanOptions::decode_chunk_tokens).
+// the row has at most kDecodeMaxChunks of them, or they hold 2^20 positions
+// (CudaPlanOptions::decode_chunk_tokens).
 constexpr int32_t kDecodeChunkTokens = 256;
 constexpr int32_t kDecodeMaxChunks = 32;
 
