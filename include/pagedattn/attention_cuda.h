@@ -34,7 +34,7 @@ namespace pagedattn {
 // the row has at most kDecodeMaxChunks of them, or they hold 2^20 positions
 // (CudaPlanOptions::decode_chunk_tokens).
 constexpr int32_t kDecodeChunkTokens = 256;
-constexpr int32_t kDecodeMaxChunks = 32;
+constexpr int32_t kDecodeMaxChunks = 16;
 
 struct CudaPlanOptions {
   // When the decode rows give fewer CTAs than the GPU has SMs, their chunks are spread so that
