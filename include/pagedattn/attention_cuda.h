@@ -31,10 +31,11 @@ namespace pagedattn {
 
 // Positions per split-KV chunk (the unit of the fixed partition) of rows up to
 // kDecodeChunkTokens * kDecodeMaxChunks positions; a longer row's chunks are this doubled until
-// the row has at most kDecodeMaxChunks of them, or they hold 2^20 positions
-// (CudaPlanOptions::decode_chunk_tokens).
+// the row has at most kDecodeMaxChunks of them (kDecodeMaxChunksFp8Tc for fp8 pools on the
+// tensor-core decode kernel), or they hold 2^20 positions (CudaPlanOptions::decode_chunk_tokens).
 constexpr int32_t kDecodeChunkTokens = 256;
-constexpr int32_t kDecodeMaxChunks = 32;
+constexpr int32_t kDecodeMaxChunks = 16;
+constexpr int32_t kDecodeMaxChunksFp8Tc = 32;
 
 struct CudaPlanOptions {
   // When the decode rows give fewer CTAs than the GPU has SMs, their chunks are spread so that
@@ -69,10 +70,11 @@ struct CudaPlanOptions {
   // tensor-core decode kernel, the others on the CUDA-core one. It depends on the model's shape
   // only, never on the batch, so a row's output does not depend on the batch it is in.
   int32_t tensor_core_decode_min_group = 2;
-  // Positions per split-KV chunk of a decode row: 0, chosen per row from its own positions
-  // (kDecodeChunkTokens, doubled while the row would span more than kDecodeMaxChunks chunks: a
-  // long row then has fewer partial states to merge and fewer chunk ends); > 0, that many for
-  // every row (a multiple of 64; 256 is the partition before rows chose their own).
+  // Positions per split-KV chunk of a decode row: 0, chosen per row from its own positions and
+  // the model's shape (kDecodeChunkTokens, doubled while the row would span more than
+  // kDecodeMaxChunks chunks: a long row then has fewer partial states to merge and fewer chunk
+  // ends); > 0, that many for every row (a multiple of 64; 256 is the partition before rows chose
+  // their own).
   int32_t decode_chunk_tokens = 0;
   // Each decode CTA's work item carries the block table's entries of its first pages, so that
   // its first K/V copies need one dependent read, not two (false: read from the block table,

@@ -170,8 +170,8 @@ TEST(CudaAttention, PoolsBeyond65536Pages) {
 // or in a bigger batch.
 TEST(CudaAttention, SplitAndBatchInvariance) {
   PA_SKIP_WITHOUT_GPU();
-  // Chunk sizes chosen per row (the 30000-position row takes 1024), and 256 for every row: then
-  // that row has 118 chunks, more than one window of the merge (decode_merge.cuh) and than one
+  // Chunk sizes chosen per row (the 30000-position row takes 2048, 1024 with fp8 pools on the
+  // tensor-core kernel), and 256 for every row: then that row has 118 chunks, more than one window of the merge (decode_merge.cuh) and than one
   // warp scan of its running max.
   for (int32_t chunk_tokens : {0, 256}) {
     for (int min_group : {2, 1 << 20}) {  // the tensor-core and the CUDA-core decode kernel

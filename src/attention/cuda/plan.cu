@@ -114,23 +114,28 @@ int64_t chunks_spanned(int32_t lo, int32_t hi, int64_t c) {
 }
 
 // A row's chunk size (CudaPlanOptions::decode_chunk_tokens): fixed (> 0), or kDecodeChunkTokens
-// doubled while the row spans more than kDecodeMaxChunks chunks (up to 2^20 positions). It depends
-// on the row's own positions only, so the row's output does not depend on the batch.
+// doubled while the row spans more than max_chunks chunks (up to 2^20 positions). It depends on
+// the row's own positions and the model's shape only, so the row's output does not depend on the
+// batch.
 // NOTE: every chunk ends with a combine of the CTA's warp states, and each chunk of a split row
 // is one partial state for its merging CTA to read and fold: a row of 32768 positions in 256-
-// position chunks left 128 partials, 17 us of merge at batch 1 on an H100.
-int32_t row_chunk_tokens(int32_t lo, int32_t hi, int32_t fixed) {
+// position chunks left 128 partials, 17 us of merge at batch 1 on an H100. Measured there (one
+// call, alternating): at most 16 chunks a row against 32, batch 1 / 8 KV heads / context 8192
+// 21.2 against 21.8 us, batch 8 102.2 against 105.1; but fp8 pools on the tensor-core kernel (48
+// KiB of copies in flight a CTA, 4 CTAs an SM) at batch 1, context 32768, 51.0 against 44.4
+// (128 CTAs do not keep the memory busy), so those keep 32.
+int32_t row_chunk_tokens(int32_t lo, int32_t hi, int32_t fixed, int32_t max_chunks) {
   if (fixed > 0) return fixed;
   int64_t c = kDecodeChunkTokens;
-  while (chunks_spanned(lo, hi, c) > kDecodeMaxChunks && c < (1 << 20)) c *= 2;
+  while (chunks_spanned(lo, hi, c) > max_chunks && c < (1 << 20)) c *= 2;
   return int32_t(c);
 }
 
 // The decode rows of every single-query sequence (and of every sequence without the prefill
 // kernels), and the prefill tiles of the rest (heaviest first).
 void list_work(const BatchLayout& batch, const AttentionOptions& opt, int32_t group,
-               bool use_prefill, int32_t fixed_chunk, std::vector<DecodeQueryRow>& rows,
-               std::vector<cuda::PrefillItem>& prefill) {
+               bool use_prefill, int32_t fixed_chunk, int32_t max_chunks,
+               std::vector<DecodeQueryRow>& rows, std::vector<cuda::PrefillItem>& prefill) {
   for (int32_t b = 0; b < batch.num_seqs; ++b) {
     const int32_t q0 = batch.q_indptr[b], qlen = batch.q_indptr[b + 1] - q0, L = batch.kv_len[b];
     if (qlen == 0) continue;
@@ -142,7 +147,7 @@ void list_work(const BatchLayout& batch, const AttentionOptions& opt, int32_t gr
       const int32_t pos = L - qlen + j;
       const int32_t hi = opt.causal ? pos + 1 : L;
       const int32_t lo = opt.window > 0 ? std::max(0, pos - opt.window + 1) : 0;
-      const int32_t c = row_chunk_tokens(lo, hi, fixed_chunk);
+      const int32_t c = row_chunk_tokens(lo, hi, fixed_chunk, max_chunks);
       // The kernels compute a chunk's end, (chunk + 1) * c, in 32 bits.
       PA_CHECK(int64_t(hi) + c <= INT32_MAX, "paged_attention_cuda: kv_len[", b, "] = ", L,
                " is too long for the decode kernels' 32-bit positions");
@@ -300,14 +305,17 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   const bool use_prefill =
       use_hopper || (im.opts.tensor_core_prefill && cuda::prefill_supported(q.dtype, kv.dtype, D));
 
+  // ---- which decode kernel (from the model's shape) ----
+  const int32_t tc_rows =
+      group >= im.opts.tensor_core_decode_min_group ? cuda::decode_tc_rows(group, D) : 0;
+
   // ---- rows for the decode kernel, prefill tiles for the rest ----
   std::vector<DecodeQueryRow> rows;
   std::vector<cuda::PrefillItem> prefill;
-  list_work(batch, opt, group, use_prefill, im.opts.decode_chunk_tokens, rows, prefill);
+  list_work(batch, opt, group, use_prefill, im.opts.decode_chunk_tokens,
+            fp8 && tc_rows > 0 ? kDecodeMaxChunksFp8Tc : kDecodeMaxChunks, rows, prefill);
 
-  // ---- which decode kernel, and split-KV: chunks per CTA from the shape and the SM count ----
-  const int32_t tc_rows =
-      group >= im.opts.tensor_core_decode_min_group ? cuda::decode_tc_rows(group, D) : 0;
+  // ---- split-KV: chunks per CTA from the shape and the SM count ----
   const int32_t heads_per_cta = tc_rows > 0 ? tc_rows : cuda::decode_group_tile(group, fp8);
   const int64_t tiles = (group + heads_per_cta - 1) / heads_per_cta;
   const int64_t base_ctas = int64_t(rows.size()) * Hk * tiles;
