@@ -121,9 +121,9 @@ int64_t chunks_spanned(int32_t lo, int32_t hi, int64_t c) {
 // is one partial state for its merging CTA to read and fold: a row of 32768 positions in 256-
 // position chunks left 128 partials, 17 us of merge at batch 1 on an H100. Measured there (one
 // call, alternating): at most 16 chunks a row against 32, batch 1 / 8 KV heads / context 8192
-// 21.2 against 21.8 us, batch 8 102.2 against 105.1; but fp8 pools on the tensor-core kernel (48
-// KiB of copies in flight a CTA, 4 CTAs an SM) at batch 1, context 32768, 51.0 against 44.4
-// (128 CTAs do not keep the memory busy), so those keep 32.
+// 21.2 against 21.8 us, batch 8 102.2 against 105.1; but fp8 pools on the tensor-core kernel (a
+// 48 KiB copy pipeline a CTA, 4 CTAs an SM) at batch 1, context 32768, 51.0 against 44.4 (128
+// CTAs do not keep the memory busy), so those keep 32.
 int32_t row_chunk_tokens(int32_t lo, int32_t hi, int32_t fixed, int32_t max_chunks) {
   if (fixed > 0) return fixed;
   int64_t c = kDecodeChunkTokens;
