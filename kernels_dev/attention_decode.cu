@@ -62,7 +62,10 @@
 // (a fence by every thread before and after it): 1.31 -> 0.83-0.90 us; the partials' copies
 // issued by 32 lanes instead of one, and each thread's merged elements in one row (one load of
 // a chunk's weights, float4 loads of its outputs): element chains 1.82 -> 0.70 us. Batch 1, ctx
-// 8192: 23.4 -> 21.8-22.1 us. Tried and dropped: the CTAs of a split row claiming its chunks
+// 8192: 23.4 -> 21.8-22.1 us. Then at most 16 chunks a row (LAB_DECODE_CHUNK_TOKENS sweeps: longer
+// chunks win while the grid keeps enough CTAs): batch 1 / 8192 21.2 us, batch 8 / 8192 105.5 ->
+// 102.3, but fp8 pools on the tensor-core kernel keep 32 (their 48 KiB pipelines left batch 1 /
+// 32768 at 51.0 against 44.4 with 16). Tried and dropped: the CTAs of a split row claiming its chunks
 // from a shared cursor after a fixed first few (so that they end together): no faster at batch
 // 8 (106.3-106.6 against 105.9-106.0 us at ctx 8192, 379 against 375-376 at 32768), 0.5 us
 // slower at batch 1 (the claim's barrier before the first copies), 1% at batch 64 (registers).
