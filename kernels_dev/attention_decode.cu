@@ -65,7 +65,10 @@
 // 8192: 23.4 -> 21.8-22.1 us. Then at most 16 chunks a row (LAB_DECODE_CHUNK_TOKENS sweeps: longer
 // chunks win while the grid keeps enough CTAs): batch 1 / 8192 21.2 us, batch 8 / 8192 105.5 ->
 // 102.3, but fp8 pools on the tensor-core kernel keep 32 (their 48 KiB pipelines left batch 1 /
-// 32768 at 51.0 against 44.4 with 16). Tried and dropped: the CTAs of a split row claiming its chunks
+// 32768 at 51.0 against 44.4 with 16). Group 1 (32 KV heads) after these, v3 / v4, two rounds:
+// bf16 batch 1 ctx 512 15.4-15.5 / 13.0, 2048 19.3 / 20.6, 8192 53.1-53.3 / 55.3-55.4; batch 8
+// ctx 512 28.4-28.5 / 29.6-29.8; batch 64 ctx 8192 2902-2921 / 2838-2844; fp8 batch 1 ctx 512
+// 12.7-12.8 / 16.7-16.8: neither kernel wins everywhere, so group 1 stays on v3. Tried and dropped: the CTAs of a split row claiming its chunks
 // from a shared cursor after a fixed first few (so that they end together): no faster at batch
 // 8 (106.3-106.6 against 105.9-106.0 us at ctx 8192, 379 against 375-376 at 32768), 0.5 us
 // slower at batch 1 (the claim's barrier before the first copies), 1% at batch 64 (registers).
