@@ -15,12 +15,8 @@
 # runs `--sweep-only LAB_ARGS`).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-$PWD/out/decode-ab}
-BUILD_DIR=${BUILD_DIR:-build-gpu}
-mkdir -p "$OUT"
-end=$(($(date +%s) + ${BUDGET:-500}))
 source scripts/device/steps.sh
-record_device
+begin_call decode-ab 500
 base_tree=/tmp/pagedattn-base
 rm -rf "$base_tree"
 if [[ -n "${BASE_DIR:-}" ]]; then
@@ -38,13 +34,7 @@ step build-base 240 build.log env BUILD_DIR="$base_tree/build-gpu" DEPS_DIR="$de
   DEPS_PREFIX=/tmp/pagedattn-deps-base bash "$base_tree/scripts/device/build.sh" \
   bench_attention_cuda_main || { tail -20 "$OUT/build.log"; exit 1; }
 if [[ -f "$BUILD_DIR/deps-env.sh" ]]; then source "$BUILD_DIR/deps-env.sh"; fi
-run_gpu_suite_if_asked() {
-  [[ -n "${GPU_FILTER:-}" ]] || return 0
-  step gpu 200 test_gpu.log "$BUILD_DIR/tests/test_gpu" --gtest_filter="$GPU_FILTER"
-  tail -3 "$OUT/test_gpu.log"
-  grep -E "^\[  FAILED" "$OUT/test_gpu.log" | head -20
-}
-run_gpu_suite_if_asked
+[[ -z "${GPU_FILTER:-}" ]] || run_gpu_suite
 if [[ -n "${LAB_ARGS:-}" ]]; then
   # shellcheck disable=SC2086
   step lab 120 lab.log "$BUILD_DIR/kernels_dev/attention_decode_lab" --sweep-only $LAB_ARGS

@@ -8,24 +8,17 @@
 #   scripts/device/decode-small.sh
 #   VARIANTS="base PAGEDATTN_DECODE_X=1" ROUNDS=3 scripts/device/decode-small.sh
 # Environment: SHAPES (KV:BATCH:CTX:HKV ...), VARIANTS, ROUNDS (2), PROFILE_SHAPES (none: skip),
-# SKIP_GATE, VERSIONS (the lab's versions to time, default 4: the tensor-core kernel), GPU_FILTER (also builds test_gpu and runs those tests first), BUDGET (540).
+# SKIP_GATE, VERSIONS (the lab's versions to time, default 4: the tensor-core kernel), GPU_FILTER
+# (also builds test_gpu and runs those tests first), BUDGET (540).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-$PWD/out/decode-small}
-BUILD_DIR=${BUILD_DIR:-build-gpu}
-mkdir -p "$OUT"
-end=$(($(date +%s) + ${BUDGET:-540}))
 source scripts/device/steps.sh
-record_device
+begin_call decode-small 540
 step build 240 build.log env BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh \
   attention_decode_lab ${GPU_FILTER:+test_gpu} ||
   { tail -30 "$OUT/build.log"; print_summary; exit 1; }
 if [[ -f "$BUILD_DIR/deps-env.sh" ]]; then source "$BUILD_DIR/deps-env.sh"; fi
-if [[ -n "${GPU_FILTER:-}" ]]; then
-  step gpu 200 test_gpu.log "$BUILD_DIR/tests/test_gpu" --gtest_filter="$GPU_FILTER"
-  tail -3 "$OUT/test_gpu.log"
-  grep -E "^\[  FAILED" "$OUT/test_gpu.log" | head -20
-fi
+[[ -z "${GPU_FILTER:-}" ]] || run_gpu_suite
 lab=$BUILD_DIR/kernels_dev/attention_decode_lab
 shapes=${SHAPES:-bf16:1:512:8 bf16:1:2048:8 bf16:1:8192:8 bf16:1:32768:8 bf16:1:512:32 \
 bf16:8:8192:8 bf16:8:32768:8 bf16:64:8192:8 fp8_e4m3:1:8192:8}

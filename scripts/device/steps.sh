@@ -17,6 +17,16 @@ step() {
   return $rc
 }
 print_summary() { echo "== summary"; printf '%s\n' "${summary[@]}"; }
+# A call's start, after `cd` to the repository and sourcing this file: OUT (default out/NAME),
+# BUILD_DIR, the deadline `end` BUDGET seconds on (default SECONDS), and record_device.
+#   begin_call decode-ab 500
+begin_call() {
+  OUT=${OUT:-$PWD/out/$1}
+  BUILD_DIR=${BUILD_DIR:-build-gpu}
+  mkdir -p "$OUT"
+  end=$(($(date +%s) + ${BUDGET:-$2}))
+  record_device
+}
 # The machine, the driver and the compiler, into $OUT/device.txt and on stdout.
 record_device() {
   {
