@@ -89,6 +89,9 @@ __global__ void __launch_bounds__(kDecodeThreads,
   const int gcount = min(GT, p.group - g0);
   const int head0 = kvh * p.group + g0;
   const int tid = threadIdx.x, grp = tid / kTx, lane = tid % kTx;
+  // Lane i of each warp: the block-table entry of the item's page i % kDecodeItemPages (read
+  // beside the item, so that the first copies wait on one dependent read, not two).
+  const int item_page = p.decode_items[blockIdx.x].pages[tid % kDecodeItemPages];
 
   const int lo = it.lo, hi = it.hi;  // the row's visible positions (planned on the host)
   // q, the pages and their scales are the kernels' before this one (launched as a programmatic
@@ -124,6 +127,8 @@ __global__ void __launch_bounds__(kDecodeThreads,
   // ---- the producer: issues the copies of one step, kStages - 1 steps ahead of its use ----
   int pc = it.chunk_begin;  // producer cursor: chunk and first position of the step
   int pbase = max(pc * it.chunk_tokens, lo);
+  const int first_page = pbase / p.page_size;  // the item's page 0 (DecodeItem::pages)
+  // NOTE: every thread calls issue() at the same points (its shuffles need the whole warp).
   auto issue = [&](int stage) {
     uint4* slot = pipe + stage * 2 * kUnroll * kDecodeThreads + tid;
     const bool live = pc < it.chunk_end;
@@ -132,10 +137,12 @@ __global__ void __launch_bounds__(kDecodeThreads,
     for (int u = 0; u < kUnroll; ++u) {
       const int t = pbase + u * kGroups + grp;
       const bool valid = live && t < te;
+      const int idx = t / p.page_size - first_page;
+      const int copied = __shfl_sync(0xffffffffu, item_page, idx & (kDecodeItemPages - 1));
       int64_t off = 0;
       if (valid) {
-        off = (int64_t(bt[t / p.page_size]) * p.page_stride + int64_t(t % p.page_size) * HEAD_DIM) *
-                  KV::kBytes +
+        const int page = idx < kDecodeItemPages && copied >= 0 ? copied : bt[t / p.page_size];
+        off = (int64_t(page) * p.page_stride + int64_t(t % p.page_size) * HEAD_DIM) * KV::kBytes +
               head_off;
       }
       cp_async16(slot + u * kDecodeThreads, kpool + off, valid);  // invalid: zero-filled
