@@ -242,18 +242,19 @@ lab::Shape shape(int batch, int ctx, int hkv, int d, int page, DType kv) {
 
 }  // namespace
 
-// attention_decode_lab [--sweep-only] [--shape KV:BATCH:CTX:HKV ...] [--versions DIGITS]
+// attention_decode_lab [--sweep-only] [--shape KV:BATCH:CTX:HKV[:D] ...] [--versions DIGITS]
 // Environment: LAB_DECODE_TARGET, LAB_DECODE_CHUNKS, LAB_DECODE_ITEM_PAGES,
 // LAB_DECODE_CHUNK_TOKENS (CudaPlanOptions' split, item-page and chunk-size knobs),
 // LAB_DECODE_TRACE (the CTA timeline, below), LAB_FLUSH.
-//   --shape bf16:8:8192:8 times only those shapes, any context (for a profiler or a sweep);
+//   --shape bf16:8:8192:8 times only those shapes, any context (head dim 128 unless a fifth
+//   field says; for a profiler or a sweep);
 //   --versions 34 only those versions.
 int main(int argc, char** argv) {
   constexpr int kVersions = 4;
   bool gate = true;
   struct Only {
     DType kv;
-    int batch, ctx, hkv;
+    int batch, ctx, hkv, d = 128;
   };
   std::vector<Only> only;
   std::vector<bool> run_v(kVersions + 1, true);
@@ -264,8 +265,10 @@ int main(int argc, char** argv) {
     } else if (arg == "--shape" && a + 1 < argc) {
       char kv[16] = {};
       Only o{};
-      if (std::sscanf(argv[++a], "%15[^:]:%d:%d:%d", kv, &o.batch, &o.ctx, &o.hkv) != 4) {
-        std::fprintf(stderr, "bad --shape %s (KV:BATCH:CTX:HKV)\n", argv[a]);
+      const int n =
+          std::sscanf(argv[++a], "%15[^:]:%d:%d:%d:%d", kv, &o.batch, &o.ctx, &o.hkv, &o.d);
+      if (n < 4 || (o.d != 64 && o.d != 128 && o.d != 256)) {
+        std::fprintf(stderr, "bad --shape %s (KV:BATCH:CTX:HKV[:D], D 64, 128 or 256)\n", argv[a]);
         return 2;
       }
       o.kv = parse_dtype(kv);
@@ -315,7 +318,7 @@ int main(int argc, char** argv) {
         for (int batch : {1, 8, 64})
           for (int ctx : {512, 8192}) only.push_back({kv, batch, ctx, hkv});
   for (const Only& o : only) {
-    lab::Shape s = shape(o.batch, o.ctx, o.hkv, 128, 16, o.kv);
+    lab::Shape s = shape(o.batch, o.ctx, o.hkv, o.d, 16, o.kv);
     s.kv_len.assign(size_t(o.batch), o.ctx);
     lab::Problem p(s, 1, false);
     double us[kVersions + 1] = {};
@@ -332,7 +335,7 @@ int main(int argc, char** argv) {
     const double gb = double(p.kv_bytes()) / 1e3;
     auto gbps = [&](int v) { return us[v] > 0 ? gb / us[v] : 0.0; };
     std::printf("%-5s %-6d %-6d %-4d %-5d %9.1f %9.1f %9.1f %9.1f %8.0f %8.0f %8.0f %8.0f\n",
-                std::string(dtype_name(o.kv)).c_str(), o.batch, o.ctx, o.hkv, 128, us[1], us[2],
+                std::string(dtype_name(o.kv)).c_str(), o.batch, o.ctx, o.hkv, o.d, us[1], us[2],
                 us[3], us[4], gbps(1), gbps(2), gbps(3), gbps(4));
   }
   std::printf("gate: %s (%d failures)\n", failures ? "FAIL" : "ok", failures);

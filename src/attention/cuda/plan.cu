@@ -328,8 +328,8 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   std::vector<DecodeQueryRow> rows;
   std::vector<cuda::PrefillItem> prefill;
   list_work(batch, opt, group, use_prefill, im.opts.decode_chunk_tokens,
-            fp8 && tc_rows > 0 ? kDecodeMaxChunksFp8Tc : kDecodeMaxChunks, tc_rows == 0, rows,
-            prefill);
+            fp8 && tc_rows > 0 ? kDecodeMaxChunksFp8Tc : kDecodeMaxChunks,
+            tc_rows == 0 && D <= 128 && !fp8, rows, prefill);
 
   // ---- split-KV: chunks per CTA from the shape and the SM count ----
   const int32_t heads_per_cta = tc_rows > 0 ? tc_rows : cuda::decode_group_tile(group, fp8);
