@@ -261,40 +261,58 @@ __global__ void __launch_bounds__(kDecodeThreads,
       }
     }
     __syncthreads();
-    if (tid < GT) {
-      float mx = -INFINITY;
-      for (int r = 0; r < kGroups; ++r) mx = fmaxf(mx, s_m[r * GT + tid]);
-      float den = 0.f;
+    // The groups' weights and the chunk's (max, sum) per head: one thread per head through shared
+    // memory, or (one head) every thread for itself, one barrier fewer per chunk end; the same
+    // arithmetic either way.
+    float w1[GT == 1 ? kGroups : 1], cm1 = -INFINITY, cd1 = 0.f;
+    if constexpr (GT == 1) {
+#pragma unroll
+      for (int r = 0; r < kGroups; ++r) cm1 = fmaxf(cm1, s_m[r]);
+#pragma unroll
       for (int r = 0; r < kGroups; ++r) {
-        const float mr = s_m[r * GT + tid];
-        const float w = mr == -INFINITY ? 0.f : exp2f(mr - mx);
-        s_w[r * GT + tid] = w;
-        den = fmaf(s_d[r * GT + tid], w, den);
+        const float mr = s_m[r];
+        w1[r] = mr == -INFINITY ? 0.f : exp2f(mr - cm1);
+        cd1 = fmaf(s_d[r], w1[r], cd1);
       }
-      s_cm[tid] = mx;
-      s_cd[tid] = den;
+    } else {
+      if (tid < GT) {
+        float mx = -INFINITY;
+        for (int r = 0; r < kGroups; ++r) mx = fmaxf(mx, s_m[r * GT + tid]);
+        float den = 0.f;
+        for (int r = 0; r < kGroups; ++r) {
+          const float mr = s_m[r * GT + tid];
+          const float w = mr == -INFINITY ? 0.f : exp2f(mr - mx);
+          s_w[r * GT + tid] = w;
+          den = fmaf(s_d[r * GT + tid], w, den);
+        }
+        s_cm[tid] = mx;
+        s_cd[tid] = den;
+      }
+      __syncthreads();
     }
-    __syncthreads();
 #pragma unroll
     for (int j = 0; j < S::kOwn; ++j) {
       const int e = tid + j * kDecodeThreads;
       if (e < GT * HEAD_DIM) {
         const int g = e / HEAD_DIM, dim = e % HEAD_DIM;
         float a = 0.f;
+#pragma unroll
         for (int r = 0; r < kGroups; ++r)
-          a = fmaf(s_acc[(size_t(r) * GT + g) * HEAD_DIM + dim], s_w[r * GT + g], a);
+          a = fmaf(s_acc[(size_t(r) * GT + g) * HEAD_DIM + dim], GT == 1 ? w1[r] : s_w[r * GT + g],
+                   a);
+        const float cm = GT == 1 ? cm1 : s_cm[g], cd = GT == 1 ? cd1 : s_cd[g];
         if (it.partial >= 0) {
           if (g < gcount) {
             const int64_t slot =
                 int64_t(it.partial + c - it.chunk_begin) * p.num_q_heads + head0 + g;
             p.partial_o[slot * HEAD_DIM + dim] = a;
             if (dim == 0) {
-              p.partial_md[slot * 2] = s_cm[g];
-              p.partial_md[slot * 2 + 1] = s_cd[g];
+              p.partial_md[slot * 2] = cm;
+              p.partial_md[slot * 2 + 1] = cd;
             }
           }
         } else {
-          merge_state(run[j], s_cm[g], s_cd[g], a);
+          merge_state(run[j], cm, cd, a);
         }
       }
     }
