@@ -78,6 +78,14 @@
 // And e4m3 -> f16 without the conversion unit (a byte permute replicating each sign, a shift by 7,
 // a mask, a product by 256 in f16: exact for every finite value) in both kernels: fp8 decode 0-10%
 // slower over the grid (batch 8, 32 KV heads, ctx 32768: 790 -> 854-862 us).
+// 6) Group 1's short rows (2026-11-26, same flush): the CUDA-core kernel's first copies from the
+// item's pages as in v4 (0.3-0.6 us at batch 1), one barrier fewer at its chunk ends (every
+// thread weighs the groups itself), and rows of at most 1024 positions in 128-position chunks at
+// head dim 128 with 16-bit K/V (the split's slices now counted in 64-position units): batch 1,
+// ctx 512 15.4-15.5 -> 11.0-11.2 us (FlashInfer 12.5 in the issue), ctx 1024 15.0 -> 13.5; the
+// unsplit grids pay their extra chunk ends, batch 8 / 512 +0.6%, batch 64 / 1024 +0.6%; at head
+// dim 64 (+4.4% at batch 8), fp8 (+7%) and in v4 (+4% at batch 64 / 512) more, so those keep 256.
+// Chunks of 64 at batch 1 / 512: 10.8 against 11.2, but slower from 1024 positions.
 // Split-KV: v3 over v2 is 4-13x at batch 1, ctx 8192 (too few CTAs otherwise) but 5-17% slower
 // where the grid already covers every SM, so the plan (c954ed1) splits only grids smaller than the
 // SM count. Tried and dropped: 4 keys per step for single-head CTAs (+3-5% bf16 at batch 64,

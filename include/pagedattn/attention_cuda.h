@@ -33,8 +33,8 @@ namespace pagedattn {
 // kDecodeChunkTokens * kDecodeMaxChunks positions; a longer row's chunks are this doubled until
 // the row has at most kDecodeMaxChunks of them (kDecodeMaxChunksFp8Tc for fp8 pools on the
 // tensor-core decode kernel), or they hold 2^20 positions (CudaPlanOptions::decode_chunk_tokens).
-// Rows on the CUDA-core decode kernel (group 1) that fit kDecodeShortRowChunks chunks of
-// kDecodeShortChunkTokens take those.
+// Rows on the CUDA-core decode kernel (group 1) at head dim 128 with 16-bit K/V that fit
+// kDecodeShortRowChunks chunks of kDecodeShortChunkTokens take those.
 constexpr int32_t kDecodeChunkTokens = 256;
 constexpr int32_t kDecodeMaxChunks = 16;
 constexpr int32_t kDecodeMaxChunksFp8Tc = 32;

@@ -113,11 +113,11 @@ int64_t chunks_spanned(int32_t lo, int32_t hi, int64_t c) {
   return lo < hi ? (int64_t(hi) + c - 1) / c - lo / c : 0;
 }
 
-// A row's chunk size (CudaPlanOptions::decode_chunk_tokens): fixed (> 0); on the CUDA-core kernel
-// (`short_rows`), kDecodeShortChunkTokens for a row within kDecodeShortRowChunks of them; else
-// kDecodeChunkTokens doubled while the row spans more than max_chunks chunks (up to 2^20
-// positions). It depends on the row's own positions and the model's shape only, so the row's
-// output does not depend on the batch.
+// A row's chunk size (CudaPlanOptions::decode_chunk_tokens): fixed (> 0); where `short_rows` (the
+// CUDA-core kernel at head dim 128, 16-bit K/V), kDecodeShortChunkTokens for a row within
+// kDecodeShortRowChunks of them; else kDecodeChunkTokens doubled while the row spans more than
+// max_chunks chunks (up to 2^20 positions). It depends on the row's own positions and the model's
+// shape only, so the row's output does not depend on the batch.
 // NOTE: every chunk ends with a combine of the CTA's warp states, and each chunk of a split row
 // is one partial state for its merging CTA to read and fold: a row of 32768 positions in 256-
 // position chunks left 128 partials, 17 us of merge at batch 1 on an H100. Measured there (one
@@ -125,13 +125,14 @@ int64_t chunks_spanned(int32_t lo, int32_t hi, int64_t c) {
 // 21.2 against 21.8 us, batch 8 102.2 against 105.1; but fp8 pools on the tensor-core kernel (a
 // 48 KiB copy pipeline a CTA, 4 CTAs an SM) at batch 1, context 32768, 51.0 against 44.4 (128
 // CTAs do not keep the memory busy), so those keep 32.
-// NOTE: short rows on the CUDA-core kernel (group 1; 32 KV heads, head dim 128, H100, two rounds):
-// 128-position chunks give twice the CTAs where the grid is split, batch 1 at context 512 14.8-15.0
-// -> 11.2-11.3 us (fp8 12.2 -> 10.2), at 1024 15.3 -> 13.7-13.8, but cost the unsplit grids their
-// extra chunk ends, batch 8 / 512 28.1-28.3 -> 28.6-28.8 and batch 64 189.3 -> 190.1; at 2048
-// (16 chunks) they lose at batch 1 too (19.0 -> 19.9). The tensor-core kernel's chunk ends cost
-// more (a pipeline stage holds the combine): batch 64 / 512 with 8 KV heads 55.1 -> 57.1-57.6, so
-// it keeps 256.
+// NOTE: short rows on the CUDA-core kernel (group 1, 32 KV heads, H100, three rounds in one call):
+// 128-position chunks give twice the CTAs where the grid is split, batch 1 at context 512
+// 14.7-14.8 -> 11.0-11.2 us, at 1024 15.0-15.1 -> 13.5-13.6; but the unsplit grids pay the extra
+// chunk ends, batch 8 / 512 28.0-28.3 -> 28.2-28.6, batch 64 / 1024 372.2-372.9 -> 374.4-375.1.
+// Taken where that cost stays under 1%: head dim 128 with 16-bit K/V. Head dim 64 (batch 8 / 512
+// 18.0-18.3 -> 18.8-19.1), fp8 (batch 8 / 512 +7%) and head dim 256 keep 256. The tensor-core
+// kernel's chunk ends cost more (a pipeline stage holds the combine): batch 64 / 512 with 8 KV
+// heads 55.1 -> 57.1-57.6, so it keeps 256.
 int32_t row_chunk_tokens(int32_t lo, int32_t hi, int32_t fixed, int32_t max_chunks,
                          bool short_rows) {
   if (fixed > 0) return fixed;
@@ -329,7 +330,7 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   std::vector<cuda::PrefillItem> prefill;
   list_work(batch, opt, group, use_prefill, im.opts.decode_chunk_tokens,
             fp8 && tc_rows > 0 ? kDecodeMaxChunksFp8Tc : kDecodeMaxChunks,
-            tc_rows == 0 && D <= 128 && !fp8, rows, prefill);
+            tc_rows == 0 && D == 128 && !fp8, rows, prefill);
 
   // ---- split-KV: chunks per CTA from the shape and the SM count ----
   const int32_t heads_per_cta = tc_rows > 0 ? tc_rows : cuda::decode_group_tile(group, fp8);
