@@ -78,6 +78,14 @@
 // And e4m3 -> f16 without the conversion unit (a byte permute replicating each sign, a shift by 7,
 // a mask, a product by 256 in f16: exact for every finite value) in both kernels: fp8 decode 0-10%
 // slower over the grid (batch 8, 32 KV heads, ctx 32768: 790 -> 854-862 us).
+// 6) Group 1's short rows (2026-11-26, same flush): the CUDA-core kernel's first copies from the
+// item's pages as in v4 (0.3-0.6 us at batch 1), one barrier fewer at its chunk ends (every
+// thread weighs the groups itself), and rows of at most 1024 positions in 128-position chunks at
+// head dim 128 with 16-bit K/V (the split's slices now counted in 64-position units): batch 1,
+// ctx 512 15.4-15.5 -> 11.0-11.2 us (FlashInfer 12.5 in the issue), ctx 1024 15.0 -> 13.5; the
+// unsplit grids pay their extra chunk ends, batch 8 / 512 +0.6%, batch 64 / 1024 +0.6%; at head
+// dim 64 (+4.4% at batch 8), fp8 (+7%) and in v4 (+4% at batch 64 / 512) more, so those keep 256.
+// Chunks of 64 at batch 1 / 512: 10.8 against 11.2, but slower from 1024 positions.
 // Split-KV: v3 over v2 is 4-13x at batch 1, ctx 8192 (too few CTAs otherwise) but 5-17% slower
 // where the grid already covers every SM, so the plan (c954ed1) splits only grids smaller than the
 // SM count. Tried and dropped: 4 keys per step for single-head CTAs (+3-5% bf16 at batch 64,
@@ -242,18 +250,19 @@ lab::Shape shape(int batch, int ctx, int hkv, int d, int page, DType kv) {
 
 }  // namespace
 
-// attention_decode_lab [--sweep-only] [--shape KV:BATCH:CTX:HKV ...] [--versions DIGITS]
+// attention_decode_lab [--sweep-only] [--shape KV:BATCH:CTX:HKV[:D] ...] [--versions DIGITS]
 // Environment: LAB_DECODE_TARGET, LAB_DECODE_CHUNKS, LAB_DECODE_ITEM_PAGES,
 // LAB_DECODE_CHUNK_TOKENS (CudaPlanOptions' split, item-page and chunk-size knobs),
 // LAB_DECODE_TRACE (the CTA timeline, below), LAB_FLUSH.
-//   --shape bf16:8:8192:8 times only those shapes, any context (for a profiler or a sweep);
+//   --shape bf16:8:8192:8 times only those shapes, any context (head dim 128 unless a fifth
+//   field says; for a profiler or a sweep);
 //   --versions 34 only those versions.
 int main(int argc, char** argv) {
   constexpr int kVersions = 4;
   bool gate = true;
   struct Only {
     DType kv;
-    int batch, ctx, hkv;
+    int batch, ctx, hkv, d = 128;
   };
   std::vector<Only> only;
   std::vector<bool> run_v(kVersions + 1, true);
@@ -264,8 +273,10 @@ int main(int argc, char** argv) {
     } else if (arg == "--shape" && a + 1 < argc) {
       char kv[16] = {};
       Only o{};
-      if (std::sscanf(argv[++a], "%15[^:]:%d:%d:%d", kv, &o.batch, &o.ctx, &o.hkv) != 4) {
-        std::fprintf(stderr, "bad --shape %s (KV:BATCH:CTX:HKV)\n", argv[a]);
+      const int n =
+          std::sscanf(argv[++a], "%15[^:]:%d:%d:%d:%d", kv, &o.batch, &o.ctx, &o.hkv, &o.d);
+      if (n < 4 || (o.d != 64 && o.d != 128 && o.d != 256)) {
+        std::fprintf(stderr, "bad --shape %s (KV:BATCH:CTX:HKV[:D], D 64, 128 or 256)\n", argv[a]);
         return 2;
       }
       o.kv = parse_dtype(kv);
@@ -315,7 +326,7 @@ int main(int argc, char** argv) {
         for (int batch : {1, 8, 64})
           for (int ctx : {512, 8192}) only.push_back({kv, batch, ctx, hkv});
   for (const Only& o : only) {
-    lab::Shape s = shape(o.batch, o.ctx, o.hkv, 128, 16, o.kv);
+    lab::Shape s = shape(o.batch, o.ctx, o.hkv, o.d, 16, o.kv);
     s.kv_len.assign(size_t(o.batch), o.ctx);
     lab::Problem p(s, 1, false);
     double us[kVersions + 1] = {};
@@ -332,7 +343,7 @@ int main(int argc, char** argv) {
     const double gb = double(p.kv_bytes()) / 1e3;
     auto gbps = [&](int v) { return us[v] > 0 ? gb / us[v] : 0.0; };
     std::printf("%-5s %-6d %-6d %-4d %-5d %9.1f %9.1f %9.1f %9.1f %8.0f %8.0f %8.0f %8.0f\n",
-                std::string(dtype_name(o.kv)).c_str(), o.batch, o.ctx, o.hkv, 128, us[1], us[2],
+                std::string(dtype_name(o.kv)).c_str(), o.batch, o.ctx, o.hkv, o.d, us[1], us[2],
                 us[3], us[4], gbps(1), gbps(2), gbps(3), gbps(4));
   }
   std::printf("gate: %s (%d failures)\n", failures ? "FAIL" : "ok", failures);

@@ -33,9 +33,13 @@ namespace pagedattn {
 // kDecodeChunkTokens * kDecodeMaxChunks positions; a longer row's chunks are this doubled until
 // the row has at most kDecodeMaxChunks of them (kDecodeMaxChunksFp8Tc for fp8 pools on the
 // tensor-core decode kernel), or they hold 2^20 positions (CudaPlanOptions::decode_chunk_tokens).
+// Rows on the CUDA-core decode kernel (group 1) at head dim 128 with 16-bit K/V that fit
+// kDecodeShortRowChunks chunks of kDecodeShortChunkTokens take those.
 constexpr int32_t kDecodeChunkTokens = 256;
 constexpr int32_t kDecodeMaxChunks = 16;
 constexpr int32_t kDecodeMaxChunksFp8Tc = 32;
+constexpr int32_t kDecodeShortChunkTokens = 128;
+constexpr int32_t kDecodeShortRowChunks = 8;
 
 struct CudaPlanOptions {
   // When the decode rows give fewer CTAs than the GPU has SMs, their chunks are spread so that
@@ -73,8 +77,8 @@ struct CudaPlanOptions {
   // Positions per split-KV chunk of a decode row: 0, chosen per row from its own positions and
   // the model's shape (kDecodeChunkTokens, doubled while the row would span more than
   // kDecodeMaxChunks chunks: a long row then has fewer partial states to merge and fewer chunk
-  // ends); > 0, that many for every row (a multiple of 64; 256 is the partition before rows chose
-  // their own).
+  // ends; kDecodeShortChunkTokens for short rows on the CUDA-core kernel); > 0, that many for
+  // every row (a multiple of 64; 256 is the partition before rows chose their own).
   int32_t decode_chunk_tokens = 0;
   // Each decode CTA's work item carries the block table's entries of its first pages, so that
   // its first K/V copies need one dependent read, not two (false: read from the block table,
@@ -96,7 +100,7 @@ struct CudaPlanInfo {
   int32_t split_rows = 0;       // decode rows whose chunks are spread over several CTAs
   int32_t prefill_tiles = 0;    // prefill work items
   bool prefill_hopper = false;  // the prefill items run on the Hopper (wgmma) kernel
-  int32_t chunks_per_cta = 0;   // split-KV slice per CTA, in kDecodeChunkTokens positions
+  int32_t chunks_per_cta = 0;   // split-KV slice per CTA, in units of 64 positions
   int32_t decode_tc_rows = 0;  // query heads per tensor-core decode CTA (0: CUDA-core kernel)
   size_t workspace_bytes = 0;
 };

@@ -7,9 +7,10 @@
 # launch). Logs under $OUT; a summary is last.
 #   scripts/device/decode-small.sh
 #   VARIANTS="base PAGEDATTN_DECODE_X=1" ROUNDS=3 scripts/device/decode-small.sh
-# Environment: SHAPES (KV:BATCH:CTX:HKV ...), VARIANTS, ROUNDS (2), PROFILE_SHAPES (none: skip),
+# Environment: SHAPES (KV:BATCH:CTX:HKV[:D] ...), VARIANTS, ROUNDS (2), PROFILE_SHAPES (none: skip),
 # SKIP_GATE, VERSIONS (the lab's versions to time, default 4: the tensor-core kernel), GPU_FILTER
-# (also builds test_gpu and runs those tests first), BUDGET (540).
+# (also builds test_gpu and runs those tests first), BUDGET (540). The gate runs every version of
+# VERSIONS under every variant.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/device/steps.sh
@@ -24,9 +25,17 @@ shapes=${SHAPES:-bf16:1:512:8 bf16:1:2048:8 bf16:1:8192:8 bf16:1:32768:8 bf16:1:
 bf16:8:8192:8 bf16:8:32768:8 bf16:64:8192:8 fp8_e4m3:1:8192:8}
 args=()
 for s in $shapes; do args+=(--shape "$s"); done
+# The gate: every version the sweep times, under each variant's environment.
 if [[ -z "${SKIP_GATE:-}" ]]; then
-  step gate 120 gate.log "$lab" --versions 4 --shape bf16:1:8192:8
-  grep -E "FAIL|^gate:" "$OUT/gate.log"
+  for v in ${VARIANTS:-base}; do
+    assigns=()
+    [[ "$v" == base ]] || IFS=, read -ra assigns <<<"$v"
+    echo "== gate variant $v" >>"$OUT/gate.log"
+    step "gate $v" 120 gate.log env "${assigns[@]}" "$lab" --versions "${VERSIONS:-4}" \
+      --shape bf16:1:8192:8
+  done
+  grep -cE " ok$" "$OUT/gate.log"
+  grep -E "FAIL" "$OUT/gate.log"
 fi
 for ((r = 1; r <= ${ROUNDS:-2}; ++r)); do
   for v in ${VARIANTS:-base}; do
@@ -51,12 +60,12 @@ for line in open(sys.argv[1]):
     if len(f) == 13 and f[1].isdigit():
         for v, col in ((3, 7), (4, 8)):
             if f[col] != "0.0":
-                rows.setdefault((f[0], f[1], f[2], f[3], "v%d" % v), collections.OrderedDict()).setdefault(var, []).append(f[col])
+                rows.setdefault((f[0], f[1], f[2], f[3], f[4], "v%d" % v), collections.OrderedDict()).setdefault(var, []).append(f[col])
     m = re.match(r"empty kernel under the same timing: (\S+)", line)
     if m:
-        rows.setdefault(("empty", "-", "-", "-", "-"), collections.OrderedDict()).setdefault(var, []).append(m.group(1))
+        rows.setdefault(("empty", "-", "-", "-", "-", "-"), collections.OrderedDict()).setdefault(var, []).append(m.group(1))
 for k, vs in rows.items():
-    print("%-9s b%-3s ctx%-6s hkv%-3s %-2s " % k + "  ".join("%s: %s" % (v, "/".join(t)) for v, t in vs.items()))
+    print("%-9s b%-3s ctx%-6s hkv%-3s d%-3s %-2s " % k + "  ".join("%s: %s" % (v, "/".join(t)) for v, t in vs.items()))
 PY
 for s in ${PROFILE_SHAPES:-}; do
   step "ncu $s" 120 "ncu_${s//:/_}.txt" ncu --kernel-name regex:decode --launch-skip 3 \

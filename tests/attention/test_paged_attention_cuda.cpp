@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <utility>
 
 #include "cuda_problem.h"
 #include "pagedattn/error.h"
@@ -171,15 +172,18 @@ TEST(CudaAttention, PoolsBeyond65536Pages) {
 TEST(CudaAttention, SplitAndBatchInvariance) {
   PA_SKIP_WITHOUT_GPU();
   // Chunk sizes chosen per row (the 30000-position row takes 2048, 1024 with fp8 pools on the
-  // tensor-core kernel), and 256 for every row: then that row has 118 chunks, more than one window of the merge (decode_merge.cuh) and than one
-  // warp scan of its running max.
+  // tensor-core kernel; on the CUDA-core kernel with bf16 pools the rows of 3 and 700 positions
+  // take 128), and 256 for every row: then that row has 118 chunks, more than one window of the
+  // merge (decode_merge.cuh) and than one warp scan of its running max. GQA 4 and group 1.
   for (int32_t chunk_tokens : {0, 256}) {
     for (int min_group : {2, 1 << 20}) {  // the tensor-core and the CUDA-core decode kernel
-      for (DType kv : {DType::bf16, DType::fp8_e4m3}) {
+      for (auto [kv, kv_heads] : {std::pair{DType::bf16, 2}, std::pair{DType::fp8_e4m3, 2},
+                                  std::pair{DType::bf16, 8}, std::pair{DType::fp8_e4m3, 8}}) {
         Spec s;
         s.kv_dtype = kv;
-        s.q_len = {1, 1, 1, 1, 1};
-        s.kv_len = {5000, 1200, 3, 2600, 30000};
+        s.num_kv_heads = kv_heads;
+        s.q_len = {1, 1, 1, 1, 1, 1};
+        s.kv_len = {5000, 1200, 3, 2600, 30000, 700};
         Problem pr(s, 21);
         CudaPlanOptions dflt;
         dflt.tensor_core_decode_min_group = min_group;

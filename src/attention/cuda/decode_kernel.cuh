@@ -89,6 +89,9 @@ __global__ void __launch_bounds__(kDecodeThreads,
   const int gcount = min(GT, p.group - g0);
   const int head0 = kvh * p.group + g0;
   const int tid = threadIdx.x, grp = tid / kTx, lane = tid % kTx;
+  // Lane i of each warp: the block-table entry of the item's page i % kDecodeItemPages (read
+  // beside the item, so that the first copies wait on one dependent read, not two).
+  const int item_page = p.decode_items[blockIdx.x].pages[tid % kDecodeItemPages];
 
   const int lo = it.lo, hi = it.hi;  // the row's visible positions (planned on the host)
   // q, the pages and their scales are the kernels' before this one (launched as a programmatic
@@ -124,6 +127,8 @@ __global__ void __launch_bounds__(kDecodeThreads,
   // ---- the producer: issues the copies of one step, kStages - 1 steps ahead of its use ----
   int pc = it.chunk_begin;  // producer cursor: chunk and first position of the step
   int pbase = max(pc * it.chunk_tokens, lo);
+  const int first_page = pbase / p.page_size;  // the item's page 0 (DecodeItem::pages)
+  // NOTE: every thread calls issue() at the same points (its shuffles need the whole warp).
   auto issue = [&](int stage) {
     uint4* slot = pipe + stage * 2 * kUnroll * kDecodeThreads + tid;
     const bool live = pc < it.chunk_end;
@@ -132,10 +137,12 @@ __global__ void __launch_bounds__(kDecodeThreads,
     for (int u = 0; u < kUnroll; ++u) {
       const int t = pbase + u * kGroups + grp;
       const bool valid = live && t < te;
+      const int idx = t / p.page_size - first_page;
+      const int copied = __shfl_sync(0xffffffffu, item_page, idx & (kDecodeItemPages - 1));
       int64_t off = 0;
       if (valid) {
-        off = (int64_t(bt[t / p.page_size]) * p.page_stride + int64_t(t % p.page_size) * HEAD_DIM) *
-                  KV::kBytes +
+        const int page = idx < kDecodeItemPages && copied >= 0 ? copied : bt[t / p.page_size];
+        off = (int64_t(page) * p.page_stride + int64_t(t % p.page_size) * HEAD_DIM) * KV::kBytes +
               head_off;
       }
       cp_async16(slot + u * kDecodeThreads, kpool + off, valid);  // invalid: zero-filled
@@ -254,40 +261,58 @@ __global__ void __launch_bounds__(kDecodeThreads,
       }
     }
     __syncthreads();
-    if (tid < GT) {
-      float mx = -INFINITY;
-      for (int r = 0; r < kGroups; ++r) mx = fmaxf(mx, s_m[r * GT + tid]);
-      float den = 0.f;
+    // The groups' weights and the chunk's (max, sum) per head: one thread per head through shared
+    // memory, or (one head) every thread for itself, one barrier fewer per chunk end; the same
+    // arithmetic either way.
+    float w1[GT == 1 ? kGroups : 1], cm1 = -INFINITY, cd1 = 0.f;
+    if constexpr (GT == 1) {
+#pragma unroll
+      for (int r = 0; r < kGroups; ++r) cm1 = fmaxf(cm1, s_m[r]);
+#pragma unroll
       for (int r = 0; r < kGroups; ++r) {
-        const float mr = s_m[r * GT + tid];
-        const float w = mr == -INFINITY ? 0.f : exp2f(mr - mx);
-        s_w[r * GT + tid] = w;
-        den = fmaf(s_d[r * GT + tid], w, den);
+        const float mr = s_m[r];
+        w1[r] = mr == -INFINITY ? 0.f : exp2f(mr - cm1);
+        cd1 = fmaf(s_d[r], w1[r], cd1);
       }
-      s_cm[tid] = mx;
-      s_cd[tid] = den;
+    } else {
+      if (tid < GT) {
+        float mx = -INFINITY;
+        for (int r = 0; r < kGroups; ++r) mx = fmaxf(mx, s_m[r * GT + tid]);
+        float den = 0.f;
+        for (int r = 0; r < kGroups; ++r) {
+          const float mr = s_m[r * GT + tid];
+          const float w = mr == -INFINITY ? 0.f : exp2f(mr - mx);
+          s_w[r * GT + tid] = w;
+          den = fmaf(s_d[r * GT + tid], w, den);
+        }
+        s_cm[tid] = mx;
+        s_cd[tid] = den;
+      }
+      __syncthreads();
     }
-    __syncthreads();
 #pragma unroll
     for (int j = 0; j < S::kOwn; ++j) {
       const int e = tid + j * kDecodeThreads;
       if (e < GT * HEAD_DIM) {
         const int g = e / HEAD_DIM, dim = e % HEAD_DIM;
         float a = 0.f;
+#pragma unroll
         for (int r = 0; r < kGroups; ++r)
-          a = fmaf(s_acc[(size_t(r) * GT + g) * HEAD_DIM + dim], s_w[r * GT + g], a);
+          a = fmaf(s_acc[(size_t(r) * GT + g) * HEAD_DIM + dim], GT == 1 ? w1[r] : s_w[r * GT + g],
+                   a);
+        const float cm = GT == 1 ? cm1 : s_cm[g], cd = GT == 1 ? cd1 : s_cd[g];
         if (it.partial >= 0) {
           if (g < gcount) {
             const int64_t slot =
                 int64_t(it.partial + c - it.chunk_begin) * p.num_q_heads + head0 + g;
             p.partial_o[slot * HEAD_DIM + dim] = a;
             if (dim == 0) {
-              p.partial_md[slot * 2] = s_cm[g];
-              p.partial_md[slot * 2 + 1] = s_cd[g];
+              p.partial_md[slot * 2] = cm;
+              p.partial_md[slot * 2 + 1] = cd;
             }
           }
         } else {
-          merge_state(run[j], s_cm[g], s_cd[g], a);
+          merge_state(run[j], cm, cd, a);
         }
       }
     }

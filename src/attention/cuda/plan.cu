@@ -113,10 +113,11 @@ int64_t chunks_spanned(int32_t lo, int32_t hi, int64_t c) {
   return lo < hi ? (int64_t(hi) + c - 1) / c - lo / c : 0;
 }
 
-// A row's chunk size (CudaPlanOptions::decode_chunk_tokens): fixed (> 0), or kDecodeChunkTokens
-// doubled while the row spans more than max_chunks chunks (up to 2^20 positions). It depends on
-// the row's own positions and the model's shape only, so the row's output does not depend on the
-// batch.
+// A row's chunk size (CudaPlanOptions::decode_chunk_tokens): fixed (> 0); where `short_rows` (the
+// CUDA-core kernel at head dim 128, 16-bit K/V), kDecodeShortChunkTokens for a row within
+// kDecodeShortRowChunks of them; else kDecodeChunkTokens doubled while the row spans more than
+// max_chunks chunks (up to 2^20 positions). It depends on the row's own positions and the model's
+// shape only, so the row's output does not depend on the batch.
 // NOTE: every chunk ends with a combine of the CTA's warp states, and each chunk of a split row
 // is one partial state for its merging CTA to read and fold: a row of 32768 positions in 256-
 // position chunks left 128 partials, 17 us of merge at batch 1 on an H100. Measured there (one
@@ -124,8 +125,19 @@ int64_t chunks_spanned(int32_t lo, int32_t hi, int64_t c) {
 // 21.2 against 21.8 us, batch 8 102.2 against 105.1; but fp8 pools on the tensor-core kernel (a
 // 48 KiB copy pipeline a CTA, 4 CTAs an SM) at batch 1, context 32768, 51.0 against 44.4 (128
 // CTAs do not keep the memory busy), so those keep 32.
-int32_t row_chunk_tokens(int32_t lo, int32_t hi, int32_t fixed, int32_t max_chunks) {
+// NOTE: short rows on the CUDA-core kernel (group 1, 32 KV heads, H100, three rounds in one call):
+// 128-position chunks give twice the CTAs where the grid is split, batch 1 at context 512
+// 14.7-14.8 -> 11.0-11.2 us, at 1024 15.0-15.1 -> 13.5-13.6; but the unsplit grids pay the extra
+// chunk ends, batch 8 / 512 28.0-28.3 -> 28.2-28.6, batch 64 / 1024 372.2-372.9 -> 374.4-375.1.
+// Taken where that cost stays under 1%: head dim 128 with 16-bit K/V. Head dim 64 (batch 8 / 512
+// 18.0-18.3 -> 18.8-19.1), fp8 (batch 8 / 512 +7%) and head dim 256 keep 256. The tensor-core
+// kernel's chunk ends cost more (a pipeline stage holds the combine): batch 64 / 512 with 8 KV
+// heads 55.1 -> 57.1-57.6, so it keeps 256.
+int32_t row_chunk_tokens(int32_t lo, int32_t hi, int32_t fixed, int32_t max_chunks,
+                         bool short_rows) {
   if (fixed > 0) return fixed;
+  if (short_rows && chunks_spanned(lo, hi, kDecodeShortChunkTokens) <= kDecodeShortRowChunks)
+    return kDecodeShortChunkTokens;
   int64_t c = kDecodeChunkTokens;
   while (chunks_spanned(lo, hi, c) > max_chunks && c < (1 << 20)) c *= 2;
   return int32_t(c);
@@ -134,7 +146,7 @@ int32_t row_chunk_tokens(int32_t lo, int32_t hi, int32_t fixed, int32_t max_chun
 // The decode rows of every single-query sequence (and of every sequence without the prefill
 // kernels), and the prefill tiles of the rest (heaviest first).
 void list_work(const BatchLayout& batch, const AttentionOptions& opt, int32_t group,
-               bool use_prefill, int32_t fixed_chunk, int32_t max_chunks,
+               bool use_prefill, int32_t fixed_chunk, int32_t max_chunks, bool short_rows,
                std::vector<DecodeQueryRow>& rows, std::vector<cuda::PrefillItem>& prefill) {
   for (int32_t b = 0; b < batch.num_seqs; ++b) {
     const int32_t q0 = batch.q_indptr[b], qlen = batch.q_indptr[b + 1] - q0, L = batch.kv_len[b];
@@ -147,7 +159,7 @@ void list_work(const BatchLayout& batch, const AttentionOptions& opt, int32_t gr
       const int32_t pos = L - qlen + j;
       const int32_t hi = opt.causal ? pos + 1 : L;
       const int32_t lo = opt.window > 0 ? std::max(0, pos - opt.window + 1) : 0;
-      const int32_t c = row_chunk_tokens(lo, hi, fixed_chunk, max_chunks);
+      const int32_t c = row_chunk_tokens(lo, hi, fixed_chunk, max_chunks, short_rows);
       // The kernels compute a chunk's end, (chunk + 1) * c, in 32 bits.
       PA_CHECK(int64_t(hi) + c <= INT32_MAX, "paged_attention_cuda: kv_len[", b, "] = ", L,
                " is too long for the decode kernels' 32-bit positions");
@@ -192,20 +204,25 @@ int32_t hopper_head_section(const BatchLayout& batch, const std::vector<cuda::Pr
   return int32_t(std::clamp<int64_t>(fit, 1, std::max(num_kv_heads, 1)));
 }
 
-// A row's own chunks per CTA under a split of k kDecodeChunkTokens units per CTA (at least one).
+// Positions of one unit of the split-KV choice (a CTA's slice is a whole number of its row's
+// chunks, at least one, and about k of these units).
+constexpr int64_t kSliceUnit = 64;
+
+// A row's own chunks per CTA under a split of k kSliceUnit units per CTA (at least one).
 int64_t row_slice(const DecodeQueryRow& r, int64_t k) {
-  return k == INT_MAX ? INT_MAX : std::max<int64_t>(1, k * kDecodeChunkTokens / r.chunk_tokens);
+  return k == INT_MAX ? INT_MAX : std::max<int64_t>(1, k * kSliceUnit / r.chunk_tokens);
 }
 
-// The split-KV choice: how many kDecodeChunkTokens units of positions one CTA takes (INT_MAX: no
-// row is split). A grid that already covers every SM is not split; a smaller one is split into
-// the smallest slices whose grid has at most `target` CTAs (each row's slice is a whole number of
-// its own chunks, so the count is not simply the units over the slice).
-//   base_ctas: CTAs without splitting; ctas_per_row: KV heads x head tiles.
+// The split-KV choice: how many kSliceUnit units of positions one CTA takes (INT_MAX: no row is
+// split). A grid that already covers every SM is not split; a smaller one is split into the
+// smallest slices whose grid has at most `target` CTAs (each row's slice is a whole number of its
+// own chunks, so the count is not simply the units over the slice).
+//   base_ctas: CTAs without splitting; ctas_per_row: KV heads x head tiles; forced: the slice in
+//   kDecodeChunkTokens positions (CudaPlanOptions::chunks_per_cta), 0 for the choice.
 int64_t choose_chunks_per_cta(const std::vector<DecodeQueryRow>& rows, int64_t ctas_per_row,
                               int64_t base_ctas, int32_t sm_count, int64_t target,
                               int32_t forced) {
-  if (forced > 0) return forced;
+  if (forced > 0) return int64_t(forced) * (kDecodeChunkTokens / kSliceUnit);
   // NOTE: measured on an H100: splitting a grid that already covers every SM once lost 5-15%
   // (the merge pass and the tail), while a grid smaller than the SM count gains up to 12x.
   if (target <= 0 || base_ctas >= sm_count) return INT_MAX;
@@ -217,8 +234,7 @@ int64_t choose_chunks_per_cta(const std::vector<DecodeQueryRow>& rows, int64_t c
   };
   int64_t lo = 1, hi = 1;  // hi: a slice that takes every row whole (base_ctas < target CTAs)
   for (const DecodeQueryRow& r : rows)
-    hi = std::max<int64_t>(hi, int64_t(r.chunk_hi - r.chunk_lo) * r.chunk_tokens /
-                                   kDecodeChunkTokens);
+    hi = std::max<int64_t>(hi, int64_t(r.chunk_hi - r.chunk_lo) * r.chunk_tokens / kSliceUnit);
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo) / 2;
     if (ctas(mid) <= target)
@@ -229,7 +245,7 @@ int64_t choose_chunks_per_cta(const std::vector<DecodeQueryRow>& rows, int64_t c
   return lo;
 }
 
-// Each row as one work item, or (more than chunks_per_cta kDecodeChunkTokens units of its
+// Each row as one work item, or (more than chunks_per_cta kSliceUnit units of its
 // positions) as one item per slice of its chunks plus a merge item that folds their partials.
 // Returns the number of partial slots.
 int32_t split_decode_rows(const std::vector<DecodeQueryRow>& rows, int64_t chunks_per_cta,
@@ -313,7 +329,8 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   std::vector<DecodeQueryRow> rows;
   std::vector<cuda::PrefillItem> prefill;
   list_work(batch, opt, group, use_prefill, im.opts.decode_chunk_tokens,
-            fp8 && tc_rows > 0 ? kDecodeMaxChunksFp8Tc : kDecodeMaxChunks, rows, prefill);
+            fp8 && tc_rows > 0 ? kDecodeMaxChunksFp8Tc : kDecodeMaxChunks,
+            tc_rows == 0 && D == 128 && !fp8, rows, prefill);
 
   // ---- split-KV: chunks per CTA from the shape and the SM count ----
   const int32_t heads_per_cta = tc_rows > 0 ? tc_rows : cuda::decode_group_tile(group, fp8);
