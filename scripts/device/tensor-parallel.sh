@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # One call on a machine with 2 or more GPUs: builds the CLI and the GPU tests, runs the tensor-
 # parallel tests (a thread per rank against the single-GPU runner) and the peer-memory
-# all-reduce's, then `bench model` with --tensor-parallel 2 against one GPU on Llama-3-8B shapes
+# all-reduce's, the CLI's logits over two GPUs against one (synthetic Llama-3-8B, and a small
+# quantised GGUF file written here), then `bench model` with --tensor-parallel 2 against one GPU on Llama-3-8B shapes
 # (the collectives' time per step reported; once more with PAGEDATTN_PEER_ALL_REDUCE=0, all
 # through NCCL), a rank killed in the middle of a run (the group must end with an error, not
 # hang), and Llama-3-70B shapes over two GPUs. Logs go to $OUT (default ./out/tp); a summary is
 # last.
 #   scripts/device/tensor-parallel.sh
 #   BUDGET=500 SKIP_70B=1 scripts/device/tensor-parallel.sh
-# Environment: BUDGET, SKIP_70B, SKIP_KILL, TP_BATCHES (the Llama-3-8B batches, default 1,32,64).
+# Environment: BUDGET, SKIP_70B, SKIP_KILL, SKIP_PARITY_8B (the GGUF file's parity only), TP_BATCHES
+# (the Llama-3-8B batches, default 1,32,64).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out/tp}
@@ -36,9 +38,17 @@ step tptests 120 tests.log "$BUILD_DIR/tests/test_gpu" --gtest_filter='TensorPar
 tail -4 "$OUT/tests.log"
 grep -E "^\[  FAILED|Failure|error" "$OUT/tests.log" | head -20
 
-step parity 100 parity.log python3 scripts/device/tp_parity.py "$bin" --tp 2
-step parity-nographs 100 parity.log env PAGEDATTN_CUDA_GRAPHS=0 python3 \
-  scripts/device/tp_parity.py "$bin" --tp 2
+if [[ -z "${SKIP_PARITY_8B:-}" ]]; then
+  step parity 100 parity.log python3 scripts/device/tp_parity.py "$bin" --tp 2
+  step parity-nographs 100 parity.log env PAGEDATTN_CUDA_GRAPHS=0 python3 \
+    scripts/device/tp_parity.py "$bin" --tp 2
+fi
+# A quantised GGUF file through the CLI's worker processes (each rank dequantises its slice).
+step gguf-make 30 parity.log python3 scripts/device/make_gguf_model.py "$OUT/model.gguf"
+vocab=$(tail -1 "$OUT/parity.log")
+step parity-gguf 100 parity.log python3 scripts/device/tp_parity.py "$bin" --tp 2 \
+  --model "$OUT/model.gguf" --ids "1:$vocab" --tol 1e-2
+rm -f "$OUT/model.gguf"
 tail -6 "$OUT/parity.log"
 
 for tp in 1 2; do

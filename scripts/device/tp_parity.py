@@ -10,7 +10,7 @@ Random synthetic weights amplify rounding differences with depth (the in-process
 layers agrees within 1e-2, tests/model/test_tensor_parallel_cuda.cpp); the default tolerance is
 for Llama-3-8B's 32 layers.
 
-    python3 scripts/device/tp_parity.py BINARY [--model synthetic:llama3-8b] [--tp 2]
+    python3 scripts/device/tp_parity.py BINARY [--model synthetic:llama3-8b] [--tp 2] [--ids LO:HI]
 """
 import argparse
 import json
@@ -41,9 +41,11 @@ def main():
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--tol", type=float, default=5e-2)
+    ap.add_argument("--ids", default="1000:120000", help="prompt token ids drawn from [LO, HI)")
     a = ap.parse_args()
+    lo, hi = (int(x) for x in a.ids.split(":"))
     rnd = random.Random(3)
-    prompts = [[rnd.randrange(1000, 120000) for _ in range(n)] for n in (12, 3, 20)]
+    prompts = [[rnd.randrange(lo, hi) for _ in range(n)] for n in (12, 3, 20)]
     one = run(a.binary, a.model, 1, prompts, a.steps)
     forced = [seq["generated_ids"] for seq in one]
     many = run(a.binary, a.model, a.tp, prompts, a.steps, forced)
