@@ -1,6 +1,7 @@
 // Tokenizers of the Llama family: byte-level BPE (GPT-2 family: SmolLM2, Llama 3, Qwen2/3) from
 // GGUF metadata or a Hugging Face tokenizer.json, and SentencePiece BPE (Llama 2, Mistral
-// v0.1-v0.3: GGUF tokenizer model "llama") from GGUF metadata.
+// v0.1-v0.3) from GGUF metadata (tokenizer model "llama") or a Hugging Face tokenizer.json with
+// byte fallback.
 //
 // encode: special/added tokens are split out first (when parse_special). Byte-level BPE: the rest
 // is split by the family's pre-tokenizer regex, each piece mapped to GPT-2's byte-to-unicode
@@ -41,7 +42,8 @@ class Tokenizer {
   // SentencePiece BPE).
   static Tokenizer from_gguf(const GGUFFile& file);
   // From a Hugging Face tokenizer.json (and tokenizer_config.json beside it, when present, for
-  // bos/eos and the chat template).
+  // bos/eos and the chat template): byte-level BPE, or with "byte_fallback" SentencePiece BPE
+  // merged by rank (the legacy Prepend/Replace normalizer or a Metaspace pre-tokenizer).
   static Tokenizer from_tokenizer_json(const std::string& path);
 
   // Splits out special tokens (added tokens; when parse_special) and BPE-encodes the rest.
@@ -113,6 +115,16 @@ class Tokenizer {
   // SentencePiece BPE
   bool spm_ = false;
   bool add_space_prefix_ = true;
+  // A Hugging Face tokenizer.json with byte fallback (a SentencePiece model as transformers
+  // converts it): pieces merged by merges_ rank instead of score; the U+2581 prefix only before a
+  // stretch at the start of the text (Metaspace "first") and only where it does not already
+  // start with a space or U+2581 (Metaspace); merges kept within words that start at each U+2581
+  // (Metaspace split); decode strips a space from the first piece it emits, whatever its type.
+  bool spm_ranked_ = false;
+  bool spm_prefix_first_ = false;
+  bool spm_prefix_if_no_space_ = false;
+  bool spm_split_ = false;
+  bool spm_strip_first_piece_ = false;
   std::vector<float> scores_;                 // [vocab_size]
   std::array<int32_t, 256> spm_byte_ids_{};   // id of each byte's <0xXX> token, or -1
 };

@@ -228,7 +228,17 @@ void Tokenizer::spm_encode(std::string_view text, bool prefix_space,
   auto push = [&](int32_t l) {
     if (l < 0 || sym[size_t(l)].next < 0) return;
     const Sym& a = sym[size_t(l)];
-    const int32_t len = a.len + sym[size_t(a.next)].len;
+    const Sym& b = sym[size_t(a.next)];
+    // Metaspace split: a word starts at each U+2581, and merges stay within words.
+    if (spm_split_ && s.compare(size_t(b.start), kSpmSpace.size(), kSpmSpace) == 0) return;
+    const int32_t len = a.len + b.len;
+    if (spm_ranked_) {  // the pair's merge rank, lowest first
+      const int32_t ia = piece_id(a.start, a.len), ib = piece_id(b.start, b.len);
+      if (ia < 0 || ib < 0) return;
+      const auto it = merges_.find(pair_key(ia, ib));
+      if (it != merges_.end()) heap.push({-float(it->second.rank), l, len});
+      return;
+    }
     const int32_t id = piece_id(a.start, len);
     if (id >= 0) heap.push({scores_[size_t(id)], l, len});
   };
@@ -270,11 +280,16 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special,
   std::vector<int32_t> out;
   if (add_special && add_bos_ && bos_id_ >= 0) out.push_back(bos_id_);
   // A stretch of text between special tokens; SentencePiece puts a space before the first one and
-  // before each that follows a special token (as llama.cpp and Hugging Face's Llama tokenizers).
+  // before each that follows a special token (as llama.cpp and Hugging Face's legacy Llama
+  // tokenizers), or (Metaspace "first") only before a stretch at the start of the text.
   bool after_special = true;
   auto text_part = [&](std::string_view part) {
     if (spm_) {
-      spm_encode(part, add_space_prefix_ && after_special, out);
+      bool prefix = add_space_prefix_ && after_special;
+      if (spm_prefix_first_ && part.data() != text.data()) prefix = false;
+      if (spm_prefix_if_no_space_ && (part.substr(0, 1) == " " || part.substr(0, 3) == kSpmSpace))
+        prefix = false;
+      spm_encode(part, prefix, out);
       if (!part.empty()) after_special = false;
     } else {
       encode_text(part, out);
@@ -342,13 +357,16 @@ std::string Tokenizer::token_to_piece(int32_t id) const {
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special) const {
   std::string out;
-  bool first_text = spm_ && add_space_prefix_;  // the space encode put before the text: dropped
+  // The space encode put before the text: dropped from the first text piece (sentencepiece), or
+  // (Hugging Face's Strip decoder) from whatever piece comes first.
+  bool first_text = spm_ && add_space_prefix_ && !spm_strip_first_piece_;
+  bool first_piece = spm_strip_first_piece_;
   for (int32_t id : ids) {
     if (skip_special && is_special(id)) continue;
     std::string piece = token_to_piece(id);
-    if (first_text && !is_added(types_[size_t(id)])) {
+    if ((first_text && !is_added(types_[size_t(id)])) || first_piece) {
       if (!piece.empty() && piece[0] == ' ') piece.erase(0, 1);
-      first_text = false;
+      first_text = first_piece = false;
     }
     out += piece;
   }

@@ -1,5 +1,6 @@
 // Tokenizer loaders: GGUF tokenizer.ggml.* metadata, and Hugging Face tokenizer.json (with
 // tokenizer_config.json beside it for bos/eos, add_bos_token and the chat template).
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -19,6 +20,22 @@ struct TokenizerLoader {
     t.ignore_merges_ = ignore_merges;
     for (int32_t id : extra_eog)
       if (id >= 0 && id < t.vocab_size() && !t.is_eog(id)) t.eog_ids_.push_back(id);
+  }
+  // How a tokenizer.json with byte fallback prepares its text (see Tokenizer's members).
+  struct SpmJson {
+    bool prefix = false, prefix_first = false, prefix_if_no_space = false, split = false,
+         strip_first_piece = false;
+    int32_t unk = -1;
+  };
+  static void set_spm_json(Tokenizer& t, const std::vector<std::string>& merges, const SpmJson& o) {
+    t.build_index(merges);
+    t.spm_ranked_ = true;
+    t.add_space_prefix_ = o.prefix;
+    t.spm_prefix_first_ = o.prefix_first;
+    t.spm_prefix_if_no_space_ = o.prefix_if_no_space;
+    t.spm_split_ = o.split;
+    t.spm_strip_first_piece_ = o.strip_first_piece;
+    if (o.unk >= 0) t.unk_id_ = o.unk;
   }
 };
 
@@ -165,6 +182,83 @@ PreTokenizer detect_pre(const json& pre, const std::string& file) {
        s.substr(0, 200));
 }
 
+// The parts of a "Sequence" (or the one object) of a normalizer, pre-tokenizer or decoder.
+std::vector<json> sequence_parts(const json& j, const char* list_key, const std::string& file) {
+  if (j.is_null()) return {};
+  if (str_field(j, "type", "", file) == "Sequence") {
+    PA_CHECK(j.contains(list_key) && j[list_key].is_array(), "Tokenizer::from_tokenizer_json: ",
+             file, ": a Sequence needs an array '", list_key, "'");
+    return j[list_key].get<std::vector<json>>();
+  }
+  return {j};
+}
+
+// SentencePiece BPE in a tokenizer.json ("byte_fallback": true, as transformers converts Llama 2
+// and Mistral): the text is prepared either by the legacy normalizer (Prepend U+2581 to every
+// stretch between special tokens, Replace " " by U+2581) or by a Metaspace pre-tokenizer
+// (replacement U+2581, prepend_scheme always / first / never, split or not); anything else is
+// refused by name.
+TokenizerLoader::SpmJson spm_json_options(const json& j, const std::string& file) {
+  const std::string sp = "\xE2\x96\x81";
+  TokenizerLoader::SpmJson o;
+  bool replaces_spaces = false;
+  for (const json& n : sequence_parts(j.value("normalizer", json()), "normalizers", file)) {
+    const std::string type = str_field(n, "type", "", file);
+    if (type == "Prepend" && str_field(n, "prepend", "", file) == sp) {
+      o.prefix = true;
+    } else if (type == "Replace" && n.contains("pattern") && n["pattern"].is_object() &&
+               str_field(n["pattern"], "String", "", file) == " " &&
+               str_field(n, "content", "", file) == sp) {
+      replaces_spaces = true;
+    } else {
+      fail("Tokenizer::from_tokenizer_json: ", file, ": key 'normalizer': unsupported with byte "
+           "fallback: ", n.dump().substr(0, 200));
+    }
+  }
+  for (const json& p : sequence_parts(j.value("pre_tokenizer", json()), "pretokenizers", file)) {
+    PA_CHECK(str_field(p, "type", "", file) == "Metaspace" &&
+                 str_field(p, "replacement", sp, file) == sp,
+             "Tokenizer::from_tokenizer_json: ", file, ": key 'pre_tokenizer': unsupported with "
+             "byte fallback: ", p.dump().substr(0, 200));
+    PA_CHECK(!o.prefix && !replaces_spaces, "Tokenizer::from_tokenizer_json: ", file,
+             ": both a normalizer and a Metaspace pre-tokenizer put U+2581 in the text");
+    replaces_spaces = true;
+    // Older files say "add_prefix_space"; newer ones "prepend_scheme".
+    const std::string scheme = str_field(
+        p, "prepend_scheme", bool_field(p, "add_prefix_space", true, file) ? "always" : "never",
+        file);
+    PA_CHECK(scheme == "always" || scheme == "first" || scheme == "never",
+             "Tokenizer::from_tokenizer_json: ", file,
+             ": key 'pre_tokenizer.prepend_scheme': unknown value '", scheme, "'");
+    o.prefix = scheme != "never";
+    o.prefix_first = scheme == "first";
+    o.prefix_if_no_space = true;
+    o.split = bool_field(p, "split", true, file);
+  }
+  PA_CHECK(replaces_spaces, "Tokenizer::from_tokenizer_json: ", file,
+           ": byte fallback without a Replace normalizer or Metaspace pre-tokenizer (spaces would "
+           "not become U+2581)");
+  // The decoder takes the prefix's space off again: a Strip of one leading space, or Metaspace's.
+  for (const json& d : sequence_parts(j.value("decoder", json()), "decoders", file)) {
+    const std::string type = str_field(d, "type", "", file);
+    if (type == "Strip" && d.contains("start") && d["start"].is_number_integer() &&
+        d["start"].get<int64_t>() > 0)
+      o.strip_first_piece = true;
+    if (type == "Metaspace" &&
+        str_field(d, "prepend_scheme", bool_field(d, "add_prefix_space", true, file) ? "always"
+                                                                                    : "never",
+                  file) != "never")
+      o.strip_first_piece = true;
+  }
+  return o;
+}
+
+// "<0x0A>"
+bool is_byte_piece(const std::string& s) {
+  return s.size() == 6 && s.compare(0, 3, "<0x") == 0 && s[5] == '>' &&
+         std::isxdigit(uint8_t(s[3])) && std::isxdigit(uint8_t(s[4]));
+}
+
 }  // namespace
 
 Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
@@ -174,8 +268,7 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
   const json& m = j["model"];
   PA_CHECK(str_field(m, "type", "BPE", path) == "BPE", "Tokenizer::from_tokenizer_json: ", path,
            ": key 'model.type': only BPE is supported");
-  PA_CHECK(!bool_field(m, "byte_fallback", false, path), "Tokenizer::from_tokenizer_json: ", path,
-           ": key 'model.byte_fallback': SentencePiece-style BPE is not supported");
+  const bool byte_fallback = bool_field(m, "byte_fallback", false, path);
   PA_CHECK(m.contains("vocab") && m["vocab"].is_object(), "Tokenizer::from_tokenizer_json: ", path,
            ": key 'model.vocab' must be an object");
 
@@ -214,7 +307,14 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
       merges.push_back(mg[0].get<std::string>() + " " + mg[1].get<std::string>());
     else fail("Tokenizer::from_tokenizer_json: ", path, ": key 'model.merges': bad entry ", mg.dump());
   }
-  const PreTokenizer pre = detect_pre(j.value("pre_tokenizer", json()), path);
+  TokenizerLoader::SpmJson spm;
+  if (byte_fallback) {
+    spm = spm_json_options(j, path);
+    for (size_t i = 0; i < vocab.size(); ++i)
+      if (types[i] == TokenType::normal && is_byte_piece(vocab[i])) types[i] = TokenType::byte;
+  }
+  const PreTokenizer pre =
+      byte_fallback ? PreTokenizer::gpt2 : detect_pre(j.value("pre_tokenizer", json()), path);
 
   // tokenizer_config.json: bos/eos, add_bos_token, chat_template.
   json cfg = json::object();
@@ -255,6 +355,14 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
   }
   Tokenizer t;
   try {
+    if (byte_fallback) {
+      const std::string unk = str_field(m, "unk_token", "", path);
+      spm.unk = unk.empty() ? -1 : find_id(unk);
+      t = from_sentencepiece(std::move(vocab), {}, std::move(types), bos, eos, add_bos,
+                             spm.prefix, tmpl);
+      TokenizerLoader::set_spm_json(t, merges, spm);
+      return t;
+    }
     t = from_parts(std::move(vocab), merges, std::move(types), pre, bos, eos, add_bos, tmpl);
   } catch (const Error& e) {
     fail("Tokenizer::from_tokenizer_json: ", path, ": ", e.what());

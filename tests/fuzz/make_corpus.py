@@ -250,6 +250,28 @@ def write_tokenizer_json():
               "added_tokens": added, "pre_tokenizer": pre}
         tj.update(extra)
         out("tokenizer_json", name + ".json", json.dumps(tj))
+    # SentencePiece BPE as transformers converts it: byte fallback, merges by rank, the legacy
+    # normalizer or a Metaspace pre-tokenizer.
+    sp = "\u2581"
+    spm_vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    spm_vocab.update({"<0x%02X>" % b: 3 + b for b in range(256)})
+    for p in [sp, "t", "h", "e", sp + "t", "he", sp + "the"]:
+        spm_vocab[p] = len(spm_vocab)
+    spm_added = [{"id": i, "content": c, "special": True}
+                 for i, c in enumerate(["<unk>", "<s>", "</s>"])]
+    legacy = {"normalizer": {"type": "Sequence", "normalizers": [
+        {"type": "Prepend", "prepend": sp},
+        {"type": "Replace", "pattern": {"String": " "}, "content": sp}]}}
+    metaspace = {"pre_tokenizer": {"type": "Metaspace", "replacement": sp,
+                                   "prepend_scheme": "first", "split": False}}
+    for name, prep in [("spm_legacy", legacy), ("spm_metaspace", metaspace)]:
+        tj = {"model": {"type": "BPE", "byte_fallback": True, "unk_token": "<unk>",
+                        "vocab": spm_vocab, "merges": [[sp, "t"], ["h", "e"], [sp + "t", "he"]]},
+              "added_tokens": spm_added,
+              "decoder": {"type": "Sequence", "decoders": [
+                  {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}}
+        tj.update(prep)
+        out("tokenizer_json", name + ".json", json.dumps(tj))
 
 
 # ---- text: tokenizer, chat template, request bodies -------------------------------------------

@@ -168,6 +168,85 @@ TEST_F(SentencePieceOracle, StreamedDecodingKeepsSpaces) {
   EXPECT_EQ(text, " hello café 🙂");
 }
 
+// The same model as Hugging Face tokenizer.json folders (byte fallback, merges by rank; the
+// legacy normalizer, Metaspace "first", Metaspace "first" with split): every text as the
+// `tokenizers` library encodes it (added tokens split out) and decodes it.
+TEST(SentencePieceTokenizerJson, EncodingsAndDecodingsEqualTokenizers) {
+  const Oracle& o = oracle();
+  PA_REQUIRE_ORACLE(o.run);
+  const json& out = o.out;
+  const auto& ts = out["texts"];
+  for (const char* name : {"legacy", "metaspace", "split"}) {
+    SCOPED_TRACE(name);
+    const fs::path dir = o.run.dir / (std::string("hf_") + name);
+    const Tokenizer tok = load_tokenizer(dir.string());
+    ASSERT_TRUE(tok.sentencepiece());
+    ASSERT_EQ(tok.vocab_size(), out["vocab_size"].get<int32_t>());
+    EXPECT_EQ(tok.bos_id(), 1);
+    EXPECT_EQ(tok.eos_id(), 2);
+    EXPECT_TRUE(tok.add_bos());
+    const json& hf = out["hf"][name];
+    int mismatches = 0;
+    for (size_t i = 0; i < ts.size(); ++i) {
+      const std::string text = ts[i].get<std::string>();
+      const auto want = hf["ids"][i].get<std::vector<int32_t>>();
+      const auto got = tok.encode(text, /*add_special=*/false, /*parse_special=*/true);
+      if (got != want && ++mismatches <= 5) {
+        std::string pieces, theirs;
+        for (int32_t id : got) pieces += "[" + tok.token_text(id) + "]";
+        for (int32_t id : want) theirs += "[" + tok.token_text(id) + "]";
+        ADD_FAILURE() << "text " << json(text).dump() << ": tokenizers " << theirs << ", ours "
+                      << pieces;
+      }
+      EXPECT_EQ(tok.decode(want), hf["decoded"][i].get<std::string>()) << json(text).dump();
+      EXPECT_EQ(tok.decode(want, /*skip_special=*/true), hf["decoded_skip"][i].get<std::string>())
+          << json(text).dump();
+    }
+    EXPECT_EQ(mismatches, 0) << "of " << ts.size() << " texts";
+    // BOS from tokenizer_config.json, before the text's own encoding.
+    auto with_bos = tok.encode("hello world", /*add_special=*/true);
+    ASSERT_FALSE(with_bos.empty());
+    EXPECT_EQ(with_bos[0], 1);
+  }
+}
+
+// A tokenizer.json with byte fallback whose text preparation this tokenizer does not have is
+// refused with the key that says so.
+TEST(SentencePieceTokenizerJson, UnsupportedPreparationIsRefusedByName) {
+  const fs::path dir = fs::temp_directory_path() / "pagedattn_spm_json_refused";
+  fs::create_directories(dir);
+  const json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}, {"\xE2\x96\x81", 3}, {"a", 4}};
+  auto write = [&](const json& extra) {
+    json tj = {{"model", {{"type", "BPE"}, {"byte_fallback", true}, {"unk_token", "<unk>"},
+                          {"vocab", vocab}, {"merges", json::array()}}}};
+    for (const auto& [k, v] : extra.items()) tj[k] = v;
+    std::ofstream(dir / "tokenizer.json") << tj.dump();
+    return (dir / "tokenizer.json").string();
+  };
+  const std::vector<std::pair<json, std::string>> cases = {
+      {{{"normalizer", {{"type", "NFKC"}}}}, "normalizer"},
+      {{{"pre_tokenizer", {{"type", "ByteLevel"}}}}, "pre_tokenizer"},
+      {json::object(), "U+2581"},
+      {{{"pre_tokenizer", {{"type", "Metaspace"}, {"prepend_scheme", "sometimes"}}}},
+       "prepend_scheme"}};
+  for (const auto& [extra, key] : cases) {
+    try {
+      (void)Tokenizer::from_tokenizer_json(write(extra));
+      ADD_FAILURE() << "no error for " << extra.dump();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  }
+  // The legacy normalizer alone is enough: "a" after the prefix, no merges.
+  const std::string sp = "\xE2\x96\x81";
+  const json prepend = {{"type", "Prepend"}, {"prepend", sp}};
+  const json replace = {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", sp}};
+  const Tokenizer t = Tokenizer::from_tokenizer_json(
+      write({{"normalizer", {{"type", "Sequence"}, {"normalizers", {prepend, replace}}}}}));
+  EXPECT_EQ(t.encode("a", false, false), (std::vector<int32_t>{3, 4}));
+  fs::remove_all(dir);
+}
+
 TEST(SentencePieceGguf, BadScoresAreRefusedByName) {
   std::vector<std::string> pieces = {"<unk>", "<s>", "</s>", "a"};
   std::vector<TokenType> types = {TokenType::unknown, TokenType::control, TokenType::control,
