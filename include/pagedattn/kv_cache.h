@@ -73,6 +73,9 @@ struct SwappedKv {
   std::vector<int32_t> tokens;  // [kv_len]
   std::shared_ptr<const std::vector<uint8_t*>> pages;
   size_t bytes = 0;  // host bytes held: pages x one page of every layer's K and V
+  // Of swap_out's time, seconds spent getting page-locked host memory (first uses of the swap
+  // space: the driver pins its pages, slower than the copy itself); the rest is the copy.
+  double pin_seconds = 0;
   int32_t kv_len() const { return int32_t(tokens.size()); }
 };
 

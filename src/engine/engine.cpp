@@ -680,6 +680,7 @@ EngineMetrics Engine::metrics() const {
   m.swap_out_bytes = swap.out_bytes;
   m.swap_in_bytes = swap.in_bytes;
   m.swap_seconds = swap.seconds;
+  m.swap_pin_seconds = swap.pin_seconds;
   m.num_swapped = swap.swapped_now;
   m.swap_used_bytes = swap.used_bytes;
   m.swap_space_bytes = scheduler_->config().swap_space_bytes;
