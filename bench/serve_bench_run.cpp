@@ -142,6 +142,7 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
     ec.admission = parse_admission_policy(cfg.admission);
     ec.preemption = parse_preemption_mode(cfg.preemption);
     ec.swap_space_mib = cfg.swap_space_mib;
+    ec.reserve_swap_space = true;  // as `pagedattn serve`, before the run's clock starts
     ec.victim = ec.admission == AdmissionPolicy::lookahead ? VictimPolicy::least_work
                                                            : VictimPolicy::newest;
   }

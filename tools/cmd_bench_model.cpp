@@ -36,7 +36,6 @@ struct BenchModelArgs {
   bool host_argmax = false;        // decode steps download logits and pick tokens on the host
   std::string sampling = "greedy";  // greedy | mixed (the non-greedy mix of kMixed)
   bool no_cuda_graphs = false;     // CUDA: LlamaModelCuda::set_cuda_graphs(false)
-  double swap_space_mib = -1;      // EngineConfig::swap_space_mib
 };
 
 double since(std::chrono::steady_clock::time_point t0) {
@@ -215,7 +214,6 @@ void run_bench_model(const BenchModelArgs& a) {
   ec.max_num_seqs = max_batch;
   ec.prefill_first = true;
   ec.device_sampling = !a.host_argmax;
-  ec.swap_space_mib = a.swap_space_mib;
   PA_CHECK(a.sampling == "greedy" || a.sampling == "mixed",
            "bench model: --sampling must be greedy or mixed, got '", a.sampling, "'");
   const bool mixed = a.sampling == "mixed";
@@ -287,10 +285,6 @@ void register_bench_model(CLI::App& bench) {
   cmd->add_option("--prefill-chunk", args->prefill_chunk,
                   "Most prompt tokens per prefill forward step (default 2048, the engine's "
                   "max_num_batched_tokens)");
-  cmd->add_option("--swap-space", args->swap_space_mib,
-                  "MiB of host memory for swapped pages (-1: 4096 with a CUDA cache, none on the "
-                  "CPU; reserved as the engine starts, on a thread of its own); 0: none")
-      ->capture_default_str();
   add_session_options(*cmd, args->session);
   cmd->callback([args] {
     run_bench_model(*args);

@@ -126,10 +126,10 @@ class KvCache {
   // ---- swap ----
   // Host bytes that swap_out of a sequence of kv_len positions takes (its pages, whole).
   size_t swap_bytes(int32_t kv_len) const;
-  // Takes up to `bytes` of host memory for swap_out ahead of need, on a thread of its own (on a
-  // CUDA device, page-locked memory: pinning runs at a few GB/s, slower than the copies, and would
-  // otherwise fall on the first swaps). Once per cache; the thread ends with the cache.
-  void reserve_swap_space(size_t bytes);
+  // Takes host memory for swap_out ahead of need until about `bytes` are held (on a CUDA device,
+  // page-locked: the driver pins it at a few GB/s, slower than the copies, which would otherwise
+  // wait for it at the first swaps); less where the memory cannot be had. Returns the bytes held.
+  size_t reserve_swap_space(size_t bytes);
   // Copies the K/V of every page of `seq` to host memory, then frees the sequence as
   // free_sequence does (its full pages stay in the prefix cache until evicted). Throws Error
   // (nothing changed) when the host memory cannot be had.

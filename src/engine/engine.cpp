@@ -122,9 +122,11 @@ Engine::Engine(std::unique_ptr<Model> model, const EngineConfig& config, DecodeF
   sc.swap_space_bytes = int64_t(swap_mib * 1024.0 * 1024.0);
   scheduler_ = std::make_unique<Scheduler>(sc, *cache_);
   // NOTE: page-locked host memory is pinned at a few GB/s (1.8 on an H100 machine, slower than
-  // the copies themselves: 42 GB/s): taken on demand, it made the first swaps cost more than
-  // recomputing. A tensor-parallel cache does not swap.
-  if (kc.device == Device::cuda && sc.swap_space_bytes > 0 &&
+  // the copies themselves: 42 GB/s): taken on demand, it makes the first swaps cost more than
+  // recomputing. Pinned on a thread beside the decode steps, it halved their rate (the driver's
+  // lock), so a server takes it here, before its first request. A tensor-parallel cache does not
+  // swap.
+  if (config.reserve_swap_space && kc.device == Device::cuda && sc.swap_space_bytes > 0 &&
       sc.preemption != PreemptionMode::recompute && !kc.record_page_copies)
     cache_->reserve_swap_space(size_t(sc.swap_space_bytes));
   eos_ids_ = mc.eos_token_ids;

@@ -3,7 +3,6 @@
 #include "host_copy.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -35,34 +34,23 @@ HostPool::HostPool(Device pools, size_t page_bytes)
     : device_(pools), page_bytes_(std::max<size_t>(page_bytes, 1)) {}
 
 HostPool::~HostPool() {
-  stop_ = true;
-  if (reserver_.joinable()) reserver_.join();
   for (uint8_t* c : chunks_) raw_free(c, device_);
 }
 
-void HostPool::reserve_in_background(size_t bytes) {
-  if (reserver_.joinable() || bytes == 0) return;
-  const int cuda_device = device_ == Device::cuda ? cuda_current_device() : -1;
-  reserver_ = std::thread([this, bytes, cuda_device] {
-    const auto t0 = std::chrono::steady_clock::now();
-    try {
-      if (cuda_device >= 0) cuda_use_device(cuda_device);
-      const size_t per_chunk = std::max<size_t>(1, kChunkBytes / page_bytes_);
-      while (!stop_ && reserved_bytes() < bytes) {
-        // NOTE: the memory is pinned outside the lock (tens of milliseconds a chunk): swaps
-        // meanwhile take what is free, or pin their own.
-        uint8_t* c = raw_alloc(per_chunk * page_bytes_, device_);
-        std::lock_guard<std::mutex> lock(mu_);
-        chunks_.push_back(c);
-        chunk_bytes_ += per_chunk * page_bytes_;
-        for (size_t i = per_chunk; i-- > 0;) free_.push_back(c + i * page_bytes_);
-      }
-    } catch (const Error&) {
-      // No more host memory to be had now: swaps will ask again as they need it.
+size_t HostPool::reserve(size_t bytes) {
+  const size_t per_chunk = std::max<size_t>(1, kChunkBytes / page_bytes_);
+  std::lock_guard<std::mutex> lock(mu_);
+  try {
+    while (chunk_bytes_ < bytes) {
+      uint8_t* c = raw_alloc(per_chunk * page_bytes_, device_);
+      chunks_.push_back(c);
+      chunk_bytes_ += per_chunk * page_bytes_;
+      for (size_t i = per_chunk; i-- > 0;) free_.push_back(c + i * page_bytes_);
     }
-    reserve_seconds_ =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  });
+  } catch (const Error&) {
+    // No more host memory to be had now: swaps will ask again as they need it.
+  }
+  return chunk_bytes_;
 }
 
 size_t HostPool::reserved_bytes() {
@@ -113,8 +101,6 @@ void copy_blocks(Device pools, std::span<const void* const> src, std::span<void*
 void* cuda_alloc_pinned(size_t) { no_cuda(); }
 void cuda_free_pinned(void*) {}
 void cuda_copy_blocks(const void* const*, void* const*, size_t, size_t) { no_cuda(); }
-int cuda_current_device() { no_cuda(); }
-void cuda_use_device(int) { no_cuda(); }
 #endif
 
 }  // namespace pagedattn::kv

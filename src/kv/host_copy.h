@@ -1,13 +1,11 @@
 // Host memory and copies for swap (internal to the cache).
 #pragma once
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <span>
-#include <thread>
 #include <vector>
 
 #include "pagedattn/tensor.h"
@@ -33,14 +31,12 @@ class HostPool {
   // the memory cannot be had.
   static std::shared_ptr<const std::vector<uint8_t*>> take(const std::shared_ptr<HostPool>& pool,
                                                           size_t n);
-  // Takes up to `bytes` of host memory ahead of the first swap, a chunk at a time on a thread of
-  // its own (with page-locked memory, on the calling thread's CUDA device), so that swapping does
-  // not wait for the driver to pin it. Stops at the first chunk it cannot have, and when the pool
-  // goes. Once per pool.
-  void reserve_in_background(size_t bytes);
-  // Bytes of host memory taken so far (chunks), and seconds the background reservation spent.
+  // Takes host memory ahead of the first swap until the pool holds at least `bytes` (whole
+  // chunks), so that swapping does not wait for the driver to pin it; stops quietly at the first
+  // chunk it cannot have (swaps ask again as they need memory). Returns the pool's bytes.
+  size_t reserve(size_t bytes);
+  // Bytes of host memory taken so far (chunks).
   size_t reserved_bytes();
-  double reserve_seconds() const { return reserve_seconds_.load(); }
 
  private:
   static constexpr size_t kChunkBytes = size_t(32) << 20;
@@ -50,9 +46,6 @@ class HostPool {
   std::mutex mu_;
   std::vector<uint8_t*> chunks_, free_;
   size_t chunk_bytes_ = 0;  // of every chunk
-  std::atomic<bool> stop_{false};
-  std::atomic<double> reserve_seconds_{0};
-  std::thread reserver_;
 };
 
 // Copies count blocks of block_bytes each, block i from src[i] to dst[i]. With pools on a CUDA

@@ -8,9 +8,6 @@ namespace pagedattn::kv {
 
 void* cuda_alloc_pinned(size_t bytes);
 void cuda_free_pinned(void* p);
-// The calling thread's CUDA device, and making `device` another thread's.
-int cuda_current_device();
-void cuda_use_device(int device);
 void cuda_copy_blocks(const void* const* src, void* const* dst, size_t count, size_t block_bytes);
 
 }  // namespace pagedattn::kv

@@ -15,7 +15,7 @@ size_t KvCache::swap_bytes(int32_t kv_len) const {
   return pages * size_t(m.cfg.num_layers) * 2 * m.page_bytes();
 }
 
-void KvCache::reserve_swap_space(size_t bytes) { impl_->host_pool->reserve_in_background(bytes); }
+size_t KvCache::reserve_swap_space(size_t bytes) { return impl_->host_pool->reserve(bytes); }
 
 SwappedKv KvCache::swap_out(SeqId seq) {
   Impl& m = *impl_;

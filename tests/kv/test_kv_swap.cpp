@@ -4,10 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <numeric>
-#include <thread>
 #include <vector>
 
 #include "kv/host_copy.h"
@@ -202,26 +200,18 @@ TEST(KvSwapHostPool, PagesGivenBackServeTheNextSwap) {
   EXPECT_EQ(kv::HostPool::take(big, 9)->size(), 9u);
 }
 
-// Memory reserved ahead (on a thread of its own) serves the swaps: they take no more.
+// Memory reserved ahead serves the swaps: they take no more.
 TEST(KvSwapHostPool, ReservedMemoryServesTheSwaps) {
   auto pool = std::make_shared<kv::HostPool>(Device::cpu, size_t(1) << 20);
-  pool->reserve_in_background(size_t(64) << 20);
-  pool->reserve_in_background(size_t(512) << 20);  // once per pool: ignored
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (pool->reserved_bytes() < (size_t(64) << 20) && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  // The thread takes whole chunks until it holds the bytes asked for, and no more.
-  for (int i = 0; i < 200 && pool->reserve_seconds() == 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  const size_t reserved = pool->reserved_bytes();
-  ASSERT_GE(reserved, size_t(64) << 20);
-  EXPECT_LT(reserved, size_t(128) << 20);
+  const size_t reserved = pool->reserve(size_t(40) << 20);
+  // Whole chunks of 32 pages until at least the bytes asked for, and no more.
+  EXPECT_EQ(reserved, size_t(64) << 20);
+  EXPECT_EQ(pool->reserved_bytes(), reserved);
+  EXPECT_EQ(pool->reserve(size_t(10) << 20), reserved) << "already held: nothing more taken";
   auto a = kv::HostPool::take(pool, 40);
   auto b = kv::HostPool::take(pool, 20);
   EXPECT_EQ(pool->reserved_bytes(), reserved) << "the swaps should have used the reserve";
   for (uint8_t* p : *a) std::memset(p, 3, size_t(1) << 20);
-  // A pool that goes while its thread still reserves waits for it (no leak, no use after free).
-  auto busy = std::make_shared<kv::HostPool>(Device::cpu, size_t(1) << 20);
-  busy->reserve_in_background(size_t(1) << 30);
-  busy.reset();
+  auto c = kv::HostPool::take(pool, 5);  // beyond the reserve: one more chunk
+  EXPECT_EQ(pool->reserved_bytes(), reserved + (size_t(32) << 20));
 }

@@ -59,14 +59,6 @@ void* cuda_alloc_pinned(size_t bytes) {
 
 void cuda_free_pinned(void* p) { (void)cudaFreeHost(p); }
 
-int cuda_current_device() {
-  int d = 0;
-  check(cudaGetDevice(&d), "cudaGetDevice");
-  return d;
-}
-
-void cuda_use_device(int device) { check(cudaSetDevice(device), "cudaSetDevice"); }
-
 void cuda_copy_blocks(const void* const* src, void* const* dst, size_t count, size_t block_bytes) {
   // NOTE: the pools' writers run on their own streams; the copy starts after all of them and the
   // call returns after it, so no step reads a page in flight.
