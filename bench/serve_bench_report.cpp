@@ -97,6 +97,7 @@ nlohmann::json result_json(const RunResult& r, const std::string& model, const s
       {"swapped_tokens", count_json(r.swapped_tokens)},
       {"swap_bytes", count_json(r.swap_bytes)},
       {"swap_s", num_json(r.swap_s)},
+      {"swap_pin_s", num_json(r.swap_pin_s)},
       {"device_busy_s", num_json(r.device_busy_s)},
       {"device_idle_frac", num_json(r.device_idle_frac)},
       {"preempted_computed_tokens", count_json(r.preempted_computed_tokens)},

@@ -142,6 +142,7 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
     ec.admission = parse_admission_policy(cfg.admission);
     ec.preemption = parse_preemption_mode(cfg.preemption);
     ec.swap_space_mib = cfg.swap_space_mib;
+    ec.reserve_swap_space = true;  // as `pagedattn serve`, before the run's clock starts
     ec.victim = ec.admission == AdmissionPolicy::lookahead ? VictimPolicy::least_work
                                                            : VictimPolicy::newest;
   }
@@ -324,6 +325,7 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
   r.swapped_tokens = m.swapped_tokens;
   r.swap_bytes = m.swap_out_bytes + m.swap_in_bytes;
   r.swap_s = m.swap_seconds;
+  r.swap_pin_s = m.swap_pin_seconds;
   r.preempted_computed_tokens = m.preempted_computed_tokens;
   r.resumed_prefix_hit_tokens = m.resumed_prefix_hit_tokens;
   r.admission_stalls = m.admission_stalls;

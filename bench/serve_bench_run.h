@@ -89,7 +89,7 @@ struct RunResult {
   // Preemptions that swapped, the computed tokens they kept, bytes copied out and in, and the
   // seconds those copies took (-1 / NaN: unknown).
   int64_t preemptions_swap = -1, swapped_tokens = -1, swap_bytes = -1;
-  double swap_s = kAbsent;
+  double swap_s = kAbsent, swap_pin_s = kAbsent;  // swap's time, and the pinning part of it
   // The device's time on the run's forward steps (Model::device_busy_seconds) and the fraction of
   // the run it spent idle between them (NaN: not measured, the CPU or over HTTP).
   double device_busy_s = kAbsent, device_idle_frac = kAbsent;

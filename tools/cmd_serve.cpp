@@ -30,7 +30,11 @@ struct ServeArgs {
   std::string device = "auto";
   std::string served_model_name;  // "" -> the file's stem
   ServerConfig server;
-  EngineConfig engine;
+  EngineConfig engine = [] {
+    EngineConfig e;
+    e.reserve_swap_space = true;  // pinned before the first request, not at the first swaps
+    return e;
+  }();
   bool no_prefix_cache = false;
   std::string preemption_mode = "auto";
   std::string kv_cache_memory;  // MiB, a fraction or a percentage of free memory

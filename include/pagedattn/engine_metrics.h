@@ -33,6 +33,7 @@ struct EngineMetrics {
   int64_t swapped_tokens = 0;         // computed tokens that swap kept (not recomputed)
   int64_t swap_out_bytes = 0, swap_in_bytes = 0;
   double swap_seconds = 0;            // spent copying pages out and in
+  double swap_pin_seconds = 0;        // of those, pinning host memory (the swap space's first use)
   int32_t num_swapped = 0;            // waiting sequences whose pages are in host memory now
   int64_t swap_used_bytes = 0, swap_space_bytes = 0;
   int64_t recomputed_tokens = 0;      // tokens computed again after a preemption

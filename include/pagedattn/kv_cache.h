@@ -73,6 +73,9 @@ struct SwappedKv {
   std::vector<int32_t> tokens;  // [kv_len]
   std::shared_ptr<const std::vector<uint8_t*>> pages;
   size_t bytes = 0;  // host bytes held: pages x one page of every layer's K and V
+  // Of swap_out's time, seconds spent getting page-locked host memory (first uses of the swap
+  // space: the driver pins its pages, slower than the copy itself); the rest is the copy.
+  double pin_seconds = 0;
   int32_t kv_len() const { return int32_t(tokens.size()); }
 };
 
@@ -123,6 +126,10 @@ class KvCache {
   // ---- swap ----
   // Host bytes that swap_out of a sequence of kv_len positions takes (its pages, whole).
   size_t swap_bytes(int32_t kv_len) const;
+  // Takes host memory for swap_out ahead of need until about `bytes` are held (on a CUDA device,
+  // page-locked: the driver pins it at a few GB/s, slower than the copies, which would otherwise
+  // wait for it at the first swaps); less where the memory cannot be had. Returns the bytes held.
+  size_t reserve_swap_space(size_t bytes);
   // Copies the K/V of every page of `seq` to host memory, then frees the sequence as
   // free_sequence does (its full pages stay in the prefix cache until evicted). Throws Error
   // (nothing changed) when the host memory cannot be had.

@@ -100,6 +100,7 @@ void Scheduler::preempt(Sequence *seq, SchedulerOutput &out) {
     }
     if (swapped) {
       swap_.seconds += seconds_since(t0);
+      swap_.pin_seconds += seq->swapped->pin_seconds;
       swap_.out_bytes += int64_t(seq->swapped->bytes);
       swap_.used_bytes += int64_t(seq->swapped->bytes);
       swap_.tokens += seq->num_computed;
@@ -134,9 +135,13 @@ bool Scheduler::should_swap(const Sequence &seq) const {
   if (config_.preemption == PreemptionMode::swap) return true;
   // cheaper: out and back in at the copy rate seen so far, against a prefill of the same tokens.
   if (prefill_s_per_token_ <= 0) return true;  // no prefill measured yet: the copies, far cheaper
+  // NOTE: the copy rate leaves out the time taken to pin host memory: that is paid once, when the
+  // swap space is first used, and then kept (at the first swaps of an H100 run it made the copies
+  // look 10x slower than they are, and recompute was chosen for good).
   const double copied = double(swap_.out_bytes + swap_.in_bytes);
+  const double copy_s = swap_.seconds - swap_.pin_seconds;
   const double rate =
-      copied >= double(1 << 20) && swap_.seconds > 0 ? copied / swap_.seconds : kAssumedCopyBytesPerS;
+      copied >= double(1 << 20) && copy_s > 0 ? copied / copy_s : kAssumedCopyBytesPerS;
   return 2.0 * double(bytes) / rate < double(seq.num_computed) * prefill_s_per_token_;
 }
 

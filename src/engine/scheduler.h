@@ -71,7 +71,8 @@ struct SwapStats {
   int64_t preemptions = 0;  // preemptions that swapped
   int64_t tokens = 0;       // computed tokens kept by swap (not recomputed)
   int64_t out_bytes = 0, in_bytes = 0;
-  double seconds = 0;       // copying, both ways
+  double seconds = 0;       // copying, both ways (pinning included)
+  double pin_seconds = 0;   // of those, getting page-locked host memory (first uses)
   int32_t swapped_now = 0;  // waiting sequences in host memory
   int64_t used_bytes = 0;   // of the swap space
 };

@@ -37,6 +37,27 @@ HostPool::~HostPool() {
   for (uint8_t* c : chunks_) raw_free(c, device_);
 }
 
+size_t HostPool::reserve(size_t bytes) {
+  const size_t per_chunk = std::max<size_t>(1, kChunkBytes / page_bytes_);
+  std::lock_guard<std::mutex> lock(mu_);
+  try {
+    while (chunk_bytes_ < bytes) {
+      uint8_t* c = raw_alloc(per_chunk * page_bytes_, device_);
+      chunks_.push_back(c);
+      chunk_bytes_ += per_chunk * page_bytes_;
+      for (size_t i = per_chunk; i-- > 0;) free_.push_back(c + i * page_bytes_);
+    }
+  } catch (const Error&) {
+    // No more host memory to be had now: swaps will ask again as they need it.
+  }
+  return chunk_bytes_;
+}
+
+size_t HostPool::reserved_bytes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return chunk_bytes_;
+}
+
 std::shared_ptr<const std::vector<uint8_t*>> HostPool::take(const std::shared_ptr<HostPool>& pool,
                                                            size_t n) {
   HostPool& m = *pool;
@@ -49,6 +70,7 @@ std::shared_ptr<const std::vector<uint8_t*>> HostPool::take(const std::shared_pt
       const size_t count = std::max(per_chunk, n - m.free_.size());
       uint8_t* c = raw_alloc(count * m.page_bytes_, m.device_);  // may throw: nothing taken
       m.chunks_.push_back(c);
+      m.chunk_bytes_ += count * m.page_bytes_;
       for (size_t i = count; i-- > 0;) m.free_.push_back(c + i * m.page_bytes_);
     }
     pages->assign(m.free_.end() - ptrdiff_t(n), m.free_.end());

@@ -31,6 +31,12 @@ class HostPool {
   // the memory cannot be had.
   static std::shared_ptr<const std::vector<uint8_t*>> take(const std::shared_ptr<HostPool>& pool,
                                                           size_t n);
+  // Takes host memory ahead of the first swap until the pool holds at least `bytes` (whole
+  // chunks), so that swapping does not wait for the driver to pin it; stops quietly at the first
+  // chunk it cannot have (swaps ask again as they need memory). Returns the pool's bytes.
+  size_t reserve(size_t bytes);
+  // Bytes of host memory taken so far (chunks).
+  size_t reserved_bytes();
 
  private:
   static constexpr size_t kChunkBytes = size_t(32) << 20;
@@ -39,6 +45,7 @@ class HostPool {
   size_t page_bytes_;
   std::mutex mu_;
   std::vector<uint8_t*> chunks_, free_;
+  size_t chunk_bytes_ = 0;  // of every chunk
 };
 
 // Copies count blocks of block_bytes each, block i from src[i] to dst[i]. With pools on a CUDA

@@ -1,5 +1,6 @@
 // Swap: a sequence's pages copied to host memory and back (see kv_cache.h). The engine swaps a
 // preempted sequence out when that is cheaper than computing its tokens again.
+#include <chrono>
 #include <utility>
 
 #include "host_copy.h"
@@ -14,12 +15,16 @@ size_t KvCache::swap_bytes(int32_t kv_len) const {
   return pages * size_t(m.cfg.num_layers) * 2 * m.page_bytes();
 }
 
+size_t KvCache::reserve_swap_space(size_t bytes) { return impl_->host_pool->reserve(bytes); }
+
 SwappedKv KvCache::swap_out(SeqId seq) {
   Impl& m = *impl_;
   const SeqPages& s = m.find(seq, "swap_out");
   SwappedKv out;
   out.bytes = swap_bytes(m.kv_len(s));
+  const auto t0 = std::chrono::steady_clock::now();
   out.pages = kv::HostPool::take(m.host_pool, s.block_table.size());  // may throw: nothing changed
+  out.pin_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::vector<void*> pool, host;
   for (size_t i = 0; i < s.block_table.size(); ++i)
     m.page_blocks(s.block_table[i], (*out.pages)[i], pool, host);

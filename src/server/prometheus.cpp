@@ -81,6 +81,9 @@ std::string prometheus_text(const EngineMetrics& m, const std::string& model_nam
      << "\n";
   metric(os, "pagedattn_swap_seconds_total", "counter", "Seconds spent copying swapped pages.", l,
          m.swap_seconds);
+  metric(os, "pagedattn_swap_pin_seconds_total", "counter",
+         "Of the swap seconds, those spent pinning host memory (the swap space's first use).", l,
+         m.swap_pin_seconds);
   metric(os, "pagedattn_num_requests_swapped", "gauge",
          "Waiting sequences whose KV pages are in host memory.", l, double(m.num_swapped));
   metric(os, "pagedattn_swap_space_usage_perc", "gauge", "Fraction of the swap space in use.", l,

@@ -199,3 +199,19 @@ TEST(KvSwapHostPool, PagesGivenBackServeTheNextSwap) {
   auto big = std::make_shared<kv::HostPool>(Device::cpu, size_t(8) << 20);
   EXPECT_EQ(kv::HostPool::take(big, 9)->size(), 9u);
 }
+
+// Memory reserved ahead serves the swaps: they take no more.
+TEST(KvSwapHostPool, ReservedMemoryServesTheSwaps) {
+  auto pool = std::make_shared<kv::HostPool>(Device::cpu, size_t(1) << 20);
+  const size_t reserved = pool->reserve(size_t(40) << 20);
+  // Whole chunks of 32 pages until at least the bytes asked for, and no more.
+  EXPECT_EQ(reserved, size_t(64) << 20);
+  EXPECT_EQ(pool->reserved_bytes(), reserved);
+  EXPECT_EQ(pool->reserve(size_t(10) << 20), reserved) << "already held: nothing more taken";
+  auto a = kv::HostPool::take(pool, 40);
+  auto b = kv::HostPool::take(pool, 20);
+  EXPECT_EQ(pool->reserved_bytes(), reserved) << "the swaps should have used the reserve";
+  for (uint8_t* p : *a) std::memset(p, 3, size_t(1) << 20);
+  auto c = kv::HostPool::take(pool, 5);  // beyond the reserve: one more chunk
+  EXPECT_EQ(pool->reserved_bytes(), reserved + (size_t(32) << 20));
+}

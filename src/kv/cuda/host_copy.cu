@@ -22,8 +22,11 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("swap: ", what, ": ", cudaGetErrorString(e));
 }
 
-// One CTA per block: 16-byte words when both ends allow them, bytes otherwise.
+// One CTA per block: 16-byte words when both ends allow them, bytes otherwise. Each thread has
+// kUnroll words in flight (every load before the stores): a read of page-locked host memory
+// waits on the bus, about a microsecond.
 __global__ void copy_blocks_kernel(const void* const* src, void* const* dst, size_t block_bytes) {
+  constexpr int kUnroll = 4;
   const auto* s = static_cast<const uint8_t*>(src[blockIdx.x]);
   auto* d = static_cast<uint8_t*>(dst[blockIdx.x]);
   const bool wide = ((reinterpret_cast<uintptr_t>(s) | reinterpret_cast<uintptr_t>(d) |
@@ -31,7 +34,16 @@ __global__ void copy_blocks_kernel(const void* const* src, void* const* dst, siz
   if (wide) {
     const auto* s16 = reinterpret_cast<const uint4*>(s);
     auto* d16 = reinterpret_cast<uint4*>(d);
-    for (size_t i = threadIdx.x; i < block_bytes / 16; i += blockDim.x) d16[i] = s16[i];
+    const size_t words = block_bytes / 16, step = blockDim.x;
+    size_t i = threadIdx.x;
+    for (; i + (kUnroll - 1) * step < words; i += kUnroll * step) {
+      uint4 v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) v[u] = s16[i + u * step];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) d16[i + u * step] = v[u];
+    }
+    for (; i < words; i += step) d16[i] = s16[i];
   } else {
     for (size_t i = threadIdx.x; i < block_bytes; i += blockDim.x) d[i] = s[i];
   }
