@@ -143,6 +143,27 @@ __device__ __forceinline__ float finalize_state(const SoftmaxState& s, float v_s
   return s.d > 0.f ? __fmul_rn(__fdiv_rn(s.acc, s.d), v_scale) : 0.f;
 }
 
+// A chunk's state from the N partial states of its warps (or thread groups) at m[r * stride],
+// d[r * stride]: its max (cm) and sum (cd), and each partial's weight, handed to store(r, w) in
+// order (the weighted sum of their outputs is the caller's).
+template <int N, class Store>
+__device__ __forceinline__ void weigh_states(const float* m, const float* d, int stride,
+                                             Store&& store, float& cm, float& cd) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int r = 0; r < N; ++r) mx = fmaxf(mx, m[r * stride]);
+  float den = 0.f;
+#pragma unroll
+  for (int r = 0; r < N; ++r) {
+    const float mr = m[r * stride];
+    const float w = mr == -INFINITY ? 0.f : exp2f(mr - mx);
+    store(r, w);
+    den = fmaf(d[r * stride], w, den);
+  }
+  cm = mx;
+  cd = den;
+}
+
 constexpr float kLog2e = 1.4426950408889634f;
 
 }  // namespace pagedattn::cuda

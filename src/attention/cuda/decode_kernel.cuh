@@ -266,27 +266,12 @@ __global__ void __launch_bounds__(kDecodeThreads,
     // arithmetic either way.
     float w1[GT == 1 ? kGroups : 1], cm1 = -INFINITY, cd1 = 0.f;
     if constexpr (GT == 1) {
-#pragma unroll
-      for (int r = 0; r < kGroups; ++r) cm1 = fmaxf(cm1, s_m[r]);
-#pragma unroll
-      for (int r = 0; r < kGroups; ++r) {
-        const float mr = s_m[r];
-        w1[r] = mr == -INFINITY ? 0.f : exp2f(mr - cm1);
-        cd1 = fmaf(s_d[r], w1[r], cd1);
-      }
+      weigh_states<kGroups>(s_m, s_d, 1, [&](int r, float w) { w1[r] = w; }, cm1, cd1);
     } else {
       if (tid < GT) {
-        float mx = -INFINITY;
-        for (int r = 0; r < kGroups; ++r) mx = fmaxf(mx, s_m[r * GT + tid]);
-        float den = 0.f;
-        for (int r = 0; r < kGroups; ++r) {
-          const float mr = s_m[r * GT + tid];
-          const float w = mr == -INFINITY ? 0.f : exp2f(mr - mx);
-          s_w[r * GT + tid] = w;
-          den = fmaf(s_d[r * GT + tid], w, den);
-        }
-        s_cm[tid] = mx;
-        s_cd[tid] = den;
+        weigh_states<kGroups>(
+            s_m + tid, s_d + tid, GT, [&](int r, float w) { s_w[r * GT + tid] = w; }, s_cm[tid],
+            s_cd[tid]);
       }
       __syncthreads();
     }

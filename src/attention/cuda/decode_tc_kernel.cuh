@@ -392,17 +392,9 @@ __global__ void __launch_bounds__(kDecodeTcThreads) decode_tc_kernel(const Atten
       }
     __syncthreads();
     if (tid < ROWS) {
-      float mx = -INFINITY;
-      for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w * ROWS + tid]);
-      float den = 0.f;
-      for (int w = 0; w < kWarps; ++w) {
-        const float mw = s_m[w * ROWS + tid];
-        const float wt = mw == -INFINITY ? 0.f : exp2f(mw - mx);
-        s_w[w * ROWS + tid] = wt;
-        den = fmaf(s_l[w * ROWS + tid], wt, den);
-      }
-      s_cm[tid] = mx;
-      s_cd[tid] = den;
+      weigh_states<kWarps>(
+          s_m + tid, s_l + tid, ROWS, [&](int w, float wt) { s_w[w * ROWS + tid] = wt; },
+          s_cm[tid], s_cd[tid]);
     }
     __syncthreads();
     {
