@@ -33,7 +33,8 @@ for prompt in ("the thing", "he in the", "Hello world 12345", "x"):
                                  {"Content-Type": "application/json"})
     out = json.load(urllib.request.urlopen(req, timeout=60))
     c = out["choices"][0]
-    print(json.dumps({"prompt": prompt, "text": c["text"], "tokens": out["usage"]["completion_tokens"],
+    print(json.dumps({"prompt": prompt, "text": c["text"],
+                      "tokens": out["usage"]["completion_tokens"],
                       "logprobs": c["logprobs"]["token_logprobs"]}))
 PY
 }
@@ -62,7 +63,7 @@ b = [json.loads(l) for l in open(sys.argv[2])]
 assert a and len(a) == len(b), f"{len(a)} completions on one GPU, {len(b)} on two"
 worst = 0.0
 for x, y in zip(a, b):
-    assert x["text"] == y["text"] and x["tokens"] == y["tokens"], (x["prompt"], x["text"], y["text"])
+    assert x["text"] == y["text"] and x["tokens"] == y["tokens"], (x["prompt"], x, y)
     worst = max([worst] + [abs(p - q) for p, q in zip(x["logprobs"], y["logprobs"])])
 print(f"same completions ({len(a)} prompts); worst log-probability difference {worst:.2e}")
 sys.exit(0 if worst <= 1e-2 else 1)
