@@ -16,8 +16,7 @@ if [[ -f "$BUILD_DIR/deps-env.sh" ]]; then source "$BUILD_DIR/deps-env.sh"; fi
 bin=$BUILD_DIR/pagedattn
 python3 scripts/device/make_gguf_model.py "$OUT/model.gguf" >/dev/null
 # The completions of a few prompts from the server on PORT (waits for /health first).
-complete() {
-  python3 - "$1" <<'PY'
+read -r -d '' complete <<'PY'
 import json, sys, time, urllib.request
 port = sys.argv[1]
 for _ in range(600):
@@ -37,11 +36,10 @@ for prompt in ("the thing", "he in the", "Hello world 12345", "x"):
                       "tokens": out["usage"]["completion_tokens"],
                       "logprobs": c["logprobs"]["token_logprobs"]}))
 PY
-}
 serve=("$bin" serve --model "$OUT/model.gguf" --device cuda --served-model-name tp-test)
 "${serve[@]}" --port 8101 >"$OUT/one.log" 2>&1 &
 one=$!
-step one-gpu 120 one.jsonl complete 8101
+step one-gpu 120 one.jsonl python3 -c "$complete" 8101
 kill "$one"; wait "$one" 2>/dev/null
 PAGEDATTN_PEER_ALL_REDUCE=0 "${serve[@]}" --port 8102 --world-size 2 --rank 0 \
   --init-addr 127.0.0.1:29531 >"$OUT/rank0.log" 2>&1 &
@@ -49,14 +47,14 @@ r0=$!
 PAGEDATTN_PEER_ALL_REDUCE=0 "$bin" tp-worker --rank 1 --world-size 2 \
   --init-addr 127.0.0.1:29531 >"$OUT/rank1.log" 2>&1 &
 r1=$!
-step two-ranks 180 two.jsonl complete 8102
+step two-ranks 180 two.jsonl python3 -c "$complete" 8102
 kill "$r0"; wait "$r0" 2>/dev/null
 for _ in $(seq 1 50); do kill -0 "$r1" 2>/dev/null || break; sleep 0.2; done
 kill -0 "$r1" 2>/dev/null && { echo "rank 1 still running after rank 0 ended"; kill -9 "$r1"; }
 echo "== one GPU"; cat "$OUT/one.jsonl"
 echo "== two ranks started by hand"; cat "$OUT/two.jsonl"
 # The same texts and token counts; each token's log-probability within 1e-2.
-python3 - "$OUT/one.jsonl" "$OUT/two.jsonl" <<'PY' || tail -5 "$OUT/rank0.log" "$OUT/rank1.log"
+python3 - "$OUT/one.jsonl" "$OUT/two.jsonl" <<'PY' || tail -n 5 "$OUT/rank0.log" "$OUT/rank1.log"
 import json, sys
 a = [json.loads(l) for l in open(sys.argv[1])]
 b = [json.loads(l) for l in open(sys.argv[2])]
