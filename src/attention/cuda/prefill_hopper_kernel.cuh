@@ -66,21 +66,23 @@ struct HopperShape {
   static constexpr int kStagingBufs = kBaseBytes + size_t(4) * kStagingBytes <= 232448 ? 2 : 1;
   // 1024 bytes of alignment slack, 1024 of barriers, Q, the K and V stages, the staging tiles.
   static constexpr size_t kSmemBytes = kBaseBytes + size_t(2) * kStagingBufs * kStagingBytes;
+  // Registers a thread (the launch's 168 x 384 shared out): fp8 pools' producers convert, and in
+  // the serial loop, whose consumers need fewer, they take 56 (with 40, their state across tiles
+  // spilled); the overlapped loop's consumers need 232.
+  template <bool OVERLAP>
+  static constexpr int kProducerRegs = FP8 && !OVERLAP ? 56 : 40;
+  template <bool OVERLAP>
+  static constexpr int kConsumerRegs = FP8 && !OVERLAP ? 224 : 232;
   static_assert(kBM == 128, "two consumer warpgroups of 64 rows");
   static_assert(kSmemBytes <= 232448, "fits the 227 KiB a block may have");
 };
 
 // Eight e4m3 values -> eight f16 values (exact: e4m3 has 3 mantissa bits and a narrower range).
 __device__ __forceinline__ uint4 e4m3x8_to_f16(uint2 in) {
-  uint32_t w[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint32_t src = (j < 2 ? in.x : in.y) >> (16 * (j % 2));
-    const __half2_raw r =
-        __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(src & 0xffffu), __NV_E4M3);
-    w[j] = uint32_t(r.x) | (uint32_t(r.y) << 16);
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
+  uint4 out;
+  e4m3x4_to_f16x4(in.x, out.x, out.y);
+  e4m3x4_to_f16x4(in.y, out.z, out.w);
+  return out;
 }
 
 // The gathering producer (GATHER): the 128 threads of warpgroup 0 copy each K and V tile of BN
@@ -236,7 +238,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
 
   if (wg == 0) {
     // ================= producer =================
-    regs_dealloc<40>();
+    regs_dealloc<S::template kProducerRegs<OVERLAP>>();
     // Q (128 packed rows = 128 / G tokens x G heads), one bulk tensor copy per 64-column block,
     // from thread 0 in every producer variant.
     if (tid == 0) {
@@ -312,7 +314,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
 #pragma unroll
             for (int u = 0; u < 2; ++u) {
               uint16_t* row = dst + RS * (j + u) * 64;
-              const int* at = u == 0 ? dst_even : dst_odd;
+              const int* at = u == 0 || RS % 8 == 0 ? dst_even : dst_odd;
               *reinterpret_cast<uint4*>(row + at[0]) = e4m3x8_to_f16(make_uint2(in[u].x, in[u].y));
               *reinterpret_cast<uint4*>(row + at[1]) = e4m3x8_to_f16(make_uint2(in[u].z, in[u].w));
             }
@@ -406,7 +408,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   }
 
   // ================= consumers =================
-  regs_alloc<232>();
+  regs_alloc<S::template kConsumerRegs<OVERLAP>>();
   const int cw = wg - 1, wq = warp % 4;
   // Ping-pong (p.hopper_pingpong, overlapped loop only): the two warpgroups take turns at issuing
   // their products, so that one's softmax runs while the other's products hold the tensor cores.
