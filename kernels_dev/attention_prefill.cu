@@ -82,6 +82,15 @@
 // without the conversion unit (a byte permute replicating each sign, a shift, a mask, a product
 // by 256 in f16; exact for every finite value): fp8 rows 8-20% slower (batch 1 / 8192: 1732-1755
 // -> 1858-2099 us), so the conversion instruction is not what bounds them.
+// The producer's instructions do (2026-11-26, H100, the attention benchmark, each change against
+// the build before it, alternating, fp8 rows, us at batch 1 / 8192 / d128; bf16 985-993): every
+// offset of a thread's 16-value pieces fixed (rows r0 + RS j of one column), 35 instructions a
+// piece -> 15, 1588 -> 1182; the second pair of each word converted from the register's high half
+// (no shift) and 56 registers for the serial loop's producers (they had spilled at 40), 1179 ->
+// 1137. Half of each piece through integer operations instead (to share the work between two
+// pipes): 3-7% slower. Nsight Compute at 1137: tensor pipe 50.8% of the cycles against bf16's
+// 59.1%, 2.92 warps active a scheduler against 2.44 (the converting producer warps), the same
+// 41% of issue slots busy.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>

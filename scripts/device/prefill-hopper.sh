@@ -72,7 +72,7 @@ fi
 if has profile; then
   # Nsight Compute on one launch of the Hopper kernel (batch 1, length 8192, GQA 32/8, d128,
   # page 16; PROFILE_ARGS adds benchmark flags, e.g. --kv-dtype fp8): the details page and the
-  # per-instruction SASS source page.
+  # per-instruction SASS source page (its PROFILE_TOP instructions printed, default 15).
   step profile 150 profile.txt ncu --set full -k regex:prefill_hopper -s 1 -c 1 -o "$OUT/prof" \
     "$BUILD_DIR/kernels_dev/bench_attention_cuda_main" --mode prefill --batch 1 --context 8192 \
     --num-kv-heads 8 --head-dim 128 --page-size 16 --iters 2 ${PROFILE_ARGS:-}
@@ -82,7 +82,7 @@ if has profile; then
   grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Tensor" "$OUT/profile.txt" | head -20
   # The instructions where the warps' stall samples fall most (a barrier's wait loop shows as its
   # branch back).
-  python3 - "$OUT/source.csv" <<'PY'
+  python3 - "$OUT/source.csv" "${PROFILE_TOP:-15}" <<'PY'
 import csv, sys
 rows = list(csv.reader(open(sys.argv[1])))
 hdr = next(i for i, r in enumerate(rows) if 'Source' in r and 'Address' in r)
@@ -96,7 +96,7 @@ for r in rows[hdr + 1:]:
     except (ValueError, IndexError):
         pass
 total = sum(d[0] for d in data) or 1.0
-for v, a, s in sorted(data, reverse=True)[:15]:
+for v, a, s in sorted(data, reverse=True)[:int(sys.argv[2])]:
     print('%5.1f%%  %s  %s' % (100 * v / total, a, s.strip()[:90]))
 PY
 fi

@@ -59,6 +59,15 @@ struct F16 {
   }
   static __device__ __forceinline__ uint16_t from_float(float x) { return f32_to_f16(x); }
 };
+// Four e4m3 values (a word) -> four f16 values (exact): bytes 0-1 into lo, 2-3 into hi. Written in
+// PTX so that the upper pair is read as the register's high half (no shift before the conversion).
+__device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
+      " cvt.rn.f16x2.e4m3x2 %1, h;\n}"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
+}
+
 struct Fp8 {
   static constexpr int kBytes = 1;
   static constexpr DType kDType = DType::fp8_e4m3;

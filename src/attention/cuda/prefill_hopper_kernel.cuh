@@ -66,21 +66,23 @@ struct HopperShape {
   static constexpr int kStagingBufs = kBaseBytes + size_t(4) * kStagingBytes <= 232448 ? 2 : 1;
   // 1024 bytes of alignment slack, 1024 of barriers, Q, the K and V stages, the staging tiles.
   static constexpr size_t kSmemBytes = kBaseBytes + size_t(2) * kStagingBufs * kStagingBytes;
+  // Registers a thread (the launch's 168 x 384 shared out): fp8 pools' producers convert, and in
+  // the serial loop, whose consumers need fewer, they take 56 (with 40, their state across tiles
+  // spilled); the overlapped loop's consumers need 232.
+  template <bool OVERLAP>
+  static constexpr int kProducerRegs = FP8 && !OVERLAP ? 56 : 40;
+  template <bool OVERLAP>
+  static constexpr int kConsumerRegs = FP8 && !OVERLAP ? 224 : 232;
   static_assert(kBM == 128, "two consumer warpgroups of 64 rows");
   static_assert(kSmemBytes <= 232448, "fits the 227 KiB a block may have");
 };
 
 // Eight e4m3 values -> eight f16 values (exact: e4m3 has 3 mantissa bits and a narrower range).
 __device__ __forceinline__ uint4 e4m3x8_to_f16(uint2 in) {
-  uint32_t w[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint32_t src = (j < 2 ? in.x : in.y) >> (16 * (j % 2));
-    const __half2_raw r =
-        __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(src & 0xffffu), __NV_E4M3);
-    w[j] = uint32_t(r.x) | (uint32_t(r.y) << 16);
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
+  uint4 out;
+  e4m3x4_to_f16x4(in.x, out.x, out.y);
+  e4m3x4_to_f16x4(in.y, out.z, out.w);
+  return out;
 }
 
 // The gathering producer (GATHER): the 128 threads of warpgroup 0 copy each K and V tile of BN
@@ -236,7 +238,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
 
   if (wg == 0) {
     // ================= producer =================
-    regs_dealloc<40>();
+    regs_dealloc<S::template kProducerRegs<OVERLAP>>();
     // Q (128 packed rows = 128 / G tokens x G heads), one bulk tensor copy per 64-column block,
     // from thread 0 in every producer variant.
     if (tid == 0) {
@@ -274,26 +276,54 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
         if (lane == 0) prefetch_tensor_map(map);
         for (int i = 0; i < min(NBUF, ntiles); ++i) issue_tile(i);
       }
-      constexpr int CPR = HEAD_DIM / 8;  // 8-element chunks per row
+      // A thread converts 16 values at a time (a piece: chunks c and c + 1 of a row, c even):
+      // pieces ct + 64 j, j < J, that is rows r0 + RS j of one piece column. Every offset is
+      // fixed for the thread but for the swizzle's r % 8, which RS = 4 (d256) toggles by 4 from
+      // one piece to the next (adding 4 modulo 8 flips bit 2): two sets of offsets, even and
+      // odd j, hoisted out of the tiles.
+      constexpr int HPR = HEAD_DIM / 16;  // pieces per row: 4, 8, 16
+      constexpr int RS = 64 / HPR;        // rows between a thread's pieces: 16, 8, 4
+      constexpr int J = BN / RS;          // pieces per thread and tile: 8, 16, 16
+      static_assert(J % 2 == 0 && RS % 4 == 0, "pieces go in even/odd pairs");
+      const int r0 = ct / HPR, c0 = 2 * (ct % HPR);
+      auto chunk_at = [&](int r, int c) {  // element offset of 16-byte chunk c of row r
+        return ((c / 8) * BN + r) * 64 + ((c % 8) ^ (r % 8)) * 8;
+      };
+      const int dst_even[2] = {chunk_at(r0, c0), chunk_at(r0, c0 + 1)};
+      const int dst_odd[2] = {chunk_at(r0 + RS, c0) - RS * 64, chunk_at(r0 + RS, c0 + 1) - RS * 64};
+      const int src_at = r0 * HEAD_DIM + c0 * 8;  // bytes into a staging tile
       for (int i = 0; i < ntiles; ++i) {
         const int s = i % ST, t0 = t_first + i * BN;
         const uint32_t ph = (i / ST) & 1;
-        const uint8_t* src = stg + (i % NBUF) * S::kStagingBytes;
+        const uint8_t* src = stg + (i % NBUF) * S::kStagingBytes + src_at;
         mbar_wait(&stg_full[i % NBUF], (i / NBUF) & 1);
         mbar_wait(v_side ? &v_empty[s] : &k_empty[s], ph ^ 1);
         uint16_t* dst = (v_side ? sV : sK) + s * BN * HEAD_DIM;
-        // A thread takes 16 e4m3 values at a time (chunks c and c + 1 of row r).
-#pragma unroll 2
-        for (int q = ct; q < BN * CPR / 2; q += 64) {
-          const int r = q / (CPR / 2), c = 2 * (q % (CPR / 2));
-          uint4 in = make_uint4(0, 0, 0, 0);
-          if (t0 + r < L) in = *reinterpret_cast<const uint4*>(src + r * HEAD_DIM + c * 8);
-          uint16_t* row = dst + ((c / 8) * BN + r) * 64;
-          *reinterpret_cast<uint4*>(row + ((c % 8) ^ (r % 8)) * 8) =
-              e4m3x8_to_f16(make_uint2(in.x, in.y));
-          *reinterpret_cast<uint4*>(row + (((c + 1) % 8) ^ (r % 8)) * 8) =
-              e4m3x8_to_f16(make_uint2(in.z, in.w));
-        }
+        // Rows at or past `valid` (slots past kv_len) are written as zeros.
+        const int valid = L - t0 - r0;
+        auto convert = [&](bool full) {
+#pragma unroll
+          for (int j = 0; j < J; j += 2) {
+            uint4 in[2];
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+              in[u] = make_uint4(0, 0, 0, 0);
+              if (full || RS * (j + u) < valid)
+                in[u] = *reinterpret_cast<const uint4*>(src + RS * (j + u) * HEAD_DIM);
+            }
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+              uint16_t* row = dst + RS * (j + u) * 64;
+              const int* at = u == 0 || RS % 8 == 0 ? dst_even : dst_odd;
+              *reinterpret_cast<uint4*>(row + at[0]) = e4m3x8_to_f16(make_uint2(in[u].x, in[u].y));
+              *reinterpret_cast<uint4*>(row + at[1]) = e4m3x8_to_f16(make_uint2(in[u].z, in[u].w));
+            }
+          }
+        };
+        if (t0 + BN <= L)
+          convert(true);
+        else
+          convert(false);
         fence_proxy_async();
         mbar_arrive(v_side ? &v_full[s] : &k_full[s]);
         named_bar_sync(3 + int(v_side), 64);  // the side is done reading the staging tile
@@ -378,7 +408,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   }
 
   // ================= consumers =================
-  regs_alloc<232>();
+  regs_alloc<S::template kConsumerRegs<OVERLAP>>();
   const int cw = wg - 1, wq = warp % 4;
   // Ping-pong (p.hopper_pingpong, overlapped loop only): the two warpgroups take turns at issuing
   // their products, so that one's softmax runs while the other's products hold the tensor cores.
