@@ -72,7 +72,10 @@
 // reloaded behind an empty barrier, stages and phases running on across works): 396-402 at
 // batch 4 / 2048 (v7 367-377) but 2-10% slower elsewhere, and its per-work loop spilled
 // registers. In that version, divisions by the GQA group inside the per-tile range scan had cost
-// 9-13% until hoisted.
+// 9-13% until hoisted. Nor (2026-11-26, H100, lab, five rotated rounds against v7 in one
+// binary): each CTA, once its loads were issued, prefetching into L2 the Q tile of the work an SM
+// count on (the one likely to start as it ends): 1.0-2.4% faster at batch 4 / 2048, batch 1 /
+// 32768 and d64, 2-10% slower at batch 1 / 8192 (32 KV heads: 1004 -> 1104 us) and pages 64-128.
 // fp8 pools (the sweep's fp8 rows; v1 and v2 run their prefill rows on the decode kernel, v3 on
 // the Hopper kernel since 2026-11-26), batch 1 / length 8192 / d128, v2 / v7: 31 / 225 with one
 // staging tile per side and a conversion to bf16 through f32; 240 with two staging tiles; 307
