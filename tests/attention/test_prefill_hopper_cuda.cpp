@@ -189,6 +189,30 @@ TEST(HopperPrefill, Fp8PoolsRunOnTheHopperKernel) {
   }
 }
 
+// Sharp and flat softmaxes over many tiles: a logit scale well above 1 / sqrt(head_dim) moves
+// rows' running maxima by steps both under and over the kernel's lazy threshold (kLazyMax), so
+// probabilities up to 2^8 go through P and O is rescaled only sometimes; a small scale keeps every
+// row near uniform. bf16 and fp8 pools, both loops.
+TEST(HopperPrefill, SharpAndFlatSoftmaxesOverManyTiles) {
+  PA_SKIP_WITHOUT_HOPPER();
+  for (int d : {64, 128, 256})
+    for (DType kv : {DType::bf16, DType::fp8_e4m3})
+      for (float scale : {2.f, 0.01f}) {
+        Spec s;
+        s.num_q_heads = 8;
+        s.num_kv_heads = 2;
+        s.head_dim = d;
+        s.page_size = 16;
+        s.kv_dtype = kv;
+        s.opt.scale = scale;
+        s.q_len = {300, 64};
+        s.kv_len = {1500, 2100};
+        const uint64_t seed = 60 + uint64_t(d) + (kv == DType::fp8_e4m3 ? 7 : 0);
+        check_hopper(s, seed);
+        if (d == 128) check_hopper(s, seed + 1, true, Variant::serial);
+      }
+}
+
 // The two producers fill the stages with the same values (slots past kv_len: zeroed in V, masked
 // in K), so the outputs are the same bits.
 TEST(HopperPrefill, GatherAndTensorCopiesGiveTheSameBits) {
