@@ -4,12 +4,20 @@
 # `tp-worker --rank 1 --init-addr`: NCCL's own TCP bootstrap), with every all-reduce through NCCL
 # (PAGEDATTN_PEER_ALL_REDUCE=0, as between hosts); greedy completions of a small quantised GGUF
 # model (make_gguf_model.py) against the same server on one GPU. Logs under $OUT.
+# NCCL_SOCKETS=1: NCCL's peer-to-peer, shared-memory and InfiniBand transports off, so the two
+# ranks' collectives go over TCP sockets (the loopback here), the transport between hosts
+# without a faster network.
 #   scripts/device/tp-external.sh
+#   NCCL_SOCKETS=1 scripts/device/tp-external.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/device/steps.sh
 begin_call tp-external 400
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+if [[ "${NCCL_SOCKETS:-0}" == 1 ]]; then
+  export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo
+  export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET
+fi
 step build 240 build.log env BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh pagedattn ||
   { tail -20 "$OUT/build.log"; print_summary; exit 1; }
 if [[ -f "$BUILD_DIR/deps-env.sh" ]]; then source "$BUILD_DIR/deps-env.sh"; fi
@@ -66,5 +74,8 @@ for x, y in zip(a, b):
 print(f"same completions ({len(a)} prompts); worst log-probability difference {worst:.2e}")
 sys.exit(0 if worst <= 1e-2 else 1)
 PY
+# The transport NCCL chose for the two ranks (NCCL_SOCKETS=1 turns on its INFO lines).
+grep -hE "NET/Socket|via NET|via P2P|via SHM" "$OUT/rank0.log" "$OUT/rank1.log" | sort | uniq -c |
+  head -8
 pgrep -fa "pagedatt[n] (serve|tp-worker)" || echo "no pagedattn process left"
 print_summary
