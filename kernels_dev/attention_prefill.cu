@@ -76,6 +76,9 @@
 // binary): each CTA, once its loads were issued, prefetching into L2 the Q tile of the work an SM
 // count on (the one likely to start as it ends): 1.0-2.4% faster at batch 4 / 2048, batch 1 /
 // 32768 and d64, 2-10% slower at batch 1 / 8192 (32 KV heads: 1004 -> 1104 us) and pages 64-128.
+// Nor (same day, the attention benchmark, two builds alternating): 240 registers for the bf16
+// consumers and 24 for the tensor-copy producer (which then spilled 16-20 bytes): d64 1% faster,
+// d128 and d256 within -2% / +4% of before.
 // fp8 pools (the sweep's fp8 rows; v1 and v2 run their prefill rows on the decode kernel, v3 on
 // the Hopper kernel since 2026-11-26), batch 1 / length 8192 / d128, v2 / v7: 31 / 225 with one
 // staging tile per side and a conversion to bf16 through f32; 240 with two staging tiles; 307
