@@ -73,12 +73,12 @@ struct Fp8 {
   static constexpr DType kDType = DType::fp8_e4m3;
   // Four e4m3 values of one word -> floats (through f16, which holds every e4m3 value exactly).
   static __device__ __forceinline__ void word_to_float(uint32_t w, float* f) {
+    uint32_t p[2];
+    e4m3x4_to_f16x4(w, p[0], p[1]);
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const __half2_raw r =
-          __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w >> (16 * j)), __NV_E4M3);
       __half2 h;
-      memcpy(&h, &r, 4);
+      memcpy(&h, &p[j], 4);
       const float2 x = __half22float2(h);
       f[2 * j] = x.x;
       f[2 * j + 1] = x.y;

@@ -89,12 +89,6 @@ __device__ __forceinline__ uint32_t load_q_pair(const uint16_t* src) {
   }
 }
 
-// Two e4m3 values (the low 16 bits of v) -> two f16 values (exact), the first in the low half.
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
-  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v & 0xffffu), __NV_E4M3);
-  return uint32_t(r.x) | (uint32_t(r.y) << 16);
-}
-
 // The transpose of an 8x8 16-bit matrix held as an mma fragment (one register per lane).
 __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
   uint32_t y;
@@ -266,9 +260,9 @@ __global__ void __launch_bounds__(kDecodeTcThreads) decode_tc_kernel(const Atten
           ldmatrix_x4(r, chunk_at(tK, 2 * kb));
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const uint32_t a[4] = {e4m3x2_to_f16x2(r[2 * h]), e4m3x2_to_f16x2(r[2 * h + 1]),
-                                   e4m3x2_to_f16x2(r[2 * h] >> 16),
-                                   e4m3x2_to_f16x2(r[2 * h + 1] >> 16)};
+            uint32_t a[4];
+            e4m3x4_to_f16x4(r[2 * h], a[0], a[2]);
+            e4m3x4_to_f16x4(r[2 * h + 1], a[1], a[3]);
 #pragma unroll
             for (int n = 0; n < kN; ++n)
               mma16816<MT>(s[n], a, qb[2 * kb + h][n][0], qb[2 * kb + h][n][1]);
@@ -337,8 +331,9 @@ __global__ void __launch_bounds__(kDecodeTcThreads) decode_tc_kernel(const Atten
           for (int h = 0; h < 2; ++h) {
             const uint32_t k07 = __byte_perm(r[2 * h], 0, 0x3120);       // keys 0-7
             const uint32_t k815 = __byte_perm(r[2 * h + 1], 0, 0x3120);  // keys 8-15
-            const uint32_t a[4] = {e4m3x2_to_f16x2(k07), e4m3x2_to_f16x2(k07 >> 16),
-                                   e4m3x2_to_f16x2(k815), e4m3x2_to_f16x2(k815 >> 16)};
+            uint32_t a[4];
+            e4m3x4_to_f16x4(k07, a[0], a[1]);
+            e4m3x4_to_f16x4(k815, a[2], a[3]);
 #pragma unroll
             for (int n = 0; n < kN; ++n) mma16816<MT>(o[2 * vb + h][n], a, pb[n][0], pb[n][1]);
           }
