@@ -37,16 +37,18 @@ HostPool::~HostPool() {
   for (uint8_t* c : chunks_) raw_free(c, device_);
 }
 
+void HostPool::add_chunk(size_t pages) {
+  uint8_t* c = raw_alloc(pages * page_bytes_, device_);  // may throw: nothing added
+  chunks_.push_back(c);
+  chunk_bytes_ += pages * page_bytes_;
+  for (size_t i = pages; i-- > 0;) free_.push_back(c + i * page_bytes_);
+}
+
 size_t HostPool::reserve(size_t bytes) {
   const size_t per_chunk = std::max<size_t>(1, kChunkBytes / page_bytes_);
   std::lock_guard<std::mutex> lock(mu_);
   try {
-    while (chunk_bytes_ < bytes) {
-      uint8_t* c = raw_alloc(per_chunk * page_bytes_, device_);
-      chunks_.push_back(c);
-      chunk_bytes_ += per_chunk * page_bytes_;
-      for (size_t i = per_chunk; i-- > 0;) free_.push_back(c + i * page_bytes_);
-    }
+    while (chunk_bytes_ < bytes) add_chunk(per_chunk);
   } catch (const Error&) {
     // No more host memory to be had now: swaps will ask again as they need it.
   }
@@ -66,13 +68,7 @@ std::shared_ptr<const std::vector<uint8_t*>> HostPool::take(const std::shared_pt
   {
     std::lock_guard<std::mutex> lock(m.mu_);
     const size_t per_chunk = std::max<size_t>(1, kChunkBytes / m.page_bytes_);
-    while (m.free_.size() < n) {
-      const size_t count = std::max(per_chunk, n - m.free_.size());
-      uint8_t* c = raw_alloc(count * m.page_bytes_, m.device_);  // may throw: nothing taken
-      m.chunks_.push_back(c);
-      m.chunk_bytes_ += count * m.page_bytes_;
-      for (size_t i = count; i-- > 0;) m.free_.push_back(c + i * m.page_bytes_);
-    }
+    while (m.free_.size() < n) m.add_chunk(std::max(per_chunk, n - m.free_.size()));
     pages->assign(m.free_.end() - ptrdiff_t(n), m.free_.end());
     m.free_.resize(m.free_.size() - n);
   }

@@ -40,6 +40,9 @@ class HostPool {
 
  private:
   static constexpr size_t kChunkBytes = size_t(32) << 20;
+  // One more chunk of `pages` pages, all free (mu_ held). Throws Error, nothing added, when the
+  // memory cannot be had.
+  void add_chunk(size_t pages);
   void give_back(const std::vector<uint8_t*>& pages);
   Device device_;
   size_t page_bytes_;
