@@ -86,6 +86,13 @@
 // unsplit grids pay their extra chunk ends, batch 8 / 512 +0.6%, batch 64 / 1024 +0.6%; at head
 // dim 64 (+4.4% at batch 8), fp8 (+7%) and in v4 (+4% at batch 64 / 512) more, so those keep 256.
 // Chunks of 64 at batch 1 / 512: 10.8 against 11.2, but slower from 1024 positions.
+// 7) The first copies first (2026-11-26, same flush and trace): v4 issued its first K/V copies
+// only after loading q; now before (the prologue to the first copies 2.02 -> 1.89 us at batch 32,
+// context 520). In the model, where the kernel follows the RoPE kernel as a programmatic
+// dependent, the stages of positions cached before the step are also copied before the wait
+// (CudaPlanOptions::decode_early_cached_kv), which no launch here measures: a layer's attention
+// in the model's trace went 33.6 -> 29.1 us at batch 32 and 60.3 -> 55.3 at 64 (docs/BENCHMARKS.md,
+// "The decode step as it runs").
 // Split-KV: v3 over v2 is 4-13x at batch 1, ctx 8192 (too few CTAs otherwise) but 5-17% slower
 // where the grid already covers every SM, so the plan (c954ed1) splits only grids smaller than the
 // SM count. Tried and dropped: 4 keys per step for single-head CTAs (+3-5% bf16 at batch 64,

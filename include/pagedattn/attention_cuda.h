@@ -84,6 +84,12 @@ struct CudaPlanOptions {
   // its first K/V copies need one dependent read, not two (false: read from the block table,
   // a comparison for the kernel lab).
   bool decode_item_pages = true;
+  // The caller's promise that each sequence's cached positions, those before its q_len new ones,
+  // were written before the kernel ahead of the attention started (a model's own step: only its
+  // RoPE kernel writes this step's K/V). The tensor-core decode kernel then issues its first
+  // copies of those positions before it waits for the kernel ahead (programmatic dependent
+  // launch). False: every K/V read waits for the kernel ahead, whatever wrote the pools.
+  bool decode_early_cached_kv = false;
   // Kernel lab instrument: a device buffer of 8 x uint64_t per CTA of the tensor-core decode
   // kernel (blockIdx.x * gridDim.y + blockIdx.y), which then records the GPU's global timer (ns)
   // at its start, after its prologue (its first copies issued), after its last chunk and at its

@@ -168,7 +168,7 @@ TEST(CudaAttention, PoolsBeyond65536Pages) {
 }
 
 // The split-KV partition is fixed by position: a row gives the same bits split or not, and alone
-// or in a bigger batch.
+// or in a bigger batch (and with its cached positions copied before the kernel's wait).
 TEST(CudaAttention, SplitAndBatchInvariance) {
   PA_SKIP_WITHOUT_GPU();
   // Chunk sizes chosen per row (the 30000-position row takes 2048, 1024 with fp8 pools on the
@@ -194,14 +194,18 @@ TEST(CudaAttention, SplitAndBatchInvariance) {
         split.chunks_per_cta = 1;
         CudaPlanOptions table_only = dflt;  // pages read from the block table alone
         table_only.decode_item_pages = false;
+        CudaPlanOptions early = split;  // cached positions copied before the kernel's wait
+        early.decode_early_cached_kv = true;
         CudaAttentionPlan a(size_t(64) << 20, unsplit), b(size_t(64) << 20, split),
-            c(size_t(64) << 20, dflt), e(size_t(64) << 20, table_only);
+            c(size_t(64) << 20, dflt), e(size_t(64) << 20, table_only),
+            f(size_t(64) << 20, early);
         const auto out_a = pr.run_cuda(a), out_b = pr.run_cuda(b), out_c = pr.run_cuda(c);
         EXPECT_EQ(a.info().split_rows, 0);
         EXPECT_GT(b.info().split_rows, 0);
         EXPECT_EQ(out_a, out_b);
         EXPECT_EQ(out_a, out_c);
         EXPECT_EQ(out_a, pr.run_cuda(e));
+        EXPECT_EQ(out_a, pr.run_cuda(f));
         // The first sequence alone.
         Spec one = s;
         one.q_len = {1};

@@ -129,32 +129,6 @@ __global__ void __launch_bounds__(kDecodeTcThreads) decode_tc_kernel(const Atten
   const int fr = lane / 4, fc = (lane % 4) * 2;
 
   const int lo = it.lo, hi = it.hi;  // the row's visible positions (planned on the host)
-  // q, the pages and their scales are the kernels' before this one (launched as a programmatic
-  // dependent: everything above reads only the plan's metadata, uploaded before them).
-  wait_for_dependency();
-  const float k_mul = S::kFp8 ? p.k_scale[kvh] : 1.f;
-  const float v_mul = S::kFp8 ? p.v_scale[kvh] : 1.f;
-  const float s_mul = p.scale * k_mul;
-
-  // B fragments of Q^T [HEAD_DIM x heads]: head n * 8 + lane / 4, dims 2 t (+1) and 2 t + 8 (+9) of
-  // each k16 step (fp8: dims 4 t (+1) and 4 t + 2 (+3), K's order); heads past gcount are zero.
-  uint32_t qb[kM][kN][2];
-  {
-    const uint16_t* qbase =
-        static_cast<const uint16_t*>(p.q) + (int64_t(it.q_row) * p.num_q_heads + head0) * HEAD_DIM;
-#pragma unroll
-    for (int n = 0; n < kN; ++n) {
-      const int h = n * 8 + fr;
-#pragma unroll
-      for (int kk = 0; kk < kM; ++kk) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int d = kk * 16 + (S::kFp8 ? 2 * fc + 2 * i : fc + 8 * i);
-          qb[kk][n][i] = h < gcount ? load_q_pair<Q, MT>(qbase + h * HEAD_DIM + d) : 0u;
-        }
-      }
-    }
-  }
 
   const auto* kpool = static_cast<const uint8_t*>(p.k_pages);
   const auto* vpool = static_cast<const uint8_t*>(p.v_pages);
@@ -210,8 +184,45 @@ __global__ void __launch_bounds__(kDecodeTcThreads) decode_tc_kernel(const Atten
       }
     }
   };
+  // q, this step's K/V and their scales are the kernels' before this one (launched as a
+  // programmatic dependent: everything above reads only the plan's metadata, uploaded before
+  // them). The first stages whose positions all lie below it.cached_end (written before the
+  // kernel ahead started: CudaPlanOptions::decode_early_cached_kv) are copied before the wait.
+  // NOTE: the condition is uniform across the CTA (the producer cursor is).
+  int st = 0;
+  for (; st < kStages - 1; ++st) {
+    const int te = min((pc + 1) * it.chunk_tokens, hi);
+    if (pc < it.chunk_end && min(pbase + kStep, te) > it.cached_end) break;
+    issue(st);
+  }
+  wait_for_dependency();
+  for (; st < kStages - 1; ++st) issue(st);
+  const float k_mul = S::kFp8 ? p.k_scale[kvh] : 1.f;
+  const float v_mul = S::kFp8 ? p.v_scale[kvh] : 1.f;
+  const float s_mul = p.scale * k_mul;
+
+  // q after the first copies: its loads wait behind theirs, not the other way round (batch 32,
+  // context 520, 8 KV heads on an H100: the prologue to the first copies took 2.0 us).
+  // B fragments of Q^T [HEAD_DIM x heads]: head n * 8 + lane / 4, dims 2 t (+1) and 2 t + 8 (+9) of
+  // each k16 step (fp8: dims 4 t (+1) and 4 t + 2 (+3), K's order); heads past gcount are zero.
+  uint32_t qb[kM][kN][2];
+  {
+    const uint16_t* qbase =
+        static_cast<const uint16_t*>(p.q) + (int64_t(it.q_row) * p.num_q_heads + head0) * HEAD_DIM;
 #pragma unroll
-  for (int st = 0; st < kStages - 1; ++st) issue(st);
+    for (int n = 0; n < kN; ++n) {
+      const int h = n * 8 + fr;
+#pragma unroll
+      for (int kk = 0; kk < kM; ++kk) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int d = kk * 16 + (S::kFp8 ? 2 * fc + 2 * i : fc + 8 * i);
+          qb[kk][n][i] = h < gcount ? load_q_pair<Q, MT>(qbase + h * HEAD_DIM + d) : 0u;
+        }
+      }
+    }
+  }
+
   decode_trace_mark(p, 1);
 
   int step = 0;

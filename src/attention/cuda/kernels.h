@@ -25,6 +25,9 @@ static_assert((kDecodeItemPages & (kDecodeItemPages - 1)) == 0, "a power of two 
 struct DecodeItem {
   int32_t seq, q_row, lo, hi, chunk_begin, chunk_end, partial, merge, chunk_tokens;
   int32_t pages[kDecodeItemPages];
+  // Positions below this were written before the kernel ahead started and may be read before the
+  // kernel waits for it (CudaPlanOptions::decode_early_cached_kv; 0: none).
+  int32_t cached_end;
 };
 // A split row: num_chunks partial states from slot partial on, in position order, written by
 // num_ctas decode CTAs (per head tile); the last of them to finish merges them (merge_if_last).

@@ -100,6 +100,34 @@ size_t stage(std::vector<uint8_t>& host, const T* src, size_t n) {
   return off;
 }
 
+// The staged block table's row stride: the batch's max_pages_per_seq rounded up to a multiple of
+// 64 pages, or of an eighth of the largest power of two below it past 512 (at most 12.5% more
+// bytes), so that a batch whose sequences grow keeps its launches' arguments, and the model's CUDA
+// graph of them, for 64 pages (1024 positions at page 16) or more at a time.
+// NOTE: with the batch's own maximum, every new page changed them: a decode step ran its launches
+// directly, the next captured a graph again (host time, the GPU idle: Llama-3-8B at batch 64 on an
+// H100 spent about a third of its host time a step there).
+int32_t table_stride(int32_t m) {
+  int32_t q = 64;
+  if (m > 512) {
+    int32_t p = 512;
+    while (p * 2 <= m) p *= 2;  // the largest power of two <= m
+    q = p / 8;
+  }
+  return int32_t((int64_t(m) + q - 1) / q * q);
+}
+
+// Stages [n, stride] of the batch's [n, max_pages_per_seq] block table (zeros past each row).
+size_t stage_table(std::vector<uint8_t>& host, const BatchLayout& batch, int32_t stride) {
+  const size_t off = align_up(host.size());
+  const size_t n = size_t(batch.num_seqs), m = size_t(batch.max_pages_per_seq);
+  host.resize(off + n * size_t(stride) * sizeof(int32_t));  // value-initialized: zeros
+  auto* dst = reinterpret_cast<int32_t*>(host.data() + off);
+  for (size_t s = 0; s < n; ++s)
+    if (m) std::memcpy(dst + s * size_t(stride), batch.block_table + s * m, m * sizeof(int32_t));
+  return off;
+}
+
 // One query row of the decode kernel before split-KV: its keys [lo, hi), in decode chunks
 // [chunk_lo, chunk_hi) of chunk_tokens positions. split_decode_rows turns each into one or more
 // cuda::DecodeItem, the kernels' per-CTA work (a row's whole range, or one slice of its chunks
@@ -260,7 +288,7 @@ int32_t split_decode_rows(const std::vector<DecodeQueryRow>& rows, int64_t chunk
     const int64_t per_cta = row_slice(r, chunks_per_cta);
     if (nc <= per_cta) {
       items.push_back(
-          {r.seq, r.q_row, r.lo, r.hi, r.chunk_lo, r.chunk_hi, -1, -1, r.chunk_tokens, {}});
+          {r.seq, r.q_row, r.lo, r.hi, r.chunk_lo, r.chunk_hi, -1, -1, r.chunk_tokens, {}, 0});
       continue;
     }
     const int32_t merge = int32_t(merges.size());
@@ -268,7 +296,7 @@ int32_t split_decode_rows(const std::vector<DecodeQueryRow>& rows, int64_t chunk
     for (int32_t c = r.chunk_lo; c < r.chunk_hi; c += int32_t(per_cta), ++ctas) {
       const int32_t e = int32_t(std::min<int64_t>(r.chunk_hi, c + per_cta));
       items.push_back({r.seq, r.q_row, r.lo, r.hi, c, e, partials + (c - r.chunk_lo), merge,
-                       r.chunk_tokens, {}});
+                       r.chunk_tokens, {}, 0});
     }
     merges.push_back({r.q_row, partials, nc, ctas});
     partials += nc;
@@ -277,10 +305,13 @@ int32_t split_decode_rows(const std::vector<DecodeQueryRow>& rows, int64_t chunk
 }
 
 // Fills each item's copy of its first block-table entries (DecodeItem::pages; -1 where `copy` is
-// false or past the row's positions).
-void fill_item_pages(const BatchLayout& batch, int32_t page_size, bool copy,
+// false or past the row's positions) and, where `early`, its cached positions' end (those before
+// its sequence's new tokens: DecodeItem::cached_end).
+void fill_item_pages(const BatchLayout& batch, int32_t page_size, bool copy, bool early,
                      std::vector<cuda::DecodeItem>& items) {
   for (cuda::DecodeItem& it : items) {
+    const int32_t q_len = batch.q_indptr[it.seq + 1] - batch.q_indptr[it.seq];
+    it.cached_end = early ? std::max(0, batch.kv_len[it.seq] - q_len) : 0;
     const int32_t first = std::max(it.chunk_begin * it.chunk_tokens, it.lo) / page_size;
     const int32_t end = (it.hi + page_size - 1) / page_size;  // pages holding positions < hi
     for (int32_t i = 0; i < cuda::kDecodeItemPages; ++i) {
@@ -358,12 +389,13 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   std::vector<int32_t> counters;  // the fused merge's (zeroed) counts, uploaded with the rest
   for (;;) {
     partials = split_decode_rows(rows, k, items, merges);
-    fill_item_pages(batch, kv.page_size, im.opts.decode_item_pages, items);
+    fill_item_pages(batch, kv.page_size, im.opts.decode_item_pages,
+                    im.opts.decode_early_cached_kv, items);
     counters.assign(merges.size() * size_t(Hk * tiles), 0);
     host.clear();
     o_qi = stage(host, batch.q_indptr, size_t(n) + 1);
     o_len = stage(host, batch.kv_len, size_t(n));
-    o_bt = stage(host, batch.block_table, size_t(n) * batch.max_pages_per_seq);
+    o_bt = stage_table(host, batch, table_stride(batch.max_pages_per_seq));
     o_items = stage(host, items.data(), items.size());
     o_merge = stage(host, merges.data(), merges.size());
     o_counters = stage(host, counters.data(), counters.size());
@@ -390,7 +422,7 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   p.q_indptr = reinterpret_cast<const int32_t*>(im.ws + o_qi);
   p.kv_len = reinterpret_cast<const int32_t*>(im.ws + o_len);
   p.block_table = reinterpret_cast<const int32_t*>(im.ws + o_bt);
-  p.max_pages_per_seq = batch.max_pages_per_seq;
+  p.max_pages_per_seq = table_stride(batch.max_pages_per_seq);  // the staged table's stride
   p.num_q_heads = Hq;
   p.num_kv_heads = Hk;
   p.group = group;

@@ -145,7 +145,7 @@ struct LlamaModelCuda::Impl {
   // The decode steps' all-reduces over peer memory, fused with the residual add and the next
   // norm (null: NCCL for every all-reduce, e.g. ranks on several hosts).
   std::unique_ptr<cuda::PeerAllReduce> peer;
-  std::vector<double> inv_freq;  // [D / 2]
+  RopeRows rope_rows;  // the RoPE tables' rows by position
   std::vector<Layer> layers;
   Tensor embed;       // [vocab, hidden] bf16
   Tensor lm_head;     // [vocab, hidden] bf16, empty when tied (embed is used)
@@ -402,7 +402,7 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
   if (!file) {
     for (const SyntheticTensor& t : synthetic_tensors(c)) synthetic.emplace(t.name, t);
   }
-  inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling);
+  rope_rows = RopeRows(rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling));
   if (const char* g = std::getenv("PAGEDATTN_CUDA_GRAPHS"); g && std::string(g) == "0")
     use_graphs = false;  // a check of the plain launches against the graphs' results
   if (const char* g = std::getenv("PAGEDATTN_GEMV"); g && std::string(g) == "0") use_gemv = false;
@@ -414,7 +414,13 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
   cublas_workspace = Tensor::empty({kCublasWorkspace / 4}, DType::f32, Device::cuda);
   check_cublas(cublasSetWorkspace(cublas, cublas_workspace.data(), size_t(kCublasWorkspace)),
                "cublasSetWorkspace");
-  plan = std::make_unique<CudaAttentionPlan>();
+  {
+    // Only this step's RoPE kernel (or write_kv) writes the step's K/V; every cached position was
+    // written by an earlier step, so the decode kernel may copy those before it waits.
+    CudaPlanOptions opts;
+    opts.decode_early_cached_kv = true;
+    plan = std::make_unique<CudaAttentionPlan>(size_t(64) << 20, opts);
+  }
 
   const int64_t hidden = c.hidden_size, inter = c.intermediate_size, D = c.head_dim;
   const int64_t q_dim = int64_t(c.num_q_heads) * D, kv_dim = int64_t(c.num_kv_heads) * D;
@@ -626,18 +632,19 @@ LlamaModelCuda::Impl::Step LlamaModelCuda::Impl::prepare_step(const ForwardBatch
   const int32_t T = s.T, R = s.R;
   const int32_t hidden = c.hidden_size, D = c.head_dim, half = D / 2;
   const int32_t q_dim = tp.q_heads * D, qkv_dim = (tp.q_heads + 2 * tp.kv_heads) * D;
-  rope_cos.resize(size_t(T) * size_t(half));
-  rope_sin.resize(size_t(T) * size_t(half));
-  rope_tables(inv_freq, batch.positions.data(), T, rope_cos.data(), rope_sin.data());
+  const size_t table = size_t(T) * size_t(half);  // cos (then sin) [T, D / 2]
+  rope_cos.resize(table);
+  rope_sin.resize(table);
+  rope_rows.fill(batch.positions.data(), T, rope_cos.data(), rope_sin.data());
 
-  const size_t n_meta = size_t(2 * T + R) + 2 * rope_cos.size();  // all 4-byte values
+  const size_t n_meta = size_t(2 * T + R) + 2 * table;  // all 4-byte values
   host_meta.resize(n_meta);
   int32_t* hm = host_meta.data();
   std::copy(batch.tokens.begin(), batch.tokens.end(), hm);
   std::copy(batch.slots.begin(), batch.slots.end(), hm + T);
   std::copy(batch.logit_rows.begin(), batch.logit_rows.end(), hm + 2 * T);
-  std::memcpy(hm + 2 * T + R, rope_cos.data(), rope_cos.size() * 4);
-  std::memcpy(hm + 2 * T + R + rope_cos.size(), rope_sin.data(), rope_sin.size() * 4);
+  std::memcpy(hm + 2 * T + R, rope_cos.data(), table * 4);
+  std::memcpy(hm + 2 * T + R + table, rope_sin.data(), table * 4);
   auto* dm = static_cast<int32_t*>(ensure(meta, int64_t(n_meta), DType::f32));
   // NOTE: the step's device time starts with its first enqueued work, after the host's part.
   begin_step_timing();
@@ -646,7 +653,7 @@ LlamaModelCuda::Impl::Step LlamaModelCuda::Impl::prepare_step(const ForwardBatch
   s.slots = dm + T;
   s.rows = dm + 2 * T;
   s.cos = reinterpret_cast<const float*>(dm + 2 * T + R);
-  s.sin = s.cos + rope_cos.size();
+  s.sin = s.cos + table;
 
   s.x = static_cast<float*>(ensure(x, int64_t(T) * hidden, DType::f32));
   s.h = ensure(h, int64_t(T) * std::max(hidden, q_dim), DType::bf16);

@@ -1,0 +1,62 @@
+"""Decode steps from a kernel trace CSV (scripts/device/kernel_trace.cpp, or Nsight Systems'
+cuda_gpu_trace): each kernel's time past the kernels before it, averaged over the last STEPS steps.
+
+A step is the span from one embedding kernel to the next (the last step, which has no next, is
+left out). Each kernel
+is charged from the later of its start and the end of all kernels before it, to its end (an
+early-launched dependent waits for the kernel ahead), so the charges and the idle gaps add up to
+the step.
+    python3 timeline_table.py trace.csv
+"""
+import collections
+import csv
+import sys
+
+rows = list(csv.DictReader(open(sys.argv[1])))
+kern = []
+for r in rows:
+    name = r.get("Name", "")
+    if not name or name.startswith("[CUDA mem"):
+        continue
+    start = int(float(r["Start (ns)"]))
+    end = start + int(float(r["Duration (ns)"]))
+    name = name.replace("(anonymous namespace)::", "").split("(")[0].removeprefix("void ")
+    kern.append((start, end, name.replace("pagedattn::", "").replace("cuda::", "")[:90]))
+kern.sort()
+embeds = [i for i, k in enumerate(kern) if "embed" in k[2].lower()]
+n_steps = min(int(sys.argv[2]) if len(sys.argv) > 2 else 8, len(embeds) - 1)
+if n_steps < 1:
+    names = collections.Counter(n for _, _, n in kern)
+    print(f"fewer than two embedding kernels: no whole step among {len(kern)} kernels; the most "
+          "frequent:")
+    for n, c in names.most_common(12):
+        print(f"{c:7d}  {n}")
+    sys.exit(1)
+step = kern[embeds[-1 - n_steps]:embeds[-1]]
+t0, t1 = step[0][0], kern[embeds[-1]][0]
+# Kernels of one stream, in start order: a dependent launched early (programmatic dependent
+# launch) starts before the kernel ahead ends but does its work after it, so each kernel is
+# charged from the later of its start and the end of everything before it, to its end.
+share = collections.defaultdict(float)
+count = collections.Counter(n for _, _, n in step)
+idle = 0.0
+gaps = []
+done = t0
+for s, e, n in step:
+    if s > done:
+        idle += s - done
+        gaps.append(s - done)
+    share[n] += max(0, e - max(s, done))
+    done = max(done, e)
+idle += t1 - done
+gaps.append(t1 - done)
+span = (t1 - t0) / n_steps
+print(f"{n_steps} steps: {len(step) / n_steps:.0f} kernels and {span / 1e6:.3f} ms a step (one "
+      f"embedding kernel's start to the next's), idle {idle / n_steps / 1e6:.3f} ms a step in "
+      f"{len(gaps) / n_steps:.0f} gaps (largest {max(gaps, default=0) / 1e3:.1f} us)")
+print(f"{'ms/step':>8} {'%':>5} {'n/step':>6} {'us each':>8}  kernel (its time past the kernels "
+      "before it)")
+for n, t in sorted(share.items(), key=lambda x: -x[1]):
+    c = count[n] / n_steps
+    print(f"{t / n_steps / 1e6:8.3f} {100 * t / n_steps / span:5.1f} {c:6.1f} "
+          f"{t / n_steps / c / 1e3:8.2f}  {n}")
