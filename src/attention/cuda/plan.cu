@@ -252,11 +252,15 @@ int64_t choose_chunks_per_cta(const std::vector<DecodeQueryRow>& rows, int64_t c
                               int32_t forced) {
   if (forced > 0) return int64_t(forced) * (kDecodeChunkTokens / kSliceUnit);
   // NOTE: measured on an H100: splitting a grid that already covers every SM once lost 5-15%
-  // (the merge pass and the tail), while a grid smaller than the SM count gains up to 12x. A grid
-  // of at least 7/8 of the SMs is not split either: 16 rows of 8 KV heads (128 CTAs on 132 SMs)
-  // ran 2.6-4.5% faster whole than in 256 halves at contexts 512-32768 (15 rows: 3.8% faster at
-  // 32768, 0.6% slower at 2048), while 12 rows (96 CTAs) still gain 1.6% from the split.
-  if (target <= 0 || base_ctas * 8 >= int64_t(sm_count) * 7) return INT_MAX;
+  // (the merge pass and the tail), while a grid smaller than the SM count gains up to 12x. Nor is
+  // a grid of at least 7/8 of the SMs split where the kernel holds at most two CTAs an SM (the
+  // 16-bit tensor-core kernel, whose one CTA keeps enough copies in flight): 16 rows of 8 KV heads
+  // (128 CTAs on 132 SMs) ran 2.3-5.8% faster whole than in 256 halves at contexts 512-32768, 15
+  // rows 3.3-4.0% from 8192 on but 3.6% slower at 512, while 12 rows (96 CTAs) still gain 1.6%
+  // from the split. fp8 pools (four CTAs an SM, bound by their conversions) ran 1.4-1.6x slower
+  // whole from 2048 positions on.
+  const bool whole = base_ctas * 8 >= int64_t(sm_count) * 7 && target <= 2 * int64_t(sm_count);
+  if (target <= 0 || base_ctas >= sm_count || whole) return INT_MAX;
   auto ctas = [&](int64_t k) {
     int64_t n = 0;
     for (const DecodeQueryRow& r : rows)
