@@ -93,6 +93,9 @@
 // (CudaPlanOptions::decode_early_cached_kv), which no launch here measures: a layer's attention
 // in the model's trace went 33.6 -> 29.1 us at batch 32 and 60.3 -> 55.3 at 64 (docs/BENCHMARKS.md,
 // "The decode step as it runs").
+// 8) Grids near the SM count (2026-11-26, same flush and trace; LAB_DECODE_TARGET=1 against the
+// rule): 16 rows of 8 KV heads whole (128 CTAs) against 256 halves, 2.6-4.5% faster at 512, 8192
+// and 32768 positions; the plan now keeps such grids whole on 16-bit pools (fp8 wants the halves).
 // Split-KV: v3 over v2 is 4-13x at batch 1, ctx 8192 (too few CTAs otherwise) but 5-17% slower
 // where the grid already covers every SM, so the plan (c954ed1) splits only grids smaller than the
 // SM count. Tried and dropped: 4 keys per step for single-head CTAs (+3-5% bf16 at batch 64,

@@ -249,11 +249,18 @@ int64_t row_slice(const DecodeQueryRow& r, int64_t k) {
 //   kDecodeChunkTokens positions (CudaPlanOptions::chunks_per_cta), 0 for the choice.
 int64_t choose_chunks_per_cta(const std::vector<DecodeQueryRow>& rows, int64_t ctas_per_row,
                               int64_t base_ctas, int32_t sm_count, int64_t target,
-                              int32_t forced) {
+                              int32_t forced, bool whole_near_full) {
   if (forced > 0) return int64_t(forced) * (kDecodeChunkTokens / kSliceUnit);
   // NOTE: measured on an H100: splitting a grid that already covers every SM once lost 5-15%
-  // (the merge pass and the tail), while a grid smaller than the SM count gains up to 12x.
-  if (target <= 0 || base_ctas >= sm_count) return INT_MAX;
+  // (the merge pass and the tail), while a grid smaller than the SM count gains up to 12x. Where
+  // `whole_near_full` (the tensor-core kernel on 16-bit pools: one CTA keeps enough copies in
+  // flight), a grid of at least 7/8 of the SMs is not split either: 16 rows of 8 KV heads (128
+  // CTAs on 132 SMs, head dim 128) ran 2.6-2.7% faster whole than in 256 halves at 8192 and 32768
+  // positions, 15 rows 3.4-4.0% (level at 2048 and 512 within the runs' spread), while 12 rows
+  // (96 CTAs) still gain 1.6% from the split. fp8 pools, bound by their conversions, ran 1.4-1.6x
+  // (head dim 128) and 1.05-1.26x (256) slower whole.
+  const bool whole = whole_near_full && base_ctas * 8 >= int64_t(sm_count) * 7;
+  if (target <= 0 || base_ctas >= sm_count || whole) return INT_MAX;
   auto ctas = [&](int64_t k) {
     int64_t n = 0;
     for (const DecodeQueryRow& r : rows)
@@ -375,7 +382,7 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
                                                         cuda::decode_group_tile(group, fp8));
   const int64_t target = int64_t(im.sm_count) * per_sm;
   int64_t k = choose_chunks_per_cta(rows, Hk * tiles, base_ctas, im.sm_count, target,
-                                    im.opts.chunks_per_cta);
+                                    im.opts.chunks_per_cta, tc_rows > 0 && !fp8);
 
   // Metadata first, then as many partials as the rest of the workspace holds.
   std::vector<cuda::DecodeItem> items;
