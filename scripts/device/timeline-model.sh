@@ -11,6 +11,7 @@
 #   BASE_DIR=out/ab-base VARIANTS="main base" ROUNDS=3 scripts/device/timeline-model.sh
 # Environment: MODEL, BATCHES, PROMPT_LEN (512), DECODE_STEPS (16), VARIANTS (`base`: this tree;
 # `main`: BASE_DIR's; else comma-separated environment assignments for this tree), ROUNDS (1),
+# BENCH_EXTRA (more bench model arguments for every variant, e.g. --sampling mixed),
 # SKIP_TRACE, HOST_PROFILE_BATCH, HOST_PROFILE_ARGS (more bench model arguments),
 # HOST_PROFILE_UNDER, LAB_VARIANTS (`none`: no lab),
 # LAB_VERSIONS (34), GPU_FILTER (builds test_gpu and runs those tests), BUDGET (540).
@@ -57,7 +58,7 @@ for ((r = 1; r <= ${ROUNDS:-1}; ++r)); do
       echo "== round $r variant $v batch $b" >>"$OUT/timeline.txt"
       step "model $v b$b" 120 timeline.txt env "${assigns[@]}" "$(cli "$v")" bench model \
         --model "$model" --device cuda --batch "$b" --prompt-len "$prompt" \
-        --decode-steps ${DECODE_STEPS:-16}
+        --decode-steps ${DECODE_STEPS:-16} ${BENCH_EXTRA:-}
     done
   done
 done
