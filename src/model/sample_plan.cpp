@@ -72,10 +72,17 @@ void check_sample_plan(const SamplePlan& plan, int64_t rows, int64_t vocab, cons
              op, ": sample plan row ", i, " has edits [", r.edit_begin, ", ", r.edit_end,
              ") outside the ", plan.edits.size(), " edits");
   }
-  for (size_t i = 0; i < plan.edits.size(); ++i)
-    PA_CHECK(plan.edits[i].token >= 0 && plan.edits[i].token < vocab && plan.edits[i].count >= 0,
-             op, ": sample plan edit ", i, " names token ", plan.edits[i].token,
-             " outside the vocabulary of ", vocab);
+  // One pass without branches over every edit (tens of thousands a step with repetition
+  // penalties), then the first bad one named.
+  bool bad = false;
+  for (const LogitEdit& e : plan.edits)
+    bad |= (e.token < 0) | (int64_t(e.token) >= vocab) | (e.count < 0);
+  for (size_t i = 0; bad && i < plan.edits.size(); ++i) {
+    const LogitEdit& e = plan.edits[i];
+    PA_CHECK(e.token >= 0 && e.token < vocab, op, ": sample plan edit ", i, " names token ",
+             e.token, " outside the vocabulary of ", vocab);
+    PA_CHECK(e.count >= 0, op, ": sample plan edit ", i, " has a negative count ", e.count);
+  }
 }
 
 void apply_logit_edits(std::span<float> logits, const RowSampling& r,

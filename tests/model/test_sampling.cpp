@@ -379,6 +379,24 @@ TEST(SamplePlan, RejectsAPlanThatDoesNotFit) {
   EXPECT_THROW(check_sample_plan(plan, 2, 100, "op"), Error);
   plan.edits[0].token = 99;
   check_sample_plan(plan, 2, 100, "op");
+  // The first bad edit among many is named, with what is wrong with it.
+  plan.edits.resize(3000, LogitEdit{7, 1, 0.f, 1});
+  plan.rows[1].edit_end = 3000;
+  check_sample_plan(plan, 2, 100, "op");
+  auto message = [&] {
+    try {
+      check_sample_plan(plan, 2, 100, "op");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  plan.edits[2500].count = -1;
+  EXPECT_NE(message().find("edit 2500 has a negative count"), std::string::npos) << message();
+  plan.edits[1700].token = -3;
+  EXPECT_NE(message().find("edit 1700 names token -3 outside"), std::string::npos) << message();
+  plan.edits.resize(1);
+  plan.rows[1].edit_end = 1;
   plan.rows[0].logprobs = 21;
   EXPECT_THROW(check_sample_plan(plan, 2, 100, "op"), Error);
   plan.rows[0].logprobs = 0;
