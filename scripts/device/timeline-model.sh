@@ -90,8 +90,9 @@ for line in open(sys.argv[1]):
 for (v, b), vals in sorted(res.items(), key=lambda x: (x[0][1], x[0][0])):
     print(f"b{b:<3} {v:40s} " + "  ".join(vals))
 PY
-# HOST_PROFILE_BATCH: the host's CPU time of a long decode run at that batch, sampled
-# (scripts/device/host_sampler.cpp) and counted by function (host_profile.txt).
+# HOST_PROFILE_BATCH: the main thread's time over 400 decode steps at that batch, sampled
+# on a wall-clock timer (scripts/device/host_sampler.cpp) and counted by function
+# (host_profile.txt).
 if [[ -n "${HOST_PROFILE_BATCH:-}" ]] &&
   g++ -O2 -shared -fPIC scripts/device/host_sampler.cpp -o /tmp/libhost_sampler.so \
     >>"$OUT/build.log" 2>&1; then
