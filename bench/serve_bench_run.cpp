@@ -331,6 +331,8 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
   r.admission_stalls = m.admission_stalls;
   r.steps = m.steps;
   r.output_tokens_per_step = r.steps > 0 ? double(r.output_tokens) / double(r.steps) : 0.0;
+  if (!std::isnan(r.device_busy_s) && r.steps > 0)
+    r.device_idle_ms_per_step = 1e3 * std::max(0.0, r.duration_s - r.device_busy_s) / r.steps;
   r.prefix_hit_rate = m.prefix_hit_rate();  // the cache's one count
   return r;
 }

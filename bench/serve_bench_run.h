@@ -90,9 +90,10 @@ struct RunResult {
   // seconds those copies took (-1 / NaN: unknown).
   int64_t preemptions_swap = -1, swapped_tokens = -1, swap_bytes = -1;
   double swap_s = kAbsent, swap_pin_s = kAbsent;  // swap's time, and the pinning part of it
-  // The device's time on the run's forward steps (Model::device_busy_seconds) and the fraction of
-  // the run it spent idle between them (NaN: not measured, the CPU or over HTTP).
-  double device_busy_s = kAbsent, device_idle_frac = kAbsent;
+  // The device's time on the run's forward steps (Model::device_busy_seconds), the fraction of
+  // the run it spent idle between them, and that idle time per engine step in ms (NaN: not
+  // measured, the CPU or over HTTP).
+  double device_busy_s = kAbsent, device_idle_frac = kAbsent, device_idle_ms_per_step = kAbsent;
   int64_t preempted_computed_tokens = -1, resumed_prefix_hit_tokens = -1;
   int64_t admission_stalls = -1;
   // Engine steps (forward passes) and output tokens per step: how much batching the KV budget

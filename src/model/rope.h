@@ -26,7 +26,6 @@ class RopeRows {
  public:
   static constexpr int32_t kMaxCached = 1 << 16;
   explicit RopeRows(std::vector<double> inv_freq = {}) : inv_freq_(std::move(inv_freq)) {}
-  const std::vector<double>& inv_freq() const { return inv_freq_; }
   // cos, sin [num_tokens, head_dim / 2] for the given positions (>= 0).
   void fill(const int32_t* positions, int32_t num_tokens, float* cos, float* sin);
 

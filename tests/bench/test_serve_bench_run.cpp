@@ -4,6 +4,8 @@
 // use stays within the pool. No timing assertions.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "pagedattn/llama.h"
 #include "serve_bench_run.h"
 
@@ -83,6 +85,9 @@ TEST(ServeBenchRun, EveryRequestCompletesWithItsLengthInBothModes) {
       EXPECT_EQ(r.timeline.back().kv_allocated, 0);  // nothing held at the end
       EXPECT_GT(r.steps, 0);
       EXPECT_NEAR(r.ramp_s + r.steady_s + r.tail_s, r.duration_s, 1e-9);
+      // A CPU model has no device time: its idle share and time per step are absent, not zero.
+      EXPECT_TRUE(std::isnan(r.device_idle_frac));
+      EXPECT_TRUE(std::isnan(r.device_idle_ms_per_step));
       if (mode == "static") {
         EXPECT_EQ(r.preemptions, 0);
         EXPECT_EQ(r.prefix_hit_rate, 0.0);

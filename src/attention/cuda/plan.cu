@@ -394,6 +394,7 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   size_t o_qi, o_len, o_bt, o_items, o_merge, o_counters, o_prefill;
   int32_t partials = 0;
   std::vector<int32_t> counters;  // the fused merge's (zeroed) counts, uploaded with the rest
+  const int32_t bt_stride = table_stride(batch.max_pages_per_seq);
   for (;;) {
     partials = split_decode_rows(rows, k, items, merges);
     fill_item_pages(batch, kv.page_size, im.opts.decode_item_pages,
@@ -402,7 +403,7 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
     host.clear();
     o_qi = stage(host, batch.q_indptr, size_t(n) + 1);
     o_len = stage(host, batch.kv_len, size_t(n));
-    o_bt = stage_table(host, batch, table_stride(batch.max_pages_per_seq));
+    o_bt = stage_table(host, batch, bt_stride);
     o_items = stage(host, items.data(), items.size());
     o_merge = stage(host, merges.data(), merges.size());
     o_counters = stage(host, counters.data(), counters.size());
@@ -429,7 +430,7 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   p.q_indptr = reinterpret_cast<const int32_t*>(im.ws + o_qi);
   p.kv_len = reinterpret_cast<const int32_t*>(im.ws + o_len);
   p.block_table = reinterpret_cast<const int32_t*>(im.ws + o_bt);
-  p.max_pages_per_seq = table_stride(batch.max_pages_per_seq);  // the staged table's stride
+  p.max_pages_per_seq = bt_stride;  // the staged table's row stride
   p.num_q_heads = Hq;
   p.num_kv_heads = Hk;
   p.group = group;
