@@ -444,12 +444,13 @@ bool Engine::sample_step(const SchedulerOutput& out) const {
   return true;
 }
 
-SamplePlan Engine::sample_plan(const SchedulerOutput& out) const {
-  SamplePlan plan;
-  plan.rows.resize(out.batch.logit_rows.size());
+const SamplePlan& Engine::sample_plan(const SchedulerOutput& out) {
+  SamplePlan& plan = plan_;
+  plan.rows.assign(out.batch.logit_rows.size(), RowSampling{});
+  plan.edits.clear();
   // NOTE: one allocation for every row's edits (a row with a repetition penalty has one per
   // distinct token of its history): growing the vector row by row copied them again and again,
-  // 0.1 ms a step at 32 rows of 512-token prompts.
+  // 0.1 ms a step at 32 rows of 512-token prompts. The capacity stays for the next steps.
   size_t total = 0;
   for (const ScheduledSeq& s : out.scheduled)
     if (s.logit_row >= 0) total += s.seq->editor.edits().size();

@@ -1,4 +1,7 @@
 // The device sampler (see sampling_kernels.h for the contract and sample_plan.h for the rules).
+#include <cooperative_groups.h>
+
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda_common.cuh"
@@ -9,11 +12,15 @@ namespace pagedattn::cuda {
 
 namespace {
 
+namespace cg = cooperative_groups;
+
 constexpr int kThreads = 1024;  // one block per row
 constexpr int kCap = 2048;      // candidates a row may keep in shared memory
 constexpr int kMaxTop = 20;
 constexpr int kRawCap = 512;    // candidates for the top-N log-probabilities
 constexpr float kFixedOne = 1099511627776.f;  // 2^40: weight of the most likely token
+constexpr int kMaxCluster = 8;  // CTAs a row's two passes may be split over (portable cluster)
+constexpr int kClusterSpan = 32768;  // logits a cluster's CTA reads, at most, per pass
 
 // Order-preserving keys: a > b as floats <=> key(a) > key(b); NaN gets 0, below -inf (0x007fffff).
 __device__ __forceinline__ uint32_t to_key(float x) {
@@ -68,6 +75,10 @@ struct Smem {
   uint64_t above;
   int32_t token;
   bool fail;
+  // A split row (cluster of C CTAs): each CTA's log-sum-exp and bounds, in the first CTA's.
+  double lse_part[kMaxCluster];
+  uint32_t bound_part[kMaxCluster], raw_part[kMaxCluster];
+  uint32_t bound_all, raw_all;
 };
 
 // A row in global memory (element i is token i) or the candidate list.
@@ -404,11 +415,11 @@ __device__ void sort_top(int n, Smem& s) {
 
 // Writes the top list s.top_k / s.top_id (n of them, sorted, most likely first) as ids and
 // log-probabilities (thread 0).
-__device__ void write_top(int n, double lse, int32_t* top_ids, float* top_logprob,
+__device__ void write_top(int row, int n, double lse, int32_t* top_ids, float* top_logprob,
                           int32_t max_top, const Smem& s) {
   for (int i = 0; i < n; ++i) {
-    top_ids[int64_t(blockIdx.x) * max_top + i] = s.top_id[i];
-    top_logprob[int64_t(blockIdx.x) * max_top + i] = float(double(from_key(s.top_k[i])) - lse);
+    top_ids[int64_t(row) * max_top + i] = s.top_id[i];
+    top_logprob[int64_t(row) * max_top + i] = float(double(from_key(s.top_k[i])) - lse);
   }
 }
 
@@ -529,6 +540,25 @@ __device__ int32_t draw_from_small_list(int n, uint32_t want, float m, const Sam
   return s.token;
 }
 
+// Cluster barriers: arrive (relaxed: nothing to publish yet) and wait, apart, so that the wait
+// for every CTA of the cluster to have started costs nothing by the time it is needed.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+}
+
+// log(sum(exp(lse_c))) of the C CTAs' log-sum-exps, in rank order (C == 1: lse_0 itself).
+__device__ double combine_lse(const double* part, int C) {
+  double m = part[0];
+  for (int c = 1; c < C; ++c) m = fmax(m, part[c]);
+  if (C == 1 || isinf(m)) return m;
+  double sum = 0.0;
+  for (int c = 0; c < C; ++c) sum += exp(part[c] - m);
+  return m + log(sum);
+}
+
 // The row's sampling in two passes over the raw logits, never editing them, for top-k rows (and
 // greedy ones) with at most kMaxEdits edits. A bitmap in dynamic shared memory (vocab bits, then
 // the edited keys) marks the edited tokens. Pass 1 takes the log-sum-exp and the per-thread maxima
@@ -537,14 +567,21 @@ __device__ int32_t draw_from_small_list(int n, uint32_t want, float m, const Sam
 // unedited logits above it (and the raw ones above the N-th largest raw maximum, for the top-N
 // log-probabilities), to which the edited logits above it are added. Returns false, having
 // written nothing, where a bound does not hold or a list does not fit.
+//
+// Split over a cluster of C CTAs (rank 0 .. C - 1), each reads a C-th of the row in both passes:
+// each bounds the top k by its own maxima (any bound of a CTA holds for the row; the largest is
+// taken), its log-sum-exp goes to rank 0, and pass 2 gathers into rank 0's lists through
+// distributed shared memory. Rank 0 alone goes on past pass 2; the return value is only its.
 constexpr int kMaxEdits = 1024;
-__device__ bool sample_row_fast(const float* x, int32_t vocab, const SampleRowDesc& r,
-                                const SampleEdit* edits, int32_t* ids, float* logprob,
-                                int32_t* top_ids, float* top_logprob, int32_t max_top,
-                                uint32_t* bitmap, Smem& s) {
+__device__ bool sample_row_fast(const float* x, int32_t vocab, int row, int rank, int C,
+                                const SampleRowDesc& r, const SampleEdit* edits, int32_t* ids,
+                                float* logprob, int32_t* top_ids, float* top_logprob,
+                                int32_t max_top, uint32_t* bitmap, Smem& s) {
   const int E = r.edit_end - r.edit_begin;
   const uint32_t want = r.temperature > 0.f ? uint32_t(r.top_k) : 1u;
-  if (want > uint32_t(kThreads) || E > kMaxEdits) return false;
+  if (want > uint32_t(kThreads) || E > kMaxEdits) return false;  // the same in every CTA
+  if (rank == 0 && threadIdx.x == 0) s.gathered = 0u, s.gathered_raw = 0u;
+  if (C > 1) cluster_arrive_relaxed();
   const int words = (vocab + 31) / 32;
   uint32_t* ek = bitmap + words;  // [E] the edited logits' keys
   for (int w = threadIdx.x; w < words; w += kThreads) bitmap[w] = 0u;
@@ -555,10 +592,14 @@ __device__ bool sample_row_fast(const float* x, int32_t vocab, const SampleRowDe
     ek[e] = to_key(edited(x[ed.token], ed, r));
   }
   __syncthreads();
+  // This CTA's share [lo, hi) of the row: whole 16-byte vectors but for the last.
+  const int span = (((vocab + C - 1) / C) + 3) / 4 * 4;
+  const int lo = min(vocab, rank * span), hi = min(vocab, lo + span);
   const bool lp = r.logprobs >= 0;
   float tm = -INFINITY, ts = 0.f;
   uint32_t tkey = 0u, tkey_raw = 0u;
-  for_row(x, vocab, [&](int i, float v) {
+  for_row(x + lo, hi - lo, [&](int i, float v) {
+    i += lo;
     const uint32_t k = to_key(v);
     tkey_raw = k > tkey_raw ? k : tkey_raw;
     if (!(bitmap[i / 32] & (1u << (i % 32)))) tkey = k > tkey ? k : tkey;
@@ -566,38 +607,68 @@ __device__ bool sample_row_fast(const float* x, int32_t vocab, const SampleRowDe
   });
   s.tk[threadIdx.x] = tkey;
   s.tk_raw[threadIdx.x] = tkey_raw;
-  const double lse = lp ? block_lse(tm, ts, s) : 0.0;
+  const double lse_mine = lp ? block_lse(tm, ts, s) : 0.0;
   __syncthreads();
   const Weight count{false, 0.f, 1.f};
-  const uint32_t bound =
+  uint32_t bound =
       radix_select(UnionAcc{s.tk, ek}, kThreads + E, want, 0.0, kEverything, count, s).key;
-  if (bound == 0u) return false;
   const int n_top = lp ? min(min(r.logprobs, max_top), vocab) : 0;
-  uint32_t raw_bound = 0xffffffffu;  // nothing gathered
+  uint32_t raw_bound = 0u;  // 0: none found (every number)
   if (n_top > 0) {
     raw_bound = radix_select(ListAcc{s.tk_raw, nullptr}, kThreads, uint32_t(n_top), 0.0,
                              kEverything, count, s).key;
-    if (raw_bound == 0u) raw_bound = 1u;  // every number (the list then overflows: row path)
   }
-  if (threadIdx.x == 0) s.gathered = 0u, s.gathered_raw = 0u;
-  __syncthreads();
-  for_row(x, vocab, [&](int i, float v) {
+  double lse = lse_mine;
+  cg::cluster_group cluster = cg::this_cluster();
+  Smem* lead = &s;
+  if (C > 1) {
+    lead = cluster.map_shared_rank(&s, 0);
+    cluster_wait();  // every CTA has started: its shared memory may be written
+    if (threadIdx.x == 0) {
+      lead->bound_part[rank] = bound;
+      lead->raw_part[rank] = raw_bound;
+      lead->lse_part[rank] = lse_mine;
+    }
+    cluster.sync();
+    if (threadIdx.x == 0) {
+      uint32_t b = 0u, rb = 0u;
+      for (int c = 0; c < C; ++c) b = max(b, lead->bound_part[c]), rb = max(rb, lead->raw_part[c]);
+      s.bound_all = b, s.raw_all = rb;
+    }
+    __syncthreads();
+    bound = s.bound_all, raw_bound = s.raw_all;
+    if (rank == 0 && lp) lse = combine_lse(s.lse_part, C);
+  }
+  if (bound == 0u) {
+    if (C > 1) cluster.sync();  // no CTA leaves while another still reads rank 0's
+    return false;
+  }
+  if (n_top > 0 && raw_bound == 0u) raw_bound = 1u;  // every number (the list then overflows)
+  if (n_top <= 0) raw_bound = 0xffffffffu;          // nothing gathered
+  uint32_t* gathered = &lead->gathered;
+  uint32_t* gathered_raw = &lead->gathered_raw;
+  for_row(x + lo, hi - lo, [&](int i, float v) {
+    i += lo;
     const uint32_t k = to_key(v);
     if (k >= bound && !(bitmap[i / 32] & (1u << (i % 32)))) {
-      const uint32_t at = atomicAdd(&s.gathered, 1u);
-      if (at < uint32_t(kCap)) s.gk[at] = k, s.gid[at] = i;
+      const uint32_t at = atomicAdd(gathered, 1u);
+      if (at < uint32_t(kCap)) lead->gk[at] = k, lead->gid[at] = i;
     }
     if (k >= raw_bound) {
-      const uint32_t at = atomicAdd(&s.gathered_raw, 1u);
-      if (at < uint32_t(kRawCap)) s.rk[at] = k, s.rid[at] = i;
+      const uint32_t at = atomicAdd(gathered_raw, 1u);
+      if (at < uint32_t(kRawCap)) lead->rk[at] = k, lead->rid[at] = i;
     }
   });
-  for (int e = int(threadIdx.x); e < E; e += kThreads) {
-    if (ek[e] < bound) continue;
-    const uint32_t at = atomicAdd(&s.gathered, 1u);
-    if (at < uint32_t(kCap)) s.gk[at] = ek[e], s.gid[at] = edits[r.edit_begin + e].token;
+  if (rank == 0) {
+    for (int e = int(threadIdx.x); e < E; e += kThreads) {
+      if (ek[e] < bound) continue;
+      const uint32_t at = atomicAdd(&s.gathered, 1u);
+      if (at < uint32_t(kCap)) s.gk[at] = ek[e], s.gid[at] = edits[r.edit_begin + e].token;
+    }
   }
+  if (C > 1) cluster.sync();  // the lists are whole (and rank 0's shared memory is read no more)
   __syncthreads();
+  if (rank != 0) return false;
   const uint32_t n = s.gathered;
   if (n > uint32_t(kCap)) return false;
   sort_gathered_by_id(n, s);
@@ -618,9 +689,9 @@ __device__ bool sample_row_fast(const float* x, int32_t vocab, const SampleRowDe
       token = draw_from_list(int(n), cut, m, r, s);
     }
   }
-  if (threadIdx.x == 0) ids[blockIdx.x] = token;
+  if (threadIdx.x == 0) ids[row] = token;
   if (!lp) return true;
-  if (threadIdx.x == 0) logprob[blockIdx.x] = float(double(x[token]) - lse);
+  if (threadIdx.x == 0) logprob[row] = float(double(x[token]) - lse);
   if (n_top <= 0) return true;
   const uint32_t nr = s.gathered_raw;
   if (nr > uint32_t(kRawCap)) {
@@ -636,7 +707,7 @@ __device__ bool sample_row_fast(const float* x, int32_t vocab, const SampleRowDe
     if (threadIdx.x == 0) {
       const int nt = int(got < uint64_t(n_top) ? got : uint64_t(n_top));
       sort_top(nt, s);
-      write_top(nt, lse, top_ids, top_logprob, max_top, s);
+      write_top(row, nt, lse, top_ids, top_logprob, max_top, s);
     }
     return true;
   }
@@ -644,14 +715,14 @@ __device__ bool sample_row_fast(const float* x, int32_t vocab, const SampleRowDe
   for (uint32_t c = threadIdx.x; c < nr; c += kThreads) {
     const uint32_t k = s.rk[c];
     const int32_t id = s.rid[c];
-    uint32_t rank = 0;
+    uint32_t place = 0;
     for (uint32_t o = 0; o < nr; ++o)
-      rank += s.rk[o] > k || (s.rk[o] == k && s.rid[o] < id);
-    if (rank < uint32_t(n_top)) s.top_k[rank] = k, s.top_id[rank] = id;
+      place += s.rk[o] > k || (s.rk[o] == k && s.rid[o] < id);
+    if (place < uint32_t(n_top)) s.top_k[place] = k, s.top_id[place] = id;
   }
   __syncthreads();
   if (threadIdx.x == 0)
-    write_top(min(n_top, int(nr)), lse, top_ids, top_logprob, max_top, s);
+    write_top(row, min(n_top, int(nr)), lse, top_ids, top_logprob, max_top, s);
   return true;
 }
 
@@ -661,18 +732,22 @@ __global__ void __launch_bounds__(kThreads)
                        const SampleEdit* __restrict__ edits, float* __restrict__ saved,
                        int32_t* __restrict__ ids, float* __restrict__ logprob,
                        int32_t* __restrict__ top_ids, float* __restrict__ top_logprob,
-                       int32_t max_top) {
+                       int32_t max_top, int32_t cluster) {
   __shared__ Smem s;
   extern __shared__ uint32_t bitmap[];  // [(vocab + 31) / 32 + kMaxEdits] (two-pass path)
-  const SampleRowDesc r = rows[blockIdx.x];
-  float* x = logits + int64_t(blockIdx.x) * vocab;
+  // grid [rows * cluster]: the cluster's CTAs share a row; only the two-pass path splits it.
+  const int row = int(blockIdx.x) / cluster, rank = int(blockIdx.x) % cluster;
+  const SampleRowDesc r = rows[row];
+  float* x = logits + int64_t(row) * vocab;
   // The two-pass path where it applies (and saves passes: a greedy row with edits or logprobs).
   const bool greedy_with_work =
       r.temperature == 0.f && (r.edit_end > r.edit_begin || r.logprobs >= 0);
-  if ((greedy_with_work || (r.temperature > 0.f && r.top_k > 0 && r.top_k < vocab)) &&
-      sample_row_fast(x, vocab, r, edits, ids, logprob, top_ids, top_logprob, max_top, bitmap,
-                      s))
-    return;
+  if (greedy_with_work || (r.temperature > 0.f && r.top_k > 0 && r.top_k < vocab)) {
+    const bool done = sample_row_fast(x, vocab, row, rank, cluster, r, edits, ids, logprob,
+                                      top_ids, top_logprob, max_top, bitmap, s);
+    if (done || rank != 0) return;
+  }
+  if (rank != 0) return;
 
   // The general path. 1. The edits in place, each token's original kept to put back.
   for (int e = r.edit_begin + int(threadIdx.x); e < r.edit_end; e += kThreads) {
@@ -742,7 +817,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int e = r.edit_begin + int(threadIdx.x); e < r.edit_end; e += kThreads)
     x[edits[e].token] = saved[e];
   __syncthreads();
-  if (threadIdx.x == 0) ids[blockIdx.x] = token;
+  if (threadIdx.x == 0) ids[row] = token;
   if (r.logprobs < 0) return;
 
   // log-sum-exp and the per-thread maxima of the raw row.
@@ -755,7 +830,7 @@ __global__ void __launch_bounds__(kThreads)
   });
   s.tk[threadIdx.x] = tkey;
   const double lse = block_lse(tm, ts, s);
-  if (threadIdx.x == 0) logprob[blockIdx.x] = float(double(x[token]) - lse);
+  if (threadIdx.x == 0) logprob[row] = float(double(x[token]) - lse);
   const int n_top = min(min(r.logprobs, max_top), vocab);
   if (n_top <= 0) return;
 
@@ -768,15 +843,22 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x != 0) return;
   const int n = int(got < uint64_t(n_top) ? got : uint64_t(n_top));
   sort_top(n, s);  // collect wrote them in id order
-  write_top(n, lse, top_ids, top_logprob, max_top, s);
+  write_top(row, n, lse, top_ids, top_logprob, max_top, s);
 }
 
 }  // namespace
 
+int32_t sample_cluster_size(int32_t vocab) {
+  return std::clamp((vocab + kClusterSpan - 1) / kClusterSpan, 1, kMaxCluster);
+}
+
 void sample_rows(float* logits, int32_t rows, int32_t vocab, const SampleRowDesc* row_desc,
                  const SampleEdit* edits, float* saved, int32_t* ids, float* logprob,
-                 int32_t* top_ids, float* top_logprob, int32_t max_top, cudaStream_t stream) {
+                 int32_t* top_ids, float* top_logprob, int32_t max_top, cudaStream_t stream,
+                 int32_t cluster) {
   if (rows <= 0) return;
+  if (cluster <= 0) cluster = sample_cluster_size(vocab);
+  if (cluster > kMaxCluster) fail("sample_rows: a cluster of ", cluster, " CTAs is too large");
   const size_t dynamic = (size_t((vocab + 31) / 32) + kMaxEdits) * sizeof(uint32_t);
   const size_t limit = 227 * 1024 - sizeof(Smem);
   if (dynamic > limit) fail("sample_rows: a vocabulary of ", vocab, " is too large");
@@ -784,9 +866,21 @@ void sample_rows(float* logits, int32_t rows, int32_t vocab, const SampleRowDesc
   check_cuda(cudaFuncSetAttribute(sample_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(dynamic)),
              "sample_rows");
-  sample_rows_kernel<<<rows, kThreads, dynamic, stream>>>(logits, vocab, row_desc, edits, saved,
-                                                          ids, logprob, top_ids, top_logprob,
-                                                          max_top);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(rows) * unsigned(cluster));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = dynamic;
+  cfg.stream = stream;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = unsigned(cluster);
+  at[0].val.clusterDim.y = 1;
+  at[0].val.clusterDim.z = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = cluster > 1 ? 1 : 0;
+  check_cuda(cudaLaunchKernelEx(&cfg, sample_rows_kernel, logits, vocab, row_desc, edits, saved,
+                                ids, logprob, top_ids, top_logprob, max_top, cluster),
+             "sample_rows");
   check_launch("sample_rows");
 }
 
