@@ -13,8 +13,9 @@
 // and a few generated ones); logits normal with a few large ones, like a model's.
 // Gate: every cluster size gives the tokens and top ids of the host twin (sample_plan.h), the
 // log-probabilities within 1e-4 of it, and the logits back unchanged.
-// Timing: CUDA events, median of 30 launches after 5, with the logits in L2 (as the LM head leaves
-// them) and after an L2 flush; GB/s: the two passes' reads of the rows, beside the copy rate.
+// Timing: CUDA events, medians of 30, with the logits in L2 (as the LM head leaves them; ten
+// launches back to back a timing) and after an L2 flush (one launch); GB/s: the two passes'
+// reads of the rows, beside the copy rate.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -77,7 +78,8 @@ struct Batch {
   void argmax() const { cuda::argmax_rows(d_logits, h.rows, kVocab, d_ids, nullptr); }
 };
 
-// Median microseconds of 30 launches after 5 warm ones, the data left in L2 between them.
+// Median microseconds a launch over 30 timings of 10 back-to-back launches (after 5 warm ones),
+// the data left in L2 between them: the host's launch time hidden, as in a step.
 double time_warm_us(const std::function<void()>& run) {
   cudaEvent_t a, b;
   lab::ck(cudaEventCreate(&a), "event");
@@ -86,12 +88,12 @@ double time_warm_us(const std::function<void()>& run) {
   std::vector<double> t;
   for (int i = 0; i < 30; ++i) {
     lab::ck(cudaEventRecord(a), "record");
-    run();
+    for (int k = 0; k < 10; ++k) run();
     lab::ck(cudaEventRecord(b), "record");
     lab::ck(cudaEventSynchronize(b), "sync");
     float ms = 0;
     lab::ck(cudaEventElapsedTime(&ms, a, b), "elapsed");
-    t.push_back(ms * 1e3);
+    t.push_back(ms * 1e3 / 10);
   }
   lab::ck(cudaGetLastError(), "timed runs");
   cudaEventDestroy(a);

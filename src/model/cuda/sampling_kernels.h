@@ -6,9 +6,10 @@
 // No sort of the vocabulary. A top-k row (k <= 1024, at most 1024 edits) reads its logits twice:
 // the per-thread maxima bound its top k, the logits above the bound are gathered into shared
 // memory, and top-k, top-p, min-p and the draw run on that list by ranks and scans (the top-N
-// log-probabilities likewise). Its two passes are split over a cluster of CTAs (one per 32768
-// logits, at most 8), which gather into the first one's shared memory: at 32 rows of a 128K
-// vocabulary, one CTA a row would leave three quarters of an H100's SMs idle. Other rows take radix selects on the logits' order-preserving
+// log-probabilities likewise). Its two passes are split over a cluster of CTAs (one per 65536
+// logits, at most 8), which gather into the first one's shared memory: one CTA a row reads a
+// 128K-vocabulary row at a fraction of the copy rate, and 32 rows would leave three quarters of
+// an H100's SMs idle. Other rows take radix selects on the logits' order-preserving
 // 32-bit keys (8 bits a pass), over a candidate list where the maxima bound one, else over the
 // whole row. Masses are sums of fixed-point weights round(e * 2^40) in 64-bit integers, so every
 // sum, cut and draw is the same whatever the order of the additions: a row gives the same token
