@@ -606,8 +606,12 @@ std::vector<RequestOutput> Engine::step() {
     try {
       if (greedy)
         ids = model_->forward_greedy(out.batch, *cache_);
-      else if (sampled)
-        picked = model_->forward_sample(out.batch, *cache_, sample_plan(out));
+      else if (sampled) {
+        // NOTE: the pass starts before the plan is built: its edits (one per distinct token of
+        // each history under a repetition penalty) are copied and checked while a device runs.
+        model_->begin_sample(out.batch, *cache_);
+        picked = model_->finish_sample(sample_plan(out));
+      }
       else
         logits = model_->forward(out.batch, *cache_);
       scheduler_->observe_step(out, std::chrono::duration<double>(Clock::now() - t0).count());

@@ -184,6 +184,10 @@ struct LlamaModelCuda::Impl {
   // Device time of the steps: an event before a step's first upload and one after its download.
   cudaEvent_t step_begin = nullptr, step_end = nullptr;
   bool step_open = false;
+  // begin_sample's pass, which finish_sample samples (any other pass enqueued since clears it).
+  bool sample_pending = false;
+  const float* sample_logits = nullptr;
+  int64_t sample_rows = 0;
   double busy_seconds = 0;
   void begin_step_timing();
   void end_step_timing();  // after the step's last (synchronous) copy
@@ -818,6 +822,7 @@ void LlamaModelCuda::Impl::logits_of_rows(const Step& s, cudaStream_t st) {
 // The same skeleton as the CPU runner (llama_model.cpp): prepare the step, embed, every layer,
 // the logit rows.
 const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& cache) {
+  impl_->sample_pending = false;
   validate(batch, cache);
   Impl& m = *impl_;
   const ModelConfig& c = m.config;
@@ -1013,6 +1018,24 @@ std::vector<TokenLogprobs> LlamaModelCuda::forward_sample(const ForwardBatch& ba
   const float* dl = forward_device(batch, cache);
   impl_->stage_plan(plan);
   return impl_->run_sampler(dl, plan);
+}
+
+void LlamaModelCuda::begin_sample(const ForwardBatch& batch, KvCache& cache) {
+  const float* dl = forward_device(batch, cache);
+  impl_->sample_logits = dl;
+  impl_->sample_rows = int64_t(batch.logit_rows.size());
+  impl_->sample_pending = true;
+}
+
+std::vector<TokenLogprobs> LlamaModelCuda::finish_sample(const SamplePlan& plan) {
+  PA_CHECK(impl_->sample_pending, "LlamaModelCuda::finish_sample: no begin_sample before it");
+  impl_->sample_pending = false;
+  // NOTE: checked here, while the pass runs, not before it (Model::begin_sample): a bad plan
+  // fails the step after its K/V writes, which the caller has not committed.
+  check_sample_plan(plan, impl_->sample_rows, impl_->config.vocab_size,
+                    "LlamaModelCuda::forward_sample");
+  impl_->stage_plan(plan);
+  return impl_->run_sampler(impl_->sample_logits, plan);
 }
 
 Tensor LlamaModelCuda::forward(const ForwardBatch& batch, KvCache& cache) {
