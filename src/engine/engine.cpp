@@ -450,11 +450,13 @@ const SamplePlan& Engine::sample_plan(const SchedulerOutput& out) {
   plan.edits.clear();
   // NOTE: one allocation for every row's edits (a row with a repetition penalty has one per
   // distinct token of its history): growing the vector row by row copied them again and again,
-  // 0.1 ms a step at 32 rows of 512-token prompts. The capacity stays for the next steps.
+  // 0.1 ms a step at 32 rows of 512-token prompts. The capacity stays for the next steps, and
+  // doubles when it must grow (the histories grow every step).
   size_t total = 0;
   for (const ScheduledSeq& s : out.scheduled)
     if (s.logit_row >= 0) total += s.seq->editor.edits().size();
-  plan.edits.reserve(total);
+  if (total > plan.edits.capacity())
+    plan.edits.reserve(std::max(total, 2 * plan.edits.capacity()));
   for (const ScheduledSeq& s : out.scheduled) {
     if (s.logit_row < 0) continue;
     const Sequence& q = *s.seq;

@@ -52,7 +52,10 @@ void* ensure(Tensor& t, int64_t elems, DType dtype) {
   return t.data();
 }
 
-// A page-locked host buffer that grows (doubling) and is reused.
+// A page-locked host buffer that grows (to twice what is asked, and at least doubling) and is
+// reused. NOTE: twice, not just enough: the sample plan grows a little every step, and a
+// reallocation (cudaFreeHost waits for the device, then pages are locked anew) in a decode step
+// left the GPU idle for milliseconds.
 struct PinnedBytes {
   void* p = nullptr;
   size_t cap = 0;
@@ -66,7 +69,7 @@ struct PinnedBytes {
     if (bytes > cap) {
       if (p) cudaFreeHost(p);
       p = nullptr;
-      cap = std::max<size_t>({bytes, 2 * cap, 1 << 16});
+      cap = std::max<size_t>({2 * bytes, 2 * cap, 1 << 16});
       check_cuda(cudaMallocHost(&p, cap), "cudaMallocHost");
     }
     return static_cast<uint8_t*>(p);
@@ -74,12 +77,13 @@ struct PinnedBytes {
 };
 
 // ensure() for buffers that grow a little every step (the sample plan's edits grow with each
-// sequence's history): at least double the old size, so reallocation (a cudaFree, which waits for
-// the device) happens O(log n) times, not every step.
+// sequence's history): twice what is asked, and at least double the old size, so reallocation (a
+// cudaFree, which waits for the device) happens O(log n) times and not in the steps right after
+// the first.
 void* ensure_growing(Tensor& t, int64_t elems, DType dtype) {
   if (t.defined() && t.numel() >= elems && t.dtype() == dtype) return t.data();
   const int64_t old = t.defined() ? t.numel() : 0;
-  return ensure(t, std::max<int64_t>({elems, 2 * old, 4096}), dtype);
+  return ensure(t, std::max<int64_t>({2 * elems, 2 * old, 4096}), dtype);
 }
 
 // Block b of host tensor t (f32, f16 or bf16; possibly memory-mapped: only the block's pages are
