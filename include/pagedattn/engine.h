@@ -92,7 +92,9 @@ class Engine {
                      std::vector<RequestId>& touched);
   // Whether every scheduled row can be picked by Model::forward_sample, and the step's plan.
   bool sample_step(const SchedulerOutput& out) const;
-  SamplePlan sample_plan(const SchedulerOutput& out) const;
+  // The plan is built in plan_, whose buffers are kept from step to step (no allocation, and no
+  // fresh pages to fault in, for a step's tens of thousands of edits).
+  const SamplePlan& sample_plan(const SchedulerOutput& out);
   // The plan row of a sequence's next token.
   RowSampling row_of(const RequestState& rs, const Sequence& seq) const;
   // A picked token: its logprobs recorded, then appended.
@@ -124,6 +126,7 @@ class Engine {
   uint64_t arrivals_ = 0;
   std::map<RequestId, std::unique_ptr<RequestState>> requests_;
   std::vector<RequestId> pending_final_;  // cancelled between steps
+  SamplePlan plan_;                       // sample_plan's
   struct Counters;
   std::unique_ptr<Counters> counters_;
 };

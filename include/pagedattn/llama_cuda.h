@@ -67,6 +67,10 @@ class LlamaModelCuda : public Model {
   // the ids and the asked log-probabilities downloaded.
   std::vector<TokenLogprobs> forward_sample(const ForwardBatch& batch, KvCache& cache,
                                             const SamplePlan& plan) override;
+  // The same in two calls: begin_sample enqueues the pass (forward_device) and returns at once;
+  // finish_sample checks the plan, uploads it, samples and downloads (download_sampled).
+  void begin_sample(const ForwardBatch& batch, KvCache& cache) override;
+  std::vector<TokenLogprobs> finish_sample(const SamplePlan& plan) override;
 
   // Measured with a pair of CUDA events around each step (Model::device_busy_seconds).
   double device_busy_seconds() const override;

@@ -66,6 +66,17 @@ class Model {
   // plan that does not fit the batch or the vocabulary.
   virtual std::vector<TokenLogprobs> forward_sample(const ForwardBatch& batch, KvCache& cache,
                                                     const SamplePlan& plan);
+  // forward_sample in two calls, so that a caller can build the plan (tens of thousands of edits
+  // a step with repetition penalties) while a device runs the pass: begin_sample starts the pass,
+  // finish_sample picks each row's token by the plan and returns what forward_sample would. The
+  // plan is checked in finish_sample before anything reads it; one that does not fit fails that
+  // call with forward_sample's error after the pass has written the batch's K/V (the positions
+  // the batch adds, which a caller commits only when the step succeeds). The default keeps the
+  // batch and the cache (both must stay as they are until finish_sample) and runs forward_sample
+  // in finish_sample; a device runner enqueues the pass in begin_sample. Error from finish_sample
+  // without a begin_sample before it.
+  virtual void begin_sample(const ForwardBatch& batch, KvCache& cache);
+  virtual std::vector<TokenLogprobs> finish_sample(const SamplePlan& plan);
   // The absolute maximum of K (as stored: after norm and RoPE) and V per layer and KV head over
   // `tokens` run as one fresh sequence (on a private cache): k, v [num_layers * num_kv_heads].
   // The calibration pass behind fp8 KV scales. Runners that cannot do it throw Error.
@@ -86,6 +97,10 @@ class Model {
   // Empty while the runner can run; else why it cannot (a tensor-parallel rank has failed).
   // Callable from any thread.
   virtual std::string health() const { return ""; }
+
+ private:
+  const ForwardBatch* sample_batch_ = nullptr;  // the default begin_sample's
+  KvCache* sample_cache_ = nullptr;
 };
 
 // A short built-in English text for the fp8 calibration pass.

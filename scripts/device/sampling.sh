@@ -8,6 +8,7 @@
 # Each bench prints its step next to the memory floor measured in the same run.
 #   scripts/device/sampling.sh
 #   GPU_FILTER='SamplingCuda*' SKIP_MODEL=1 scripts/device/sampling.sh
+# Also runs the sampler's kernel lab (kernels_dev/sampler.cu) after its tests, unless SKIP_LAB.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out/sampling}
@@ -22,6 +23,13 @@ build_cli_and_gpu_tests
 step sampler 120 test_sampler.log "$BUILD_DIR/tests/test_gpu" --gtest_filter='SamplingCuda*'
 tail -4 "$OUT/test_sampler.log" 2>/dev/null
 grep -E "^\[  FAILED|Failure|error" -A6 "$OUT/test_sampler.log" 2>/dev/null | head -40
+# The kernel lab: the sampler's gate against the host twin, then its timing by cluster size.
+if [[ -z "${SKIP_LAB:-}" ]]; then
+  step build-lab 120 build.log env BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh \
+    sampler_lab || tail -30 "$OUT/build.log"
+  step lab 120 sampler_lab.log "$BUILD_DIR/kernels_dev/sampler_lab" --json
+  grep -v '^{' "$OUT/sampler_lab.log" 2>/dev/null | tail -40
+fi
 run_gpu_suite
 [[ -n "${SKIP_MODEL:-}" ]] && { print_summary; exit 0; }
 B="$BUILD_DIR/pagedattn"

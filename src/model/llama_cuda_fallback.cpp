@@ -53,6 +53,14 @@ std::vector<TokenLogprobs> LlamaModelCuda::forward_sample(const ForwardBatch&, K
   fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
 }
 
+void LlamaModelCuda::begin_sample(const ForwardBatch&, KvCache&) {
+  fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
+}
+
+std::vector<TokenLogprobs> LlamaModelCuda::finish_sample(const SamplePlan&) {
+  fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
+}
+
 double LlamaModelCuda::device_busy_seconds() const { return -1; }
 
 void LlamaModelCuda::validate(const ForwardBatch&, const KvCache&) const {

@@ -1,7 +1,9 @@
-// The Model interface's defaults: a greedy step through forward() and no calibration pass.
+// The Model interface's defaults: a greedy step through forward(), sampling on the host, and no
+// calibration pass.
 #include "pagedattn/model.h"
 
 #include <span>
+#include <utility>
 
 #include "pagedattn/error.h"
 #include "pagedattn/sampling.h"
@@ -24,6 +26,18 @@ std::vector<TokenLogprobs> Model::forward_sample(const ForwardBatch& batch, KvCa
   check_sample_plan(plan, int64_t(batch.logit_rows.size()), config().vocab_size, "forward_sample");
   const Tensor logits = forward(batch, cache);  // [R, vocab]
   return sample_rows(logits.data_as<float>(), logits.dim(0), logits.dim(1), plan);
+}
+
+void Model::begin_sample(const ForwardBatch& batch, KvCache& cache) {
+  sample_batch_ = &batch;
+  sample_cache_ = &cache;
+}
+
+std::vector<TokenLogprobs> Model::finish_sample(const SamplePlan& plan) {
+  PA_CHECK(sample_batch_ != nullptr, "finish_sample: no begin_sample before it");
+  const ForwardBatch* batch = std::exchange(sample_batch_, nullptr);
+  KvCache* cache = std::exchange(sample_cache_, nullptr);
+  return forward_sample(*batch, *cache, plan);
 }
 
 Model::KvAbsMax Model::kv_absmax(const std::vector<int32_t>&) {

@@ -3,7 +3,8 @@
 // values (bit-identical logits) and the CPU model on that file within bf16 tolerance; logits
 // returned from reused page-locked buffers are never overwritten while the caller holds them.
 // forward_greedy: the host argmax of forward's logits, and its device argmax kernel on crafted
-// rows; forward_sample: the host twin of the sample plan on forward's logits.
+// rows; forward_sample: the host twin of the sample plan on forward's logits, and the same in two
+// calls (begin_sample, finish_sample).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -353,6 +354,78 @@ TEST(LlamaCudaSynthetic, ForwardSampleIsTheHostTwinOfForward) {
   SamplePlan bad;
   bad.rows.resize(1);
   EXPECT_THROW(m.forward_sample(b, cache, bad), Error);
+}
+
+// The mix on every row of a step (seeded, logprobs), with the histories' edits.
+SamplePlan mixed_plan(const ForwardBatch& b, const std::vector<std::vector<int32_t>>& toks,
+                      int step) {
+  SamplePlan plan;
+  for (size_t r = 0; r < b.logit_rows.size(); ++r) {
+    SamplingParams p;
+    p.temperature = 0.8f, p.top_k = 50, p.top_p = 0.95f, p.repetition_penalty = 1.1f;
+    p.logprobs = 5, p.seed = 77 + r;
+    LogitEditor editor(p, toks[r]);
+    RowSampling row = row_sampling(p, uint64_t(step), p.logprobs);
+    row.edit_begin = int32_t(plan.edits.size());
+    plan.edits.insert(plan.edits.end(), editor.edits().begin(), editor.edits().end());
+    row.edit_end = int32_t(plan.edits.size());
+    plan.rows.push_back(row);
+  }
+  return plan;
+}
+
+// begin_sample + finish_sample (the pass enqueued, then the plan checked and sampled) give what
+// forward_sample gives; a plan that does not fit fails finish_sample, and the same step run again
+// on the same cache gives forward_sample's tokens (the failed call's K/V writes are overwritten);
+// finish_sample without its begin_sample, or after another pass, is refused.
+TEST(LlamaCudaSynthetic, BeginAndFinishSampleAreForwardSample) {
+  PA_SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = tiny_config("llama");
+  LlamaModelCuda a(cfg, 23), b(cfg, 23);
+  KvCache ca(cache_config(cfg, Device::cuda)), cb(cache_config(cfg, Device::cuda));
+  std::vector<SeqId> sa, sb;
+  std::vector<std::vector<int32_t>> toks;
+  for (int s = 0; s < 3; ++s) {
+    sa.push_back(ca.create_sequence());
+    sb.push_back(cb.create_sequence());
+    std::vector<int32_t> t;
+    for (int i = 0; i < 5 + 7 * s; ++i) t.push_back(int32_t((i * 29 + s * 11 + 1) % 300));
+    toks.push_back(t);
+  }
+  EXPECT_THROW(b.finish_sample(SamplePlan{}), Error);
+  for (int step = 0; step < 5; ++step) {
+    const ForwardBatch ba = make_step_batch(ca, sa, toks), bb = make_step_batch(cb, sb, toks);
+    const SamplePlan plan = mixed_plan(ba, toks, step);
+    const std::vector<TokenLogprobs> want = a.forward_sample(ba, ca, plan);
+    if (step == 2) {
+      SamplePlan bad = plan;
+      bad.edits[0].token = cfg.vocab_size;  // outside the vocabulary
+      b.begin_sample(bb, cb);
+      try {
+        b.finish_sample(bad);
+        ADD_FAILURE() << "a plan with a token outside the vocabulary was taken";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("outside the vocabulary"), std::string::npos)
+            << e.what();
+      }
+      b.begin_sample(bb, cb);
+      EXPECT_FALSE(b.forward_greedy(bb, cb).empty());  // another pass: nothing left to finish
+      EXPECT_THROW(b.finish_sample(plan), Error);
+    }
+    b.begin_sample(bb, cb);
+    const std::vector<TokenLogprobs> got = b.finish_sample(plan);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t r = 0; r < got.size(); ++r) {
+      EXPECT_EQ(got[r].token, want[r].token) << "step " << step << " row " << r;
+      EXPECT_EQ(got[r].logprob, want[r].logprob) << "step " << step << " row " << r;
+      ASSERT_EQ(got[r].top.size(), want[r].top.size());
+      for (size_t j = 0; j < want[r].top.size(); ++j)
+        EXPECT_EQ(got[r].top[j], want[r].top[j]) << "step " << step << " row " << r;
+    }
+    for (SeqId s : sa) ca.commit(s);
+    for (SeqId s : sb) cb.commit(s);
+    for (size_t s = 0; s < toks.size(); ++s) toks[s] = {want[s].token};
+  }
 }
 
 // Crafted rows for the device argmax: rows of length V with the id sampling.h's argmax must give

@@ -43,9 +43,11 @@ struct Dev {
   }
 };
 
-// The device sampler on logits [rows, vocab]; the logits as they are after it.
+// The device sampler on logits [rows, vocab]; the logits as they are after it. cluster: the CTAs a
+// top-k row is split over (0: the default for the vocabulary).
 std::vector<TokenLogprobs> run_device(const std::vector<float>& logits, int32_t vocab,
-                                      const SamplePlan& plan, std::vector<float>* after = nullptr) {
+                                      const SamplePlan& plan, std::vector<float>* after = nullptr,
+                                      int32_t cluster = 0) {
   const int32_t R = int32_t(plan.rows.size());
   check_sample_plan(plan, R, vocab, "test");
   std::vector<cuda::SampleRowDesc> desc;
@@ -62,7 +64,7 @@ std::vector<TokenLogprobs> run_device(const std::vector<float>& logits, int32_t 
   Dev<float> saved{edits.size()}, lp{static_cast<size_t>(R)}, top_lp{static_cast<size_t>(R) * N};
   Dev<int32_t> ids{static_cast<size_t>(R)}, top_ids{static_cast<size_t>(R) * N};
   cuda::sample_rows(d_logits.p, R, vocab, d_desc.p, d_edits.p, saved.p, ids.p, lp.p, top_ids.p,
-                    top_lp.p, N, nullptr);
+                    top_lp.p, N, nullptr, cluster);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const auto h_ids = ids.get(size_t(R)), h_top = top_ids.get(size_t(R) * N);
   const auto h_lp = lp.get(size_t(R)), h_top_lp = top_lp.get(size_t(R) * N);
@@ -209,6 +211,63 @@ TEST(SamplingCuda, MatchesTheHostTwinOnRandomRows) {
   }
   // The same u and the same rules: the tokens differ only where rounding moves a boundary.
   EXPECT_GE(equal, checked * 98 / 100) << equal << " of " << checked << " rows equal";
+}
+
+// A random plan of `rows` rows of every kind, with edits (some rows past the two-pass path's).
+SamplePlan random_plan(std::mt19937& rng, int32_t vocab, int32_t rows) {
+  SamplePlan plan;
+  for (int32_t i = 0; i < rows; ++i) {
+    RowSampling r = random_row(rng, vocab, i % 6);
+    r.edit_begin = int32_t(plan.edits.size());
+    std::map<int32_t, int> seen;
+    const int num_edits = i % 7 == 6 ? 1500 : int(rng() % 600);
+    for (int e = 0; e < num_edits; ++e) {
+      const int32_t t = int32_t(rng() % uint32_t(vocab));
+      if (seen.count(t)) continue;
+      seen[t] = 1;
+      plan.edits.push_back(LogitEdit{t, int32_t(rng() % 3), rng() % 4 ? 0.f : 5.f, 1});
+    }
+    r.edit_end = int32_t(plan.edits.size());
+    plan.rows.push_back(r);
+  }
+  return plan;
+}
+
+// A top-k row split over a cluster of CTAs (pass 1 and 2 each over a share of the row, the lists
+// gathered into the first CTA) against one CTA a row: the same tokens and top ids, log-probabilities
+// within rounding, the logits given back; shares of every size, empty ones included (vocab 50
+// over 8 CTAs).
+TEST(SamplingCuda, RowsSplitOverAClusterMatchOneCta) {
+  PA_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(77);
+  const Shape shapes[] = {{50, 7}, {1000, 13}, {32001, 13}, {128256, 13}};
+  for (const Shape& sh : shapes) {
+    for (int values = 0; values < 4; ++values) {
+      std::vector<float> logits;
+      for (int32_t i = 0; i < sh.rows; ++i) {
+        const std::vector<float> row = random_logits(rng, size_t(sh.vocab), values);
+        logits.insert(logits.end(), row.begin(), row.end());
+      }
+      const SamplePlan plan = random_plan(rng, sh.vocab, sh.rows);
+      const std::vector<TokenLogprobs> one = run_device(logits, sh.vocab, plan, nullptr, 1);
+      for (int32_t cluster : {2, 3, 8}) {
+        std::vector<float> after;
+        const auto split = run_device(logits, sh.vocab, plan, &after, cluster);
+        const std::string what = "vocab " + std::to_string(sh.vocab) + " values " +
+                                 std::to_string(values) + " cluster " + std::to_string(cluster);
+        ASSERT_EQ(after, logits) << "the logits were not given back: " << what;
+        for (size_t i = 0; i < one.size(); ++i) {
+          EXPECT_EQ(split[i].token, one[i].token) << what << " row " << i;
+          EXPECT_NEAR(split[i].logprob, one[i].logprob, 1e-5) << what << " row " << i;
+          ASSERT_EQ(split[i].top.size(), one[i].top.size()) << what << " row " << i;
+          for (size_t j = 0; j < one[i].top.size(); ++j) {
+            EXPECT_EQ(split[i].top[j].first, one[i].top[j].first) << what << " row " << i;
+            EXPECT_NEAR(split[i].top[j].second, one[i].top[j].second, 1e-5) << what;
+          }
+        }
+      }
+    }
+  }
 }
 
 // A row's token depends on its (seed, counter) and logits only: alone, batched, or run twice.

@@ -13,6 +13,7 @@
 #include "model/synthetic_fill.h"
 #include "pagedattn/error.h"
 #include "pagedattn/llama.h"
+#include "pagedattn/sample_plan.h"
 #include "pagedattn/sampling.h"
 #include "pagedattn/synthetic_model.h"
 #include "step_batch.h"
@@ -181,6 +182,33 @@ TEST(SyntheticCpu, ForwardGreedyIsTheArgmaxOfForward) {
   ForwardBatch b = make_step_batch(cache, seqs, toks);
   b.logit_rows.clear();
   EXPECT_TRUE(m->forward_greedy(b, cache).empty());
+}
+
+// Model's default begin_sample / finish_sample: forward_sample in finish_sample (the same tokens
+// and logprobs as a call of its own), and finish_sample without a begin_sample refused.
+TEST(SyntheticCpu, BeginAndFinishSampleAreForwardSample) {
+  const std::unique_ptr<Model> m = create_synthetic_model("synthetic:tiny", Device::cpu);
+  const int32_t V = m->config().vocab_size;
+  KvCache cache(cpu_cache_config(*m, 16));
+  const SeqId s = cache.create_sequence();
+  const ForwardBatch b = make_step_batch(cache, {s}, {{5, 9, 2, 7}});
+  SamplingParams p;
+  p.temperature = 0.9f, p.top_k = 20, p.repetition_penalty = 1.2f, p.logprobs = 3, p.seed = 4;
+  LogitEditor editor(p, std::vector<int32_t>{5, 9, 2, 7});
+  SamplePlan plan;
+  plan.rows.push_back(row_sampling(p, 0, p.logprobs));
+  plan.edits = editor.edits();
+  plan.rows[0].edit_end = int32_t(plan.edits.size());
+  EXPECT_THROW(m->finish_sample(plan), Error);
+  const std::vector<TokenLogprobs> want = m->forward_sample(b, cache, plan);
+  m->begin_sample(b, cache);
+  const std::vector<TokenLogprobs> got = m->finish_sample(plan);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].token, want[0].token);
+  EXPECT_EQ(got[0].logprob, want[0].logprob);
+  EXPECT_EQ(got[0].top, want[0].top);
+  EXPECT_TRUE(got[0].token >= 0 && got[0].token < V);
+  EXPECT_THROW(m->finish_sample(plan), Error);  // one finish for each begin
 }
 
 TEST(SyntheticCpu, SmolLM2PresetFileHasEveryTensorOfItsShape) {

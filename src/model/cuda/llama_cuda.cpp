@@ -52,7 +52,10 @@ void* ensure(Tensor& t, int64_t elems, DType dtype) {
   return t.data();
 }
 
-// A page-locked host buffer that grows (doubling) and is reused.
+// A page-locked host buffer that grows (to twice what is asked, and at least doubling) and is
+// reused. NOTE: twice, not just enough: the sample plan grows a little every step, and a
+// reallocation (cudaFreeHost waits for the device, then pages are locked anew) in a decode step
+// left the GPU idle for milliseconds.
 struct PinnedBytes {
   void* p = nullptr;
   size_t cap = 0;
@@ -66,7 +69,7 @@ struct PinnedBytes {
     if (bytes > cap) {
       if (p) cudaFreeHost(p);
       p = nullptr;
-      cap = std::max<size_t>({bytes, 2 * cap, 1 << 16});
+      cap = std::max<size_t>({2 * bytes, 2 * cap, 1 << 16});
       check_cuda(cudaMallocHost(&p, cap), "cudaMallocHost");
     }
     return static_cast<uint8_t*>(p);
@@ -74,12 +77,13 @@ struct PinnedBytes {
 };
 
 // ensure() for buffers that grow a little every step (the sample plan's edits grow with each
-// sequence's history): at least double the old size, so reallocation (a cudaFree, which waits for
-// the device) happens O(log n) times, not every step.
+// sequence's history): twice what is asked, and at least double the old size, so reallocation (a
+// cudaFree, which waits for the device) happens O(log n) times and not in the steps right after
+// the first.
 void* ensure_growing(Tensor& t, int64_t elems, DType dtype) {
   if (t.defined() && t.numel() >= elems && t.dtype() == dtype) return t.data();
   const int64_t old = t.defined() ? t.numel() : 0;
-  return ensure(t, std::max<int64_t>({elems, 2 * old, 4096}), dtype);
+  return ensure(t, std::max<int64_t>({2 * elems, 2 * old, 4096}), dtype);
 }
 
 // Block b of host tensor t (f32, f16 or bf16; possibly memory-mapped: only the block's pages are
@@ -184,6 +188,10 @@ struct LlamaModelCuda::Impl {
   // Device time of the steps: an event before a step's first upload and one after its download.
   cudaEvent_t step_begin = nullptr, step_end = nullptr;
   bool step_open = false;
+  // begin_sample's pass, which finish_sample samples (any other pass enqueued since clears it).
+  bool sample_pending = false;
+  const float* sample_logits = nullptr;
+  int64_t sample_rows = 0;
   double busy_seconds = 0;
   void begin_step_timing();
   void end_step_timing();  // after the step's last (synchronous) copy
@@ -818,6 +826,7 @@ void LlamaModelCuda::Impl::logits_of_rows(const Step& s, cudaStream_t st) {
 // The same skeleton as the CPU runner (llama_model.cpp): prepare the step, embed, every layer,
 // the logit rows.
 const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& cache) {
+  impl_->sample_pending = false;
   validate(batch, cache);
   Impl& m = *impl_;
   const ModelConfig& c = m.config;
@@ -1013,6 +1022,24 @@ std::vector<TokenLogprobs> LlamaModelCuda::forward_sample(const ForwardBatch& ba
   const float* dl = forward_device(batch, cache);
   impl_->stage_plan(plan);
   return impl_->run_sampler(dl, plan);
+}
+
+void LlamaModelCuda::begin_sample(const ForwardBatch& batch, KvCache& cache) {
+  const float* dl = forward_device(batch, cache);
+  impl_->sample_logits = dl;
+  impl_->sample_rows = int64_t(batch.logit_rows.size());
+  impl_->sample_pending = true;
+}
+
+std::vector<TokenLogprobs> LlamaModelCuda::finish_sample(const SamplePlan& plan) {
+  PA_CHECK(impl_->sample_pending, "LlamaModelCuda::finish_sample: no begin_sample before it");
+  impl_->sample_pending = false;
+  // NOTE: checked here, while the pass runs, not before it (Model::begin_sample): a bad plan
+  // fails the step after its K/V writes, which the caller has not committed.
+  check_sample_plan(plan, impl_->sample_rows, impl_->config.vocab_size,
+                    "LlamaModelCuda::forward_sample");
+  impl_->stage_plan(plan);
+  return impl_->run_sampler(impl_->sample_logits, plan);
 }
 
 Tensor LlamaModelCuda::forward(const ForwardBatch& batch, KvCache& cache) {

@@ -1,4 +1,7 @@
 // The device sampler (see sampling_kernels.h for the contract and sample_plan.h for the rules).
+#include <cooperative_groups.h>
+
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda_common.cuh"
@@ -9,11 +12,16 @@ namespace pagedattn::cuda {
 
 namespace {
 
+namespace cg = cooperative_groups;
+
 constexpr int kThreads = 1024;  // one block per row
 constexpr int kCap = 2048;      // candidates a row may keep in shared memory
 constexpr int kMaxTop = 20;
 constexpr int kRawCap = 512;    // candidates for the top-N log-probabilities
 constexpr float kFixedOne = 1099511627776.f;  // 2^40: weight of the most likely token
+constexpr int kMaxCluster = 8;  // CTAs a row's two passes may be split over (portable cluster)
+constexpr int kClusterSpan = 65536;
+constexpr float kLog2e = 1.4426950408889634f;  // logits a cluster's CTA reads, at most, per pass
 
 // Order-preserving keys: a > b as floats <=> key(a) > key(b); NaN gets 0, below -inf (0x007fffff).
 __device__ __forceinline__ uint32_t to_key(float x) {
@@ -55,6 +63,7 @@ struct Smem {
   // in likelihood order (gk as uint64_t[kThreads]) and which of them top-p keeps (gid as bytes).
   alignas(16) uint32_t gk[kCap];
   int32_t gid[kCap];
+  uint32_t place[kCap];   // ranks (rank_all)
   uint32_t rk[kRawCap];   // the raw row's top-N candidates (any order)
   int32_t rid[kRawCap];
   uint32_t gathered, gathered_raw;
@@ -68,6 +77,10 @@ struct Smem {
   uint64_t above;
   int32_t token;
   bool fail;
+  // A split row (cluster of C CTAs): each CTA's log-sum-exp and bounds, in the first CTA's.
+  double lse_part[kMaxCluster];
+  uint32_t bound_part[kMaxCluster], raw_part[kMaxCluster];
+  uint32_t bound_all, raw_all;
 };
 
 // A row in global memory (element i is token i) or the candidate list.
@@ -75,14 +88,6 @@ struct RowAcc {
   const float* x;
   __device__ __forceinline__ uint32_t key(int i) const { return to_key(x[i]); }
   __device__ __forceinline__ int32_t id(int i) const { return i; }
-};
-// The per-thread maxima of the unedited logits followed by the edited logits (two-pass path).
-struct UnionAcc {
-  const uint32_t* tk;
-  const uint32_t* ek;
-  __device__ __forceinline__ uint32_t key(int i) const {
-    return i < kThreads ? tk[i] : ek[i - kThreads];
-  }
 };
 struct ListAcc {
   const uint32_t* k;
@@ -329,14 +334,26 @@ __device__ int32_t draw(const Acc& a, int n, Cut cut, const Weight& w, float min
   return s.token;
 }
 
+// s.place[c] = how many o < n come before c (before(o, c)), for every c < n: a warp per c, its
+// lanes splitting the o's (a thread per c would wait out n shared loads in a row).
+template <class Before>
+__device__ void rank_all(uint32_t n, Before before, Smem& s) {
+  const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (uint32_t c = warp; c < n; c += kThreads / 32) {
+    uint32_t cnt = 0;
+    for (uint32_t o = lane; o < n; o += 32) cnt += before(o, c);
+    cnt = __reduce_add_sync(0xffffffffu, cnt);
+    if (lane == 0) s.place[c] = cnt;
+  }
+  __syncthreads();
+}
+
 // Places the n gathered candidates (s.gk, s.gid) in ascending id order in s.ck, s.cid.
 __device__ void sort_gathered_by_id(uint32_t n, Smem& s) {
+  rank_all(n, [&](uint32_t o, uint32_t c) { return s.gid[o] < s.gid[c]; }, s);
   for (uint32_t c = threadIdx.x; c < n; c += kThreads) {
-    const int32_t id = s.gid[c];
-    uint32_t rank = 0;
-    for (uint32_t o = 0; o < n; ++o) rank += s.gid[o] < id;
-    s.ck[rank] = s.gk[c];
-    s.cid[rank] = id;
+    s.ck[s.place[c]] = s.gk[c];
+    s.cid[s.place[c]] = s.gid[c];
   }
   __syncthreads();
 }
@@ -404,11 +421,11 @@ __device__ void sort_top(int n, Smem& s) {
 
 // Writes the top list s.top_k / s.top_id (n of them, sorted, most likely first) as ids and
 // log-probabilities (thread 0).
-__device__ void write_top(int n, double lse, int32_t* top_ids, float* top_logprob,
+__device__ void write_top(int row, int n, double lse, int32_t* top_ids, float* top_logprob,
                           int32_t max_top, const Smem& s) {
   for (int i = 0; i < n; ++i) {
-    top_ids[int64_t(blockIdx.x) * max_top + i] = s.top_id[i];
-    top_logprob[int64_t(blockIdx.x) * max_top + i] = float(double(from_key(s.top_k[i])) - lse);
+    top_ids[int64_t(row) * max_top + i] = s.top_id[i];
+    top_logprob[int64_t(row) * max_top + i] = float(double(from_key(s.top_k[i])) - lse);
   }
 }
 
@@ -467,6 +484,25 @@ __device__ double block_lse(float tm, float ts, Smem& s) {
   return double(gm) + log(sum);
 }
 
+// 2^x by the special function unit (relative error about 2^-22; flushes denormal results to 0).
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The block's largest of each thread's v (NaNs passed over; NaN if all are).
+__device__ float block_max(float v, Smem& s) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();
+  if (lane == 0) s.red_f[warp] = v;
+  __syncthreads();
+  float m = s.red_f[0];
+  for (int w = 1; w < 32; ++w) m = fmaxf(m, s.red_f[w]);
+  return m;
+}
+
 // The running (max, sum of exp) of one more value.
 __device__ __forceinline__ void lse_add(float v, float& tm, float& ts) {
   if (isnan(v) || v == -INFINITY) return;
@@ -496,14 +532,16 @@ __device__ int32_t draw_from_small_list(int n, uint32_t want, float m, const Sam
   uint64_t* by_rank = reinterpret_cast<uint64_t*>(s.gk);  // free once the list is sorted
   uint8_t* kept = reinterpret_cast<uint8_t*>(s.gid);
   const int t = threadIdx.x;
+  rank_all(uint32_t(n), [&](uint32_t o, uint32_t c) {
+    return s.ck[o] > s.ck[c] || (s.ck[o] == s.ck[c] && s.cid[o] < s.cid[c]);
+  }, s);
   uint32_t k = 0u, rank = 0xffffffffu;
   int32_t id = 0;
   uint64_t w = 0;
   if (t < n) {
     k = s.ck[t];
     id = s.cid[t];
-    rank = 0;
-    for (int o = 0; o < n; ++o) rank += s.ck[o] > k || (s.ck[o] == k && s.cid[o] < id);
+    rank = s.place[t];
     if (rank < want) w = mass(k);
   }
   by_rank[t] = 0;
@@ -529,22 +567,67 @@ __device__ int32_t draw_from_small_list(int n, uint32_t want, float m, const Sam
   return s.token;
 }
 
+// Cluster barriers: arrive (relaxed: nothing to publish yet) and wait, apart, so that the wait
+// for every CTA of the cluster to have started costs nothing by the time it is needed.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+}
+
+// A bound on the want-th largest of the block's keys (each thread's k0 and, with two, k1; key 0
+// is nothing): the largest B whose low 16 bits are zero with at least `want` keys >= B, found by
+// a binary search on the top 16 bits, each step one counting barrier. 0: fewer than want keys
+// above 0. The top 16 bits (sign, exponent, 7 bits of mantissa) make a bound as good as the exact
+// k-th largest for a candidate list that fits, at a fraction of a radix select's passes.
+__device__ uint32_t count_bound(uint32_t k0, uint32_t k1, bool two, uint32_t want) {
+  uint32_t lo = 0u, hi = 0xffffu;  // count(keys >= lo << 16) >= want holds for lo >= 1 once set
+  while (lo < hi) {
+    const uint32_t mid = (lo + hi + 1u) / 2u, b = mid << 16;
+    uint32_t c = uint32_t(__syncthreads_count(k0 >= b));
+    if (two) c += uint32_t(__syncthreads_count(k1 >= b));
+    if (c >= want) lo = mid;
+    else hi = mid - 1u;
+  }
+  return lo << 16;
+}
+
+// log(sum(exp(lse_c))) of the C CTAs' log-sum-exps, in rank order (C == 1: lse_0 itself).
+__device__ double combine_lse(const double* part, int C) {
+  double m = part[0];
+  for (int c = 1; c < C; ++c) m = fmax(m, part[c]);
+  if (C == 1 || isinf(m)) return m;
+  double sum = 0.0;
+  for (int c = 0; c < C; ++c) sum += exp(part[c] - m);
+  return m + log(sum);
+}
+
 // The row's sampling in two passes over the raw logits, never editing them, for top-k rows (and
 // greedy ones) with at most kMaxEdits edits. A bitmap in dynamic shared memory (vocab bits, then
-// the edited keys) marks the edited tokens. Pass 1 takes the log-sum-exp and the per-thread maxima
-// of the raw row and of its unedited logits; the k-th largest of those maxima and the edited
-// logits bounds the edited row's top k (each is a logit of the edited row); pass 2 gathers the
-// unedited logits above it (and the raw ones above the N-th largest raw maximum, for the top-N
-// log-probabilities), to which the edited logits above it are added. Returns false, having
-// written nothing, where a bound does not hold or a list does not fit.
+// the edited keys) marks the edited tokens. Pass 1 takes the per-thread maxima of the raw row and
+// of its unedited logits; the k-th largest of those maxima and the edited logits (to 16 bits,
+// count_bound) bounds the edited row's top k (each is a logit of the edited row); pass 2 gathers
+// the unedited logits above it (and the raw ones above the N-th largest raw maximum, for the
+// top-N log-probabilities), to which the edited logits above it are added, and sums exp(x - max)
+// for the log-sum-exp. Returns false, having written nothing, where a bound does not hold or a
+// list does not fit.
+//
+// Split over a cluster of C CTAs (rank 0 .. C - 1), each reads a C-th of the row in both passes:
+// each bounds the top k by its own maxima (any bound of a CTA holds for the row; the largest is
+// taken), its log-sum-exp goes to rank 0, and pass 2 gathers into rank 0's lists through
+// distributed shared memory. Rank 0 alone goes on past pass 2; the return value is only its.
 constexpr int kMaxEdits = 1024;
-__device__ bool sample_row_fast(const float* x, int32_t vocab, const SampleRowDesc& r,
-                                const SampleEdit* edits, int32_t* ids, float* logprob,
-                                int32_t* top_ids, float* top_logprob, int32_t max_top,
-                                uint32_t* bitmap, Smem& s) {
+static_assert(kMaxEdits <= kThreads, "count_bound takes an edited key a thread");
+__device__ bool sample_row_fast(const float* x, int32_t vocab, int row, int rank, int C,
+                                const SampleRowDesc& r, const SampleEdit* edits, int32_t* ids,
+                                float* logprob, int32_t* top_ids, float* top_logprob,
+                                int32_t max_top, uint32_t* bitmap, Smem& s) {
   const int E = r.edit_end - r.edit_begin;
   const uint32_t want = r.temperature > 0.f ? uint32_t(r.top_k) : 1u;
-  if (want > uint32_t(kThreads) || E > kMaxEdits) return false;
+  if (want > uint32_t(kThreads) || E > kMaxEdits) return false;  // the same in every CTA
+  if (rank == 0 && threadIdx.x == 0) s.gathered = 0u, s.gathered_raw = 0u;
+  if (C > 1) cluster_arrive_relaxed();
   const int words = (vocab + 31) / 32;
   uint32_t* ek = bitmap + words;  // [E] the edited logits' keys
   for (int w = threadIdx.x; w < words; w += kThreads) bitmap[w] = 0u;
@@ -555,49 +638,86 @@ __device__ bool sample_row_fast(const float* x, int32_t vocab, const SampleRowDe
     ek[e] = to_key(edited(x[ed.token], ed, r));
   }
   __syncthreads();
+  // This CTA's share [lo, hi) of the row: whole 16-byte vectors but for the last.
+  const int span = (((vocab + C - 1) / C) + 3) / 4 * 4;
+  const int lo = min(vocab, rank * span), hi = min(vocab, lo + span);
   const bool lp = r.logprobs >= 0;
-  float tm = -INFINITY, ts = 0.f;
-  uint32_t tkey = 0u, tkey_raw = 0u;
-  for_row(x, vocab, [&](int i, float v) {
-    const uint32_t k = to_key(v);
-    tkey_raw = k > tkey_raw ? k : tkey_raw;
-    if (!(bitmap[i / 32] & (1u << (i % 32)))) tkey = k > tkey ? k : tkey;
-    if (lp) lse_add(v, tm, ts);
+  // Pass 1: the thread's largest raw logit and largest unedited one (NaN: none; fmaxf passes
+  // NaNs over), the bitmap read only where the latter would grow.
+  float fr = NAN, fe = NAN;
+  for_row(x + lo, hi - lo, [&](int i, float v) {
+    i += lo;
+    fr = fmaxf(fr, v);
+    const float c = fmaxf(fe, v);
+    if (c != fe && !(bitmap[i / 32] & (1u << (i % 32)))) fe = c;
   });
-  s.tk[threadIdx.x] = tkey;
-  s.tk_raw[threadIdx.x] = tkey_raw;
-  const double lse = lp ? block_lse(tm, ts, s) : 0.0;
+  s.tk[threadIdx.x] = to_key(fe);
+  s.tk_raw[threadIdx.x] = to_key(fr);
+  float mx = lp ? block_max(fr, s) : 0.f;  // this CTA's largest raw logit, for its sum of exps
+  if (mx != mx) mx = -INFINITY;  // nothing but NaNs
   __syncthreads();
+  // The bounds: the maxima's (and edited logits') want-th and n_top-th largest, to 16 bits.
   const Weight count{false, 0.f, 1.f};
-  const uint32_t bound =
-      radix_select(UnionAcc{s.tk, ek}, kThreads + E, want, 0.0, kEverything, count, s).key;
-  if (bound == 0u) return false;
+  uint32_t bound = count_bound(s.tk[threadIdx.x], threadIdx.x < E ? ek[threadIdx.x] : 0u,
+                               E > 0, want);
   const int n_top = lp ? min(min(r.logprobs, max_top), vocab) : 0;
-  uint32_t raw_bound = 0xffffffffu;  // nothing gathered
-  if (n_top > 0) {
-    raw_bound = radix_select(ListAcc{s.tk_raw, nullptr}, kThreads, uint32_t(n_top), 0.0,
-                             kEverything, count, s).key;
-    if (raw_bound == 0u) raw_bound = 1u;  // every number (the list then overflows: row path)
+  uint32_t raw_bound = 0u;  // 0: none found (every number)
+  if (n_top > 0) raw_bound = count_bound(s.tk_raw[threadIdx.x], 0u, false, uint32_t(n_top));
+  cg::cluster_group cluster = cg::this_cluster();
+  Smem* lead = &s;
+  if (C > 1) {
+    lead = cluster.map_shared_rank(&s, 0);
+    cluster_wait();  // every CTA has started: its shared memory may be written
+    if (threadIdx.x == 0) lead->bound_part[rank] = bound, lead->raw_part[rank] = raw_bound;
+    cluster.sync();
+    if (threadIdx.x == 0) {
+      uint32_t b = 0u, rb = 0u;
+      for (int c = 0; c < C; ++c) b = max(b, lead->bound_part[c]), rb = max(rb, lead->raw_part[c]);
+      s.bound_all = b, s.raw_all = rb;
+    }
+    __syncthreads();
+    bound = s.bound_all, raw_bound = s.raw_all;
   }
-  if (threadIdx.x == 0) s.gathered = 0u, s.gathered_raw = 0u;
-  __syncthreads();
-  for_row(x, vocab, [&](int i, float v) {
+  if (bound == 0u) {
+    if (C > 1) cluster.sync();  // no CTA leaves while another still reads rank 0's
+    return false;
+  }
+  if (n_top > 0 && raw_bound == 0u) raw_bound = 1u;  // every number (the list then overflows)
+  if (n_top <= 0) raw_bound = 0xffffffffu;          // nothing gathered
+  // Pass 2: the candidates into rank 0's lists, and the sum of exp(x - mx) (NaNs left out).
+  uint32_t* gathered = &lead->gathered;
+  uint32_t* gathered_raw = &lead->gathered_raw;
+  const float shift = isfinite(mx) ? mx * kLog2e : 0.f;
+  float ts = 0.f;
+  for_row(x + lo, hi - lo, [&](int i, float v) {
+    i += lo;
     const uint32_t k = to_key(v);
     if (k >= bound && !(bitmap[i / 32] & (1u << (i % 32)))) {
-      const uint32_t at = atomicAdd(&s.gathered, 1u);
-      if (at < uint32_t(kCap)) s.gk[at] = k, s.gid[at] = i;
+      const uint32_t at = atomicAdd(gathered, 1u);
+      if (at < uint32_t(kCap)) lead->gk[at] = k, lead->gid[at] = i;
     }
     if (k >= raw_bound) {
-      const uint32_t at = atomicAdd(&s.gathered_raw, 1u);
-      if (at < uint32_t(kRawCap)) s.rk[at] = k, s.rid[at] = i;
+      const uint32_t at = atomicAdd(gathered_raw, 1u);
+      if (at < uint32_t(kRawCap)) lead->rk[at] = k, lead->rid[at] = i;
     }
+    if (lp) ts += v == v ? exp2_approx(fmaf(v, kLog2e, -shift)) : 0.f;
   });
-  for (int e = int(threadIdx.x); e < E; e += kThreads) {
-    if (ek[e] < bound) continue;
-    const uint32_t at = atomicAdd(&s.gathered, 1u);
-    if (at < uint32_t(kCap)) s.gk[at] = ek[e], s.gid[at] = edits[r.edit_begin + e].token;
+  if (rank == 0) {
+    for (int e = int(threadIdx.x); e < E; e += kThreads) {
+      if (ek[e] < bound) continue;
+      const uint32_t at = atomicAdd(&s.gathered, 1u);
+      if (at < uint32_t(kCap)) s.gk[at] = ek[e], s.gid[at] = edits[r.edit_begin + e].token;
+    }
+  }
+  double lse = 0.0;
+  if (lp) lse = mx == INFINITY ? double(mx) : block_lse(mx, ts, s);
+  if (C > 1) {
+    if (lp && threadIdx.x == 0) lead->lse_part[rank] = lse;
+    cluster.sync();  // the lists are whole (and rank 0's shared memory is read no more)
+    if (rank == 0 && lp) lse = combine_lse(s.lse_part, C);
   }
   __syncthreads();
+  if (rank != 0) return false;
   const uint32_t n = s.gathered;
   if (n > uint32_t(kCap)) return false;
   sort_gathered_by_id(n, s);
@@ -618,9 +738,9 @@ __device__ bool sample_row_fast(const float* x, int32_t vocab, const SampleRowDe
       token = draw_from_list(int(n), cut, m, r, s);
     }
   }
-  if (threadIdx.x == 0) ids[blockIdx.x] = token;
+  if (threadIdx.x == 0) ids[row] = token;
   if (!lp) return true;
-  if (threadIdx.x == 0) logprob[blockIdx.x] = float(double(x[token]) - lse);
+  if (threadIdx.x == 0) logprob[row] = float(double(x[token]) - lse);
   if (n_top <= 0) return true;
   const uint32_t nr = s.gathered_raw;
   if (nr > uint32_t(kRawCap)) {
@@ -636,22 +756,19 @@ __device__ bool sample_row_fast(const float* x, int32_t vocab, const SampleRowDe
     if (threadIdx.x == 0) {
       const int nt = int(got < uint64_t(n_top) ? got : uint64_t(n_top));
       sort_top(nt, s);
-      write_top(nt, lse, top_ids, top_logprob, max_top, s);
+      write_top(row, nt, lse, top_ids, top_logprob, max_top, s);
     }
     return true;
   }
   // Rank of each raw candidate (larger key first, then lower id): the first n_top are the top.
-  for (uint32_t c = threadIdx.x; c < nr; c += kThreads) {
-    const uint32_t k = s.rk[c];
-    const int32_t id = s.rid[c];
-    uint32_t rank = 0;
-    for (uint32_t o = 0; o < nr; ++o)
-      rank += s.rk[o] > k || (s.rk[o] == k && s.rid[o] < id);
-    if (rank < uint32_t(n_top)) s.top_k[rank] = k, s.top_id[rank] = id;
-  }
+  rank_all(nr, [&](uint32_t o, uint32_t c) {
+    return s.rk[o] > s.rk[c] || (s.rk[o] == s.rk[c] && s.rid[o] < s.rid[c]);
+  }, s);
+  for (uint32_t c = threadIdx.x; c < nr; c += kThreads)
+    if (s.place[c] < uint32_t(n_top)) s.top_k[s.place[c]] = s.rk[c], s.top_id[s.place[c]] = s.rid[c];
   __syncthreads();
   if (threadIdx.x == 0)
-    write_top(min(n_top, int(nr)), lse, top_ids, top_logprob, max_top, s);
+    write_top(row, min(n_top, int(nr)), lse, top_ids, top_logprob, max_top, s);
   return true;
 }
 
@@ -661,18 +778,22 @@ __global__ void __launch_bounds__(kThreads)
                        const SampleEdit* __restrict__ edits, float* __restrict__ saved,
                        int32_t* __restrict__ ids, float* __restrict__ logprob,
                        int32_t* __restrict__ top_ids, float* __restrict__ top_logprob,
-                       int32_t max_top) {
+                       int32_t max_top, int32_t cluster) {
   __shared__ Smem s;
   extern __shared__ uint32_t bitmap[];  // [(vocab + 31) / 32 + kMaxEdits] (two-pass path)
-  const SampleRowDesc r = rows[blockIdx.x];
-  float* x = logits + int64_t(blockIdx.x) * vocab;
+  // grid [rows * cluster]: the cluster's CTAs share a row; only the two-pass path splits it.
+  const int row = int(blockIdx.x) / cluster, rank = int(blockIdx.x) % cluster;
+  const SampleRowDesc r = rows[row];
+  float* x = logits + int64_t(row) * vocab;
   // The two-pass path where it applies (and saves passes: a greedy row with edits or logprobs).
   const bool greedy_with_work =
       r.temperature == 0.f && (r.edit_end > r.edit_begin || r.logprobs >= 0);
-  if ((greedy_with_work || (r.temperature > 0.f && r.top_k > 0 && r.top_k < vocab)) &&
-      sample_row_fast(x, vocab, r, edits, ids, logprob, top_ids, top_logprob, max_top, bitmap,
-                      s))
-    return;
+  if (greedy_with_work || (r.temperature > 0.f && r.top_k > 0 && r.top_k < vocab)) {
+    const bool done = sample_row_fast(x, vocab, row, rank, cluster, r, edits, ids, logprob,
+                                      top_ids, top_logprob, max_top, bitmap, s);
+    if (done || rank != 0) return;
+  }
+  if (rank != 0) return;
 
   // The general path. 1. The edits in place, each token's original kept to put back.
   for (int e = r.edit_begin + int(threadIdx.x); e < r.edit_end; e += kThreads) {
@@ -742,7 +863,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int e = r.edit_begin + int(threadIdx.x); e < r.edit_end; e += kThreads)
     x[edits[e].token] = saved[e];
   __syncthreads();
-  if (threadIdx.x == 0) ids[blockIdx.x] = token;
+  if (threadIdx.x == 0) ids[row] = token;
   if (r.logprobs < 0) return;
 
   // log-sum-exp and the per-thread maxima of the raw row.
@@ -755,7 +876,7 @@ __global__ void __launch_bounds__(kThreads)
   });
   s.tk[threadIdx.x] = tkey;
   const double lse = block_lse(tm, ts, s);
-  if (threadIdx.x == 0) logprob[blockIdx.x] = float(double(x[token]) - lse);
+  if (threadIdx.x == 0) logprob[row] = float(double(x[token]) - lse);
   const int n_top = min(min(r.logprobs, max_top), vocab);
   if (n_top <= 0) return;
 
@@ -768,15 +889,22 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x != 0) return;
   const int n = int(got < uint64_t(n_top) ? got : uint64_t(n_top));
   sort_top(n, s);  // collect wrote them in id order
-  write_top(n, lse, top_ids, top_logprob, max_top, s);
+  write_top(row, n, lse, top_ids, top_logprob, max_top, s);
 }
 
 }  // namespace
 
+int32_t sample_cluster_size(int32_t vocab) {
+  return std::clamp((vocab + kClusterSpan - 1) / kClusterSpan, 1, kMaxCluster);
+}
+
 void sample_rows(float* logits, int32_t rows, int32_t vocab, const SampleRowDesc* row_desc,
                  const SampleEdit* edits, float* saved, int32_t* ids, float* logprob,
-                 int32_t* top_ids, float* top_logprob, int32_t max_top, cudaStream_t stream) {
+                 int32_t* top_ids, float* top_logprob, int32_t max_top, cudaStream_t stream,
+                 int32_t cluster) {
   if (rows <= 0) return;
+  if (cluster <= 0) cluster = sample_cluster_size(vocab);
+  if (cluster > kMaxCluster) fail("sample_rows: a cluster of ", cluster, " CTAs is too large");
   const size_t dynamic = (size_t((vocab + 31) / 32) + kMaxEdits) * sizeof(uint32_t);
   const size_t limit = 227 * 1024 - sizeof(Smem);
   if (dynamic > limit) fail("sample_rows: a vocabulary of ", vocab, " is too large");
@@ -784,9 +912,21 @@ void sample_rows(float* logits, int32_t rows, int32_t vocab, const SampleRowDesc
   check_cuda(cudaFuncSetAttribute(sample_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(dynamic)),
              "sample_rows");
-  sample_rows_kernel<<<rows, kThreads, dynamic, stream>>>(logits, vocab, row_desc, edits, saved,
-                                                          ids, logprob, top_ids, top_logprob,
-                                                          max_top);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(rows) * unsigned(cluster));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = dynamic;
+  cfg.stream = stream;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = unsigned(cluster);
+  at[0].val.clusterDim.y = 1;
+  at[0].val.clusterDim.z = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = cluster > 1 ? 1 : 0;
+  check_cuda(cudaLaunchKernelEx(&cfg, sample_rows_kernel, logits, vocab, row_desc, edits, saved,
+                                ids, logprob, top_ids, top_logprob, max_top, cluster),
+             "sample_rows");
   check_launch("sample_rows");
 }
 
