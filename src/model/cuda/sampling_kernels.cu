@@ -20,8 +20,8 @@ constexpr int kMaxTop = 20;
 constexpr int kRawCap = 512;    // candidates for the top-N log-probabilities
 constexpr float kFixedOne = 1099511627776.f;  // 2^40: weight of the most likely token
 constexpr int kMaxCluster = 8;  // CTAs a row's two passes may be split over (portable cluster)
-constexpr int kClusterSpan = 65536;
-constexpr float kLog2e = 1.4426950408889634f;  // logits a cluster's CTA reads, at most, per pass
+constexpr int kClusterSpan = 65536;  // logits a cluster's CTA reads per pass (but past 8 CTAs)
+constexpr float kLog2e = 1.4426950408889634f;
 
 // Order-preserving keys: a > b as floats <=> key(a) > key(b); NaN gets 0, below -inf (0x007fffff).
 __device__ __forceinline__ uint32_t to_key(float x) {
@@ -764,8 +764,10 @@ __device__ bool sample_row_fast(const float* x, int32_t vocab, int row, int rank
   rank_all(nr, [&](uint32_t o, uint32_t c) {
     return s.rk[o] > s.rk[c] || (s.rk[o] == s.rk[c] && s.rid[o] < s.rid[c]);
   }, s);
-  for (uint32_t c = threadIdx.x; c < nr; c += kThreads)
-    if (s.place[c] < uint32_t(n_top)) s.top_k[s.place[c]] = s.rk[c], s.top_id[s.place[c]] = s.rid[c];
+  for (uint32_t c = threadIdx.x; c < nr; c += kThreads) {
+    const uint32_t at = s.place[c];
+    if (at < uint32_t(n_top)) s.top_k[at] = s.rk[c], s.top_id[at] = s.rid[c];
+  }
   __syncthreads();
   if (threadIdx.x == 0)
     write_top(row, min(n_top, int(nr)), lse, top_ids, top_logprob, max_top, s);
