@@ -10,14 +10,15 @@ namespace lab {
 
 using namespace pagedattn;
 
-SamplerBatch make_sampler_batch(int32_t rows, int32_t vocab, uint64_t seed, bool top_p_only) {
+SamplerBatch make_sampler_batch(int32_t rows, int32_t vocab, uint64_t seed, bool top_p_only,
+                                bool flat) {
   SamplerBatch b;
   b.rows = rows, b.vocab = vocab;
   std::mt19937 rng{uint32_t(seed)};
   std::normal_distribution<float> nd(0.f, 2.f);
   b.logits.resize(size_t(rows) * size_t(vocab));
   for (float& v : b.logits) v = nd(rng);
-  for (int32_t i = 0; i < rows; ++i)  // a few likely tokens a row
+  for (int32_t i = 0; i < rows && !flat; ++i)  // a few likely tokens a row
     for (int j = 0; j < 20; ++j)
       b.logits[size_t(i) * size_t(vocab) + rng() % uint32_t(vocab)] += 10.f + float(j);
   for (int32_t i = 0; i < rows; ++i) {
