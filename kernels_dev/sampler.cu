@@ -7,12 +7,14 @@
 //
 // Versions: cluster 1, one CTA a row reading the row twice (the sampler before clusters); 2, 4,
 // 8: the two passes split over that many CTAs, gathering into the first one's shared memory (the
-// library's default is one CTA per 32768 logits: 4 here).
+// library's default is one CTA per 65536 logits: 2 here). Then rows as OpenAI's API sends them
+// (top-p without top-k) at the default: with a few likely tokens, and flat (a top-p set past the
+// candidate list: the whole-row path, one CTA a row).
 // Rows: the sampled mix of a serving step (temperature 0.8, top-k 50, top-p 0.95, repetition
 // penalty 1.1, 5 log-probabilities) with 550 edits each (a 512-token prompt's distinct tokens
 // and a few generated ones); logits normal with a few large ones, like a model's.
 // Gate: every cluster size gives the tokens and top ids of the host twin (sample_plan.h), the
-// log-probabilities within 1e-4 of it, and the logits back unchanged.
+// log-probabilities within 1e-4 of it, and the logits back unchanged (top-p rows: the tokens).
 // Timing: CUDA events, medians of 30, with the logits in L2 (as the LM head leaves them; ten
 // launches back to back a timing) and after an L2 flush (one launch); GB/s: the two passes'
 // reads of the rows, beside the copy rate.
@@ -46,7 +48,8 @@ struct Batch {
   float *d_saved = nullptr, *d_lp = nullptr, *d_top_lp = nullptr;
   int32_t *d_ids = nullptr, *d_top = nullptr;
 
-  Batch(int32_t R, uint64_t seed) : h(lab::make_sampler_batch(R, kVocab, seed)) {
+  Batch(int32_t R, uint64_t seed, bool top_p_only = false, bool flat = false)
+      : h(lab::make_sampler_batch(R, kVocab, seed, top_p_only, flat)) {
     const size_t E = h.edits.size();
     lab::ck(cudaMalloc(&d_logits, h.logits.size() * 4), "malloc");
     lab::ck(cudaMalloc(&d_desc, h.desc.size() * sizeof(h.desc[0])), "malloc");
@@ -110,8 +113,8 @@ std::vector<T> download(const T* p, size_t n) {
 }
 
 // Every cluster size against the host twin on one batch; returns the differences.
-int gate(int32_t R, uint64_t seed) {
-  Batch b(R, seed);
+int gate(int32_t R, uint64_t seed, bool top_p_only = false, bool flat = false) {
+  Batch b(R, seed, top_p_only, flat);
   const lab::SamplerPicks host = lab::host_picks(b.h, kTop);
   int failures = 0;
   for (int32_t cluster : {1, 2, 3, 4, 8}) {
@@ -123,12 +126,13 @@ int gate(int32_t R, uint64_t seed) {
     int bad = download(b.d_logits, b.h.logits.size()) == b.h.logits ? 0 : 1;
     for (size_t i = 0; i < size_t(R); ++i) {
       bad += ids[i] != host.ids[i];
+      if (top_p_only) continue;  // no log-probabilities asked
       bad += std::fabs(lp[i] - host.logprob[i]) > 1e-4f;
       for (size_t j = i * kTop; j < (i + 1) * kTop; ++j)
         bad += top[j] != host.top[j] || std::fabs(top_lp[j] - host.top_logprob[j]) > 1e-4f;
     }
-    std::printf("gate rows %2d cluster %d: %s (%d differences)\n", R, cluster,
-                bad ? "FAILED" : "ok", bad);
+    std::printf("gate rows %2d cluster %d%s: %s (%d differences)\n", R, cluster,
+                top_p_only ? " top-p" : "", bad ? "FAILED" : "ok", bad);
     failures += bad;
   }
   return failures;
@@ -140,6 +144,8 @@ int main(int argc, char** argv) {
   const bool json = argc > 1 && std::string(argv[1]) == "--json";
   int failures = 0;
   for (int32_t R : {1, 7, 32}) failures += gate(R, uint64_t(R) * 31 + 5);
+  failures += gate(32, 11, /*top_p_only=*/true);
+  failures += gate(8, 12, /*top_p_only=*/true, /*flat=*/true);
   std::printf("gate: %s (%d failures)\n", failures ? "FAILED" : "ok", failures);
   if (failures) return 1;
   const pagedattn::bench::CopyBandwidth copy = pagedattn::bench::measure_copy_bandwidth();
@@ -166,6 +172,9 @@ int main(int argc, char** argv) {
       const std::string name = "mix c" + std::to_string(cluster);
       report(name.c_str(), cluster, [&] { b.sample(cluster); }, bytes);
     }
+    Batch p(R, 9, /*top_p_only=*/true), f(R, 9, true, /*flat=*/true);
+    report("top-p", 0, [&] { p.sample(0); }, bytes);
+    report("top-p fl", 0, [&] { f.sample(0); }, bytes);
   }
   return 0;
 }

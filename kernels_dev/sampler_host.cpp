@@ -10,24 +10,29 @@ namespace lab {
 
 using namespace pagedattn;
 
-SamplerBatch make_sampler_batch(int32_t rows, int32_t vocab, uint64_t seed) {
+SamplerBatch make_sampler_batch(int32_t rows, int32_t vocab, uint64_t seed, bool top_p_only,
+                                bool flat) {
   SamplerBatch b;
   b.rows = rows, b.vocab = vocab;
   std::mt19937 rng{uint32_t(seed)};
   std::normal_distribution<float> nd(0.f, 2.f);
   b.logits.resize(size_t(rows) * size_t(vocab));
   for (float& v : b.logits) v = nd(rng);
-  for (int32_t i = 0; i < rows; ++i)  // a few likely tokens a row
+  for (int32_t i = 0; i < rows && !flat; ++i)  // a few likely tokens a row
     for (int j = 0; j < 20; ++j)
       b.logits[size_t(i) * size_t(vocab) + rng() % uint32_t(vocab)] += 10.f + float(j);
   for (int32_t i = 0; i < rows; ++i) {
     cuda::SampleRowDesc r{};
     r.temperature = 0.8f, r.top_p = 0.95f, r.min_p = 0.f, r.repetition_penalty = 1.1f;
     r.presence_penalty = 0.f, r.frequency_penalty = 0.f, r.top_k = 50, r.logprobs = 5;
+    if (top_p_only) {
+      r.top_p = 0.9f, r.repetition_penalty = 1.f, r.presence_penalty = 0.5f, r.top_k = 0;
+      r.logprobs = -1;
+    }
     r.seed = rng(), r.counter = rng() % 1000;
     r.edit_begin = int32_t(b.edits.size());
     std::vector<int32_t> ids;
-    while (ids.size() < 550) {
+    while (ids.size() < (top_p_only ? 50u : 550u)) {
       const int32_t t = int32_t(rng() % uint32_t(vocab));
       if (std::find(ids.begin(), ids.end(), t) == ids.end()) ids.push_back(t);
     }

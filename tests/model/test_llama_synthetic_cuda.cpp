@@ -291,6 +291,17 @@ TEST(LlamaCudaSynthetic, ForwardGreedyIsTheHostArgmaxOfForward) {
   EXPECT_TRUE(m.forward_greedy(b, cache).empty());
 }
 
+// A plan row for params p at generated token `step`, with the edits of a history `toks`.
+void add_plan_row(SamplePlan& plan, const SamplingParams& p, const std::vector<int32_t>& toks,
+                  int step) {
+  LogitEditor editor(p, toks);
+  RowSampling row = row_sampling(p, uint64_t(step), p.logprobs);
+  row.edit_begin = int32_t(plan.edits.size());
+  plan.edits.insert(plan.edits.end(), editor.edits().begin(), editor.edits().end());
+  row.edit_end = int32_t(plan.edits.size());
+  plan.rows.push_back(row);
+}
+
 // forward_sample: the device sampler on the step's logits picks what the host twin picks on
 // forward's logits of the same batch (greedy rows and top-N lists exactly; drawn rows the same token
 // but where rounding moves a boundary), with penalties, bias, filters and logprobs.
@@ -320,12 +331,7 @@ TEST(LlamaCudaSynthetic, ForwardSampleIsTheHostTwinOfForward) {
       p.logit_bias = {{7, 5.f}};
       p.seed = 1000 + r;
       p.logprobs = int32_t(r) * 3;
-      LogitEditor editor(p, toks[r]);
-      RowSampling row = row_sampling(p, uint64_t(step), p.logprobs);
-      row.edit_begin = int32_t(plan.edits.size());
-      plan.edits.insert(plan.edits.end(), editor.edits().begin(), editor.edits().end());
-      row.edit_end = int32_t(plan.edits.size());
-      plan.rows.push_back(row);
+      add_plan_row(plan, p, toks[r], step);
     }
     const std::vector<TokenLogprobs> dev = m.forward_sample(b, cache, plan);
     const Tensor logits = m.forward(b, cache);
@@ -364,12 +370,7 @@ SamplePlan mixed_plan(const ForwardBatch& b, const std::vector<std::vector<int32
     SamplingParams p;
     p.temperature = 0.8f, p.top_k = 50, p.top_p = 0.95f, p.repetition_penalty = 1.1f;
     p.logprobs = 5, p.seed = 77 + r;
-    LogitEditor editor(p, toks[r]);
-    RowSampling row = row_sampling(p, uint64_t(step), p.logprobs);
-    row.edit_begin = int32_t(plan.edits.size());
-    plan.edits.insert(plan.edits.end(), editor.edits().begin(), editor.edits().end());
-    row.edit_end = int32_t(plan.edits.size());
-    plan.rows.push_back(row);
+    add_plan_row(plan, p, toks[r], step);
   }
   return plan;
 }

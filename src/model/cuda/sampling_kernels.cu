@@ -20,8 +20,8 @@ constexpr int kMaxTop = 20;
 constexpr int kRawCap = 512;    // candidates for the top-N log-probabilities
 constexpr float kFixedOne = 1099511627776.f;  // 2^40: weight of the most likely token
 constexpr int kMaxCluster = 8;  // CTAs a row's two passes may be split over (portable cluster)
-constexpr int kClusterSpan = 65536;
-constexpr float kLog2e = 1.4426950408889634f;  // logits a cluster's CTA reads, at most, per pass
+constexpr int kClusterSpan = 65536;  // logits a cluster's CTA reads per pass (but past 8 CTAs)
+constexpr float kLog2e = 1.4426950408889634f;
 
 // Order-preserving keys: a > b as floats <=> key(a) > key(b); NaN gets 0, below -inf (0x007fffff).
 __device__ __forceinline__ uint32_t to_key(float x) {
@@ -79,8 +79,11 @@ struct Smem {
   bool fail;
   // A split row (cluster of C CTAs): each CTA's log-sum-exp and bounds, in the first CTA's.
   double lse_part[kMaxCluster];
+  uint64_t mass_part[kMaxCluster];  // a nucleus row's: each CTA's weight of its share
   uint32_t bound_part[kMaxCluster], raw_part[kMaxCluster];
+  float max_part[kMaxCluster];      // a nucleus row's: each CTA's largest edited-row logit
   uint32_t bound_all, raw_all;
+  float max_all;
 };
 
 // A row in global memory (element i is token i) or the candidate list.
@@ -526,8 +529,10 @@ __device__ int32_t draw_from_list(int n, Cut cut, float m, const SampleRowDesc& 
 // draw_from_list for a list of n <= kThreads candidates with the top-k cut `want`, one candidate
 // per thread and no radix passes: each candidate's rank (larger key first, ties to the lower id)
 // gives top-k; a scan of the weights in rank order gives top-p; a scan in id order, the draw.
+// row_total > 0 (a nucleus row): top_p is of the whole row's weight, not the list's; returns -1
+// when the list's weight falls short of it (its top-p set reaches past the list).
 __device__ int32_t draw_from_small_list(int n, uint32_t want, float m, const SampleRowDesc& r,
-                                        Smem& s) {
+                                        Smem& s, uint64_t row_total = 0) {
   const Weight mass{true, m, r.temperature};
   uint64_t* by_rank = reinterpret_cast<uint64_t*>(s.gk);  // free once the list is sorted
   uint8_t* kept = reinterpret_cast<uint8_t*>(s.gid);
@@ -551,8 +556,9 @@ __device__ int32_t draw_from_small_list(int n, uint32_t want, float m, const Sam
   // Top-p: the smallest prefix (in rank order) whose weight reaches top_p of the survivors'.
   uint64_t total;
   const uint64_t before = block_exclusive_scan(by_rank[t], &total, s);
-  uint64_t target = uint64_t(ceil(double(r.top_p) * double(total)));
+  uint64_t target = uint64_t(ceil(double(r.top_p) * double(row_total ? row_total : total)));
   if (target == 0) target = 1;
+  if (row_total && total < target) return -1;  // the same in every thread
   kept[t] = r.top_p >= 1.f || before < target;
   __syncthreads();
   // The draw, in id order.
@@ -618,13 +624,18 @@ __device__ double combine_lse(const double* part, int C) {
 // taken), its log-sum-exp goes to rank 0, and pass 2 gathers into rank 0's lists through
 // distributed shared memory. Rank 0 alone goes on past pass 2; the return value is only its.
 constexpr int kMaxEdits = 1024;
+constexpr int kNucleusList = 128;  // a nucleus row's candidates (at least; count_bound's rounding)
 static_assert(kMaxEdits <= kThreads, "count_bound takes an edited key a thread");
 __device__ bool sample_row_fast(const float* x, int32_t vocab, int row, int rank, int C,
                                 const SampleRowDesc& r, const SampleEdit* edits, int32_t* ids,
                                 float* logprob, int32_t* top_ids, float* top_logprob,
                                 int32_t max_top, uint32_t* bitmap, Smem& s) {
   const int E = r.edit_end - r.edit_begin;
-  const uint32_t want = r.temperature > 0.f ? uint32_t(r.top_k) : 1u;
+  // A nucleus row (top-p without top-k): the candidates are the kNucleusList most likely, which
+  // hold its top-p set when their weight reaches top_p of the row's (checked below, else false).
+  const bool nucleus = r.temperature > 0.f && (r.top_k <= 0 || r.top_k >= vocab);
+  const uint32_t want =
+      r.temperature == 0.f ? 1u : nucleus ? uint32_t(min(kNucleusList, vocab)) : uint32_t(r.top_k);
   if (want > uint32_t(kThreads) || E > kMaxEdits) return false;  // the same in every CTA
   if (rank == 0 && threadIdx.x == 0) s.gathered = 0u, s.gathered_raw = 0u;
   if (C > 1) cluster_arrive_relaxed();
@@ -655,6 +666,11 @@ __device__ bool sample_row_fast(const float* x, int32_t vocab, int row, int rank
   s.tk_raw[threadIdx.x] = to_key(fr);
   float mx = lp ? block_max(fr, s) : 0.f;  // this CTA's largest raw logit, for its sum of exps
   if (mx != mx) mx = -INFINITY;  // nothing but NaNs
+  // A nucleus row's largest edited-row logit (this CTA's unedited ones and every edited one),
+  // the m of its weights in pass 2.
+  float m_row = nucleus ? block_max(fmaxf(fe, int(threadIdx.x) < E ? from_key(ek[threadIdx.x])
+                                                                    : NAN), s)
+                        : 0.f;
   __syncthreads();
   // The bounds: the maxima's (and edited logits') want-th and n_top-th largest, to 16 bits.
   const Weight count{false, 0.f, 1.f};
@@ -668,15 +684,22 @@ __device__ bool sample_row_fast(const float* x, int32_t vocab, int row, int rank
   if (C > 1) {
     lead = cluster.map_shared_rank(&s, 0);
     cluster_wait();  // every CTA has started: its shared memory may be written
-    if (threadIdx.x == 0) lead->bound_part[rank] = bound, lead->raw_part[rank] = raw_bound;
+    if (threadIdx.x == 0) {
+      lead->bound_part[rank] = bound, lead->raw_part[rank] = raw_bound;
+      lead->max_part[rank] = m_row;
+    }
     cluster.sync();
     if (threadIdx.x == 0) {
       uint32_t b = 0u, rb = 0u;
-      for (int c = 0; c < C; ++c) b = max(b, lead->bound_part[c]), rb = max(rb, lead->raw_part[c]);
-      s.bound_all = b, s.raw_all = rb;
+      float mr = NAN;
+      for (int c = 0; c < C; ++c) {
+        b = max(b, lead->bound_part[c]), rb = max(rb, lead->raw_part[c]);
+        mr = fmaxf(mr, lead->max_part[c]);
+      }
+      s.bound_all = b, s.raw_all = rb, s.max_all = mr;
     }
     __syncthreads();
-    bound = s.bound_all, raw_bound = s.raw_all;
+    bound = s.bound_all, raw_bound = s.raw_all, m_row = s.max_all;
   }
   if (bound == 0u) {
     if (C > 1) cluster.sync();  // no CTA leaves while another still reads rank 0's
@@ -689,7 +712,13 @@ __device__ bool sample_row_fast(const float* x, int32_t vocab, int row, int rank
   uint32_t* gathered_raw = &lead->gathered_raw;
   const float shift = isfinite(mx) ? mx * kLog2e : 0.f;
   float ts = 0.f;
+  // A nucleus row's weight of the raw logits of this share (sample_plan.h's fixed-point weights;
+  // the edited tokens' are swapped for their edited ones below).
+  const Weight mass{true, m_row, r.temperature};
+  const bool weigh = nucleus && isfinite(m_row);
+  uint64_t wsum = 0;
   for_row(x + lo, hi - lo, [&](int i, float v) {
+    if (weigh) wsum += mass(to_key(v));
     i += lo;
     const uint32_t k = to_key(v);
     if (k >= bound && !(bitmap[i / 32] & (1u << (i % 32)))) {
@@ -711,10 +740,22 @@ __device__ bool sample_row_fast(const float* x, int32_t vocab, int row, int rank
   }
   double lse = 0.0;
   if (lp) lse = mx == INFINITY ? double(mx) : block_lse(mx, ts, s);
+  uint64_t row_mass = 0;
+  if (weigh) {
+    if (rank == 0) {  // every edited token weighs its edited logit, not its raw one
+      for (int e = int(threadIdx.x); e < E; e += kThreads)
+        wsum += mass(ek[e]) - mass(to_key(x[edits[r.edit_begin + e].token]));  // mod 2^64
+    }
+    block_exclusive_scan(wsum, &row_mass, s);
+  }
   if (C > 1) {
-    if (lp && threadIdx.x == 0) lead->lse_part[rank] = lse;
+    if (threadIdx.x == 0) lead->lse_part[rank] = lse, lead->mass_part[rank] = row_mass;
     cluster.sync();  // the lists are whole (and rank 0's shared memory is read no more)
     if (rank == 0 && lp) lse = combine_lse(s.lse_part, C);
+    if (rank == 0) {
+      row_mass = 0;
+      for (int c = 0; c < C; ++c) row_mass += s.mass_part[c];
+    }
   }
   __syncthreads();
   if (rank != 0) return false;
@@ -729,7 +770,12 @@ __device__ bool sample_row_fast(const float* x, int32_t vocab, int row, int rank
   uint32_t mkey;
   int32_t token = block_argmax(bk, bi, -1, &mkey, s);
   const float m = from_key(mkey);
-  if (r.temperature > 0.f && isfinite(m)) {
+  if (nucleus && isfinite(m)) {
+    // Top-p of the row's weight, cut on the list when the list's weight reaches it.
+    if (n > uint32_t(kThreads)) return false;
+    token = draw_from_small_list(int(n), n, m, r, s, row_mass);
+    if (token < 0) return false;
+  } else if (r.temperature > 0.f && isfinite(m)) {
     if (n <= uint32_t(kThreads)) {
       token = draw_from_small_list(int(n), want, m, r, s);
     } else {
@@ -764,8 +810,10 @@ __device__ bool sample_row_fast(const float* x, int32_t vocab, int row, int rank
   rank_all(nr, [&](uint32_t o, uint32_t c) {
     return s.rk[o] > s.rk[c] || (s.rk[o] == s.rk[c] && s.rid[o] < s.rid[c]);
   }, s);
-  for (uint32_t c = threadIdx.x; c < nr; c += kThreads)
-    if (s.place[c] < uint32_t(n_top)) s.top_k[s.place[c]] = s.rk[c], s.top_id[s.place[c]] = s.rid[c];
+  for (uint32_t c = threadIdx.x; c < nr; c += kThreads) {
+    const uint32_t at = s.place[c];
+    if (at < uint32_t(n_top)) s.top_k[at] = s.rk[c], s.top_id[at] = s.rid[c];
+  }
   __syncthreads();
   if (threadIdx.x == 0)
     write_top(row, min(n_top, int(nr)), lse, top_ids, top_logprob, max_top, s);
@@ -788,7 +836,9 @@ __global__ void __launch_bounds__(kThreads)
   // The two-pass path where it applies (and saves passes: a greedy row with edits or logprobs).
   const bool greedy_with_work =
       r.temperature == 0.f && (r.edit_end > r.edit_begin || r.logprobs >= 0);
-  if (greedy_with_work || (r.temperature > 0.f && r.top_k > 0 && r.top_k < vocab)) {
+  const bool top_k = r.temperature > 0.f && r.top_k > 0 && r.top_k < vocab;
+  const bool nucleus = r.temperature > 0.f && !top_k && r.top_p < 1.f;
+  if (greedy_with_work || top_k || nucleus) {
     const bool done = sample_row_fast(x, vocab, row, rank, cluster, r, edits, ids, logprob,
                                       top_ids, top_logprob, max_top, bitmap, s);
     if (done || rank != 0) return;

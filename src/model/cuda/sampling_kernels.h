@@ -9,11 +9,13 @@
 // log-probabilities likewise). Its two passes are split over a cluster of CTAs (one per 65536
 // logits, at most 8), which gather into the first one's shared memory: one CTA a row reads a
 // 128K-vocabulary row at a fraction of the copy rate, and 32 rows would leave three quarters of
-// an H100's SMs idle. Other rows take radix selects on the logits' order-preserving
-// 32-bit keys (8 bits a pass), over a candidate list where the maxima bound one, else over the
-// whole row. Masses are sums of fixed-point weights round(e * 2^40) in 64-bit integers, so every
-// sum, cut and draw is the same whatever the order of the additions: a row gives the same token
-// in any batch and any run.
+// an H100's SMs idle. A top-p row without top-k takes the same path with the 128 most likely (or
+// a few more) as its list, which holds its top-p set when their weight reaches top_p of the whole
+// row's (summed in pass 2). Other rows, and those whose list does not hold, take radix selects on
+// the logits' order-preserving 32-bit keys (8 bits a pass), over a candidate list where the
+// maxima bound one, else over the whole row. Masses are sums of fixed-point weights
+// round(e * 2^40) in 64-bit integers, so every sum, cut and draw is the same whatever the order
+// of the additions: a row gives the same token in any batch and any run.
 #pragma once
 
 #include <cuda_runtime.h>
