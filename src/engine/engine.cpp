@@ -606,16 +606,16 @@ std::vector<RequestOutput> Engine::step() {
     bool ok = true;
     const Clock::time_point t0 = Clock::now();
     try {
-      if (greedy)
+      if (greedy) {
         ids = model_->forward_greedy(out.batch, *cache_);
-      else if (sampled) {
+      } else if (sampled) {
         // NOTE: the pass starts before the plan is built: its edits (one per distinct token of
         // each history under a repetition penalty) are copied and checked while a device runs.
         model_->begin_sample(out.batch, *cache_);
         picked = model_->finish_sample(sample_plan(out));
-      }
-      else
+      } else {
         logits = model_->forward(out.batch, *cache_);
+      }
       scheduler_->observe_step(out, std::chrono::duration<double>(Clock::now() - t0).count());
     } catch (const std::exception& e) {
       ok = false;
