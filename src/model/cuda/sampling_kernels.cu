@@ -627,13 +627,12 @@ constexpr int kMaxEdits = 1024;
 constexpr int kNucleusList = 128;  // a nucleus row's candidates (at least; count_bound's rounding)
 static_assert(kMaxEdits <= kThreads, "count_bound takes an edited key a thread");
 __device__ bool sample_row_fast(const float* x, int32_t vocab, int row, int rank, int C,
-                                const SampleRowDesc& r, const SampleEdit* edits, int32_t* ids,
+                                bool nucleus, const SampleRowDesc& r, const SampleEdit* edits, int32_t* ids,
                                 float* logprob, int32_t* top_ids, float* top_logprob,
                                 int32_t max_top, uint32_t* bitmap, Smem& s) {
   const int E = r.edit_end - r.edit_begin;
   // A nucleus row (top-p without top-k): the candidates are the kNucleusList most likely, which
   // hold its top-p set when their weight reaches top_p of the row's (checked below, else false).
-  const bool nucleus = r.temperature > 0.f && (r.top_k <= 0 || r.top_k >= vocab);
   const uint32_t want =
       r.temperature == 0.f ? 1u : nucleus ? uint32_t(min(kNucleusList, vocab)) : uint32_t(r.top_k);
   if (want > uint32_t(kThreads) || E > kMaxEdits) return false;  // the same in every CTA
@@ -839,8 +838,8 @@ __global__ void __launch_bounds__(kThreads)
   const bool top_k = r.temperature > 0.f && r.top_k > 0 && r.top_k < vocab;
   const bool nucleus = r.temperature > 0.f && !top_k && r.top_p < 1.f;
   if (greedy_with_work || top_k || nucleus) {
-    const bool done = sample_row_fast(x, vocab, row, rank, cluster, r, edits, ids, logprob,
-                                      top_ids, top_logprob, max_top, bitmap, s);
+    const bool done = sample_row_fast(x, vocab, row, rank, cluster, nucleus, r, edits, ids,
+                                      logprob, top_ids, top_logprob, max_top, bitmap, s);
     if (done || rank != 0) return;
   }
   if (rank != 0) return;
