@@ -1,6 +1,7 @@
 // A CUPTI injection library: every kernel the process runs (CUDA graph nodes included, kernels
 // left concurrent) as one CSV line of start and duration in ns and the demangled name, written at
-// exit to $KERNEL_TRACE_CSV (default kernel_trace.csv). Loaded by the CUDA driver through
+// exit to $KERNEL_TRACE_CSV (default kernel_trace.csv; a "%p" in it becomes the process id, for
+// programs that start workers, such as tensor-parallel ranks). Loaded by the CUDA driver through
 //   CUDA_INJECTION64_PATH=libkernel_trace.so KERNEL_TRACE_CSV=t.csv <program>
 // Built on the GPU machine by scripts/device/timeline-model.sh:
 //   g++ -O2 -shared -fPIC kernel_trace.cpp -I<cuda>/include -L<cupti dir> -lcupti
@@ -11,6 +12,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 namespace {
@@ -40,8 +42,11 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buf, size_t, size_t
 
 void write_at_exit() {
   cuptiActivityFlushAll(1);
-  const char* path = getenv("KERNEL_TRACE_CSV");
-  FILE* f = fopen(path ? path : "kernel_trace.csv", "w");
+  const char* env = getenv("KERNEL_TRACE_CSV");
+  std::string path = env ? env : "kernel_trace.csv";
+  if (const size_t at = path.find("%p"); at != std::string::npos)
+    path.replace(at, 2, std::to_string(getpid()));
+  FILE* f = fopen(path.c_str(), "w");
   if (!f) return;
   fprintf(f, "Start (ns),Duration (ns),Name\n");
   std::lock_guard<std::mutex> lock(g_mu);

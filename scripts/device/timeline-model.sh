@@ -14,7 +14,8 @@
 # BENCH_EXTRA (more bench model arguments for every variant, e.g. --sampling mixed),
 # SKIP_TRACE, HOST_PROFILE_BATCH, HOST_PROFILE_ARGS (more bench model arguments),
 # HOST_PROFILE_UNDER, LAB_VARIANTS (`none`: no lab),
-# LAB_VERSIONS (34), GPU_FILTER (builds test_gpu and runs those tests), BUDGET (540).
+# LAB_VERSIONS (34), GPU_FILTER (builds test_gpu and runs those tests), BUDGET (540), TRACE_SEQ
+# (the trace table also lists the step's first TRACE_SEQ kernels in launch order).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/device/steps.sh
@@ -67,13 +68,18 @@ for v in ${VARIANTS:-base}; do
   [[ "$v" == base || "$v" == main ]] || IFS=, read -ra assigns <<<"$v"
   for b in ${BATCHES:-32 64}; do
     [[ -n "$tracer" && -z "${SKIP_TRACE:-}" ]] || continue
-    csv=/tmp/trace_b$b.csv
+    rm -f /tmp/trace_b$b.*.csv
     step "trace $v b$b" 120 trace.log env "${assigns[@]}" CUDA_INJECTION64_PATH="$tracer" \
-      KERNEL_TRACE_CSV="$csv" "$(cli "$v")" bench model --model "$model" --device cuda \
-      --batch "$b" --prompt-len "$prompt" --decode-steps ${DECODE_STEPS:-16}
-    echo "== variant $v batch $b (traced)" >>"$OUT/trace_tables.txt"
-    python3 scripts/device/timeline_table.py "$csv" >>"$OUT/trace_tables.txt" 2>&1
-    [[ "$v" != base ]] || gzip -c "$csv" >"$OUT/trace_b$b.csv.gz"
+      KERNEL_TRACE_CSV="/tmp/trace_b$b.%p.csv" "$(cli "$v")" bench model --model "$model" \
+      --device cuda --batch "$b" --prompt-len "$prompt" --decode-steps ${DECODE_STEPS:-16} \
+      ${BENCH_EXTRA:-}
+    # One file per process (a tensor-parallel run's workers write their own).
+    for csv in /tmp/trace_b$b.*.csv; do
+      [[ -f "$csv" ]] || continue
+      echo "== variant $v batch $b (traced, $(basename "$csv"))" >>"$OUT/trace_tables.txt"
+      python3 scripts/device/timeline_table.py "$csv" 8 ${TRACE_SEQ:-0} >>"$OUT/trace_tables.txt" 2>&1
+      [[ "$v" != base ]] || gzip -c "$csv" >"$OUT/$(basename "$csv").gz"
+    done
   done
 done
 # ms a step (and % of the floor) per variant and batch, the rounds side by side.
