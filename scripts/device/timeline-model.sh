@@ -99,15 +99,19 @@ PY
 # HOST_PROFILE_BATCH: the main thread's time over 400 decode steps at that batch, sampled
 # on a wall-clock timer (scripts/device/host_sampler.cpp) and counted by function
 # (host_profile.txt).
+rm -f /tmp/host_samples.*.txt
 if [[ -n "${HOST_PROFILE_BATCH:-}" ]] &&
   g++ -O2 -shared -fPIC scripts/device/host_sampler.cpp -o /tmp/libhost_sampler.so \
     >>"$OUT/build.log" 2>&1; then
   step "host profile" 120 host_profile.txt env LD_PRELOAD=/tmp/libhost_sampler.so \
-    HOST_SAMPLE_OUT=/tmp/host_samples.txt "$BUILD_DIR/pagedattn" bench model --model "$model" \
+    HOST_SAMPLE_OUT=/tmp/host_samples.%p.txt "$BUILD_DIR/pagedattn" bench model --model "$model" \
     --device cuda --batch "$HOST_PROFILE_BATCH" --prompt-len "$prompt" --decode-steps 400 \
     ${HOST_PROFILE_ARGS:-}
-  python3 scripts/device/host_profile.py /tmp/host_samples.txt 45 ${HOST_PROFILE_UNDER:-} \
-    >>"$OUT/host_profile.txt" 2>&1
+  for f in /tmp/host_samples.*.txt; do  # one file per process (workers write their own)
+    echo "== $(basename "$f")" >>"$OUT/host_profile.txt"
+    python3 scripts/device/host_profile.py "$f" 45 ${HOST_PROFILE_UNDER:-} \
+      >>"$OUT/host_profile.txt" 2>&1
+  done
 fi
 for b in ${BATCHES:-32 64}; do shapes+=(--shape "bf16:$b:$((prompt + 8)):8"); done
 for v in ${LAB_VARIANTS:-base}; do
