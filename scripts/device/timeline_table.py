@@ -16,8 +16,13 @@ import sys
 
 rows = list(csv.DictReader(open(sys.argv[1])))
 kern = []
+other = []  # host API calls and copies (kernel_trace.cpp with KERNEL_TRACE_API=1)
 for r in rows:
     name = r.get("Name", "")
+    if name.startswith("api:") or name.startswith("copy:"):
+        start = int(float(r["Start (ns)"]))
+        other.append((start, start + int(float(r["Duration (ns)"])), name))
+        continue
     if not name or name.startswith("[CUDA mem"):
         continue
     start = int(float(r["Start (ns)"]))
@@ -72,3 +77,19 @@ if seq and per_step * n_steps == len(step):
     for i in list(range(min(seq, per_step))) + list(range(max(seq, per_step - 6), per_step)):
         t = sum(charged[j * per_step + i] for j in range(n_steps)) / n_steps
         print(f"{i:5d} {t / 1e3:8.2f}  {step[i][2]}")
+
+# Between the last two steps: the host's calls and the copies from the end of the step's last
+# kernel to the next step's first, in start order (us from that end).
+if other:
+    last_end = max(e for _, e, _ in step)
+    nxt = kern[embeds[-1]][0]
+    t_from = max(e for s_, e, n in step if s_ < nxt) if step else last_end
+    t_from = min(t_from, step[-1][1])
+    print(f"between the last two steps ({(nxt - t_from) / 1e3:.1f} us from the last kernel's end "
+          "to the next step's first), host calls and copies:")
+    for s_, e, n in sorted(o for o in other if t_from - 20000 <= o[0] <= nxt):
+        if n == "api:cudaStreamQuery_v3020" or n.startswith("api:cudaStreamQuery"):
+            continue
+        print(f"{(s_ - t_from) / 1e3:9.1f} {(e - s_) / 1e3:8.1f}  {n}")
+    q = [o for o in other if t_from <= o[0] <= nxt and "StreamQuery" in o[2]]
+    print(f"  (and {len(q)} stream queries)")
