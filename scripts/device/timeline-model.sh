@@ -29,13 +29,14 @@ if [[ -f "$BUILD_DIR/deps-env.sh" ]]; then source "$BUILD_DIR/deps-env.sh"; fi
 if [[ -n "${BASE_DIR:-}" ]]; then
   base_tree=/tmp/pagedattn-base
   # Built once per call: a second run of this script in the same call reuses it.
-  if ! [[ -x "$base_tree/build-gpu/pagedattn" &&
-    "$(cat "$base_tree/.from" 2>/dev/null)" == "$(realpath "$BASE_DIR")" ]]; then
+  from=$(cd "$BASE_DIR" && find . -type f -not -path './build*' -exec md5sum {} + | sort | md5sum)
+  if ! [[ -x "$base_tree/build-gpu/pagedattn" && "$(cat "$base_tree/.from" 2>/dev/null)" == "$from" ]]
+  then
     rm -rf "$base_tree" && cp -r "$BASE_DIR" "$base_tree"
     deps=$(realpath "${DEPS_DIR:-build-cuda-deps}")
     step build-base 300 build.log env BUILD_DIR="$base_tree/build-gpu" DEPS_DIR="$deps" \
       bash "$base_tree/scripts/device/build.sh" pagedattn || tail -30 "$OUT/build.log"
-    realpath "$BASE_DIR" >"$base_tree/.from"
+    echo "$from" >"$base_tree/.from"
   fi
 fi
 cli() { if [[ "$1" == main ]]; then echo /tmp/pagedattn-base/build-gpu/pagedattn; else
