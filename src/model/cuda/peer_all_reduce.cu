@@ -1,5 +1,4 @@
 // PeerAllReduce: the one-kernel all-reduce over peer memory (peer_all_reduce.h has the picture).
-#include <cooperative_groups.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -47,11 +46,8 @@ __device__ __forceinline__ float4 add4(float4 a, float4 b) {
   return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
 }
 
-// grid (G * C), clusters of C CTAs, block kThreads: cluster g owns rows g, g + G, ..., and CTA c
-// of it the c-th of C equal column ranges of each (more CTAs reading a peer's rows at once than
-// one a row: the reads are bound by each SM's requests in flight); the norm's sum of squares goes
-// round the cluster in shared memory. hidden % (4 C) == 0 and hidden / C <= kThreads * kVecs * 4
-// (checked on the host).
+// grid (min(rows, kMaxBlocks)), block kThreads; block b owns rows b, b + grid, ...
+// hidden % 4 == 0 and hidden <= kThreads * kVecs * 4 (checked on the host).
 // The meeting's latency is hidden behind what needs no peer: the norm's weights are read before
 // the wait for the kernel ahead (no kernel writes them), and this rank's partial and the residual
 // row between the signal to the peers and the wait for theirs.
@@ -62,17 +58,13 @@ __global__ void __launch_bounds__(kThreads)
                        int add_x, const float* __restrict__ norm_w,  // [hidden] or null
                        float eps, uint16_t* __restrict__ h,          // [rows, hidden] bf16
                        int rows, int hidden) {
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  const int C = int(cluster.num_blocks()), c = int(cluster.block_rank());
-  const int G = int(gridDim.x) / C, g = int(blockIdx.x) / C;
-  const int nv = hidden / 4, nc = nv / C, c0 = c * nc;  // float4s: a row's, this CTA's from c0
+  const int nv = hidden / 4;
   const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
   float4 w[kVecs];
 #pragma unroll
   for (int k = 0; k < kVecs; ++k) {
     const int i = threadIdx.x + k * kThreads;
-    w[k] = norm_w && i < nc ? reinterpret_cast<const float4*>(norm_w)[c0 + i] : zero;
+    w[k] = norm_w && i < nv ? reinterpret_cast<const float4*>(norm_w)[i] : zero;
   }
   wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
   allow_dependent_launch();
@@ -88,15 +80,14 @@ __global__ void __launch_bounds__(kThreads)
   // after the kernel that read this slot has finished.
   if (t < W && t != rank) store_relaxed(&peers.flags[t]->arrived[b][rank], epoch);
   bool met = false;
-  for (int r = g; r < rows; r += G) {
-    const int64_t off = int64_t(r) * nv + c0;
+  for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t off = int64_t(r) * nv;
     float4 mine[kVecs], xs[kVecs];
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) {
       const int i = threadIdx.x + k * kThreads;
-      mine[k] =
-          i < nc ? __ldcg(reinterpret_cast<const float4*>(peers.input[rank]) + off + i) : zero;
-      xs[k] = add_x && i < nc ? reinterpret_cast<const float4*>(x)[off + i] : zero;
+      mine[k] = i < nv ? __ldcg(reinterpret_cast<const float4*>(peers.input[rank]) + off + i) : zero;
+      xs[k] = add_x && i < nv ? reinterpret_cast<const float4*>(x)[off + i] : zero;
     }
     if (!met) {  // the first row: now the peers' partials
       if (t < W && t != rank) {
@@ -117,7 +108,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int k = 0; k < kVecs; ++k) {
         const int i = threadIdx.x + k * kThreads;
         v[k] = p == rank ? mine[k]
-               : i < nc  ? __ldcg(reinterpret_cast<const float4*>(peers.input[p]) + off + i)
+               : i < nv  ? __ldcg(reinterpret_cast<const float4*>(peers.input[p]) + off + i)
                          : zero;
       }
 #pragma unroll
@@ -128,27 +119,18 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) {
       const int i = threadIdx.x + k * kThreads;
-      if (i >= nc) continue;
+      if (i >= nv) continue;
       if (add_x) s[k] = add4(xs[k], s[k]);
       xr[i] = s[k];
       ss += s[k].x * s[k].x + s[k].y * s[k].y + s[k].z * s[k].z + s[k].w * s[k].w;
     }
     if (norm_w) {
-      float sum = block_sum(ss);
-      if (C > 1) {  // the row's other column ranges: every CTA adds the C sums in the same order
-        __shared__ float cta_sum;
-        if (threadIdx.x == 0) cta_sum = sum;
-        cluster.sync();
-        sum = 0.f;
-        for (int q = 0; q < C; ++q) sum += *cluster.map_shared_rank(&cta_sum, q);
-        cluster.sync();  // read by all before any CTA writes its next row's or exits
-      }
-      const float inv = rsqrtf(sum / float(hidden) + eps);
+      const float inv = rsqrtf(block_sum(ss) / float(hidden) + eps);
       uint2* hv = reinterpret_cast<uint2*>(h) + off;
 #pragma unroll
       for (int k = 0; k < kVecs; ++k) {
         const int i = threadIdx.x + k * kThreads;
-        if (i >= nc) continue;
+        if (i >= nv) continue;
         const float4 v = s[k];
         hv[i] = make_uint2(pack_bf16x2(v.x * inv * w[k].x, v.y * inv * w[k].y),
                            pack_bf16x2(v.z * inv * w[k].z, v.w * inv * w[k].w));
@@ -320,29 +302,13 @@ void PeerAllReduce::reduce(int32_t slot, float* x, bool add_x, int32_t rows, con
         reinterpret_cast<const float*>(base + size_t(slot) * slot_bytes(max_rows_, hidden_));
     peers.flags[r] = reinterpret_cast<Flags*>(base + fo);
   }
-  // CTAs a row (a cluster): as many as keep the grid within kMaxBlocks, up to 8 (a portable
-  // cluster), dividing the row's float4s. Every rank picks the same: the rows are the same.
-  int32_t C = 1;
-  while (C < 8 && rows * C * 2 <= kMaxBlocks && (hidden_ / 4) % (C * 2) == 0) C *= 2;
-  const unsigned grid = unsigned(std::min(rows, kMaxBlocks / C) * C);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(kThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute at[2];
-  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
-  at[1].id = cudaLaunchAttributeClusterDimension;
-  at[1].val.clusterDim.x = unsigned(C);
-  at[1].val.clusterDim.y = at[1].val.clusterDim.z = 1;
-  cfg.attrs = at;
-  cfg.numAttrs = C > 1 ? 2 : 1;
+  const unsigned grid = unsigned(std::min(rows, kMaxBlocks));
   cudaError_t e = cudaSuccess;
   switch (world_) {
-#define PA_PEER_CASE(W)                                                                   \
-  case W:                                                                                 \
-    e = cudaLaunchKernelEx(&cfg, peer_reduce_kernel<W>, peers, rank_, counters_, x, int(add_x), \
-                           norm_w, eps, h, rows, hidden_);                                \
+#define PA_PEER_CASE(W)                                                                      \
+  case W:                                                                                    \
+    e = launch_pdl(peer_reduce_kernel<W>, dim3(grid), dim3(kThreads), 0, stream, peers, rank_, \
+                   counters_, x, int(add_x), norm_w, eps, h, rows, hidden_);                  \
     break;
     PA_PEER_CASE(2)
     PA_PEER_CASE(3)

@@ -5,11 +5,9 @@
 // NCCL each of those is ~15 us, bound by its protocol's latency, not by the 0.5 MB it moves; here
 // every rank maps every other rank's buffers (CUDA IPC between processes, peer pointers between
 // threads of one process) and one kernel does the whole exchange: each block signals its peers
-// that its rank's partial is ready, reads its own partial and the residual rows, waits for the
-// peers' signals, reads every rank's rows straight from the peers' memory, sums them in rank order
-// (so every rank holds the same bits), adds the residual stream and writes the next layer's
-// normalised input. Small batches split each row over a cluster of up to 8 CTAs (more SMs
-// reading a peer's memory at once), which add the norm's sums in shared memory. The partials go to one of kSlots buffers,
+// that its rank's partial is ready, waits for theirs, reads every rank's rows straight from the
+// peers' memory, sums them in rank order (so every rank holds the same bits), adds the residual
+// stream and writes the next layer's normalised input. The partials go to one of kSlots buffers,
 // never the same one twice in a row, so a rank never overwrites rows a peer may still be reading
 // (the kernel's one signal also tells that the peer's previous call has finished). Only ranks on
 // one host whose GPUs reach each other's memory use it; otherwise (several hosts, no peer access,
