@@ -189,6 +189,7 @@ struct LlamaModelCuda::Impl {
   // top ids [R, N], top logprobs [R, N]; 4-byte values), the edited logits' originals [E].
   Tensor sample_in, sample_out, sample_saved;
   PinnedBytes host_sample_in, host_sample_out;
+  PinnedBytes host_ids;  // the greedy step's ids on their way to the host
   // Device time of the steps: an event before a step's first upload and one after its download.
   cudaEvent_t step_begin = nullptr, step_end = nullptr;
   bool step_open = false;
@@ -198,7 +199,7 @@ struct LlamaModelCuda::Impl {
   int64_t sample_rows = 0;
   double busy_seconds = 0;
   void begin_step_timing();
-  void end_step_timing();  // after the step's last (synchronous) copy
+  void end_step_timing();  // records the step's end after its last copy and waits for it
   // The plan goes up on its own stream while the step's forward runs; the sampler waits on it.
   cudaStream_t upload_stream = nullptr;
   cudaEvent_t plan_ready = nullptr;
@@ -896,6 +897,11 @@ const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& 
     launch();
   }
   m.greedy_step = s.ids != nullptr;
+  if (m.greedy_step) {  // the ids' download follows the step at once (download_greedy waits)
+    check_cuda(cudaMemcpyAsync(m.host_ids.get(size_t(s.R) * 4), s.ids, size_t(s.R) * 4,
+                               cudaMemcpyDeviceToHost, st),
+               "token ids download");
+  }
   if (s.R > 0) return s.logits;  // the caller's download (or argmax) follows on the same stream
   // NOTE: a tensor-parallel rank's caller waits itself, watching the group while it does (such a
   // step is not timed).
@@ -928,12 +934,24 @@ std::vector<int32_t> LlamaModelCuda::download_greedy(const float* dl, int32_t R)
   if (!dl) return ids;
   // NOTE: R ids instead of R x vocab logits: at batch 32 with a 128K vocabulary the logits are
   // 16 MB a step, and the host argmax over them is further time on the critical path.
-  auto* d_ids = static_cast<int32_t*>(ensure(impl_->ids, R, DType::f32));
-  if (!impl_->greedy_step) cuda::argmax_rows(dl, R, impl_->config.vocab_size, d_ids, impl_->stream);
+  // NOTE: into page-locked memory, enqueued with a greedy step (forward_device), and one wait
+  // (the step's end event, after the copy): a synchronous copy into pageable memory cost tens of
+  // microseconds a step on its own, even with the step already done (a tensor-parallel rank
+  // polls its stream before it downloads).
+  auto* h = reinterpret_cast<int32_t*>(impl_->host_ids.get(size_t(R) * 4));
+  if (!impl_->greedy_step) {
+    auto* d_ids = static_cast<int32_t*>(ensure(impl_->ids, R, DType::f32));
+    cuda::argmax_rows(dl, R, impl_->config.vocab_size, d_ids, impl_->stream);
+    check_cuda(cudaMemcpyAsync(h, d_ids, size_t(R) * 4, cudaMemcpyDeviceToHost, impl_->stream),
+               "token ids download");
+  }
   impl_->greedy_step = false;
-  check_cuda(cudaMemcpy(ids.data(), d_ids, size_t(R) * 4, cudaMemcpyDeviceToHost),
-             "token ids download");
-  impl_->end_step_timing();
+  if (impl_->step_open) {
+    impl_->end_step_timing();
+  } else {
+    check_cuda(cudaStreamSynchronize(impl_->stream), "token ids download");
+  }
+  std::copy(h, h + R, ids.begin());
   return ids;
 }
 
