@@ -28,10 +28,11 @@ if [[ -f "$BUILD_DIR/deps-env.sh" ]]; then source "$BUILD_DIR/deps-env.sh"; fi
 # named `main` runs, for a before/after in one call.
 if [[ -n "${BASE_DIR:-}" ]]; then
   base_tree=/tmp/pagedattn-base
-  # Built once per call: a second run of this script in the same call reuses it.
+  # Rebuilt only when BASE_DIR's files differ from the last build's (a second run of this
+  # script in the same call reuses it).
   from=$(cd "$BASE_DIR" && find . -type f -not -path './build*' -exec md5sum {} + | sort | md5sum)
-  if ! [[ -x "$base_tree/build-gpu/pagedattn" && "$(cat "$base_tree/.from" 2>/dev/null)" == "$from" ]]
-  then
+  built=$(cat "$base_tree/.from" 2>/dev/null)
+  if ! [[ -x "$base_tree/build-gpu/pagedattn" && "$built" == "$from" ]]; then
     rm -rf "$base_tree" && cp -r "$BASE_DIR" "$base_tree"
     deps=$(realpath "${DEPS_DIR:-build-cuda-deps}")
     step build-base 300 build.log env BUILD_DIR="$base_tree/build-gpu" DEPS_DIR="$deps" \
@@ -83,7 +84,8 @@ for v in ${VARIANTS:-base}; do
     for csv in /tmp/trace_b$b.*.csv; do
       [[ -f "$csv" ]] || continue
       echo "== variant $v batch $b (traced, $(basename "$csv"))" >>"$OUT/trace_tables.txt"
-      python3 scripts/device/timeline_table.py "$csv" 8 ${TRACE_SEQ:-0} >>"$OUT/trace_tables.txt" 2>&1
+      python3 scripts/device/timeline_table.py "$csv" 8 ${TRACE_SEQ:-0} \
+        >>"$OUT/trace_tables.txt" 2>&1
       [[ "$v" != base ]] || gzip -c "$csv" >"$OUT/$(basename "$csv").gz"
     done
   done

@@ -565,7 +565,8 @@ TEST(LlamaCudaSynthetic, DeviceArgmaxOverSlicesIsTheWholeRowsArgmax) {
       for (int32_t w = 0; w < world; ++w)
         for (int32_t r = 0; r < R; ++r)
           for (int32_t j = 0; j < stride && w * stride + j < V; ++j)
-            x[(size_t(w) * R + size_t(r)) * stride + size_t(j)] = rows[size_t(r)].x[size_t(w * stride + j)];
+            x[(size_t(w) * R + size_t(r)) * stride + size_t(j)] =
+                rows[size_t(r)].x[size_t(w * stride + j)];
       Tensor dx = Tensor::empty({int64_t(x.size())}, DType::f32, Device::cuda);
       Tensor dpairs = Tensor::empty({int64_t(world) * R * 2}, DType::f32, Device::cuda);
       Tensor dids = Tensor::empty({int64_t(R)}, DType::f32, Device::cuda);

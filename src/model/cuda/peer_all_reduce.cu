@@ -86,7 +86,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) {
       const int i = threadIdx.x + k * kThreads;
-      mine[k] = i < nv ? __ldcg(reinterpret_cast<const float4*>(peers.input[rank]) + off + i) : zero;
+      mine[k] =
+          i < nv ? __ldcg(reinterpret_cast<const float4*>(peers.input[rank]) + off + i) : zero;
       xs[k] = add_x && i < nv ? reinterpret_cast<const float4*>(x)[off + i] : zero;
     }
     if (!met) {  // the first row: now the peers' partials
