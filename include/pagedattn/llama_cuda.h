@@ -84,8 +84,11 @@ class LlamaModelCuda : public Model {
 
   // forward's work up to the logits, which stay on the device: returns them [R, vocab] f32 there,
   // or null when there are no logit rows (then the step has been synchronised). Every rank of a
-  // tensor-parallel group calls it with the same batch.
-  const float* forward_device(const ForwardBatch& batch, KvCache& cache);
+  // tensor-parallel group calls it with the same batch. `greedy`: the step also takes each row's
+  // argmax for download_greedy; on a tensor-parallel group the ranks then exchange only each
+  // row's largest logit of their vocabulary slice and its id, and the logits returned are not
+  // assembled (only download_greedy may follow).
+  const float* forward_device(const ForwardBatch& batch, KvCache& cache, bool greedy = false);
   // The rest of forward / forward_greedy after forward_device: the logits [rows, vocab] to the host,
   // or each row's argmax id (only the ids downloaded). Both block until the step is done.
   Tensor download_logits(const float* device_logits, int64_t rows);

@@ -3,7 +3,8 @@
 // that thread: waits are sampled too), or with HOST_SAMPLE_CPU=1 of the process's CPU time
 // (ITIMER_PROF, whose period the kernel's tick rounds up), a SIGPROF records the interrupted
 // thread's call stack; at exit the stacks (return addresses) and /proc/self/maps go to
-// $HOST_SAMPLE_OUT (nothing is done when it is unset). scripts/device/host_profile.py turns them
+// $HOST_SAMPLE_OUT (nothing is done when it is unset; a "%p" in it becomes the process id, for
+// programs that start workers). scripts/device/host_profile.py turns them
 // into per-function counts. Built on the GPU machine by scripts/device/timeline-model.sh:
 //   g++ -O2 -shared -fPIC host_sampler.cpp -o libhost_sampler.so
 #include <execinfo.h>
@@ -31,7 +32,13 @@ void on_prof(int, siginfo_t*, void*) {
 }
 
 void write_out() {
-  const char* path = getenv("HOST_SAMPLE_OUT");
+  char path[4096];
+  const char* env = getenv("HOST_SAMPLE_OUT");
+  const char* at = strstr(env, "%p");
+  if (at)
+    snprintf(path, sizeof path, "%.*s%d%s", int(at - env), env, int(getpid()), at + 2);
+  else
+    snprintf(path, sizeof path, "%s", env);
   itimerval off{};
   setitimer(ITIMER_PROF, &off, nullptr);
   signal(SIGPROF, SIG_IGN);

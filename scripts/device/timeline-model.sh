@@ -14,7 +14,8 @@
 # BENCH_EXTRA (more bench model arguments for every variant, e.g. --sampling mixed),
 # SKIP_TRACE, HOST_PROFILE_BATCH, HOST_PROFILE_ARGS (more bench model arguments),
 # HOST_PROFILE_UNDER, LAB_VARIANTS (`none`: no lab),
-# LAB_VERSIONS (34), GPU_FILTER (builds test_gpu and runs those tests), BUDGET (540).
+# LAB_VERSIONS (34), GPU_FILTER (builds test_gpu and runs those tests), BUDGET (540), TRACE_SEQ
+# (the trace table also lists the step's first TRACE_SEQ kernels in launch order).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/device/steps.sh
@@ -27,10 +28,17 @@ if [[ -f "$BUILD_DIR/deps-env.sh" ]]; then source "$BUILD_DIR/deps-env.sh"; fi
 # named `main` runs, for a before/after in one call.
 if [[ -n "${BASE_DIR:-}" ]]; then
   base_tree=/tmp/pagedattn-base
-  rm -rf "$base_tree" && cp -r "$BASE_DIR" "$base_tree"
-  deps=$(realpath "${DEPS_DIR:-build-cuda-deps}")
-  step build-base 300 build.log env BUILD_DIR="$base_tree/build-gpu" DEPS_DIR="$deps" \
-    bash "$base_tree/scripts/device/build.sh" pagedattn || tail -30 "$OUT/build.log"
+  # Rebuilt only when BASE_DIR's files differ from the last build's (a second run of this
+  # script in the same call reuses it).
+  from=$(cd "$BASE_DIR" && find . -type f -not -path './build*' -exec md5sum {} + | sort | md5sum)
+  built=$(cat "$base_tree/.from" 2>/dev/null)
+  if ! [[ -x "$base_tree/build-gpu/pagedattn" && "$built" == "$from" ]]; then
+    rm -rf "$base_tree" && cp -r "$BASE_DIR" "$base_tree"
+    deps=$(realpath "${DEPS_DIR:-build-cuda-deps}")
+    step build-base 300 build.log env BUILD_DIR="$base_tree/build-gpu" DEPS_DIR="$deps" \
+      bash "$base_tree/scripts/device/build.sh" pagedattn || tail -30 "$OUT/build.log"
+    echo "$from" >"$base_tree/.from"
+  fi
 fi
 cli() { if [[ "$1" == main ]]; then echo /tmp/pagedattn-base/build-gpu/pagedattn; else
   echo "$BUILD_DIR/pagedattn"; fi; }
@@ -67,13 +75,19 @@ for v in ${VARIANTS:-base}; do
   [[ "$v" == base || "$v" == main ]] || IFS=, read -ra assigns <<<"$v"
   for b in ${BATCHES:-32 64}; do
     [[ -n "$tracer" && -z "${SKIP_TRACE:-}" ]] || continue
-    csv=/tmp/trace_b$b.csv
+    rm -f /tmp/trace_b$b.*.csv
     step "trace $v b$b" 120 trace.log env "${assigns[@]}" CUDA_INJECTION64_PATH="$tracer" \
-      KERNEL_TRACE_CSV="$csv" "$(cli "$v")" bench model --model "$model" --device cuda \
-      --batch "$b" --prompt-len "$prompt" --decode-steps ${DECODE_STEPS:-16}
-    echo "== variant $v batch $b (traced)" >>"$OUT/trace_tables.txt"
-    python3 scripts/device/timeline_table.py "$csv" >>"$OUT/trace_tables.txt" 2>&1
-    [[ "$v" != base ]] || gzip -c "$csv" >"$OUT/trace_b$b.csv.gz"
+      KERNEL_TRACE_CSV="/tmp/trace_b$b.%p.csv" "$(cli "$v")" bench model --model "$model" \
+      --device cuda --batch "$b" --prompt-len "$prompt" --decode-steps ${DECODE_STEPS:-16} \
+      ${BENCH_EXTRA:-}
+    # One file per process (a tensor-parallel run's workers write their own).
+    for csv in /tmp/trace_b$b.*.csv; do
+      [[ -f "$csv" ]] || continue
+      echo "== variant $v batch $b (traced, $(basename "$csv"))" >>"$OUT/trace_tables.txt"
+      python3 scripts/device/timeline_table.py "$csv" 8 ${TRACE_SEQ:-0} \
+        >>"$OUT/trace_tables.txt" 2>&1
+      [[ "$v" != base ]] || gzip -c "$csv" >"$OUT/$(basename "$csv").gz"
+    done
   done
 done
 # ms a step (and % of the floor) per variant and batch, the rounds side by side.
@@ -93,15 +107,19 @@ PY
 # HOST_PROFILE_BATCH: the main thread's time over 400 decode steps at that batch, sampled
 # on a wall-clock timer (scripts/device/host_sampler.cpp) and counted by function
 # (host_profile.txt).
+rm -f /tmp/host_samples.*.txt
 if [[ -n "${HOST_PROFILE_BATCH:-}" ]] &&
   g++ -O2 -shared -fPIC scripts/device/host_sampler.cpp -o /tmp/libhost_sampler.so \
     >>"$OUT/build.log" 2>&1; then
   step "host profile" 120 host_profile.txt env LD_PRELOAD=/tmp/libhost_sampler.so \
-    HOST_SAMPLE_OUT=/tmp/host_samples.txt "$BUILD_DIR/pagedattn" bench model --model "$model" \
+    HOST_SAMPLE_OUT=/tmp/host_samples.%p.txt "$BUILD_DIR/pagedattn" bench model --model "$model" \
     --device cuda --batch "$HOST_PROFILE_BATCH" --prompt-len "$prompt" --decode-steps 400 \
     ${HOST_PROFILE_ARGS:-}
-  python3 scripts/device/host_profile.py /tmp/host_samples.txt 45 ${HOST_PROFILE_UNDER:-} \
-    >>"$OUT/host_profile.txt" 2>&1
+  for f in /tmp/host_samples.*.txt; do  # one file per process (workers write their own)
+    echo "== $(basename "$f")" >>"$OUT/host_profile.txt"
+    python3 scripts/device/host_profile.py "$f" 45 ${HOST_PROFILE_UNDER:-} \
+      >>"$OUT/host_profile.txt" 2>&1
+  done
 fi
 for b in ${BATCHES:-32 64}; do shapes+=(--shape "bf16:$b:$((prompt + 8)):8"); done
 for v in ${LAB_VARIANTS:-base}; do

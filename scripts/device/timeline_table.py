@@ -6,7 +6,9 @@ left out). Each kernel
 is charged from the later of its start and the end of all kernels before it, to its end (an
 early-launched dependent waits for the kernel ahead), so the charges and the idle gaps add up to
 the step.
-    python3 timeline_table.py trace.csv
+    python3 timeline_table.py trace.csv [STEPS] [SEQ]
+With SEQ, also the step's first SEQ kernels and its last few in launch order, each charged as
+above and averaged over the steps (a layer's products apart, which the table by name sums).
 """
 import collections
 import csv
@@ -14,8 +16,13 @@ import sys
 
 rows = list(csv.DictReader(open(sys.argv[1])))
 kern = []
+other = []  # host API calls and copies (kernel_trace.cpp with KERNEL_TRACE_API=1)
 for r in rows:
     name = r.get("Name", "")
+    if name.startswith("api:") or name.startswith("copy:"):
+        start = int(float(r["Start (ns)"]))
+        other.append((start, start + int(float(r["Duration (ns)"])), name))
+        continue
     if not name or name.startswith("[CUDA mem"):
         continue
     start = int(float(r["Start (ns)"]))
@@ -42,11 +49,13 @@ count = collections.Counter(n for _, _, n in step)
 idle = 0.0
 gaps = []
 done = t0
+charged = []
 for s, e, n in step:
     if s > done:
         idle += s - done
         gaps.append(s - done)
-    share[n] += max(0, e - max(s, done))
+    charged.append(max(0, e - max(s, done)))
+    share[n] += charged[-1]
     done = max(done, e)
 idle += t1 - done
 gaps.append(t1 - done)
@@ -60,3 +69,27 @@ for n, t in sorted(share.items(), key=lambda x: -x[1]):
     c = count[n] / n_steps
     print(f"{t / n_steps / 1e6:8.3f} {100 * t / n_steps / span:5.1f} {c:6.1f} "
           f"{t / n_steps / c / 1e3:8.2f}  {n}")
+
+seq = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+per_step = len(step) // n_steps
+if seq and per_step * n_steps == len(step):
+    print(f"kernels in launch order, us each (mean over {n_steps} steps of {per_step} kernels):")
+    for i in list(range(min(seq, per_step))) + list(range(max(seq, per_step - 6), per_step)):
+        t = sum(charged[j * per_step + i] for j in range(n_steps)) / n_steps
+        print(f"{i:5d} {t / 1e3:8.2f}  {step[i][2]}")
+
+# Between the last two steps: the host's calls and the copies from the end of the step's last
+# kernel to the next step's first, in start order (us from that end).
+if other:
+    last_end = max(e for _, e, _ in step)
+    nxt = kern[embeds[-1]][0]
+    t_from = max(e for s_, e, n in step if s_ < nxt) if step else last_end
+    t_from = min(t_from, step[-1][1])
+    print(f"between the last two steps ({(nxt - t_from) / 1e3:.1f} us from the last kernel's end "
+          "to the next step's first), host calls and copies:")
+    for s_, e, n in sorted(o for o in other if t_from - 20000 <= o[0] <= nxt):
+        if n == "api:cudaStreamQuery_v3020" or n.startswith("api:cudaStreamQuery"):
+            continue
+        print(f"{(s_ - t_from) / 1e3:9.1f} {(e - s_) / 1e3:8.1f}  {n}")
+    q = [o for o in other if t_from <= o[0] <= nxt and "StreamQuery" in o[2]]
+    print(f"  (and {len(q)} stream queries)")

@@ -34,7 +34,7 @@ std::vector<int32_t> LlamaModelCuda::download_greedy(const float*, int32_t) {
   fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
 }
 bool LlamaModelCuda::idle() const { return true; }
-const float* LlamaModelCuda::forward_device(const ForwardBatch&, KvCache&) {
+const float* LlamaModelCuda::forward_device(const ForwardBatch&, KvCache&, bool) {
   fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
 }
 

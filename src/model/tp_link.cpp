@@ -306,8 +306,27 @@ WorkerLink::WorkerLink(const std::string& addr, int32_t rank, double timeout_s) 
 
 WorkerLink::~WorkerLink() { close(); }
 
+namespace {
+
+// Peeks without blocking, for up to `seconds`, until fd has a byte (or an end or an error, which
+// the read then reports): a worker's next step frame comes a fraction of a millisecond after its
+// last step ends, and waking from a blocking read would add tens of microseconds to every step
+// (every rank's first all-reduce waits for the last rank to start). The worker already spends its
+// steps polling its stream; after `seconds` without a frame (an idle server) the read blocks.
+void spin_until_readable(int fd, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  char c = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    const ssize_t r = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (r >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return;
+  }
+}
+
+}  // namespace
+
 Frame WorkerLink::recv() {
   Frame f;
+  if (fd_ >= 0) spin_until_readable(fd_, 0.05);
   PA_CHECK(fd_ >= 0 && recv_frame(fd_, f), kOp, ": rank 0 closed the link");
   if (f.type == FrameType::error)
     fail(kOp, ": rank 0 refused this rank: ", std::string(f.body.begin(), f.body.end()));

@@ -27,6 +27,7 @@ struct StepMessage {
   int32_t num_layers = 0, head_dim = 0, page_size = 0, num_pages = 0;
   DType dtype = DType::bf16;
   bool cuda_graphs = true;
+  bool greedy = false;  // every rank takes its slice's argmax (forward_device's `greedy`)
   std::vector<PageCopy> copies;
   ForwardBatch batch;
   int32_t time_tokens = 0, time_rows = 0, time_reps = 0;  // > 0 reps: time the collectives

@@ -547,6 +547,48 @@ TEST(LlamaCudaSynthetic, DeviceArgmaxOfCraftedRows) {
 }
 #endif
 
+#ifdef PAGEDATTN_HAVE_CUDA
+// A tensor-parallel greedy step's argmax: each rank's vocabulary slice (stride ceil(V / world),
+// the last slices narrower or empty) reduced to a pair per row, the pairs folded: the whole rows'
+// ids, NaN, infinity and tie rules included.
+TEST(LlamaCudaSynthetic, DeviceArgmaxOverSlicesIsTheWholeRowsArgmax) {
+  PA_SKIP_WITHOUT_GPU();
+  for (int32_t V : kArgmaxLengths) {
+    const std::vector<ArgmaxRow> rows = argmax_rows_for(V);
+    const int32_t R = int32_t(rows.size());
+    for (int32_t world : {2, 3, 4}) {
+      const int32_t stride = (V + world - 1) / world;
+      // Slice w [R, stride]: ids w * stride ... of every row, past the vocabulary left as NaN
+      // (never read: the slice's width stops at V).
+      std::vector<float> x(size_t(world) * size_t(R) * size_t(stride),
+                           std::numeric_limits<float>::quiet_NaN());
+      for (int32_t w = 0; w < world; ++w)
+        for (int32_t r = 0; r < R; ++r)
+          for (int32_t j = 0; j < stride && w * stride + j < V; ++j)
+            x[(size_t(w) * R + size_t(r)) * stride + size_t(j)] =
+                rows[size_t(r)].x[size_t(w * stride + j)];
+      Tensor dx = Tensor::empty({int64_t(x.size())}, DType::f32, Device::cuda);
+      Tensor dpairs = Tensor::empty({int64_t(world) * R * 2}, DType::f32, Device::cuda);
+      Tensor dids = Tensor::empty({int64_t(R)}, DType::f32, Device::cuda);
+      copy_bytes(dx.data(), Device::cuda, x.data(), Device::cpu, x.size() * 4);
+      auto* pairs = static_cast<cuda::ArgmaxPair*>(dpairs.data());
+      for (int32_t w = 0; w < world; ++w) {
+        const int32_t width = std::max(0, std::min(stride, V - w * stride));
+        cuda::argmax_rows_slice(dx.data_as<float>() + int64_t(w) * R * stride, R, width, stride,
+                                w * stride, pairs + int64_t(w) * R, nullptr);
+      }
+      cuda::argmax_combine(pairs, world, R, static_cast<int32_t*>(dids.data()), nullptr);
+      std::vector<int32_t> ids(size_t(R), -1);
+      copy_bytes(ids.data(), Device::cpu, dids.data(), Device::cuda, size_t(R) * 4);
+      for (int32_t r = 0; r < R; ++r) {
+        EXPECT_EQ(ids[size_t(r)], rows[size_t(r)].want)
+            << "V " << V << " world " << world << " row " << r;
+      }
+    }
+  }
+}
+#endif
+
 TEST(LlamaCudaSynthetic, SmolLM2PresetRunsOnTheDevice) {
   PA_SKIP_WITHOUT_GPU();
   const std::unique_ptr<Model> m = create_synthetic_model("synthetic:smollm2-135m", Device::cuda);

@@ -194,6 +194,34 @@ void expect_two_ranks_match(const ModelConfig& c, float tol, MakePlain&& make_pl
     }
   }
   EXPECT_EQ(compared, int(s.prompts.size()) * (s.decode + 1));
+
+  // The greedy path on the same ranks: each rank's slice's argmax, only those exchanged (no logits
+  // gathered), must give the argmax of the gathered logits above, step after step.
+  std::vector<SeqId> seqs;
+  for (size_t i = 0; i < s.prompts.size(); ++i) seqs.push_back(cache[0]->create_sequence());
+  ForwardBatch b = make_step_batch(*cache[0], seqs, s.prompts);
+  for (int32_t step = 0; step <= s.decode; ++step) {
+    std::vector<int32_t> ids;
+    on_each_rank([&](int r) {
+      if (r == 0) {
+        ids = model[0]->download_greedy(model[0]->forward_device(b, *cache[0], true),
+                                        int32_t(b.logit_rows.size()));
+      } else {
+        model[1]->forward_device(b, *cache[1], true);
+        cudaDeviceSynchronize();
+      }
+    });
+    for (SeqId q : seqs) cache[0]->commit(q);
+    ASSERT_EQ(ids.size(), got[size_t(step)].size());
+    std::vector<std::vector<int32_t>> next;
+    for (size_t r = 0; r < ids.size(); ++r) {
+      const auto& g = got[size_t(step)][r];
+      EXPECT_EQ(ids[r], int32_t(std::max_element(g.begin(), g.end()) - g.begin()))
+          << "greedy step " << step << " row " << r;
+      next.push_back({ids[r]});
+    }
+    if (step < s.decode) b = make_step_batch(*cache[0], seqs, next);
+  }
 }
 
 // from_file: the ranks slice a host file of the same weights (the loader's path for checkpoints:

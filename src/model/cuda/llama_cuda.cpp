@@ -181,10 +181,15 @@ struct LlamaModelCuda::Impl {
   Tensor logits;   // [R, vocab] f32
   Tensor shard_logits, gathered;  // [R, vocab_stride], [world, R, vocab_stride] f32 (comm only)
   Tensor ids;      // [R] int32 (4-byte f32 storage), the greedy step's argmax of each logit row
+  // A greedy step of a tensor-parallel rank: its slice's argmax per row, every rank's [world, R]
+  // (cuda::ArgmaxPair, two 4-byte values each).
+  Tensor argmax_pairs, argmax_pairs_all;
+  bool greedy_step = false;  // the last forward_device took the argmax (download_greedy copies it)
   // The device sampler's plan in (rows, then edits), its results out (ids [R], logprob [R],
   // top ids [R, N], top logprobs [R, N]; 4-byte values), the edited logits' originals [E].
   Tensor sample_in, sample_out, sample_saved;
   PinnedBytes host_sample_in, host_sample_out;
+  PinnedBytes host_ids;  // the greedy step's ids on their way to the host
   // Device time of the steps: an event before a step's first upload and one after its download.
   cudaEvent_t step_begin = nullptr, step_end = nullptr;
   bool step_open = false;
@@ -194,7 +199,7 @@ struct LlamaModelCuda::Impl {
   int64_t sample_rows = 0;
   double busy_seconds = 0;
   void begin_step_timing();
-  void end_step_timing();  // after the step's last (synchronous) copy
+  void end_step_timing();  // records the step's end after its last copy and waits for it
   // The plan goes up on its own stream while the step's forward runs; the sampler waits on it.
   cudaStream_t upload_stream = nullptr;
   cudaEvent_t plan_ready = nullptr;
@@ -340,7 +345,7 @@ struct LlamaModelCuda::Impl {
   // A step, in the CPU runner's order (forward_device): prepare_step, embed_tokens, run_layer for
   // every layer, logits_of_rows.
   struct Step;
-  Step prepare_step(const ForwardBatch& batch, const KvCache& cache);
+  Step prepare_step(const ForwardBatch& batch, const KvCache& cache, bool greedy);
   // Both return whether s.h already holds the next layer's normalised input (the peer
   // all-reduce wrote it), which the next run_layer then does not compute again.
   bool embed_tokens(const Step& s, cudaStream_t st);
@@ -627,12 +632,16 @@ struct LlamaModelCuda::Impl::Step {
   float* logits = nullptr;          // [R, vocab] f32 (null: R == 0)
   float* shard_logits = nullptr;    // [R, vocab_stride] (tensor parallel)
   float* gathered = nullptr;        // [world, R, vocab_stride] (tensor parallel)
+  int32_t* ids = nullptr;           // [R] each row's argmax (greedy steps; else null)
+  cuda::ArgmaxPair* pairs = nullptr;      // [R] this rank's slice's (greedy, tensor parallel)
+  cuda::ArgmaxPair* pairs_all = nullptr;  // [world, R]
 };
 
 // Host work of a step: RoPE tables, one upload (tokens, slots, logit rows, cos, sin), the scratch
 // buffers, the attention plan (layer 0's view: every layer has the same shapes).
 LlamaModelCuda::Impl::Step LlamaModelCuda::Impl::prepare_step(const ForwardBatch& batch,
-                                                                const KvCache& cache) {
+                                                                const KvCache& cache,
+                                                                bool greedy) {
   const ModelConfig& c = config;
   Step s;
   s.T = int32_t(batch.tokens.size());
@@ -673,13 +682,21 @@ LlamaModelCuda::Impl::Step LlamaModelCuda::Impl::prepare_step(const ForwardBatch
   s.gu = static_cast<uint16_t*>(ensure(gu, int64_t(T) * 2 * tp.inter, DType::bf16));
   s.act = ensure(act, int64_t(T) * tp.inter, DType::bf16);
   if (R > 0) s.logits = static_cast<float*>(ensure(logits, int64_t(R) * c.vocab_size, DType::f32));
-  // With a communicator each rank computes the logits of its vocabulary rows, which are gathered.
+  // With a communicator each rank computes the logits of its vocabulary rows, which are gathered
+  // (or, in a greedy step, only each row's argmax over them).
   if (comm && R > 0) {
     const int64_t Vs = tp.vocab_stride;
     s.shard_logits = static_cast<float*>(ensure(shard_logits, int64_t(R) * Vs, DType::f32));
-    s.gathered =
-        static_cast<float*>(ensure(gathered, int64_t(shard.world) * R * Vs, DType::f32));
+    if (greedy) {
+      s.pairs = static_cast<cuda::ArgmaxPair*>(ensure(argmax_pairs, int64_t(R) * 2, DType::f32));
+      s.pairs_all = static_cast<cuda::ArgmaxPair*>(
+          ensure(argmax_pairs_all, int64_t(shard.world) * R * 2, DType::f32));
+    } else {
+      s.gathered =
+          static_cast<float*>(ensure(gathered, int64_t(shard.world) * R * Vs, DType::f32));
+    }
   }
+  if (greedy && R > 0) s.ids = static_cast<int32_t*>(ensure(ids, R, DType::f32));
 
   AttentionOptions opt;
   opt.window = c.sliding_window;
@@ -805,14 +822,26 @@ void LlamaModelCuda::Impl::logits_of_rows(const Step& s, cudaStream_t st) {
   const Tensor& head = lm_head.data() ? lm_head : embed;
   if (!comm) {
     gemm(s.h, R, hidden, head, c.vocab_size, s.logits, CUDA_R_32F, 0.f, "lm_head");
+    if (s.ids) cuda::argmax_rows(s.logits, R, c.vocab_size, s.ids, st);
     return;
   }
   // shard [R, Vs] (the last rank's columns past its rows are never read), gathered
   // [world, R, Vs], then each rank's columns into their place in logits [R, vocab].
   const int32_t Vs = tp.vocab_stride;
   gemm(s.h, R, hidden, head, tp.vocab, s.shard_logits, CUDA_R_32F, 0.f, "lm_head", Vs);
+  if (s.ids) {
+    // A greedy step: every rank's (largest value, its id) per row, 8 bytes a row, instead of
+    // R x vocab logits (16 MB at batch 32 with a 128K vocabulary); the same ids as the argmax of
+    // the gathered rows. s.logits stays unwritten.
+    cuda::argmax_rows_slice(s.shard_logits, R, tp.vocab, Vs, tp.vocab0, s.pairs, st);
+    comm->all_gather(reinterpret_cast<const float*>(s.pairs),
+                     reinterpret_cast<float*>(s.pairs_all), size_t(R) * 2, st);
+    cuda::argmax_combine(s.pairs_all, shard.world, R, s.ids, st);
+    return;
+  }
   comm->all_gather(s.shard_logits, s.gathered, size_t(R) * size_t(Vs), st);
-  for (int32_t r = 0; r < shard.world; ++r) {
+  // Only rank 0 reads the logits (the engine runs there): the others take part in the gather.
+  for (int32_t r = 0; r < shard.world && shard.rank == 0; ++r) {
     const int64_t v0 = int64_t(r) * Vs;
     const int64_t width = std::min<int64_t>(Vs, c.vocab_size - v0);
     if (width <= 0) continue;
@@ -825,13 +854,15 @@ void LlamaModelCuda::Impl::logits_of_rows(const Step& s, cudaStream_t st) {
 
 // The same skeleton as the CPU runner (llama_model.cpp): prepare the step, embed, every layer,
 // the logit rows.
-const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& cache) {
+const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& cache,
+                                           bool greedy) {
   impl_->sample_pending = false;
+  impl_->greedy_step = false;
   validate(batch, cache);
   Impl& m = *impl_;
   const ModelConfig& c = m.config;
   if (batch.tokens.empty()) return nullptr;  // no logit rows either (validate: rows index tokens)
-  const Impl::Step s = m.prepare_step(batch, cache);
+  const Impl::Step s = m.prepare_step(batch, cache, greedy);
 
   // Everything below only enqueues kernels on m.stream, reading the step's buffers: a CUDA graph
   // of it replays correctly for any later step with the same launches (step_graphs.h).
@@ -850,8 +881,10 @@ const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& 
     std::string sig;
     auto put = [&sig](const auto& v) { sig.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
     for (int64_t v : {int64_t(s.T), int64_t(s.R)}) put(v);
-    const void* scratch[] = {s.tokens, s.x, s.h, s.qkv, s.q, s.k, s.v, s.attn,
-                             s.gu, s.act, s.logits, s.shard_logits, s.gathered};
+    const void* scratch[] = {s.tokens, s.x,      s.h,      s.qkv,          s.q,
+                             s.k,      s.v,      s.attn,   s.gu,           s.act,
+                             s.logits, s.shard_logits, s.gathered, s.ids, s.pairs,
+                             s.pairs_all};
     for (const void* ptr : scratch) put(ptr);
     for (int32_t i = 0; i < c.num_layers; ++i) {
       const PagedKVView view = cache.layer_view(i);
@@ -862,6 +895,12 @@ const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& 
     m.graphs.run(sig, st, launch);
   } else {
     launch();
+  }
+  m.greedy_step = s.ids != nullptr;
+  if (m.greedy_step) {  // the ids' download follows the step at once (download_greedy waits)
+    check_cuda(cudaMemcpyAsync(m.host_ids.get(size_t(s.R) * 4), s.ids, size_t(s.R) * 4,
+                               cudaMemcpyDeviceToHost, st),
+               "token ids download");
   }
   if (s.R > 0) return s.logits;  // the caller's download (or argmax) follows on the same stream
   // NOTE: a tensor-parallel rank's caller waits itself, watching the group while it does (such a
@@ -895,11 +934,24 @@ std::vector<int32_t> LlamaModelCuda::download_greedy(const float* dl, int32_t R)
   if (!dl) return ids;
   // NOTE: R ids instead of R x vocab logits: at batch 32 with a 128K vocabulary the logits are
   // 16 MB a step, and the host argmax over them is further time on the critical path.
-  auto* d_ids = static_cast<int32_t*>(ensure(impl_->ids, R, DType::f32));
-  cuda::argmax_rows(dl, R, impl_->config.vocab_size, d_ids, impl_->stream);
-  check_cuda(cudaMemcpy(ids.data(), d_ids, size_t(R) * 4, cudaMemcpyDeviceToHost),
-             "token ids download");
-  impl_->end_step_timing();
+  // NOTE: into page-locked memory, enqueued with a greedy step (forward_device), and one wait
+  // (the step's end event, after the copy): a synchronous copy into pageable memory cost tens of
+  // microseconds a step on its own, even with the step already done (a tensor-parallel rank
+  // polls its stream before it downloads).
+  auto* h = reinterpret_cast<int32_t*>(impl_->host_ids.get(size_t(R) * 4));
+  if (!impl_->greedy_step) {
+    auto* d_ids = static_cast<int32_t*>(ensure(impl_->ids, R, DType::f32));
+    cuda::argmax_rows(dl, R, impl_->config.vocab_size, d_ids, impl_->stream);
+    check_cuda(cudaMemcpyAsync(h, d_ids, size_t(R) * 4, cudaMemcpyDeviceToHost, impl_->stream),
+               "token ids download");
+  }
+  impl_->greedy_step = false;
+  if (impl_->step_open) {
+    impl_->end_step_timing();
+  } else {
+    check_cuda(cudaStreamSynchronize(impl_->stream), "token ids download");
+  }
+  std::copy(h, h + R, ids.begin());
   return ids;
 }
 
@@ -1047,7 +1099,7 @@ Tensor LlamaModelCuda::forward(const ForwardBatch& batch, KvCache& cache) {
 }
 
 std::vector<int32_t> LlamaModelCuda::forward_greedy(const ForwardBatch& batch, KvCache& cache) {
-  return download_greedy(forward_device(batch, cache), int32_t(batch.logit_rows.size()));
+  return download_greedy(forward_device(batch, cache, true), int32_t(batch.logit_rows.size()));
 }
 
 }  // namespace pagedattn

@@ -213,19 +213,26 @@ __device__ __forceinline__ void argmax_take(float v, int32_t i, float& best, int
 
 // grid (rows), block kArgmaxThreads. The row is read in 16-byte vectors, kArgmaxUnroll of them in
 // flight per thread; the scalar head up to the first 16-byte boundary (rows start unaligned when
-// vocab % 4 != 0) and the scalar tail go to the first threads.
+// vocab % 4 != 0) and the scalar tail go to the first threads. PAIRS: a slice of the vocabulary
+// (argmax_rows_slice), whose (value, vocab0 + index) goes to pairs; else the id to ids.
 constexpr int kArgmaxThreads = 512, kArgmaxUnroll = 4;
+template <bool PAIRS>
 __global__ void __launch_bounds__(kArgmaxThreads)
-    argmax_rows_kernel(const float* __restrict__ x,  // [rows, vocab]
-                       int32_t vocab,
-                       int32_t* __restrict__ ids) {  // [rows]
+    argmax_rows_kernel(const float* __restrict__ x,  // [rows, stride]
+                       int32_t vocab,                // the row's (or slice's) width
+                       int64_t stride, int32_t vocab0,
+                       int32_t* __restrict__ ids,       // [rows] (!PAIRS)
+                       ArgmaxPair* __restrict__ pairs) {  // [rows] (PAIRS)
   wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
   allow_dependent_launch();
-  const float* row = x + int64_t(blockIdx.x) * vocab;
+  const float* row = x + int64_t(blockIdx.x) * stride;
   // The host rule: its running maximum starts at x[0], which a NaN never leaves, so the answer
   // is 0. Every thread reads the same value: the whole block returns or none of it does.
-  if (vocab == 0 || isnan(row[0])) {
-    if (threadIdx.x == 0) ids[blockIdx.x] = 0;
+  if (vocab0 == 0 && (vocab == 0 || isnan(row[0]))) {
+    if (threadIdx.x == 0) {
+      if (PAIRS) pairs[blockIdx.x] = ArgmaxPair{NAN, 0};
+      else ids[blockIdx.x] = 0;
+    }
     return;
   }
   // idx == vocab: nothing taken yet (any real element, -inf included, replaces it).
@@ -282,8 +289,34 @@ __global__ void __launch_bounds__(kArgmaxThreads)
     const int32_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
     argmax_take(ob, oi, best, idx);
   }
-  // x[0] is a number, so some element was taken and idx < vocab.
-  if (lane == 0) ids[blockIdx.x] = idx;
+  // Whole rows: x[0] is a number, so some element was taken and idx < vocab. A slice past id 0
+  // may hold only NaNs (idx == vocab): a pair that never wins.
+  if (lane == 0) {
+    if (!PAIRS) ids[blockIdx.x] = idx;
+    else if (idx == vocab) pairs[blockIdx.x] = ArgmaxPair{-INFINITY, INT32_MAX};
+    else pairs[blockIdx.x] = ArgmaxPair{best, vocab0 + idx};
+  }
+}
+
+// grid (ceil(rows / 128)), block 128: a thread per row folds the slices' pairs in order.
+__global__ void argmax_combine_kernel(const ArgmaxPair* __restrict__ pairs,  // [world, rows]
+                                      int32_t world, int32_t rows,
+                                      int32_t* __restrict__ ids) {  // [rows]
+  wait_for_dependency();
+  allow_dependent_launch();
+  const int32_t r = int32_t(blockIdx.x * blockDim.x + threadIdx.x);
+  if (r >= rows) return;
+  if (isnan(pairs[r].value)) {  // the first slice's x[r, 0] is a NaN: 0 (argmax_rows's rule)
+    ids[r] = 0;
+    return;
+  }
+  float best = -INFINITY;
+  int32_t idx = INT32_MAX;
+  for (int32_t w = 0; w < world; ++w) {
+    const ArgmaxPair p = pairs[int64_t(w) * rows + r];
+    argmax_take(p.value, p.index, best, idx);
+  }
+  ids[r] = idx;
 }
 
 // grid (ceil(n / 256)), block 256
@@ -378,9 +411,25 @@ void swiglu(const uint16_t* gu, int32_t num_tokens, int32_t inter, uint16_t* a,
 
 void argmax_rows(const float* x, int32_t rows, int32_t vocab, int32_t* ids, cudaStream_t stream) {
   if (rows == 0) return;
-  check_cuda(launch_pdl(argmax_rows_kernel, dim3(rows), dim3(kArgmaxThreads), 0, stream, x, vocab,
-                        ids),
+  check_cuda(launch_pdl(argmax_rows_kernel<false>, dim3(rows), dim3(kArgmaxThreads), 0, stream, x,
+                        vocab, int64_t(vocab), int32_t(0), ids, static_cast<ArgmaxPair*>(nullptr)),
              "LlamaModelCuda: argmax");
+}
+
+void argmax_rows_slice(const float* x, int32_t rows, int32_t width, int64_t stride, int32_t vocab0,
+                       ArgmaxPair* pairs, cudaStream_t stream) {
+  if (rows == 0) return;
+  check_cuda(launch_pdl(argmax_rows_kernel<true>, dim3(rows), dim3(kArgmaxThreads), 0, stream, x,
+                        width, stride, vocab0, static_cast<int32_t*>(nullptr), pairs),
+             "LlamaModelCuda: argmax of a slice");
+}
+
+void argmax_combine(const ArgmaxPair* pairs, int32_t world, int32_t rows, int32_t* ids,
+                    cudaStream_t stream) {
+  if (rows == 0) return;
+  check_cuda(launch_pdl(argmax_combine_kernel, dim3((rows + 127) / 128), dim3(128), 0, stream,
+                        pairs, world, rows, ids),
+             "LlamaModelCuda: argmax of the slices");
 }
 
 void f32_to_bf16_device(const float* src, int64_t n, uint16_t* dst, cudaStream_t stream) {

@@ -58,6 +58,21 @@ void swiglu(const uint16_t* gu, int32_t num_tokens, int32_t inter, uint16_t* a,
 //   x [rows, vocab] f32;  ids [rows] int32
 void argmax_rows(const float* x, int32_t rows, int32_t vocab, int32_t* ids, cudaStream_t stream);
 
+// The same argmax split over the vocabulary's slices (tensor-parallel ranks): pairs[r] = the
+// largest value of row r of one slice x [rows, width] (row stride `stride`) and vocab0 plus its
+// lowest index, or (-inf, INT32_MAX) when the slice holds only NaNs; the slice that starts at id 0
+// carries argmax_rows's rule for a NaN x[r, 0] as (NaN, 0). argmax_combine folds the slices' pairs
+// [world, rows] (any order of slices; the one at id 0 first) into ids [rows]: the ids argmax_rows
+// gives over whole rows, bit for bit.
+struct ArgmaxPair {
+  float value;
+  int32_t index;
+};
+void argmax_rows_slice(const float* x, int32_t rows, int32_t width, int64_t stride, int32_t vocab0,
+                       ArgmaxPair* pairs, cudaStream_t stream);
+void argmax_combine(const ArgmaxPair* pairs, int32_t world, int32_t rows, int32_t* ids,
+                    cudaStream_t stream);
+
 // dst[i] = bf16(src[i]) for n values (weights at load).
 void f32_to_bf16_device(const float* src, int64_t n, uint16_t* dst, cudaStream_t stream);
 

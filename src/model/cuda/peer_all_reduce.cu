@@ -42,31 +42,15 @@ __device__ __forceinline__ uint32_t load_relaxed(const uint32_t* p) {
   return v;
 }
 
-// Block b of this rank tells block b of every peer that it has started call `epoch`, then waits
-// until each of them has said the same. Threads 0..W-1 talk to rank t.
-// NOTE: relaxed, no fence: what a peer reads after this was written by kernels that finished
-// before this one began (stream order), and is in this GPU's memory by then. A peer may already
-// be one call ahead (it passed this call and started the next): hence the wrapping >=, not ==.
-// One meeting per call is enough because the caller never uses a slot twice in a row: a rank
-// writes a slot again only after starting a call on another slot, which its peers reach only
-// after the kernel that read this slot has finished.
-template <int W>
-__device__ __forceinline__ void meet(const Peers& peers, int rank, uint32_t epoch) {
-  const int t = threadIdx.x, b = blockIdx.x;
-  if (t < W && t != rank) {
-    store_relaxed(&peers.flags[t]->arrived[b][rank], epoch);
-    const uint32_t* mine = &peers.flags[rank]->arrived[b][t];
-    while (int32_t(load_relaxed(mine) - epoch) < 0) {
-    }
-  }
-}
-
 __device__ __forceinline__ float4 add4(float4 a, float4 b) {
   return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
 }
 
 // grid (min(rows, kMaxBlocks)), block kThreads; block b owns rows b, b + grid, ...
 // hidden % 4 == 0 and hidden <= kThreads * kVecs * 4 (checked on the host).
+// The meeting's latency is hidden behind what needs no peer: the norm's weights are read before
+// the wait for the kernel ahead (no kernel writes them), and this rank's partial and the residual
+// row between the signal to the peers and the wait for theirs.
 template <int W>
 __global__ void __launch_bounds__(kThreads)
     peer_reduce_kernel(Peers peers, int rank, uint32_t* __restrict__ counters,
@@ -74,34 +58,62 @@ __global__ void __launch_bounds__(kThreads)
                        int add_x, const float* __restrict__ norm_w,  // [hidden] or null
                        float eps, uint16_t* __restrict__ h,          // [rows, hidden] bf16
                        int rows, int hidden) {
+  const int nv = hidden / 4;
+  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 w[kVecs];
+#pragma unroll
+  for (int k = 0; k < kVecs; ++k) {
+    const int i = threadIdx.x + k * kThreads;
+    w[k] = norm_w && i < nv ? reinterpret_cast<const float4*>(norm_w)[i] : zero;
+  }
   wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
   allow_dependent_launch();
   const uint32_t epoch = counters[blockIdx.x] + 1;
-  meet<W>(peers, rank, epoch);
-  __syncthreads();
-  if (threadIdx.x == 0) counters[blockIdx.x] = epoch;
-  const int nv = hidden / 4;
+  const int t = threadIdx.x, b = blockIdx.x;
+  // Block b of this rank tells block b of every peer that it has started call `epoch` (threads
+  // 0..W-1 talk to rank t), and later waits until each of them has said the same.
+  // NOTE: relaxed, no fence: what a peer reads after this was written by kernels that finished
+  // before this one began (stream order), and is in this GPU's memory by then. A peer may already
+  // be one call ahead (it passed this call and started the next): hence the wrapping >=, not ==.
+  // One meeting per call is enough because the caller never uses a slot twice in a row: a rank
+  // writes a slot again only after starting a call on another slot, which its peers reach only
+  // after the kernel that read this slot has finished.
+  if (t < W && t != rank) store_relaxed(&peers.flags[t]->arrived[b][rank], epoch);
+  bool met = false;
   for (int r = blockIdx.x; r < rows; r += gridDim.x) {
     const int64_t off = int64_t(r) * nv;
-    float4 s[kVecs];
-    // Every rank's rows in rank order: the same additions on every rank.
+    float4 mine[kVecs], xs[kVecs];
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) {
       const int i = threadIdx.x + k * kThreads;
-      s[k] = i < nv ? __ldcg(reinterpret_cast<const float4*>(peers.input[0]) + off + i)
-                    : make_float4(0.f, 0.f, 0.f, 0.f);
+      mine[k] =
+          i < nv ? __ldcg(reinterpret_cast<const float4*>(peers.input[rank]) + off + i) : zero;
+      xs[k] = add_x && i < nv ? reinterpret_cast<const float4*>(x)[off + i] : zero;
     }
+    if (!met) {  // the first row: now the peers' partials
+      if (t < W && t != rank) {
+        const uint32_t* mine_flag = &peers.flags[rank]->arrived[b][t];
+        while (int32_t(load_relaxed(mine_flag) - epoch) < 0) {
+        }
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) counters[blockIdx.x] = epoch;
+      met = true;
+    }
+    // Every rank's rows in rank order: the same additions on every rank.
+    float4 s[kVecs];
 #pragma unroll
-    for (int p = 1; p < W; ++p) {
+    for (int p = 0; p < W; ++p) {
       float4 v[kVecs];
 #pragma unroll
       for (int k = 0; k < kVecs; ++k) {
         const int i = threadIdx.x + k * kThreads;
-        v[k] = i < nv ? __ldcg(reinterpret_cast<const float4*>(peers.input[p]) + off + i)
-                      : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[k] = p == rank ? mine[k]
+               : i < nv  ? __ldcg(reinterpret_cast<const float4*>(peers.input[p]) + off + i)
+                         : zero;
       }
 #pragma unroll
-      for (int k = 0; k < kVecs; ++k) s[k] = add4(s[k], v[k]);
+      for (int k = 0; k < kVecs; ++k) s[k] = p == 0 ? v[k] : add4(s[k], v[k]);
     }
     float4* xr = reinterpret_cast<float4*>(x) + off;
     float ss = 0.f;
@@ -109,21 +121,20 @@ __global__ void __launch_bounds__(kThreads)
     for (int k = 0; k < kVecs; ++k) {
       const int i = threadIdx.x + k * kThreads;
       if (i >= nv) continue;
-      if (add_x) s[k] = add4(xr[i], s[k]);
+      if (add_x) s[k] = add4(xs[k], s[k]);
       xr[i] = s[k];
       ss += s[k].x * s[k].x + s[k].y * s[k].y + s[k].z * s[k].z + s[k].w * s[k].w;
     }
     if (norm_w) {
       const float inv = rsqrtf(block_sum(ss) / float(hidden) + eps);
-      const float4* wv = reinterpret_cast<const float4*>(norm_w);
       uint2* hv = reinterpret_cast<uint2*>(h) + off;
 #pragma unroll
       for (int k = 0; k < kVecs; ++k) {
         const int i = threadIdx.x + k * kThreads;
         if (i >= nv) continue;
-        const float4 w = wv[i], v = s[k];
-        hv[i] = make_uint2(pack_bf16x2(v.x * inv * w.x, v.y * inv * w.y),
-                           pack_bf16x2(v.z * inv * w.z, v.w * inv * w.w));
+        const float4 v = s[k];
+        hv[i] = make_uint2(pack_bf16x2(v.x * inv * w[k].x, v.y * inv * w[k].y),
+                           pack_bf16x2(v.z * inv * w[k].z, v.w * inv * w[k].w));
       }
     }
   }

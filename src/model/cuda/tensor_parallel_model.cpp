@@ -136,9 +136,9 @@ class Leader final : public TensorParallelModel {
   }
 
   std::vector<int32_t> forward_greedy(const ForwardBatch& batch, KvCache& cache) override {
-    send_step(batch, cache);
+    send_step(batch, cache, /*greedy=*/true);
     return guarded([&] {
-      const float* dl = run_step(batch, cache);
+      const float* dl = run_step(batch, cache, /*greedy=*/true);
       return shard_->download_greedy(dl, int32_t(batch.logit_rows.size()));
     });
   }
@@ -246,8 +246,8 @@ class Leader final : public TensorParallelModel {
   // Enqueues rank 0's part of the step and waits for it without blocking in CUDA: a collective
   // whose peer has died may never finish, so the wait watches the group and gives up when the
   // watcher has failed it.
-  const float* run_step(const ForwardBatch& batch, KvCache& cache) {
-    const float* dl = shard_->forward_device(batch, cache);
+  const float* run_step(const ForwardBatch& batch, KvCache& cache, bool greedy = false) {
+    const float* dl = shard_->forward_device(batch, cache, greedy);
     while (!shard_->idle()) {
       throw_if_failed();
       std::this_thread::yield();
@@ -255,7 +255,7 @@ class Leader final : public TensorParallelModel {
     return dl;
   }
 
-  void send_step(const ForwardBatch& batch, KvCache& cache) {
+  void send_step(const ForwardBatch& batch, KvCache& cache, bool greedy = false) {
     throw_if_failed();
     const KvCacheConfig& cc = cache.config();
     // NOTE: checked before anything is sent, so a bad batch fails here alone, not on every rank
@@ -268,6 +268,7 @@ class Leader final : public TensorParallelModel {
     m.num_pages = cc.num_pages;
     m.dtype = cc.dtype;
     m.cuda_graphs = shard_->cuda_graphs();
+    m.greedy = greedy;
     m.copies = cache.take_page_copies();
     m.batch = batch;
     try {
@@ -344,7 +345,7 @@ int run_tensor_parallel_worker(const TensorParallelOptions& o) {
       for (const PageCopy& pc : m.copies) cache->copy_page_prefix(pc);
       if (model->cuda_graphs() != m.cuda_graphs) model->set_cuda_graphs(m.cuda_graphs);
       model->validate(m.batch, *cache);
-      model->forward_device(m.batch, *cache);
+      model->forward_device(m.batch, *cache, m.greedy);
       // NOTE: polled, not synchronized: when the group fails mid-collective the step may never
       // finish; the watcher has aborted the communicator and this rank leaves.
       while (!model->idle()) {
