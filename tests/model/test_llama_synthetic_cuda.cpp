@@ -526,6 +526,18 @@ TEST(LlamaCudaSynthetic, ArgmaxRowsExpectationsAreTheHostArgmax) {
 }
 
 #ifdef PAGEDATTN_HAVE_CUDA
+// x on the device; launch(x, ids) writes ids [R] there; they come back to the host.
+template <class Launch>
+std::vector<int32_t> device_ids(const std::vector<float>& x, int32_t R, Launch&& launch) {
+  Tensor dx = Tensor::empty({int64_t(x.size())}, DType::f32, Device::cuda);
+  Tensor dids = Tensor::empty({int64_t(R)}, DType::f32, Device::cuda);  // 4-byte ids
+  copy_bytes(dx.data(), Device::cuda, x.data(), Device::cpu, x.size() * 4);
+  launch(dx.data_as<float>(), static_cast<int32_t*>(dids.data()));
+  std::vector<int32_t> ids(size_t(R), -1);
+  copy_bytes(ids.data(), Device::cpu, dids.data(), Device::cuda, size_t(R) * 4);
+  return ids;
+}
+
 TEST(LlamaCudaSynthetic, DeviceArgmaxOfCraftedRows) {
   PA_SKIP_WITHOUT_GPU();
   for (int32_t V : kArgmaxLengths) {
@@ -534,20 +546,15 @@ TEST(LlamaCudaSynthetic, DeviceArgmaxOfCraftedRows) {
     // [R, V] packed: with V % 4 != 0 the rows after the first start off a 16-byte boundary.
     std::vector<float> x;
     for (const ArgmaxRow& row : rows) x.insert(x.end(), row.x.begin(), row.x.end());
-    Tensor dx = Tensor::empty({int64_t(x.size())}, DType::f32, Device::cuda);
-    Tensor dids = Tensor::empty({int64_t(R)}, DType::f32, Device::cuda);  // 4-byte ids
-    copy_bytes(dx.data(), Device::cuda, x.data(), Device::cpu, x.size() * 4);
-    cuda::argmax_rows(dx.data_as<float>(), R, V, static_cast<int32_t*>(dids.data()), nullptr);
-    std::vector<int32_t> ids(size_t(R), -1);
-    copy_bytes(ids.data(), Device::cpu, dids.data(), Device::cuda, size_t(R) * 4);
+    const std::vector<int32_t> ids = device_ids(x, R, [&](const float* dx, int32_t* dids) {
+      cuda::argmax_rows(dx, R, V, dids, nullptr);
+    });
     for (int32_t r = 0; r < R; ++r) {
       EXPECT_EQ(ids[size_t(r)], rows[size_t(r)].want) << "V " << V << " row " << r;
     }
   }
 }
-#endif
 
-#ifdef PAGEDATTN_HAVE_CUDA
 // A tensor-parallel greedy step's argmax: each rank's vocabulary slice (stride ceil(V / world),
 // the last slices narrower or empty) reduced to a pair per row, the pairs folded: the whole rows'
 // ids, NaN, infinity and tie rules included.
@@ -567,19 +574,16 @@ TEST(LlamaCudaSynthetic, DeviceArgmaxOverSlicesIsTheWholeRowsArgmax) {
           for (int32_t j = 0; j < stride && w * stride + j < V; ++j)
             x[(size_t(w) * R + size_t(r)) * stride + size_t(j)] =
                 rows[size_t(r)].x[size_t(w * stride + j)];
-      Tensor dx = Tensor::empty({int64_t(x.size())}, DType::f32, Device::cuda);
       Tensor dpairs = Tensor::empty({int64_t(world) * R * 2}, DType::f32, Device::cuda);
-      Tensor dids = Tensor::empty({int64_t(R)}, DType::f32, Device::cuda);
-      copy_bytes(dx.data(), Device::cuda, x.data(), Device::cpu, x.size() * 4);
       auto* pairs = static_cast<cuda::ArgmaxPair*>(dpairs.data());
-      for (int32_t w = 0; w < world; ++w) {
-        const int32_t width = std::max(0, std::min(stride, V - w * stride));
-        cuda::argmax_rows_slice(dx.data_as<float>() + int64_t(w) * R * stride, R, width, stride,
-                                w * stride, pairs + int64_t(w) * R, nullptr);
-      }
-      cuda::argmax_combine(pairs, world, R, static_cast<int32_t*>(dids.data()), nullptr);
-      std::vector<int32_t> ids(size_t(R), -1);
-      copy_bytes(ids.data(), Device::cpu, dids.data(), Device::cuda, size_t(R) * 4);
+      const std::vector<int32_t> ids = device_ids(x, R, [&](const float* dx, int32_t* dids) {
+        for (int32_t w = 0; w < world; ++w) {
+          const int32_t width = std::max(0, std::min(stride, V - w * stride));
+          cuda::argmax_rows_slice(dx + int64_t(w) * R * stride, R, width, stride, w * stride,
+                                  pairs + int64_t(w) * R, nullptr);
+        }
+        cuda::argmax_combine(pairs, world, R, dids, nullptr);
+      });
       for (int32_t r = 0; r < R; ++r) {
         EXPECT_EQ(ids[size_t(r)], rows[size_t(r)].want)
             << "V " << V << " world " << world << " row " << r;

@@ -117,6 +117,21 @@ TEST(TensorParallelCuda, WorldOfOneIsBitIdentical) {
     });
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i]) << "step " << i;
+    // A rank's greedy step gathers only the argmax: its logits are refused by name, its ids are
+    // the argmax of the same step's gathered logits.
+    const SeqId q1 = one_cache.create_sequence(), q2 = one_cache.create_sequence();
+    const std::vector<float> row =
+        rows_of(one.forward(make_step_batch(one_cache, {q1}, {s.prompts[0]}), one_cache))[0];
+    const float* dl =
+        one.forward_device(make_step_batch(one_cache, {q2}, {s.prompts[0]}), one_cache, true);
+    try {
+      one.download_logits(dl, 1);
+      ADD_FAILURE() << "the logits of a greedy step were downloaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("not gathered"), std::string::npos) << e.what();
+    }
+    const auto best = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+    EXPECT_EQ(one.download_greedy(dl, 1), std::vector<int32_t>{best});
   }
 }
 

@@ -185,6 +185,12 @@ struct LlamaModelCuda::Impl {
   // (cuda::ArgmaxPair, two 4-byte values each).
   Tensor argmax_pairs, argmax_pairs_all;
   bool greedy_step = false;  // the last forward_device took the argmax (download_greedy copies it)
+  // A greedy step of a tensor-parallel group leaves the logits unassembled: only its ids exist.
+  void check_logits_assembled(const char* op) {
+    PA_CHECK(!(greedy_step && comm), op, ": the step before took only its argmax (forward_device's",
+             " greedy) on a tensor-parallel rank, whose logits were not gathered");
+    greedy_step = false;
+  }
   // The device sampler's plan in (rows, then edits), its results out (ids [R], logprob [R],
   // top ids [R, N], top logprobs [R, N]; 4-byte values), the edited logits' originals [E].
   Tensor sample_in, sample_out, sample_saved;
@@ -921,6 +927,7 @@ bool LlamaModelCuda::idle() const {
 
 Tensor LlamaModelCuda::download_logits(const float* dl, int64_t R) {
   const int64_t V = impl_->config.vocab_size;
+  impl_->check_logits_assembled("LlamaModelCuda::forward");
   if (!dl) return Tensor::empty({R, V}, DType::f32);
   Tensor logits = impl_->host_logits(R, V);
   check_cuda(cudaMemcpy(logits.data(), dl, logits.nbytes(), cudaMemcpyDeviceToHost),
@@ -1060,6 +1067,7 @@ std::vector<TokenLogprobs> LlamaModelCuda::download_sampled(const float* dl,
                                                            const SamplePlan& plan) {
   check_sample_plan(plan, int64_t(plan.rows.size()), impl_->config.vocab_size,
                     "LlamaModelCuda::forward_sample");
+  impl_->check_logits_assembled("LlamaModelCuda::forward_sample");
   impl_->stage_plan(plan);
   return impl_->run_sampler(dl, plan);
 }
