@@ -887,10 +887,8 @@ const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& 
     std::string sig;
     auto put = [&sig](const auto& v) { sig.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
     for (int64_t v : {int64_t(s.T), int64_t(s.R)}) put(v);
-    const void* scratch[] = {s.tokens, s.x,      s.h,      s.qkv,          s.q,
-                             s.k,      s.v,      s.attn,   s.gu,           s.act,
-                             s.logits, s.shard_logits, s.gathered, s.ids, s.pairs,
-                             s.pairs_all};
+    const void* scratch[] = {s.tokens, s.x, s.h, s.qkv, s.q, s.k, s.v, s.attn, s.gu, s.act,
+                             s.logits, s.shard_logits, s.gathered, s.ids, s.pairs, s.pairs_all};
     for (const void* ptr : scratch) put(ptr);
     for (int32_t i = 0; i < c.num_layers; ++i) {
       const PagedKVView view = cache.layer_view(i);
