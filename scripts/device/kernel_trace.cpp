@@ -1,9 +1,11 @@
 // A CUPTI injection library: every kernel the process runs (CUDA graph nodes included, kernels
-// left concurrent) as one CSV line of start and duration in ns and the demangled name (with
-// KERNEL_TRACE_API=1 also the runtime API's calls, named "api:NAME", and the copies, "copy:KIND",
-// on the same clock), written at
+// left concurrent) as one CSV line of start and duration in ns and the demangled name, written at
 // exit to $KERNEL_TRACE_CSV (default kernel_trace.csv; a "%p" in it becomes the process id, for
-// programs that start workers, such as tensor-parallel ranks). Loaded by the CUDA driver through
+// programs that start workers, such as tensor-parallel ranks). With KERNEL_TRACE_API=1 also the
+// runtime API's calls ("api:NAME") and the copies ("copy:KIND:BYTES") on the same clock.
+// NOTE: traced, a decode step's CUDA graph launch call took 0.26-0.49 ms on the host, and with it
+// the gaps between steps and a rank's wait for a later rank: read those from untraced runs.
+// Loaded by the CUDA driver through
 //   CUDA_INJECTION64_PATH=libkernel_trace.so KERNEL_TRACE_CSV=t.csv <program>
 // Built on the GPU machine by scripts/device/timeline-model.sh:
 //   g++ -O2 -shared -fPIC kernel_trace.cpp -I<cuda>/include -L<cupti dir> -lcupti
