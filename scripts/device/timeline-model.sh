@@ -15,7 +15,9 @@
 # SKIP_TRACE, HOST_PROFILE_BATCH, HOST_PROFILE_ARGS (more bench model arguments),
 # HOST_PROFILE_UNDER, LAB_VARIANTS (`none`: no lab),
 # LAB_VERSIONS (34), GPU_FILTER (builds test_gpu and runs those tests), BUDGET (540), TRACE_SEQ
-# (the trace table also lists the step's first TRACE_SEQ kernels in launch order).
+# (the trace table also lists the step's first TRACE_SEQ kernels in launch order), KERNEL_TRACE_API
+# (1: the traces also hold the host's CUDA calls and copies, and the table what ran between the
+# last two steps; scripts/device/kernel_trace.cpp says what that costs the trace).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/device/steps.sh
