@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "cuda_common.cuh"
+#include "pdl.h"  // cluster_attribute
 #include "philox.h"
 #include "sampling_kernels.h"
 
@@ -966,11 +967,7 @@ void sample_rows(float* logits, int32_t rows, int32_t vocab, const SampleRowDesc
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = dynamic;
   cfg.stream = stream;
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = unsigned(cluster);
-  at[0].val.clusterDim.y = 1;
-  at[0].val.clusterDim.z = 1;
+  cudaLaunchAttribute at[1] = {cluster_attribute(unsigned(cluster))};
   cfg.attrs = at;
   cfg.numAttrs = cluster > 1 ? 1 : 0;
   check_cuda(cudaLaunchKernelEx(&cfg, sample_rows_kernel, logits, vocab, row_desc, edits, saved,

@@ -344,8 +344,7 @@ int run_tensor_parallel_worker(const TensorParallelOptions& o) {
       }
       for (const PageCopy& pc : m.copies) cache->copy_page_prefix(pc);
       if (model->cuda_graphs() != m.cuda_graphs) model->set_cuda_graphs(m.cuda_graphs);
-      model->validate(m.batch, *cache);
-      model->forward_device(m.batch, *cache, m.greedy);
+      model->forward_device(m.batch, *cache, m.greedy);  // checks the batch before anything
       // NOTE: polled, not synchronized: when the group fails mid-collective the step may never
       // finish; the watcher has aborted the communicator and this rank leaves.
       while (!model->idle()) {

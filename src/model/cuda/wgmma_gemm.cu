@@ -304,10 +304,7 @@ int splits_for(int blocks, int kblocks, int ctas_per_sm) {
         cfg.gridDim = dim3(unsigned(s));
         cfg.blockDim = dim3(Cfg<NT, ST, BOXES, WG, AC>::kThreads);
         cfg.dynamicSmemBytes = size_t(Cfg<NT, ST, BOXES, WG, AC>::kSmem);
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = unsigned(s);
-        at[0].val.clusterDim.y = at[0].val.clusterDim.z = 1;
+        cudaLaunchAttribute at[1] = {cluster_attribute(unsigned(s))};
         cfg.attrs = at;
         cfg.numAttrs = 1;
         int n = 0;
@@ -342,13 +339,7 @@ cudaError_t launch(const GemvArgs& a, int ctas_per_sm, cudaStream_t stream) {
   cfg.blockDim = dim3(C::kThreads);
   cfg.dynamicSmemBytes = C::kSmem;
   cfg.stream = stream;
-  cudaLaunchAttribute at[2];
-  at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = unsigned(splits);
-  at[0].val.clusterDim.y = 1;
-  at[0].val.clusterDim.z = 1;
-  at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[1].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
+  cudaLaunchAttribute at[2] = {cluster_attribute(unsigned(splits)), pdl_attribute()};
   cfg.attrs = at;
   cfg.numAttrs = 2;
   return cudaLaunchKernelEx(&cfg, wgmma_gemm_kernel<NT, ST, BOXES, WG, AC, GLU>, tw, tx, a);
