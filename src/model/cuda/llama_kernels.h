@@ -32,7 +32,7 @@ void rms_norm_bf16(const float* x, const float* weight, const int32_t* rows, int
 // is set, k and v straight into their slots of bf16 page pools (what write_kv_cuda would store
 // from k and v, one launch fewer; a slot outside the pools is skipped, as write_kv skips it).
 //   bias [(Hq + 2 Hkv) * D] f32 or null;  q_norm, k_norm [D] f32 or null
-//   rope_cos, rope_sin [num_tokens, D / 2] f32
+//   rope_cos, rope_sin [positions, D / 2] f32 (rope_table's; row positions[t] rotates token t)
 //   k_pool, v_pool [num_pages, Hkv, page_size, D] bf16 (PagedKVView's layout);  slots [T]
 struct QkvParams {
   int32_t num_tokens = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
@@ -43,8 +43,14 @@ struct QkvParams {
   int32_t page_size = 0, num_pages = 0;
 };
 void qkv_post(const float* qkv, const float* bias, const float* q_norm, const float* k_norm,
-              const float* rope_cos, const float* rope_sin, const QkvParams& p, uint16_t* q,
-              uint16_t* k, uint16_t* v, cudaStream_t stream);
+              const float* rope_cos, const float* rope_sin, const int32_t* positions,
+              const QkvParams& p, uint16_t* q, uint16_t* k, uint16_t* v, cudaStream_t stream);
+
+// The RoPE tables of positions [0, rows), computed on the device as rope_tables (rope.h) computes
+// them (the angle and its cos and sin in double precision, rounded to f32).
+//   inv_freq [half] f64;  cos, sin [rows, half] f32
+void rope_table(const double* inv_freq, int32_t half, int32_t rows, float* cos, float* sin,
+                cudaStream_t stream);
 
 // a[t, j] = silu(gu[t, j]) * gu[t, inter + j], fp32 math, bf16 out (the projections' outputs are
 // bf16, as in the Hugging Face bf16 models: half the bytes of f32 for this memory-bound pass).
