@@ -8,8 +8,9 @@
 # Environment: MODEL (synthetic:llama3-8b), PROMPTS, CHUNKS, VARIANTS (`base`: this tree; `main`:
 # BASE_DIR's; else comma-separated environment assignments for this tree), ROUNDS (1),
 # DECODE_BATCHES (none by default: e.g. "1 32 64", prompt 512, 32 steps),
-# TRACE_PROMPT (8192; none: no trace), HOST_PROFILE_PROMPT (none), GPU_FILTER (builds test_gpu
-# and runs those tests first), BENCH_EXTRA, BUDGET (540).
+# TRACE_PROMPT (8192; none: no trace), HOST_PROFILE_PROMPT (none), HOST_PROFILE_UNDER (more
+# functions whose callees the host profile lists), GPU_FILTER (builds test_gpu and runs those
+# tests first), BENCH_EXTRA, BUDGET (540).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/device/steps.sh
@@ -97,7 +98,8 @@ if [[ "$hp" != none ]] && g++ -O2 -shared -fPIC scripts/device/host_sampler.cpp 
     HOST_SAMPLE_OUT=/tmp/host_samples.%p.txt "$BUILD_DIR/pagedattn" bench model --model "$model" \
     --device cuda --batch 1 --prompt-len "$hp" --decode-steps 1 --prefill-chunk "${c:-2048}"
   for f in /tmp/host_samples.*.txt; do
-    python3 scripts/device/host_profile.py "$f" 40 Engine::step >>"$OUT/host_profile.txt" 2>&1
+    python3 scripts/device/host_profile.py "$f" 40 Engine::step ${HOST_PROFILE_UNDER:-} \
+      >>"$OUT/host_profile.txt" 2>&1
   done
 fi
 print_summary | tee -a "$OUT/prefill.txt"
