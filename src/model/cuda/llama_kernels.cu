@@ -42,13 +42,17 @@ __global__ void embed_gather_shard_kernel(const uint16_t* __restrict__ embed,  /
 }
 
 // grid (num_rows), block kNormThreads. The row is read once, in 16-byte vectors held in registers
-// (up to kNormVecs per thread; wider rows are read again for the output), so the loads of a row
-// are all in flight together: a loop of dependent scalar loads made this kernel latency-bound
-// (15 us a row at hidden 4096 on an H100, 12% of a Llama-3-8B decode step at batch 32).
+// (VECS per thread, the fewest that hold the row up to 8; wider rows are read again for the
+// output), so the loads of a row are all in flight together: a loop of dependent scalar loads
+// made this kernel latency-bound (15 us a row at hidden 4096 on an H100, 12% of a Llama-3-8B
+// decode step at batch 32).
 // The weight is no kernel's output: it is read before the wait, so that only x's loads follow the
 // kernel ahead (weights after the wait: Llama-3-8B batch 32 7.33-7.41 ms a step against 7.13-7.16,
 // one H100, one call, alternating).
-constexpr int kNormThreads = 256, kNormVecs = 8;
+// NOTE: with eight vectors a thread at every width it took 96 registers, two blocks an SM: 24 us a
+// call for 2048 rows of 4096 in a prefill chunk on an H100, 17 being its traffic.
+constexpr int kNormThreads = 256;
+template <int kNormVecs>
 __global__ void __launch_bounds__(kNormThreads)
     rms_norm_kernel(const float* __restrict__ x,       // [*, hidden]
                     const float* __restrict__ weight,  // [hidden]
@@ -463,8 +467,13 @@ void embed_gather_shard(const uint16_t* embed, int32_t vocab0, int32_t vocab_row
 void rms_norm_bf16(const float* x, const float* weight, const int32_t* rows, int32_t num_rows,
                    int32_t hidden, float eps, uint16_t* out, cudaStream_t stream) {
   if (num_rows == 0) return;
-  check_cuda(launch_pdl(rms_norm_kernel, dim3(num_rows), dim3(kNormThreads), 0, stream, x, weight,
-                        rows, hidden, eps, out),
+  const int vecs = (hidden / 4 + kNormThreads - 1) / kNormThreads;  // 16-byte vectors a thread
+  auto* kernel = vecs <= 1   ? rms_norm_kernel<1>
+                 : vecs <= 2 ? rms_norm_kernel<2>
+                 : vecs <= 4 ? rms_norm_kernel<4>
+                             : rms_norm_kernel<8>;
+  check_cuda(launch_pdl(kernel, dim3(num_rows), dim3(kNormThreads), 0, stream, x, weight, rows,
+                        hidden, eps, out),
              "LlamaModelCuda: rms_norm");
 }
 
