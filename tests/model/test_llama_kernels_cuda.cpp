@@ -1,7 +1,8 @@
 // The CUDA model's RoPE kernels against the host: the device tables against rope_tables (rope.h)
-// at positions up to 2^17, and qkv_post (bias, per-head norms, rotation by position, stores into
-// q/k/v or the page pools) against a double-precision host computation, for every head dim the
-// model takes, poisoned outputs, slots outside the pools left alone.
+// at positions up to 2^17, the embedding kernels' copies of the tokens' rows and embedding rows,
+// and qkv_post (bias, per-head norms, rotation by the token's rows, stores into q/k/v or the page
+// pools) against a double-precision host computation, for every head dim the model takes,
+// poisoned outputs, slots outside the pools left alone.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -92,6 +93,69 @@ TEST(LlamaCudaKernels, RopeTableIsTheHostTable) {
   }
 }
 
+// The embedding kernels copy each token's embedding row (zeros outside a vocabulary shard) and
+// each token's RoPE rows from the tables, bit for bit; without rows to copy, only x is written.
+TEST(LlamaCudaKernels, EmbeddingKernelsCopyEmbeddingAndRopeRows) {
+  PA_SKIP_WITHOUT_GPU();
+  const int32_t vocab = 50, hidden = 96, half = 64, table_rows = 300, T = 37;
+  std::mt19937 rng(5);
+  std::vector<uint16_t> embed(size_t(vocab) * hidden);
+  for (uint16_t& e : embed) e = uint16_t(0x3c00 + rng() % 0x0400);  // bf16 values in [1, 2)
+  std::vector<float> table(size_t(2) * table_rows * half);
+  for (float& v : table) v = float(int32_t(rng() % 2001) - 1000) / 1000.f;
+  std::vector<int32_t> tokens(T), pos(T);
+  for (int32_t t = 0; t < T; ++t) {
+    tokens[size_t(t)] = int32_t(rng() % uint32_t(vocab));
+    pos[size_t(t)] = int32_t(rng() % uint32_t(table_rows));
+  }
+  Tensor de = upload(embed), dtab = upload(table), dtok = upload(tokens), dpos = upload(pos);
+  for (int32_t shard = -1; shard < 2; ++shard) {  // -1: the whole vocabulary; else half of it
+    SCOPED_TRACE(testing::Message() << "shard " << shard);
+    const int32_t vocab0 = shard < 0 ? 0 : shard * (vocab / 2);
+    const int32_t vocab_rows = shard < 0 ? vocab : (shard == 0 ? vocab / 2 : vocab - vocab / 2);
+    for (bool with_rows : {true, false}) {
+      Tensor dx = upload(std::vector<float>(size_t(T) * hidden, std::nanf("")));
+      Tensor drows = upload(std::vector<float>(size_t(2) * T * half, std::nanf("")));
+      cuda::RopeRowsGather g;
+      if (with_rows) {
+        g.cos_table = dtab.data_as<float>();
+        g.sin_table = g.cos_table + int64_t(table_rows) * half;
+        g.positions = static_cast<const int32_t*>(dpos.data());
+        g.half = half;
+        g.cos = drows.data_as<float>();
+        g.sin = g.cos + int64_t(T) * half;
+      }
+      const auto* ebase = static_cast<const uint16_t*>(de.data()) + int64_t(vocab0) * hidden;
+      const auto* dt = static_cast<const int32_t*>(dtok.data());
+      if (shard < 0)
+        cuda::embed_gather(ebase, dt, T, hidden, dx.data_as<float>(), g, nullptr);
+      else
+        cuda::embed_gather_shard(ebase, vocab0, vocab_rows, dt, T, hidden, dx.data_as<float>(), g,
+                                 nullptr);
+      const auto x = download<float>(dx, size_t(T) * hidden);
+      const auto r = download<float>(drows, size_t(2) * T * half);
+      for (int32_t t = 0; t < T; ++t) {
+        const int32_t tok = tokens[size_t(t)];
+        const bool here = tok >= vocab0 && tok < vocab0 + vocab_rows;
+        for (int32_t i = 0; i < hidden; ++i) {
+          const float want = here ? bf16_to_f32(embed[size_t(tok) * hidden + size_t(i)]) : 0.f;
+          ASSERT_EQ(x[size_t(t) * hidden + size_t(i)], want) << "token " << t << " i " << i;
+        }
+        for (int32_t i = 0; i < half; ++i) {
+          const size_t at = size_t(t) * half + size_t(i), from = size_t(pos[size_t(t)]) * half;
+          if (!with_rows) {
+            ASSERT_TRUE(std::isnan(r[at])) << "token " << t << " i " << i;
+            continue;
+          }
+          ASSERT_EQ(r[at], table[from + size_t(i)]) << "token " << t << " i " << i;
+          ASSERT_EQ(r[size_t(T) * half + at], table[size_t(table_rows) * half + from + size_t(i)])
+              << "token " << t << " i " << i;
+        }
+      }
+    }
+  }
+}
+
 struct QkvCase {
   int32_t T, Hq, Hkv, D;
   bool bias, norm, to_pool;
@@ -133,12 +197,20 @@ TEST(LlamaCudaKernels, QkvPostIsTheHostComputation) {
     }
     if (k.T > 1) slots[1] = pages * page;  // past the pools: skipped too
     Tensor dqkv = upload(qkv), dbias = upload(bias), dqn = upload(qn), dkn = upload(kn),
-           dpos = upload(pos), dslots = upload(slots), dinv = upload(inv);
+           dslots = upload(slots), dinv = upload(inv);
     Tensor table = Tensor::empty({2 * int64_t(rows) * half}, DType::f32, Device::cuda);
     auto* cos = table.data_as<float>();
     cuda::rope_table(static_cast<const double*>(dinv.data()), half, rows, cos,
                      cos + int64_t(rows) * half, nullptr);
     const std::vector<float> tab = download<float>(table, size_t(2) * rows * half);
+    std::vector<float> tok_rows(size_t(2) * k.T * half);  // each token's cos, then sin rows
+    for (int32_t t = 0; t < k.T; ++t)
+      for (int32_t i = 0; i < half; ++i) {
+        tok_rows[size_t(t) * half + size_t(i)] = tab[size_t(pos[size_t(t)]) * half + size_t(i)];
+        tok_rows[(size_t(k.T) + size_t(t)) * half + size_t(i)] =
+            tab[(size_t(rows) + size_t(pos[size_t(t)])) * half + size_t(i)];
+      }
+    Tensor drows = upload(tok_rows);
     const size_t nq = size_t(k.T) * k.Hq * k.D, nkv = size_t(k.T) * k.Hkv * k.D;
     const size_t npool = size_t(pages) * k.Hkv * page * k.D;
     const std::vector<uint16_t> poison(std::max(nq, npool), 0x7fc1);  // NaN
@@ -162,7 +234,7 @@ TEST(LlamaCudaKernels, QkvPostIsTheHostComputation) {
     }
     cuda::qkv_post(dqkv.data_as<float>(), k.bias ? dbias.data_as<float>() : nullptr,
                    k.norm ? dqn.data_as<float>() : nullptr, k.norm ? dkn.data_as<float>() : nullptr,
-                   cos, cos + int64_t(rows) * half, static_cast<const int32_t*>(dpos.data()), p,
+                   drows.data_as<float>(), drows.data_as<float>() + int64_t(k.T) * half, p,
                    static_cast<uint16_t*>(dq.data()), static_cast<uint16_t*>(dk.data()),
                    static_cast<uint16_t*>(dv.data()), nullptr);
     const auto q = download<uint16_t>(dq, nq);

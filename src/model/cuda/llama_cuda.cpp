@@ -176,6 +176,7 @@ struct LlamaModelCuda::Impl {
 
   // Per-step device scratch, grown on demand.
   Tensor meta;  // tokens [T], slots [T], logit rows [R], positions [T] (int32)
+  Tensor rope_step;  // the tokens' RoPE rows: cos [T, D/2], then sin [T, D/2] (f32)
   Tensor x;     // [T, hidden] f32, the residual stream
   Tensor h;     // [T, max(hidden, Hq * D)] bf16
   Tensor qkv;   // [T, (Hq + 2 Hkv) * D] f32
@@ -638,8 +639,10 @@ struct LlamaModelCuda::Impl::Step {
   const int32_t* slots = nullptr;   // [T]
   const int32_t* rows = nullptr;    // [R]
   const int32_t* positions = nullptr;  // [T]
-  const float* cos = nullptr;       // [rope_rows, D/2] (indexed by position)
-  const float* sin = nullptr;       // [rope_rows, D/2]
+  const float* cos_table = nullptr;    // [rope_rows, D/2] (by position)
+  const float* sin_table = nullptr;    // [rope_rows, D/2]
+  float* cos = nullptr;                // [T, D/2] the tokens' rows (the embedding kernel's copy)
+  float* sin = nullptr;                // [T, D/2]
   float* x = nullptr;               // [T, hidden] f32
   void* h = nullptr;                // [T, max(hidden, q_dim)] bf16
   float* qkv = nullptr;             // [T, qkv_dim] f32
@@ -701,8 +704,10 @@ LlamaModelCuda::Impl::Step LlamaModelCuda::Impl::prepare_step(const ForwardBatch
   s.slots = dm + T;
   s.rows = dm + 2 * T;
   s.positions = dm + 2 * T + R;
-  s.cos = rope_table.data_as<float>();
-  s.sin = s.cos + int64_t(rope_rows) * half;
+  s.cos_table = rope_table.data_as<float>();
+  s.sin_table = s.cos_table + int64_t(rope_rows) * half;
+  s.cos = static_cast<float*>(ensure(rope_step, 2 * int64_t(T) * half, DType::f32));
+  s.sin = s.cos + int64_t(T) * half;
 
   s.x = static_cast<float*>(ensure(x, int64_t(T) * hidden, DType::f32));
   s.h = ensure(h, int64_t(T) * std::max(hidden, q_dim), DType::bf16);
@@ -738,22 +743,29 @@ LlamaModelCuda::Impl::Step LlamaModelCuda::Impl::prepare_step(const ForwardBatch
   return s;
 }
 
-// x = the tokens' embedding rows (summed over the ranks' vocabulary shards).
+// x = the tokens' embedding rows (summed over the ranks' vocabulary shards); the tokens' RoPE rows.
 bool LlamaModelCuda::Impl::embed_tokens(const Step& s, cudaStream_t st) {
   const int32_t hidden = config.hidden_size;
+  cuda::RopeRowsGather rope;
+  rope.cos_table = s.cos_table;
+  rope.sin_table = s.sin_table;
+  rope.positions = s.positions;
+  rope.half = config.head_dim / 2;
+  rope.cos = s.cos;
+  rope.sin = s.sin;
   if (peer_step(s.T)) {  // and h = the first layer's normalised input
     cuda::embed_gather_shard(embed.data_as<uint16_t>(), tp.vocab0, tp.vocab, s.tokens, s.T, hidden,
-                             peer->input(kSlotEmbed), st);
+                             peer->input(kSlotEmbed), rope, st);
     peer->reduce(kSlotEmbed, s.x, false, s.T, layers[0].attn_norm.data_as<float>(),
                  config.rms_norm_eps, static_cast<uint16_t*>(s.h), st);
     return true;
   }
   if (comm) {
     cuda::embed_gather_shard(embed.data_as<uint16_t>(), tp.vocab0, tp.vocab, s.tokens, s.T, hidden,
-                             s.x, st);
+                             s.x, rope, st);
     all_reduce(s.x, int64_t(s.T) * hidden, st);
   } else {
-    cuda::embed_gather(embed.data_as<uint16_t>(), s.tokens, s.T, hidden, s.x, st);
+    cuda::embed_gather(embed.data_as<uint16_t>(), s.tokens, s.T, hidden, s.x, rope, st);
   }
   return false;
 }
@@ -795,8 +807,7 @@ bool LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView
     qp.num_pages = view.num_pages;
   }
   gemm(s.h, T, hidden, L.wqkv, qkv_dim, s.qkv, CUDA_R_32F, 0.f, "qkv projection");
-  cuda::qkv_post(s.qkv, opt_f32(L.bqkv), opt_f32(L.q_norm), opt_f32(L.k_norm), s.cos, s.sin,
-                 s.positions, qp,
+  cuda::qkv_post(s.qkv, opt_f32(L.bqkv), opt_f32(L.q_norm), opt_f32(L.k_norm), s.cos, s.sin, qp,
                  static_cast<uint16_t*>(s.q), static_cast<uint16_t*>(s.k),
                  static_cast<uint16_t*>(s.v), st);
   if (!kv_direct) write_kv_cuda(view, s.slots, T, s.k, s.v, DType::bf16, st);
@@ -914,9 +925,9 @@ const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& 
     std::string sig;
     auto put = [&sig](const auto& v) { sig.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
     for (int64_t v : {int64_t(s.T), int64_t(s.R)}) put(v);
-    const void* scratch[] = {s.tokens, s.cos, s.sin, s.x, s.h, s.qkv, s.q, s.k, s.v, s.attn,
-                             s.gu, s.act, s.logits, s.shard_logits, s.gathered, s.ids, s.pairs,
-                             s.pairs_all};
+    const void* scratch[] = {s.tokens, s.cos_table, s.sin_table, s.cos, s.x, s.h, s.qkv, s.q,
+                             s.k, s.v, s.attn, s.gu, s.act, s.logits, s.shard_logits,
+                             s.gathered, s.ids, s.pairs, s.pairs_all};
     for (const void* ptr : scratch) put(ptr);
     for (int32_t i = 0; i < c.num_layers; ++i) {
       const PagedKVView view = cache.layer_view(i);

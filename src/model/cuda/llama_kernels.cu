@@ -14,12 +14,24 @@ namespace pagedattn::cuda {
 
 namespace {
 
+// The token's RoPE rows (RopeRowsGather), by the block of token t.
+__device__ __forceinline__ void gather_rope_rows(const RopeRowsGather& g, int t) {
+  if (!g.cos) return;
+  const int64_t from = int64_t(g.positions[t]) * g.half, to = int64_t(t) * g.half;
+  for (int i = threadIdx.x; i < g.half; i += blockDim.x) {
+    g.cos[to + i] = g.cos_table[from + i];
+    g.sin[to + i] = g.sin_table[from + i];
+  }
+}
+
 // grid (num_tokens), block 256
-__global__ void embed_gather_kernel(const uint16_t* __restrict__ embed,       // [vocab, hidden]
-                                    const int32_t* __restrict__ tokens,       // [num_tokens]
-                                    int32_t hidden, float* __restrict__ x) {  // [T, hidden]
+__global__ void embed_gather_kernel(const uint16_t* __restrict__ embed,  // [vocab, hidden]
+                                    const int32_t* __restrict__ tokens,  // [num_tokens]
+                                    int32_t hidden, float* __restrict__ x,  // [T, hidden]
+                                    RopeRowsGather rope) {
   wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
   allow_dependent_launch();
+  gather_rope_rows(rope, blockIdx.x);
   const uint16_t* row = embed + int64_t(tokens[blockIdx.x]) * hidden;
   float* out = x + int64_t(blockIdx.x) * hidden;
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[i] = bf16_to_f32(row[i]);
@@ -27,10 +39,12 @@ __global__ void embed_gather_kernel(const uint16_t* __restrict__ embed,       //
 
 __global__ void embed_gather_shard_kernel(const uint16_t* __restrict__ embed,  // [vocab_rows, hidden]
                                           int32_t vocab0, int32_t vocab_rows,
-                                          const int32_t* __restrict__ tokens,       // [num_tokens]
-                                          int32_t hidden, float* __restrict__ x) {  // [T, hidden]
+                                          const int32_t* __restrict__ tokens,  // [num_tokens]
+                                          int32_t hidden, float* __restrict__ x,  // [T, hidden]
+                                          RopeRowsGather rope) {
   wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
   allow_dependent_launch();
+  gather_rope_rows(rope, blockIdx.x);
   const int32_t local = tokens[blockIdx.x] - vocab0;
   float* out = x + int64_t(blockIdx.x) * hidden;
   if (local < 0 || local >= vocab_rows) {
@@ -156,9 +170,8 @@ __global__ void __launch_bounds__(256)
                     const float* __restrict__ bias,      // [(Hq + 2 Hkv) * D] or null
                     const float* __restrict__ q_norm,    // [D] or null
                     const float* __restrict__ k_norm,    // [D] or null
-                    const float* __restrict__ rope_cos,  // [positions, D / 2]
-                    const float* __restrict__ rope_sin,  // [positions, D / 2]
-                    const int32_t* __restrict__ positions,  // [T]
+                    const float* __restrict__ rope_cos,  // [T, D / 2]
+                    const float* __restrict__ rope_sin,  // [T, D / 2]
                     QkvParams p, uint16_t* __restrict__ q,  // [T, Hq, D]
                     uint16_t* __restrict__ k,               // [T, Hkv, D]
                     uint16_t* __restrict__ v) {             // [T, Hkv, D]
@@ -174,10 +187,8 @@ __global__ void __launch_bounds__(256)
   if (unit >= int64_t(p.num_tokens) * heads) return;  // the whole warp
   const int t = int(unit / heads), head = int(unit % heads), i = (threadIdx.x % 32) * V;
   const int64_t col = int64_t(head) * D;
-  // Before the wait, what no kernel of the step writes: the step's upload (slots, positions), the
-  // RoPE tables and the weights (the upload and the tables precede the step's first kernel).
-  // NOTE: the positions' load and then the table's, after the wait, cost a decode step of
-  // Llama-3-8B about 1 us a layer at batch 32 on an H200.
+  // Before the wait, what no kernel of the step writes: the step's upload (slots) and the weights
+  // (the upload precedes the step's first kernel).
   const bool is_q = head < Hq, is_k = !is_q && head < Hq + Hkv;
   uint16_t* dst;
   if (is_q) {
@@ -194,7 +205,7 @@ __global__ void __launch_bounds__(256)
   } else {
     dst = v + (int64_t(t) * Hkv + (head - Hq - Hkv)) * D;
   }
-  float ba[V] = {}, bb[V] = {}, wa[V], wb[V], c[V], s[V];
+  float ba[V] = {}, bb[V] = {}, wa[V], wb[V];
   if (bias) {
     load_floats<V>(bias + col + i, ba);
     load_floats<V>(bias + col + half + i, bb);
@@ -205,16 +216,15 @@ __global__ void __launch_bounds__(256)
     load_floats<V>(w + i, wa);
     load_floats<V>(w + half + i, wb);
   }
-  if (is_q || is_k) {
-    const int64_t row = int64_t(positions[t]) * half + i;
-    load_floats<V>(rope_cos + row, c);
-    load_floats<V>(rope_sin + row, s);
-  }
   wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
   const float* src = qkv + int64_t(t) * heads * D + col;
-  float a[V], b[V];
+  float a[V], b[V], c[V], s[V];
   load_floats<V>(src + i, a);
   load_floats<V>(src + half + i, b);
+  if (is_q || is_k) {  // the token's rows, written by this step's embedding kernel
+    load_floats<V>(rope_cos + int64_t(t) * half + i, c);
+    load_floats<V>(rope_sin + int64_t(t) * half + i, s);
+  }
   if (bias) {
 #pragma unroll
     for (int j = 0; j < V; ++j) a[j] += ba[j], b[j] += bb[j];
@@ -448,19 +458,19 @@ unsigned blocks_for(int64_t n) { return unsigned((n + 255) / 256); }
 }  // namespace
 
 void embed_gather(const uint16_t* embed, const int32_t* tokens, int32_t num_tokens, int32_t hidden,
-                  float* x, cudaStream_t stream) {
+                  float* x, const RopeRowsGather& rope, cudaStream_t stream) {
   if (num_tokens == 0) return;
   check_cuda(launch_pdl(embed_gather_kernel, dim3(num_tokens), dim3(256), 0, stream, embed, tokens,
-                        hidden, x),
+                        hidden, x, rope),
              "LlamaModelCuda: embedding gather");
 }
 
 void embed_gather_shard(const uint16_t* embed, int32_t vocab0, int32_t vocab_rows,
                         const int32_t* tokens, int32_t num_tokens, int32_t hidden, float* x,
-                        cudaStream_t stream) {
+                        const RopeRowsGather& rope, cudaStream_t stream) {
   if (num_tokens == 0) return;
   check_cuda(launch_pdl(embed_gather_shard_kernel, dim3(num_tokens), dim3(256), 0, stream, embed,
-                        vocab0, vocab_rows, tokens, hidden, x),
+                        vocab0, vocab_rows, tokens, hidden, x, rope),
              "LlamaModelCuda: embedding gather (vocabulary shard)");
 }
 
@@ -478,8 +488,8 @@ void rms_norm_bf16(const float* x, const float* weight, const int32_t* rows, int
 }
 
 void qkv_post(const float* qkv, const float* bias, const float* q_norm, const float* k_norm,
-              const float* rope_cos, const float* rope_sin, const int32_t* positions,
-              const QkvParams& p, uint16_t* q, uint16_t* k, uint16_t* v, cudaStream_t stream) {
+              const float* rope_cos, const float* rope_sin, const QkvParams& p, uint16_t* q,
+              uint16_t* k, uint16_t* v, cudaStream_t stream) {
   PA_CHECK(p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256 || p.head_dim == 512,
            "LlamaModelCuda: head_dim must be 64, 128, 256 or 512, got ", p.head_dim);
   if (p.num_tokens == 0) return;
@@ -491,7 +501,7 @@ void qkv_post(const float* qkv, const float* bias, const float* q_norm, const fl
   // NOTE: two warps a block instead of eight at up to 4096 units measured level on an H100
   // (Llama-3-8B decode steps at batch 1, 32 and 64, three rounds).
   check_cuda(launch_pdl(kernel, dim3(unsigned((units + 7) / 8)), dim3(256), 0, stream, qkv, bias,
-                        q_norm, k_norm, rope_cos, rope_sin, positions, p, q, k, v),
+                        q_norm, k_norm, rope_cos, rope_sin, p, q, k, v),
              "LlamaModelCuda: qkv bias / norm / rope");
 }
 
