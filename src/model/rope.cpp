@@ -52,34 +52,6 @@ void rope_tables(const std::vector<double>& inv_freq, const int32_t* positions, 
   }
 }
 
-void RopeRows::fill(const int32_t* positions, int32_t num_tokens, float* cos, float* sin) {
-  const size_t half = inv_freq_.size();
-  if (half == 0) return;
-  int32_t top = 0;  // one past the largest position of the call
-  for (int32_t t = 0; t < num_tokens; ++t) top = std::max(top, positions[t] + 1);
-  const size_t cached = cos_.size() / half;
-  if (size_t(top) > cached && cached < size_t(kMaxCached)) {
-    // Grow to cover the call (doubling, so that a growing sequence rarely waits for new rows).
-    const int32_t want = int32_t(std::min<size_t>(kMaxCached, std::max(size_t(top), 2 * cached)));
-    std::vector<int32_t> fresh(size_t(want) - cached);
-    for (size_t i = 0; i < fresh.size(); ++i) fresh[i] = int32_t(cached + i);
-    cos_.resize(size_t(want) * half);
-    sin_.resize(size_t(want) * half);
-    rope_tables(inv_freq_, fresh.data(), int32_t(fresh.size()), cos_.data() + cached * half,
-                sin_.data() + cached * half);
-  }
-  const size_t rows = cos_.size() / half;
-  for (int32_t t = 0; t < num_tokens; ++t) {
-    const size_t pos = size_t(positions[t]);
-    if (pos < rows) {
-      std::memcpy(cos + size_t(t) * half, cos_.data() + pos * half, half * sizeof(float));
-      std::memcpy(sin + size_t(t) * half, sin_.data() + pos * half, half * sizeof(float));
-    } else {
-      rope_tables(inv_freq_, positions + t, 1, cos + size_t(t) * half, sin + size_t(t) * half);
-    }
-  }
-}
-
 void rope_apply(float* x, int32_t num_tokens, int32_t num_heads, int32_t head_dim, const float* cos,
                 const float* sin) {
   const int32_t half = head_dim / 2;

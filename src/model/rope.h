@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <utility>
 #include <vector>
 
 #include "pagedattn/model_file.h"
@@ -18,21 +17,6 @@ std::vector<double> rope_inv_freq(int32_t head_dim, float theta, const RopeScali
 // cos/sin tables for the given positions: cos, sin [num_tokens, head_dim / 2].
 void rope_tables(const std::vector<double>& inv_freq, const int32_t* positions, int32_t num_tokens,
                  float* cos, float* sin);
-
-// rope_tables with each position's row computed once: the rows of positions below the largest
-// seen so far (at most kMaxCached of them) are kept and copied, the same values bit for bit (a
-// decode step's tables took 0.14 ms of double-precision cos and sin at 64 sequences).
-class RopeRows {
- public:
-  static constexpr int32_t kMaxCached = 1 << 16;
-  explicit RopeRows(std::vector<double> inv_freq = {}) : inv_freq_(std::move(inv_freq)) {}
-  // cos, sin [num_tokens, head_dim / 2] for the given positions (>= 0).
-  void fill(const int32_t* positions, int32_t num_tokens, float* cos, float* sin);
-
- private:
-  std::vector<double> inv_freq_;
-  std::vector<float> cos_, sin_;  // [cached positions, head_dim / 2]
-};
 
 // Rotates x [num_tokens, num_heads, head_dim] in place with the tables of rope_tables.
 void rope_apply(float* x, int32_t num_tokens, int32_t num_heads, int32_t head_dim, const float* cos,

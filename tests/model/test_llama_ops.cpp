@@ -107,27 +107,6 @@ TEST(Rope, PlainFrequenciesAndRotation) {
   }
 }
 
-// RopeRows gives rope_tables' bits for any positions: cached rows as they grow, repeated and
-// unordered positions, and positions past its cache.
-TEST(Rope, CachedRowsEqualTheTables) {
-  const auto f = rope_inv_freq(128, 500000.f, RopeScaling{});
-  RopeRows rows(f);
-  std::mt19937 rng(7);
-  for (int round = 0; round < 6; ++round) {
-    std::vector<int32_t> pos;
-    for (int i = 0; i < 37; ++i) pos.push_back(int32_t(rng() % (round < 3 ? 600u : 90000u)));
-    pos.push_back(RopeRows::kMaxCached - 1);
-    pos.push_back(RopeRows::kMaxCached + 5);
-    pos.push_back(pos[3]);
-    const int32_t n = int32_t(pos.size());
-    std::vector<float> c(size_t(n) * 64), s(c.size()), rc(c.size()), rs(c.size());
-    rope_tables(f, pos.data(), n, c.data(), s.data());
-    rows.fill(pos.data(), n, rc.data(), rs.data());
-    EXPECT_EQ(std::memcmp(c.data(), rc.data(), c.size() * 4), 0) << "round " << round;
-    EXPECT_EQ(std::memcmp(s.data(), rs.data(), s.size() * 4), 0) << "round " << round;
-  }
-}
-
 TEST(Rope, Llama3ScalingBands) {
   RopeScaling s;
   s.type = "llama3";

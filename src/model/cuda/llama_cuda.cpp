@@ -149,7 +149,13 @@ struct LlamaModelCuda::Impl {
   // The decode steps' all-reduces over peer memory, fused with the residual add and the next
   // norm (null: NCCL for every all-reduce, e.g. ranks on several hosts).
   std::unique_ptr<cuda::PeerAllReduce> peer;
-  RopeRows rope_rows;  // the RoPE tables' rows by position
+  // The RoPE tables on the device: cos, then sin, [rope_rows, D / 2] f32 each, for positions
+  // [0, rope_rows), grown (doubling) when a step reaches past them; the frequencies [D / 2] f64.
+  // NOTE: host tables uploaded with each step cost a prefill chunk of 2048 tokens 1 MB of copies,
+  // and their double-precision rows milliseconds of host time at every new position.
+  Tensor rope_inv_freq_dev, rope_table;
+  int32_t rope_rows = 0;
+  void grow_rope_table(int32_t positions);
   std::vector<Layer> layers;
   Tensor embed;       // [vocab, hidden] bf16
   Tensor lm_head;     // [vocab, hidden] bf16, empty when tied (embed is used)
@@ -169,8 +175,8 @@ struct LlamaModelCuda::Impl {
   Tensor staging;  // f32 weights on their way to bf16 (load from a file only)
 
   // Per-step device scratch, grown on demand.
-  Tensor meta;  // tokens [T], slots [T], logit rows [R], rope cos [T, D/2], sin [T, D/2] (4 bytes
-                // each)
+  Tensor meta;  // tokens [T], slots [T], logit rows [R], positions [T] (int32)
+  Tensor rope_step;  // the tokens' RoPE rows: cos [T, D/2], then sin [T, D/2] (f32)
   Tensor x;     // [T, hidden] f32, the residual stream
   Tensor h;     // [T, max(hidden, Hq * D)] bf16
   Tensor qkv;   // [T, (Hq + 2 Hkv) * D] f32
@@ -215,7 +221,6 @@ struct LlamaModelCuda::Impl {
   // The sampler over device logits dl [R, vocab] with the staged plan, and its results.
   std::vector<TokenLogprobs> run_sampler(const float* dl, const SamplePlan& plan);
   std::vector<int32_t> host_meta;
-  std::vector<float> rope_cos, rope_sin;
 
   // Where the weights come from while loading: the file's host tensors (f32, f16, bf16) or GGUF
   // blocks, or (file null) the synthetic hash of (seed, tensor id, index), filled on the device.
@@ -421,7 +426,13 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
   if (!file) {
     for (const SyntheticTensor& t : synthetic_tensors(c)) synthetic.emplace(t.name, t);
   }
-  rope_rows = RopeRows(rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling));
+  {
+    const std::vector<double> inv = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling);
+    rope_inv_freq_dev = Tensor::empty({int64_t(inv.size()) * 2}, DType::f32, Device::cuda);
+    check_cuda(cudaMemcpy(rope_inv_freq_dev.data(), inv.data(), inv.size() * sizeof(double),
+                          cudaMemcpyHostToDevice),
+               "rope frequencies upload");
+  }
   if (const char* g = std::getenv("PAGEDATTN_CUDA_GRAPHS"); g && std::string(g) == "0")
     use_graphs = false;  // a check of the plain launches against the graphs' results
   if (const char* g = std::getenv("PAGEDATTN_GEMV"); g && std::string(g) == "0") use_gemv = false;
@@ -627,8 +638,11 @@ struct LlamaModelCuda::Impl::Step {
   const int32_t* tokens = nullptr;  // [T]
   const int32_t* slots = nullptr;   // [T]
   const int32_t* rows = nullptr;    // [R]
-  const float* cos = nullptr;       // [T, D/2]
-  const float* sin = nullptr;       // [T, D/2]
+  const int32_t* positions = nullptr;  // [T]
+  const float* cos_table = nullptr;    // [rope_rows, D/2] (by position)
+  const float* sin_table = nullptr;    // [rope_rows, D/2]
+  float* cos = nullptr;                // [T, D/2] the tokens' rows (the embedding kernel's copy)
+  float* sin = nullptr;                // [T, D/2]
   float* x = nullptr;               // [T, hidden] f32
   void* h = nullptr;                // [T, max(hidden, q_dim)] bf16
   float* qkv = nullptr;             // [T, qkv_dim] f32
@@ -643,8 +657,24 @@ struct LlamaModelCuda::Impl::Step {
   cuda::ArgmaxPair* pairs_all = nullptr;  // [world, R]
 };
 
-// Host work of a step: RoPE tables, one upload (tokens, slots, logit rows, cos, sin), the scratch
-// buffers, the attention plan (layer 0's view: every layer has the same shapes).
+// The RoPE tables cover positions [0, n) from here on (computed on the device; rows already there
+// keep their values). Between steps only: the old table is freed (cudaFree waits for the device).
+void LlamaModelCuda::Impl::grow_rope_table(int32_t n) {
+  if (n <= rope_rows) return;
+  const int32_t half = config.head_dim / 2;
+  const int32_t rows = int32_t(std::min<int64_t>(
+      std::max<int64_t>({int64_t(n), 2 * int64_t(rope_rows), 4096}), int64_t(INT32_MAX) / half));
+  rope_table = Tensor();
+  rope_table = Tensor::empty({2 * int64_t(rows) * half}, DType::f32, Device::cuda);
+  auto* cos = rope_table.data_as<float>();
+  cuda::rope_table(static_cast<const double*>(rope_inv_freq_dev.data()), half, rows, cos,
+                   cos + int64_t(rows) * half, stream);
+  rope_rows = rows;
+}
+
+// Host work of a step: one upload (tokens, slots, logit rows, positions), the RoPE tables grown to
+// the step's positions, the scratch buffers, the attention plan (layer 0's view: every layer has
+// the same shapes).
 LlamaModelCuda::Impl::Step LlamaModelCuda::Impl::prepare_step(const ForwardBatch& batch,
                                                                 const KvCache& cache,
                                                                 bool greedy) {
@@ -655,19 +685,17 @@ LlamaModelCuda::Impl::Step LlamaModelCuda::Impl::prepare_step(const ForwardBatch
   const int32_t T = s.T, R = s.R;
   const int32_t hidden = c.hidden_size, D = c.head_dim, half = D / 2;
   const int32_t q_dim = tp.q_heads * D, qkv_dim = (tp.q_heads + 2 * tp.kv_heads) * D;
-  const size_t table = size_t(T) * size_t(half);  // cos (then sin) [T, D / 2]
-  rope_cos.resize(table);
-  rope_sin.resize(table);
-  rope_rows.fill(batch.positions.data(), T, rope_cos.data(), rope_sin.data());
+  int32_t top = 0;  // one past the step's largest position (validate: positions are >= 0)
+  for (int32_t p : batch.positions) top = std::max(top, p + 1);
+  grow_rope_table(top);
 
-  const size_t n_meta = size_t(2 * T + R) + 2 * table;  // all 4-byte values
+  const size_t n_meta = size_t(3 * T + R);  // all 4-byte values
   host_meta.resize(n_meta);
   int32_t* hm = host_meta.data();
   std::copy(batch.tokens.begin(), batch.tokens.end(), hm);
   std::copy(batch.slots.begin(), batch.slots.end(), hm + T);
   std::copy(batch.logit_rows.begin(), batch.logit_rows.end(), hm + 2 * T);
-  std::memcpy(hm + 2 * T + R, rope_cos.data(), table * 4);
-  std::memcpy(hm + 2 * T + R + table, rope_sin.data(), table * 4);
+  std::copy(batch.positions.begin(), batch.positions.end(), hm + 2 * T + R);
   auto* dm = static_cast<int32_t*>(ensure(meta, int64_t(n_meta), DType::f32));
   // NOTE: the step's device time starts with its first enqueued work, after the host's part.
   begin_step_timing();
@@ -675,8 +703,11 @@ LlamaModelCuda::Impl::Step LlamaModelCuda::Impl::prepare_step(const ForwardBatch
   s.tokens = dm;
   s.slots = dm + T;
   s.rows = dm + 2 * T;
-  s.cos = reinterpret_cast<const float*>(dm + 2 * T + R);
-  s.sin = s.cos + table;
+  s.positions = dm + 2 * T + R;
+  s.cos_table = rope_table.data_as<float>();
+  s.sin_table = s.cos_table + int64_t(rope_rows) * half;
+  s.cos = static_cast<float*>(ensure(rope_step, 2 * int64_t(T) * half, DType::f32));
+  s.sin = s.cos + int64_t(T) * half;
 
   s.x = static_cast<float*>(ensure(x, int64_t(T) * hidden, DType::f32));
   s.h = ensure(h, int64_t(T) * std::max(hidden, q_dim), DType::bf16);
@@ -712,22 +743,29 @@ LlamaModelCuda::Impl::Step LlamaModelCuda::Impl::prepare_step(const ForwardBatch
   return s;
 }
 
-// x = the tokens' embedding rows (summed over the ranks' vocabulary shards).
+// x = the tokens' embedding rows (summed over the ranks' vocabulary shards); the tokens' RoPE rows.
 bool LlamaModelCuda::Impl::embed_tokens(const Step& s, cudaStream_t st) {
   const int32_t hidden = config.hidden_size;
+  cuda::RopeRowsGather rope;
+  rope.cos_table = s.cos_table;
+  rope.sin_table = s.sin_table;
+  rope.positions = s.positions;
+  rope.half = config.head_dim / 2;
+  rope.cos = s.cos;
+  rope.sin = s.sin;
   if (peer_step(s.T)) {  // and h = the first layer's normalised input
     cuda::embed_gather_shard(embed.data_as<uint16_t>(), tp.vocab0, tp.vocab, s.tokens, s.T, hidden,
-                             peer->input(kSlotEmbed), st);
+                             peer->input(kSlotEmbed), rope, st);
     peer->reduce(kSlotEmbed, s.x, false, s.T, layers[0].attn_norm.data_as<float>(),
                  config.rms_norm_eps, static_cast<uint16_t*>(s.h), st);
     return true;
   }
   if (comm) {
     cuda::embed_gather_shard(embed.data_as<uint16_t>(), tp.vocab0, tp.vocab, s.tokens, s.T, hidden,
-                             s.x, st);
+                             s.x, rope, st);
     all_reduce(s.x, int64_t(s.T) * hidden, st);
   } else {
-    cuda::embed_gather(embed.data_as<uint16_t>(), s.tokens, s.T, hidden, s.x, st);
+    cuda::embed_gather(embed.data_as<uint16_t>(), s.tokens, s.T, hidden, s.x, rope, st);
   }
   return false;
 }
@@ -887,8 +925,9 @@ const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& 
     std::string sig;
     auto put = [&sig](const auto& v) { sig.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
     for (int64_t v : {int64_t(s.T), int64_t(s.R)}) put(v);
-    const void* scratch[] = {s.tokens, s.x, s.h, s.qkv, s.q, s.k, s.v, s.attn, s.gu, s.act,
-                             s.logits, s.shard_logits, s.gathered, s.ids, s.pairs, s.pairs_all};
+    const void* scratch[] = {s.tokens, s.cos_table, s.sin_table, s.cos, s.x, s.h, s.qkv, s.q,
+                             s.k, s.v, s.attn, s.gu, s.act, s.logits, s.shard_logits,
+                             s.gathered, s.ids, s.pairs, s.pairs_all};
     for (const void* ptr : scratch) put(ptr);
     for (int32_t i = 0; i < c.num_layers; ++i) {
       const PagedKVView view = cache.layer_view(i);

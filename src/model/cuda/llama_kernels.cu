@@ -14,12 +14,24 @@ namespace pagedattn::cuda {
 
 namespace {
 
+// The token's RoPE rows (RopeRowsGather), by the block of token t.
+__device__ __forceinline__ void gather_rope_rows(const RopeRowsGather& g, int t) {
+  if (!g.cos) return;
+  const int64_t from = int64_t(g.positions[t]) * g.half, to = int64_t(t) * g.half;
+  for (int i = threadIdx.x; i < g.half; i += blockDim.x) {
+    g.cos[to + i] = g.cos_table[from + i];
+    g.sin[to + i] = g.sin_table[from + i];
+  }
+}
+
 // grid (num_tokens), block 256
-__global__ void embed_gather_kernel(const uint16_t* __restrict__ embed,       // [vocab, hidden]
-                                    const int32_t* __restrict__ tokens,       // [num_tokens]
-                                    int32_t hidden, float* __restrict__ x) {  // [T, hidden]
+__global__ void embed_gather_kernel(const uint16_t* __restrict__ embed,  // [vocab, hidden]
+                                    const int32_t* __restrict__ tokens,  // [num_tokens]
+                                    int32_t hidden, float* __restrict__ x,  // [T, hidden]
+                                    RopeRowsGather rope) {
   wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
   allow_dependent_launch();
+  gather_rope_rows(rope, blockIdx.x);
   const uint16_t* row = embed + int64_t(tokens[blockIdx.x]) * hidden;
   float* out = x + int64_t(blockIdx.x) * hidden;
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[i] = bf16_to_f32(row[i]);
@@ -27,10 +39,12 @@ __global__ void embed_gather_kernel(const uint16_t* __restrict__ embed,       //
 
 __global__ void embed_gather_shard_kernel(const uint16_t* __restrict__ embed,  // [vocab_rows, hidden]
                                           int32_t vocab0, int32_t vocab_rows,
-                                          const int32_t* __restrict__ tokens,       // [num_tokens]
-                                          int32_t hidden, float* __restrict__ x) {  // [T, hidden]
+                                          const int32_t* __restrict__ tokens,  // [num_tokens]
+                                          int32_t hidden, float* __restrict__ x,  // [T, hidden]
+                                          RopeRowsGather rope) {
   wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
   allow_dependent_launch();
+  gather_rope_rows(rope, blockIdx.x);
   const int32_t local = tokens[blockIdx.x] - vocab0;
   float* out = x + int64_t(blockIdx.x) * hidden;
   if (local < 0 || local >= vocab_rows) {
@@ -42,13 +56,17 @@ __global__ void embed_gather_shard_kernel(const uint16_t* __restrict__ embed,  /
 }
 
 // grid (num_rows), block kNormThreads. The row is read once, in 16-byte vectors held in registers
-// (up to kNormVecs per thread; wider rows are read again for the output), so the loads of a row
-// are all in flight together: a loop of dependent scalar loads made this kernel latency-bound
-// (15 us a row at hidden 4096 on an H100, 12% of a Llama-3-8B decode step at batch 32).
+// (VECS per thread, the fewest that hold the row up to 8; wider rows are read again for the
+// output), so the loads of a row are all in flight together: a loop of dependent scalar loads
+// made this kernel latency-bound (15 us a row at hidden 4096 on an H100, 12% of a Llama-3-8B
+// decode step at batch 32).
 // The weight is no kernel's output: it is read before the wait, so that only x's loads follow the
 // kernel ahead (weights after the wait: Llama-3-8B batch 32 7.33-7.41 ms a step against 7.13-7.16,
 // one H100, one call, alternating).
-constexpr int kNormThreads = 256, kNormVecs = 8;
+// NOTE: with eight vectors a thread at every width it took 96 registers, two blocks an SM: 24 us a
+// call for 2048 rows of 4096 in a prefill chunk on an H100, 17 being its traffic.
+constexpr int kNormThreads = 256;
+template <int kNormVecs>
 __global__ void __launch_bounds__(kNormThreads)
     rms_norm_kernel(const float* __restrict__ x,       // [*, hidden]
                     const float* __restrict__ weight,  // [hidden]
@@ -110,40 +128,74 @@ __global__ void __launch_bounds__(kNormThreads)
     o[i] = f32_to_bf16(xr[i] * inv * weight[i]);
 }
 
-// grid (num_tokens, Hq + 2 Hkv), block head_dim / 2: thread i owns the RoPE pair (i, i + D/2).
-__global__ void qkv_post_kernel(const float* __restrict__ qkv,       // [T, (Hq + 2 Hkv) * D]
-                                const float* __restrict__ bias,      // [(Hq + 2 Hkv) * D] or null
-                                const float* __restrict__ q_norm,    // [D] or null
-                                const float* __restrict__ k_norm,    // [D] or null
-                                const float* __restrict__ rope_cos,  // [T, D / 2]
-                                const float* __restrict__ rope_sin,  // [T, D / 2]
-                                QkvParams p, uint16_t* __restrict__ q,  // [T, Hq, D]
-                                uint16_t* __restrict__ k,               // [T, Hkv, D]
-                                uint16_t* __restrict__ v) {             // [T, Hkv, D]
+// V consecutive floats of p (V = 1, 2, 4, 8; p aligned to min(V, 4) floats) into r, and back.
+template <int V>
+__device__ __forceinline__ void load_floats(const float* p, float (&r)[V]) {
+  if constexpr (V == 1) {
+    r[0] = p[0];
+  } else if constexpr (V == 2) {
+    const float2 a = *reinterpret_cast<const float2*>(p);
+    r[0] = a.x, r[1] = a.y;
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; j += 4) {
+      const float4 a = *reinterpret_cast<const float4*>(p + j);
+      r[j] = a.x, r[j + 1] = a.y, r[j + 2] = a.z, r[j + 3] = a.w;
+    }
+  }
+}
+// V floats as bf16 to p (aligned to V / 2 words; V = 1: one 2-byte store).
+template <int V>
+__device__ __forceinline__ void store_bf16s(uint16_t* p, const float (&r)[V]) {
+  if constexpr (V == 1) {
+    p[0] = f32_to_bf16(r[0]);
+  } else if constexpr (V == 2) {
+    *reinterpret_cast<uint32_t*>(p) = pack_bf16x2(r[0], r[1]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; j += 4)
+      *reinterpret_cast<uint2*>(p + j) =
+          make_uint2(pack_bf16x2(r[j], r[j + 1]), pack_bf16x2(r[j + 2], r[j + 3]));
+  }
+}
+
+// grid ceil(T (Hq + 2 Hkv) / 8), block 256: warp w of block b owns head (8 b + w) % (Hq + 2 Hkv) of
+// token (8 b + w) / (Hq + 2 Hkv); lane l owns the RoPE pairs (i, i + D/2), i = l V .. l V + V - 1
+// (V = D / 64: one vector load of each half a lane, whole rows a warp).
+// NOTE: measured on an H100 (Llama-3-8B, 2048 tokens): a block of D / 2 threads per token and
+// head, each with one pair, took 119 us a layer, five times its memory traffic.
+template <int V>
+__global__ void __launch_bounds__(256)
+    qkv_post_kernel(const float* __restrict__ qkv,       // [T, (Hq + 2 Hkv) * D]
+                    const float* __restrict__ bias,      // [(Hq + 2 Hkv) * D] or null
+                    const float* __restrict__ q_norm,    // [D] or null
+                    const float* __restrict__ k_norm,    // [D] or null
+                    const float* __restrict__ rope_cos,  // [T, D / 2]
+                    const float* __restrict__ rope_sin,  // [T, D / 2]
+                    QkvParams p, uint16_t* __restrict__ q,  // [T, Hq, D]
+                    uint16_t* __restrict__ k,               // [T, Hkv, D]
+                    uint16_t* __restrict__ v) {             // [T, Hkv, D]
   // The attention kernel after this one may start now: it waits for this one before it reads q
   // and this step's K/V, and before that copies only positions written in earlier steps
   // (CudaPlanOptions::decode_early_cached_kv), which every kernel ahead of the projection
   // before this one has finished with (that projection starts when the kernel ahead of it lets
   // it, after its own wait).
   allow_dependent_launch();
-  wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
-  const int t = blockIdx.x, head = blockIdx.y, i = threadIdx.x;
-  const int D = p.head_dim, half = D / 2, Hq = p.num_q_heads, Hkv = p.num_kv_heads;
-  const int64_t width = int64_t(Hq + 2 * Hkv) * D;
+  constexpr int D = 64 * V, half = D / 2;
+  const int Hq = p.num_q_heads, Hkv = p.num_kv_heads, heads = Hq + 2 * Hkv;
+  const int64_t unit = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
+  if (unit >= int64_t(p.num_tokens) * heads) return;  // the whole warp
+  const int t = int(unit / heads), head = int(unit % heads), i = (threadIdx.x % 32) * V;
   const int64_t col = int64_t(head) * D;
-  float a = qkv[t * width + col + i], b = qkv[t * width + col + i + half];
-  if (bias) {
-    a += bias[col + i];
-    b += bias[col + i + half];
-  }
+  // Before the wait, what no kernel of the step writes: the step's upload (slots) and the weights
+  // (the upload precedes the step's first kernel).
   const bool is_q = head < Hq, is_k = !is_q && head < Hq + Hkv;
   uint16_t* dst;
   if (is_q) {
     dst = q + (int64_t(t) * Hq + head) * D;
   } else if (p.k_pool) {  // into the token's slot of the pool (PagedKVView::offset)
     const int32_t slot = p.slots[t];
-    // NOTE: the same for every thread of the block (one token), so the whole block leaves.
-    if (slot < 0 || slot >= int64_t(p.num_pages) * p.page_size) return;
+    if (slot < 0 || slot >= int64_t(p.num_pages) * p.page_size) return;  // the whole warp
     const int h = is_k ? head - Hq : head - Hq - Hkv;
     const int64_t at = (int64_t(slot / p.page_size) * Hkv + h) * p.page_size * D +
                        int64_t(slot % p.page_size) * D;
@@ -153,20 +205,63 @@ __global__ void qkv_post_kernel(const float* __restrict__ qkv,       // [T, (Hq 
   } else {
     dst = v + (int64_t(t) * Hkv + (head - Hq - Hkv)) * D;
   }
-  if (is_q || is_k) {
-    const float* w = is_q ? q_norm : k_norm;
-    if (w) {  // uniform across the block: every thread takes this branch or none does
-      const float inv = rsqrtf(block_sum(a * a + b * b) / float(D) + p.eps);
-      a = a * inv * w[i];
-      b = b * inv * w[i + half];
-    }
-    const float c = rope_cos[int64_t(t) * half + i], s = rope_sin[int64_t(t) * half + i];
-    const float ra = a * c - b * s, rb = b * c + a * s;
-    a = ra;
-    b = rb;
+  float ba[V] = {}, bb[V] = {}, wa[V], wb[V];
+  if (bias) {
+    load_floats<V>(bias + col + i, ba);
+    load_floats<V>(bias + col + half + i, bb);
   }
-  dst[i] = f32_to_bf16(a);
-  dst[i + half] = f32_to_bf16(b);
+  const float* w = is_q ? q_norm : k_norm;
+  const bool norm = (is_q || is_k) && w;  // uniform across the warp
+  if (norm) {
+    load_floats<V>(w + i, wa);
+    load_floats<V>(w + half + i, wb);
+  }
+  wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
+  const float* src = qkv + int64_t(t) * heads * D + col;
+  float a[V], b[V], c[V], s[V];
+  load_floats<V>(src + i, a);
+  load_floats<V>(src + half + i, b);
+  if (is_q || is_k) {  // the token's rows, written by this step's embedding kernel
+    load_floats<V>(rope_cos + int64_t(t) * half + i, c);
+    load_floats<V>(rope_sin + int64_t(t) * half + i, s);
+  }
+  if (bias) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) a[j] += ba[j], b[j] += bb[j];
+  }
+  if (norm) {
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < V; ++j) ss += a[j] * a[j] + b[j] * b[j];
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float inv = rsqrtf(ss / float(D) + p.eps);
+#pragma unroll
+    for (int j = 0; j < V; ++j) a[j] = a[j] * inv * wa[j], b[j] = b[j] * inv * wb[j];
+  }
+  if (is_q || is_k) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float ra = a[j] * c[j] - b[j] * s[j], rb = b[j] * c[j] + a[j] * s[j];
+      a[j] = ra;
+      b[j] = rb;
+    }
+  }
+  store_bf16s<V>(dst + i, a);
+  store_bf16s<V>(dst + half + i, b);
+}
+
+// grid ceil(rows half / 256), block 256: rope_tables' values of positions [0, rows) (a double
+// product and double cos and sin, rounded to f32).
+__global__ void rope_table_kernel(const double* __restrict__ inv_freq, int32_t half, int64_t n,
+                                  float* __restrict__ cos, float* __restrict__ sin) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= n) return;
+  const double angle = double(e / half) * inv_freq[e % half];
+  double sv, cv;
+  ::sincos(angle, &sv, &cv);
+  cos[e] = float(cv);
+  sin[e] = float(sv);
 }
 
 // grid (ceil(inter / (256 * V)), T), block 256; V = 8 (16-byte vectors, inter % 8 == 0) or 1.
@@ -363,40 +458,59 @@ unsigned blocks_for(int64_t n) { return unsigned((n + 255) / 256); }
 }  // namespace
 
 void embed_gather(const uint16_t* embed, const int32_t* tokens, int32_t num_tokens, int32_t hidden,
-                  float* x, cudaStream_t stream) {
+                  float* x, const RopeRowsGather& rope, cudaStream_t stream) {
   if (num_tokens == 0) return;
   check_cuda(launch_pdl(embed_gather_kernel, dim3(num_tokens), dim3(256), 0, stream, embed, tokens,
-                        hidden, x),
+                        hidden, x, rope),
              "LlamaModelCuda: embedding gather");
 }
 
 void embed_gather_shard(const uint16_t* embed, int32_t vocab0, int32_t vocab_rows,
                         const int32_t* tokens, int32_t num_tokens, int32_t hidden, float* x,
-                        cudaStream_t stream) {
+                        const RopeRowsGather& rope, cudaStream_t stream) {
   if (num_tokens == 0) return;
   check_cuda(launch_pdl(embed_gather_shard_kernel, dim3(num_tokens), dim3(256), 0, stream, embed,
-                        vocab0, vocab_rows, tokens, hidden, x),
+                        vocab0, vocab_rows, tokens, hidden, x, rope),
              "LlamaModelCuda: embedding gather (vocabulary shard)");
 }
 
 void rms_norm_bf16(const float* x, const float* weight, const int32_t* rows, int32_t num_rows,
                    int32_t hidden, float eps, uint16_t* out, cudaStream_t stream) {
   if (num_rows == 0) return;
-  check_cuda(launch_pdl(rms_norm_kernel, dim3(num_rows), dim3(kNormThreads), 0, stream, x, weight,
-                        rows, hidden, eps, out),
+  const int vecs = (hidden / 4 + kNormThreads - 1) / kNormThreads;  // 16-byte vectors a thread
+  auto* kernel = vecs <= 1   ? rms_norm_kernel<1>
+                 : vecs <= 2 ? rms_norm_kernel<2>
+                 : vecs <= 4 ? rms_norm_kernel<4>
+                             : rms_norm_kernel<8>;
+  check_cuda(launch_pdl(kernel, dim3(num_rows), dim3(kNormThreads), 0, stream, x, weight, rows,
+                        hidden, eps, out),
              "LlamaModelCuda: rms_norm");
 }
 
 void qkv_post(const float* qkv, const float* bias, const float* q_norm, const float* k_norm,
               const float* rope_cos, const float* rope_sin, const QkvParams& p, uint16_t* q,
               uint16_t* k, uint16_t* v, cudaStream_t stream) {
-  PA_CHECK(p.head_dim % 64 == 0 && p.head_dim <= 512,
-           "LlamaModelCuda: head_dim must be a multiple of 64 up to 512, got ", p.head_dim);
+  PA_CHECK(p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256 || p.head_dim == 512,
+           "LlamaModelCuda: head_dim must be 64, 128, 256 or 512, got ", p.head_dim);
   if (p.num_tokens == 0) return;
-  const dim3 grid(unsigned(p.num_tokens), unsigned(p.num_q_heads + 2 * p.num_kv_heads));
-  check_cuda(launch_pdl(qkv_post_kernel, grid, dim3(unsigned(p.head_dim / 2)), 0, stream, qkv,
-                        bias, q_norm, k_norm, rope_cos, rope_sin, p, q, k, v),
+  const int64_t units = int64_t(p.num_tokens) * (p.num_q_heads + 2 * p.num_kv_heads);
+  auto* kernel = p.head_dim == 64    ? qkv_post_kernel<1>
+                 : p.head_dim == 128 ? qkv_post_kernel<2>
+                 : p.head_dim == 256 ? qkv_post_kernel<4>
+                                     : qkv_post_kernel<8>;
+  // NOTE: two warps a block instead of eight at up to 4096 units measured level on an H100
+  // (Llama-3-8B decode steps at batch 1, 32 and 64, three rounds).
+  check_cuda(launch_pdl(kernel, dim3(unsigned((units + 7) / 8)), dim3(256), 0, stream, qkv, bias,
+                        q_norm, k_norm, rope_cos, rope_sin, p, q, k, v),
              "LlamaModelCuda: qkv bias / norm / rope");
+}
+
+void rope_table(const double* inv_freq, int32_t half, int32_t rows, float* cos, float* sin,
+                cudaStream_t stream) {
+  const int64_t n = int64_t(rows) * half;
+  if (n == 0) return;
+  rope_table_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(inv_freq, half, n, cos, sin);
+  check_cuda(cudaGetLastError(), "LlamaModelCuda: rope table");
 }
 
 void swiglu(const uint16_t* gu, int32_t num_tokens, int32_t inter, uint16_t* a,

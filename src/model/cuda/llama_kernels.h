@@ -9,17 +9,31 @@
 
 namespace pagedattn::cuda {
 
-// x[t] = embed[tokens[t]] as fp32.
+// The step's RoPE rows, copied by the embedding kernels from the tables (rope_table) by position:
+// qkv_post then reads a token's rows by its index, with its other inputs, instead of reading the
+// position and then the rows (two dependent loads after its wait, on every layer's path). Null
+// cos: no rows.
+//   cos_table, sin_table [table rows, half];  positions [num_tokens];  cos, sin [num_tokens, half]
+struct RopeRowsGather {
+  const float* cos_table = nullptr;
+  const float* sin_table = nullptr;
+  const int32_t* positions = nullptr;
+  int32_t half = 0;
+  float* cos = nullptr;
+  float* sin = nullptr;
+};
+
+// x[t] = embed[tokens[t]] as fp32 (and the tokens' RoPE rows, when rope.cos is set).
 //   embed  [vocab, hidden] bf16;  tokens [num_tokens];  x [num_tokens, hidden] f32
 void embed_gather(const uint16_t* embed, const int32_t* tokens, int32_t num_tokens, int32_t hidden,
-                  float* x, cudaStream_t stream);
+                  float* x, const RopeRowsGather& rope, cudaStream_t stream);
 // A vocabulary shard's part of it (tensor parallelism): x[t] = embed[tokens[t] - vocab0] when
 // vocab0 <= tokens[t] < vocab0 + vocab_rows, else zeros (another rank holds that row; the ranks'
-// x are summed after).
+// x are summed after). The RoPE rows of every token.
 //   embed  [vocab_rows, hidden] bf16;  tokens [num_tokens];  x [num_tokens, hidden] f32
 void embed_gather_shard(const uint16_t* embed, int32_t vocab0, int32_t vocab_rows,
                         const int32_t* tokens, int32_t num_tokens, int32_t hidden, float* x,
-                        cudaStream_t stream);
+                        const RopeRowsGather& rope, cudaStream_t stream);
 
 // out[r] = rms_norm(x[rows ? rows[r] : r]) * weight, fp32 math, bf16 out.
 //   x [*, hidden] f32;  weight [hidden] f32;  rows [num_rows] or null;  out [num_rows, hidden] bf16
@@ -32,7 +46,7 @@ void rms_norm_bf16(const float* x, const float* weight, const int32_t* rows, int
 // is set, k and v straight into their slots of bf16 page pools (what write_kv_cuda would store
 // from k and v, one launch fewer; a slot outside the pools is skipped, as write_kv skips it).
 //   bias [(Hq + 2 Hkv) * D] f32 or null;  q_norm, k_norm [D] f32 or null
-//   rope_cos, rope_sin [num_tokens, D / 2] f32
+//   rope_cos, rope_sin [num_tokens, D / 2] f32 (each token's rows: RopeRowsGather)
 //   k_pool, v_pool [num_pages, Hkv, page_size, D] bf16 (PagedKVView's layout);  slots [T]
 struct QkvParams {
   int32_t num_tokens = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
@@ -45,6 +59,12 @@ struct QkvParams {
 void qkv_post(const float* qkv, const float* bias, const float* q_norm, const float* k_norm,
               const float* rope_cos, const float* rope_sin, const QkvParams& p, uint16_t* q,
               uint16_t* k, uint16_t* v, cudaStream_t stream);
+
+// The RoPE tables of positions [0, rows), computed on the device as rope_tables (rope.h) computes
+// them (the angle and its cos and sin in double precision, rounded to f32).
+//   inv_freq [half] f64;  cos, sin [rows, half] f32
+void rope_table(const double* inv_freq, int32_t half, int32_t rows, float* cos, float* sin,
+                cudaStream_t stream);
 
 // a[t, j] = silu(gu[t, j]) * gu[t, inter + j], fp32 math, bf16 out (the projections' outputs are
 // bf16, as in the Hugging Face bf16 models: half the bytes of f32 for this memory-bound pass).
