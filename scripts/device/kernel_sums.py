@@ -5,19 +5,11 @@ the prompt's chunks and one decode step, so STEPS = prompt / chunk selects the p
     python3 kernel_sums.py trace.csv STEPS
 """
 import collections
-import csv
 import sys
 
-kern = []
-for r in csv.DictReader(open(sys.argv[1])):
-    name = r.get("Name", "")
-    if not name or name.startswith(("api:", "copy:", "[CUDA mem")):
-        continue
-    start = int(float(r["Start (ns)"]))
-    end = start + int(float(r["Duration (ns)"]))
-    name = name.replace("(anonymous namespace)::", "").split("(")[0].removeprefix("void ")
-    kern.append((start, end, name.replace("pagedattn::", "").replace("cuda::", "")[:100]))
-kern.sort()
+from trace_csv import read_trace
+
+kern, _ = read_trace(sys.argv[1], 100)
 steps = int(sys.argv[2])
 embeds = [i for i, k in enumerate(kern) if "embed" in k[2].lower()]
 if len(embeds) < steps + 1:

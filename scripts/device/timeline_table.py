@@ -11,25 +11,11 @@ With SEQ, also the step's first SEQ kernels and its last few in launch order, ea
 above and averaged over the steps (a layer's products apart, which the table by name sums).
 """
 import collections
-import csv
 import sys
 
-rows = list(csv.DictReader(open(sys.argv[1])))
-kern = []
-other = []  # host API calls and copies (kernel_trace.cpp with KERNEL_TRACE_API=1)
-for r in rows:
-    name = r.get("Name", "")
-    if name.startswith("api:") or name.startswith("copy:"):
-        start = int(float(r["Start (ns)"]))
-        other.append((start, start + int(float(r["Duration (ns)"])), name))
-        continue
-    if not name or name.startswith("[CUDA mem"):
-        continue
-    start = int(float(r["Start (ns)"]))
-    end = start + int(float(r["Duration (ns)"]))
-    name = name.replace("(anonymous namespace)::", "").split("(")[0].removeprefix("void ")
-    kern.append((start, end, name.replace("pagedattn::", "").replace("cuda::", "")[:90]))
-kern.sort()
+from trace_csv import read_trace
+
+kern, other = read_trace(sys.argv[1])  # other: host API calls and copies (KERNEL_TRACE_API=1)
 embeds = [i for i, k in enumerate(kern) if "embed" in k[2].lower()]
 n_steps = min(int(sys.argv[2]) if len(sys.argv) > 2 else 8, len(embeds) - 1)
 if n_steps < 1:

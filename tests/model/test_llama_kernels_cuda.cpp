@@ -54,12 +54,7 @@ float ulp(float x) {
 // f32 rounding boundary).
 TEST(LlamaCudaKernels, RopeTableIsTheHostTable) {
   PA_SKIP_WITHOUT_GPU();
-  RopeScaling llama3;
-  llama3.type = "llama3";
-  llama3.factor = 8.f;
-  llama3.low_freq_factor = 1.f;
-  llama3.high_freq_factor = 4.f;
-  llama3.original_max_position = 8192;
+  const RopeScaling llama3{.type = "llama3", .factor = 8.f};  // Llama 3's bands (the defaults)
   for (const auto& [D, theta, scaling] :
        {std::tuple{64, 10000.f, RopeScaling{}}, std::tuple{128, 500000.f, llama3},
         std::tuple{256, 1000000.f, RopeScaling{}}}) {
