@@ -69,6 +69,8 @@ class Engine {
   bool is_stop_token(int32_t token, const std::vector<int32_t>& stop_token_ids) const;
 
   const EngineConfig& config() const { return config_; }
+  // Whether greedy decode steps are scheduled ahead (EngineConfig::schedule_ahead as resolved).
+  bool schedules_ahead() const { return schedule_ahead_; }
   const Model& model() const { return *model_; }
   const KvCache& cache() const { return *cache_; }
   int32_t max_model_len() const { return max_model_len_; }
@@ -103,6 +105,18 @@ class Engine {
   void keep_logit_rows(const ScheduledSeq& s, const Tensor& logits);
   void fork_children(RequestState& rs, Sequence& parent);
   void append_token(RequestState& rs, Sequence& seq, int32_t token);
+  // The stop checks, text and counters of the token just appended (seq's last).
+  void after_token(RequestState& rs, Sequence& seq);
+  // Schedule ahead (EngineConfig::schedule_ahead): whether the step after `out` (a greedy pass
+  // begun) can be scheduled before out's ids are read, and doing it: out committed, each of its
+  // sequences given a stand-in token (chained_token), the next step scheduled and begun
+  // (Model::begin_greedy) into ahead_. Returns whether out was committed.
+  bool can_schedule_next(const SchedulerOutput& out) const;
+  bool schedule_next(const SchedulerOutput& out);
+  // A committed step's ids (schedule_next): the stand-ins become the ids, in the cache's record
+  // too, and the pages the step wrote get their hashes; then after_token.
+  void take_ahead_ids(const SchedulerOutput& out, const std::vector<int32_t>& ids,
+                      std::vector<RequestId>& touched);
   void finish_seq(Sequence& seq, FinishReason reason);
   // decode_ of each token id alone (json_object's candidates), built on first use.
   const std::vector<std::string>& token_bytes();
@@ -126,6 +140,11 @@ class Engine {
   uint64_t arrivals_ = 0;
   std::map<RequestId, std::unique_ptr<RequestState>> requests_;
   std::vector<RequestId> pending_final_;  // cancelled between steps
+  bool schedule_ahead_ = false;
+  // The greedy step begun ahead of the one the last step() read (its ids not taken yet), and the
+  // requests that ended while it still had rows of theirs (kept until the next step() reads it).
+  std::unique_ptr<SchedulerOutput> ahead_;
+  std::vector<std::unique_ptr<RequestState>> retired_;
   SamplePlan plan_;                       // sample_plan's
   struct Counters;
   std::unique_ptr<Counters> counters_;

@@ -71,13 +71,22 @@ class LlamaModelCuda : public Model {
   // finish_sample checks the plan, uploads it, samples and downloads (download_sampled).
   void begin_sample(const ForwardBatch& batch, KvCache& cache) override;
   std::vector<TokenLogprobs> finish_sample(const SamplePlan& plan) override;
+  // forward_greedy in two calls (Model::begin_greedy): begin_greedy enqueues the pass and returns
+  // at once; a pass begun while another is open takes that pass's ids as its stand-in tokens on
+  // the device. finish_greedy waits for the oldest open pass and reads its ids. Each open pass has
+  // its own ids and events (two slots, alternating). A tensor-parallel rank takes the default.
+  void begin_greedy(const ForwardBatch& batch, KvCache& cache) override;
+  std::vector<int32_t> finish_greedy() override;
+  // True (but on a tensor-parallel rank) unless PAGEDATTN_SCHEDULE_AHEAD=0 is in the environment.
+  bool overlaps_passes() const override;
 
   // Measured with a pair of CUDA events around each step (Model::device_busy_seconds).
   double device_busy_seconds() const override;
 
   // Checks a batch against the cache and this model without touching either (the CPU model's
   // rules and messages, prefixed "LlamaModelCuda::forward"; the cache must be a CUDA one).
-  void validate(const ForwardBatch& batch, const KvCache& cache) const;
+  // chained_rows: check_forward_batch's (stand-in tokens of a pass begun before).
+  void validate(const ForwardBatch& batch, const KvCache& cache, int32_t chained_rows = 0) const;
 
   // KV heads in this runner's cache: all of them, or a tensor-parallel rank's.
   int32_t num_local_kv_heads() const;
@@ -126,6 +135,8 @@ class LlamaModelCuda : public Model {
 
  private:
   struct Impl;
+  // forward_device's work; slot >= 0: a pass of begin_greedy into that slot.
+  const float* run_pass(const ForwardBatch& batch, KvCache& cache, bool greedy, int slot);
 
   std::unique_ptr<Impl> impl_;
 };

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -43,8 +44,12 @@ BatchLayout attention_layout(const ForwardBatch& batch);
 // Checks a batch on its own and against a cache of page_size x num_pages and a model of vocab_size:
 // index arrays consistent, tokens in the vocabulary, positions kv_len - q_len + j, slots where the
 // block table puts those positions, page ids inside the pool. Error messages start with `op`.
+// chained_rows > 0: a token may also be -(r + 1) for r < chained_rows, the id that the greedy pass
+// begun before this batch picks for its logit row r (Model::begin_greedy).
 void check_forward_batch(const ForwardBatch& batch, int32_t vocab_size, int32_t page_size,
-                         int32_t num_pages, const char* op);
+                         int32_t num_pages, const char* op, int32_t chained_rows = 0);
+// The stand-in for the id that the pass begun before picks for its logit row r.
+constexpr int32_t chained_token(int32_t r) { return -(r + 1); }
 
 class Model {
  public:
@@ -77,6 +82,19 @@ class Model {
   // without a begin_sample before it.
   virtual void begin_sample(const ForwardBatch& batch, KvCache& cache);
   virtual std::vector<TokenLogprobs> finish_sample(const SamplePlan& plan);
+  // forward_greedy in two calls, so that a caller can begin the next pass before it reads this
+  // one's ids (the engine schedules a decode step ahead): begin_greedy starts a pass, finish_greedy
+  // returns the ids of the oldest pass begun and not yet finished. At most two are outstanding. A
+  // batch begun while another pass is outstanding may take that pass's ids as its tokens:
+  // chained_token(r) stands for the id it picks for its logit row r. The default keeps a copy of
+  // each batch (the cache must stay as it is until its finish_greedy) and runs forward_greedy in
+  // finish_greedy; a device runner enqueues the pass in begin_greedy and the ids never come back
+  // to the host between the two passes. An error from finish_greedy drops every pass begun.
+  virtual void begin_greedy(const ForwardBatch& batch, KvCache& cache);
+  virtual std::vector<int32_t> finish_greedy();
+  // Whether begin_greedy returns while the pass runs (a device runner), so that the caller's work
+  // until finish_greedy overlaps it: the engine schedules ahead by default only then.
+  virtual bool overlaps_passes() const { return false; }
   // The absolute maximum of K (as stored: after norm and RoPE) and V per layer and KV head over
   // `tokens` run as one fresh sequence (on a private cache): k, v [num_layers * num_kv_heads].
   // The calibration pass behind fp8 KV scales. Runners that cannot do it throw Error.
@@ -101,6 +119,13 @@ class Model {
  private:
   const ForwardBatch* sample_batch_ = nullptr;  // the default begin_sample's
   KvCache* sample_cache_ = nullptr;
+  // The default begin_greedy's passes (oldest first) and the ids of the last one finished.
+  struct GreedyPass {
+    ForwardBatch batch;
+    KvCache* cache = nullptr;
+  };
+  std::deque<GreedyPass> greedy_passes_;
+  std::vector<int32_t> last_greedy_ids_;
 };
 
 // A short built-in English text for the fp8 calibration pass.

@@ -1,5 +1,5 @@
-// The Model interface's defaults: a greedy step through forward(), sampling on the host, and no
-// calibration pass.
+// The Model interface's defaults: a greedy step through forward() (also in two calls), sampling on
+// the host, and no calibration pass.
 #include "pagedattn/model.h"
 
 #include <span>
@@ -38,6 +38,32 @@ std::vector<TokenLogprobs> Model::finish_sample(const SamplePlan& plan) {
   const ForwardBatch* batch = std::exchange(sample_batch_, nullptr);
   KvCache* cache = std::exchange(sample_cache_, nullptr);
   return forward_sample(*batch, *cache, plan);
+}
+
+void Model::begin_greedy(const ForwardBatch& batch, KvCache& cache) {
+  PA_CHECK(greedy_passes_.size() < 2, "begin_greedy: two passes are outstanding already");
+  const int32_t chained =
+      greedy_passes_.empty() ? 0 : int32_t(greedy_passes_.back().batch.logit_rows.size());
+  const KvCacheConfig& cc = cache.config();
+  check_forward_batch(batch, config().vocab_size, cc.page_size, cc.num_pages, "begin_greedy",
+                      chained);
+  greedy_passes_.push_back(GreedyPass{batch, &cache});
+}
+
+std::vector<int32_t> Model::finish_greedy() {
+  PA_CHECK(!greedy_passes_.empty(), "finish_greedy: no begin_greedy before it");
+  GreedyPass pass = std::move(greedy_passes_.front());
+  greedy_passes_.pop_front();
+  try {
+    // NOTE: a stand-in names a row of the pass begun just before this one, finished just now.
+    for (int32_t& t : pass.batch.tokens)
+      if (t < 0) t = last_greedy_ids_.at(size_t(-t - 1));
+    last_greedy_ids_ = forward_greedy(pass.batch, *pass.cache);
+  } catch (...) {
+    greedy_passes_.clear();
+    throw;
+  }
+  return last_greedy_ids_;
 }
 
 Model::KvAbsMax Model::kv_absmax(const std::vector<int32_t>&) {

@@ -4,7 +4,7 @@
 // returned from reused page-locked buffers are never overwritten while the caller holds them.
 // forward_greedy: the host argmax of forward's logits, and its device argmax kernel on crafted
 // rows; forward_sample: the host twin of the sample plan on forward's logits, and the same in two
-// calls (begin_sample, finish_sample).
+// calls (begin_sample, finish_sample); greedy passes chained on the device (begin_greedy).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -155,6 +155,55 @@ TEST_P(LlamaCudaSynthetic, CudaGraphsGiveTheSameBits) {
   EXPECT_GE(st.captures, 4u);
   EXPECT_GE(st.replays, 60u);  // most of the 120 decode steps
   EXPECT_EQ(plain.cuda_graph_stats().captures, 0u);
+}
+
+// Greedy passes in two calls (begin_greedy, finish_greedy), each begun before the ids of the one
+// before it are read and taking them as its tokens on the device (chained_token), give
+// forward_greedy's ids step for step: a ragged prefill, then 40 decode steps of three sequences
+// across page boundaries, replayed from CUDA graphs (one a slot of ids); a plain forward after
+// them still works, and misuse is an error.
+TEST_P(LlamaCudaSynthetic, ChainedGreedyPassesGiveForwardGreedysIds) {
+  PA_SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = tiny_config(GetParam());
+  LlamaModelCuda plain(cfg, 5), chained(cfg, 5);
+  KvCache pc(cache_config(cfg, Device::cuda)), cc(cache_config(cfg, Device::cuda));
+  std::vector<SeqId> ps, cs;
+  std::vector<std::vector<int32_t>> toks;
+  for (int s = 0; s < 3; ++s) {
+    ps.push_back(pc.create_sequence());
+    cs.push_back(cc.create_sequence());
+    std::vector<int32_t> t;
+    for (int i = 0; i < 3 + 7 * s; ++i) t.push_back(int32_t((i * 17 + s * 5 + 1) % 300));
+    toks.push_back(t);
+  }
+  constexpr int kSteps = 40;
+  std::vector<std::vector<int32_t>> want;  // [step][seq]
+  std::vector<std::vector<int32_t>> in = toks;
+  for (int step = 0; step <= kSteps; ++step) {
+    want.push_back(plain.forward_greedy(make_step_batch(pc, ps, in), pc));
+    for (SeqId s : ps) pc.commit(s);
+    for (int s = 0; s < 3; ++s) in[size_t(s)] = {want.back()[size_t(s)]};
+  }
+  const double busy0 = chained.device_busy_seconds();
+  chained.begin_greedy(make_step_batch(cc, cs, toks), cc);
+  const std::vector<std::vector<int32_t>> stand_ins = {
+      {chained_token(0)}, {chained_token(1)}, {chained_token(2)}};
+  for (int step = 0; step <= kSteps; ++step) {
+    if (step < kSteps) chained.begin_greedy(make_step_batch(cc, cs, stand_ins), cc);
+    EXPECT_EQ(chained.finish_greedy(), want[size_t(step)]) << "step " << step;
+    for (SeqId s : cs) cc.commit(s, cc.kv_len(s) - (step < kSteps ? 1 : 0));
+  }
+  EXPECT_GT(chained.device_busy_seconds(), busy0);
+  EXPECT_GE(chained.cuda_graph_stats().replays, size_t(kSteps - 8));
+  EXPECT_THROW(chained.finish_greedy(), Error);  // none open
+  // A stand-in with no pass open before it names no row: the CPU model's vocabulary error.
+  EXPECT_THROW(chained.begin_greedy(make_step_batch(cc, cs, stand_ins), cc), Error);
+  for (SeqId s : cs) cc.free_sequence(s);
+  // A plain pass after the chained ones: the same logits as the other model's.
+  std::vector<SeqId> fresh = {cc.create_sequence()}, fresh2 = {pc.create_sequence()};
+  const Tensor a = chained.forward(make_step_batch(cc, fresh, {toks[1]}), cc);
+  const Tensor b = plain.forward(make_step_batch(pc, fresh2, {toks[1]}), pc);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), size_t(a.numel()) * 4), 0);
 }
 
 // fp8 KV on the device: the calibration pass gives the CPU model's maxima on the same weights

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <string>
 
@@ -171,6 +172,7 @@ struct LlamaModelCuda::Impl {
   bool use_gemv = true;  // PAGEDATTN_GEMV=0: cuBLAS for every product (a comparison)
   // PAGEDATTN_FUSE=0: K/V through write_kv and SwiGLU as its own kernel (a comparison).
   bool fuse = true;
+  bool overlap_passes = true;  // Model::overlaps_passes (PAGEDATTN_SCHEDULE_AHEAD=0: false)
   std::unique_ptr<CudaAttentionPlan> plan;
   Tensor staging;  // f32 weights on their way to bf16 (load from a file only)
 
@@ -205,6 +207,20 @@ struct LlamaModelCuda::Impl {
   // Device time of the steps: an event before a step's first upload and one after its download.
   cudaEvent_t step_begin = nullptr, step_end = nullptr;
   bool step_open = false;
+  // Greedy passes begun (begin_greedy) and not yet finished, oldest first, each in a slot of its
+  // own: the page-locked copy of its ids (read while the next pass runs, so not shared with it)
+  // and events around the pass. The two slots alternate. On the device every pass writes its ids
+  // into `ids`, which the pass begun after it reads as its tokens before it writes its own (the
+  // same stream): the graphs of the steps see one buffer (a graph is captured when a step's
+  // launches repeat; two alternating buffers would never repeat).
+  struct GreedySlot {
+    PinnedBytes host;
+    cudaEvent_t begin = nullptr, end = nullptr;
+    int32_t rows = 0;
+  };
+  void record_slot_event(GreedySlot& g, bool begin_event);
+  GreedySlot greedy_slots[2];
+  std::deque<int> greedy_open;
   // begin_sample's pass, which finish_sample samples (any other pass enqueued since clears it).
   bool sample_pending = false;
   const float* sample_logits = nullptr;
@@ -239,6 +255,10 @@ struct LlamaModelCuda::Impl {
 
   ~Impl() {
     graphs.clear();
+    for (GreedySlot& g : greedy_slots) {
+      if (g.begin) cudaEventDestroy(g.begin);
+      if (g.end) cudaEventDestroy(g.end);
+    }
     if (step_begin) cudaEventDestroy(step_begin);
     if (step_end) cudaEventDestroy(step_end);
     if (plan_ready) cudaEventDestroy(plan_ready);
@@ -356,7 +376,9 @@ struct LlamaModelCuda::Impl {
   // A step, in the CPU runner's order (forward_device): prepare_step, embed_tokens, run_layer for
   // every layer, logits_of_rows.
   struct Step;
-  Step prepare_step(const ForwardBatch& batch, const KvCache& cache, bool greedy);
+  // slot >= 0: a greedy pass of begin_greedy, its ids into greedy_slots[slot], its stand-in
+  // tokens from the ids of the pass still open before it.
+  Step prepare_step(const ForwardBatch& batch, const KvCache& cache, bool greedy, int slot);
   // Both return whether s.h already holds the next layer's normalised input (the peer
   // all-reduce wrote it), which the next run_layer then does not compute again.
   bool embed_tokens(const Step& s, cudaStream_t st);
@@ -437,6 +459,10 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
     use_graphs = false;  // a check of the plain launches against the graphs' results
   if (const char* g = std::getenv("PAGEDATTN_GEMV"); g && std::string(g) == "0") use_gemv = false;
   if (const char* f = std::getenv("PAGEDATTN_FUSE"); f && std::string(f) == "0") fuse = false;
+  // PAGEDATTN_SCHEDULE_AHEAD=0: the engine reads each greedy step's ids before it schedules the
+  // next one, as on the CPU (a comparison).
+  if (const char* a = std::getenv("PAGEDATTN_SCHEDULE_AHEAD"); a && std::string(a) == "0")
+    overlap_passes = false;
   check_cublas(cublasCreate(&cublas), "cublasCreate");
   check_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
   check_cublas(cublasSetStream(cublas, stream), "cublasSetStream");
@@ -615,7 +641,8 @@ LlamaModelCuda::GraphStats LlamaModelCuda::cuda_graph_stats() const {
   return GraphStats{impl_->graphs.captures(), impl_->graphs.replays()};
 }
 
-void LlamaModelCuda::validate(const ForwardBatch& b, const KvCache& cache) const {
+void LlamaModelCuda::validate(const ForwardBatch& b, const KvCache& cache,
+                              int32_t chained_rows) const {
   constexpr const char* op = "LlamaModelCuda::forward";
   const ModelConfig& config = impl_->config;
   const KvCacheConfig& cc = cache.config();
@@ -629,7 +656,7 @@ void LlamaModelCuda::validate(const ForwardBatch& b, const KvCache& cache) const
            op, ": cache has ", cc.num_layers, " layers x ", cc.num_kv_heads,
            " KV heads x head_dim ", cc.head_dim, ", the model needs ", config.num_layers, " x ",
            kv_heads, " x ", config.head_dim);
-  check_forward_batch(b, config.vocab_size, cc.page_size, cc.num_pages, op);
+  check_forward_batch(b, config.vocab_size, cc.page_size, cc.num_pages, op, chained_rows);
 }
 
 // The step's device buffers and counts, made by prepare_step and read by the launches.
@@ -639,6 +666,7 @@ struct LlamaModelCuda::Impl::Step {
   const int32_t* slots = nullptr;   // [T]
   const int32_t* rows = nullptr;    // [R]
   const int32_t* positions = nullptr;  // [T]
+  const int32_t* chained_ids = nullptr;  // the stand-in tokens' ids (begin_greedy), or null
   const float* cos_table = nullptr;    // [rope_rows, D/2] (by position)
   const float* sin_table = nullptr;    // [rope_rows, D/2]
   float* cos = nullptr;                // [T, D/2] the tokens' rows (the embedding kernel's copy)
@@ -677,7 +705,7 @@ void LlamaModelCuda::Impl::grow_rope_table(int32_t n) {
 // the same shapes).
 LlamaModelCuda::Impl::Step LlamaModelCuda::Impl::prepare_step(const ForwardBatch& batch,
                                                                 const KvCache& cache,
-                                                                bool greedy) {
+                                                                bool greedy, int slot) {
   const ModelConfig& c = config;
   Step s;
   s.T = int32_t(batch.tokens.size());
@@ -698,7 +726,14 @@ LlamaModelCuda::Impl::Step LlamaModelCuda::Impl::prepare_step(const ForwardBatch
   std::copy(batch.positions.begin(), batch.positions.end(), hm + 2 * T + R);
   auto* dm = static_cast<int32_t*>(ensure(meta, int64_t(n_meta), DType::f32));
   // NOTE: the step's device time starts with its first enqueued work, after the host's part.
-  begin_step_timing();
+  if (slot < 0) {
+    begin_step_timing();
+  } else {
+    record_slot_event(greedy_slots[slot], true);
+    // The open pass's ids (run_pass checked that `ids` will not grow under them).
+    if (!greedy_open.empty() && greedy_slots[greedy_open.back()].rows > 0)
+      s.chained_ids = ids.data_as<int32_t>();
+  }
   check_cuda(cudaMemcpyAsync(dm, hm, n_meta * 4, cudaMemcpyHostToDevice, stream), "batch upload");
   s.tokens = dm;
   s.slots = dm + T;
@@ -765,7 +800,8 @@ bool LlamaModelCuda::Impl::embed_tokens(const Step& s, cudaStream_t st) {
                              s.x, rope, st);
     all_reduce(s.x, int64_t(s.T) * hidden, st);
   } else {
-    cuda::embed_gather(embed.data_as<uint16_t>(), s.tokens, s.T, hidden, s.x, rope, st);
+    cuda::embed_gather(embed.data_as<uint16_t>(), s.tokens, s.chained_ids, s.T, hidden, s.x, rope,
+                       st);
   }
   return false;
 }
@@ -900,13 +936,35 @@ void LlamaModelCuda::Impl::logits_of_rows(const Step& s, cudaStream_t st) {
 // the logit rows.
 const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& cache,
                                            bool greedy) {
+  PA_CHECK(impl_->greedy_open.empty(), "LlamaModelCuda::forward: a pass begun by begin_greedy is",
+           " not finished (finish_greedy)");
+  return run_pass(batch, cache, greedy, -1);
+}
+
+const float* LlamaModelCuda::run_pass(const ForwardBatch& batch, KvCache& cache, bool greedy,
+                                      int slot) {
   impl_->sample_pending = false;
   impl_->greedy_step = false;
-  validate(batch, cache);
   Impl& m = *impl_;
+  const int32_t chained =
+      slot >= 0 && !m.greedy_open.empty() ? m.greedy_slots[m.greedy_open.back()].rows : 0;
+  validate(batch, cache, chained);
+  // NOTE: a pass begun after an open one reads that pass's ids from `ids` and writes its own
+  // there: the buffer must not be reallocated (grown) under them.
+  PA_CHECK(chained == 0 || int64_t(batch.logit_rows.size()) <= m.ids.numel(),
+           "LlamaModelCuda::begin_greedy: ", batch.logit_rows.size(),
+           " logit rows after an open pass of ", chained,
+           ": a pass begun while another is open may have no more logit rows than it");
   const ModelConfig& c = m.config;
-  if (batch.tokens.empty()) return nullptr;  // no logit rows either (validate: rows index tokens)
-  const Impl::Step s = m.prepare_step(batch, cache, greedy);
+  if (slot >= 0) m.greedy_slots[slot].rows = int32_t(batch.logit_rows.size());
+  if (batch.tokens.empty()) {  // no logit rows either (validate: rows index tokens)
+    if (slot >= 0) {
+      m.record_slot_event(m.greedy_slots[slot], true);
+      m.record_slot_event(m.greedy_slots[slot], false);
+    }
+    return nullptr;
+  }
+  const Impl::Step s = m.prepare_step(batch, cache, greedy, slot);
 
   // Everything below only enqueues kernels on m.stream, reading the step's buffers: a CUDA graph
   // of it replays correctly for any later step with the same launches (step_graphs.h).
@@ -925,9 +983,9 @@ const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& 
     std::string sig;
     auto put = [&sig](const auto& v) { sig.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
     for (int64_t v : {int64_t(s.T), int64_t(s.R)}) put(v);
-    const void* scratch[] = {s.tokens, s.cos_table, s.sin_table, s.cos, s.x, s.h, s.qkv, s.q,
-                             s.k, s.v, s.attn, s.gu, s.act, s.logits, s.shard_logits,
-                             s.gathered, s.ids, s.pairs, s.pairs_all};
+    const void* scratch[] = {s.tokens, s.chained_ids, s.cos_table, s.sin_table, s.cos, s.x, s.h,
+                             s.qkv, s.q, s.k, s.v, s.attn, s.gu, s.act, s.logits,
+                             s.shard_logits, s.gathered, s.ids, s.pairs, s.pairs_all};
     for (const void* ptr : scratch) put(ptr);
     for (int32_t i = 0; i < c.num_layers; ++i) {
       const PagedKVView view = cache.layer_view(i);
@@ -938,6 +996,16 @@ const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& 
     m.graphs.run(sig, st, launch);
   } else {
     launch();
+  }
+  if (slot >= 0) {  // finish_greedy waits for the end event and reads the ids
+    Impl::GreedySlot& g = m.greedy_slots[slot];
+    if (s.R > 0) {
+      check_cuda(cudaMemcpyAsync(g.host.get(size_t(s.R) * 4), s.ids, size_t(s.R) * 4,
+                                 cudaMemcpyDeviceToHost, st),
+                 "token ids download");
+    }
+    m.record_slot_event(g, false);
+    return s.logits;
   }
   m.greedy_step = s.ids != nullptr;
   if (m.greedy_step) {  // the ids' download follows the step at once (download_greedy waits)
@@ -997,6 +1065,14 @@ std::vector<int32_t> LlamaModelCuda::download_greedy(const float* dl, int32_t R)
   }
   std::copy(h, h + R, ids.begin());
   return ids;
+}
+
+void LlamaModelCuda::Impl::record_slot_event(GreedySlot& g, bool begin_event) {
+  if (!g.begin) {
+    check_cuda(cudaEventCreate(&g.begin), "cudaEventCreate");
+    check_cuda(cudaEventCreate(&g.end), "cudaEventCreate");
+  }
+  check_cuda(cudaEventRecord(begin_event ? g.begin : g.end, stream), "cudaEventRecord");
 }
 
 void LlamaModelCuda::Impl::begin_step_timing() {
@@ -1145,6 +1221,34 @@ Tensor LlamaModelCuda::forward(const ForwardBatch& batch, KvCache& cache) {
 
 std::vector<int32_t> LlamaModelCuda::forward_greedy(const ForwardBatch& batch, KvCache& cache) {
   return download_greedy(forward_device(batch, cache, true), int32_t(batch.logit_rows.size()));
+}
+
+void LlamaModelCuda::begin_greedy(const ForwardBatch& batch, KvCache& cache) {
+  Impl& m = *impl_;
+  // NOTE: a tensor-parallel rank runs its group's steps as they come (the default's order).
+  if (m.comm) return Model::begin_greedy(batch, cache);
+  PA_CHECK(m.greedy_open.size() < 2, "LlamaModelCuda::begin_greedy: two passes are outstanding");
+  const int slot = m.greedy_open.empty() ? 0 : 1 - m.greedy_open.back();
+  run_pass(batch, cache, true, slot);
+  m.greedy_open.push_back(slot);
+}
+
+bool LlamaModelCuda::overlaps_passes() const { return impl_->overlap_passes && !impl_->comm; }
+
+std::vector<int32_t> LlamaModelCuda::finish_greedy() {
+  Impl& m = *impl_;
+  if (m.comm) return Model::finish_greedy();
+  PA_CHECK(!m.greedy_open.empty(), "LlamaModelCuda::finish_greedy: no begin_greedy before it");
+  Impl::GreedySlot& g = m.greedy_slots[m.greedy_open.front()];
+  const cudaError_t e = cudaEventSynchronize(g.end);
+  if (e != cudaSuccess) m.greedy_open.clear();  // the passes after it are lost too
+  check_cuda(e, "LlamaModelCuda::finish_greedy");
+  m.greedy_open.pop_front();
+  float ms = 0;
+  check_cuda(cudaEventElapsedTime(&ms, g.begin, g.end), "cudaEventElapsedTime");
+  m.busy_seconds += double(ms) * 1e-3;
+  const auto* h = reinterpret_cast<const int32_t*>(g.host.p);
+  return std::vector<int32_t>(h, h + g.rows);
 }
 
 }  // namespace pagedattn
