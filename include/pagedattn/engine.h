@@ -8,6 +8,12 @@
 //   prompt, forced token or kept logits) runs model.forward_sample with the step's plan: on a
 //   device runner the logits never leave the device. Other steps download their logits and pick
 //   on the host with the same rules.
+//   Scheduling ahead (EngineConfig::schedule_ahead, on with the CUDA runner): a greedy step runs
+//   as Model::begin_greedy / finish_greedy, and where nothing but plain greedy requests is alive
+//   and every running sequence has a row in it, the engine commits it, schedules the next step
+//   with stand-ins for its ids (chained_token) and begins it before it reads them; step() then
+//   hands out this step's tokens while the next one runs. A row whose sequence this step ends
+//   (EOS, a stop, a cancel) is computed and dropped.
 // A finished or cancelled request frees its pages at once. Engine itself is
 // single-threaded; AsyncEngine (async_engine.h) runs it on a background thread for the server.
 #pragma once

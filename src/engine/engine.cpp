@@ -596,8 +596,11 @@ RequestOutput Engine::collect(RequestState& rs) {
 }
 
 bool Engine::can_schedule_next(const SchedulerOutput& out) const {
-  // NOTE: a waiting request (an admission, a prefill of known tokens) takes the usual path.
-  if (scheduler_->num_waiting() > 0) return false;
+  // NOTE: a waiting request may be admitted into the next step (its prompt's tokens are known),
+  // which runs as a greedy pass only if every row it samples is plain greedy.
+  if (scheduler_->num_waiting() > 0)
+    for (const auto& [id, rs] : requests_)
+      if (!rs->cancelled && !rs->plain_greedy()) return false;
   int32_t rows = 0;
   int64_t pages = 0;
   for (const ScheduledSeq& s : out.scheduled) {

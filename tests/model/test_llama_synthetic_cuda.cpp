@@ -198,6 +198,23 @@ TEST_P(LlamaCudaSynthetic, ChainedGreedyPassesGiveForwardGreedysIds) {
   EXPECT_THROW(chained.finish_greedy(), Error);  // none open
   // A stand-in with no pass open before it names no row: the CPU model's vocabulary error.
   EXPECT_THROW(chained.begin_greedy(make_step_batch(cc, cs, stand_ins), cc), Error);
+  // A chained pass with more rows than the pass before it (an admission beside the decodes): on a
+  // fresh model, whose ids buffer grows under the open pass's one id. A sequence's stand-in beside
+  // two new prompts.
+  {
+    LlamaModelCuda widen(cfg, 5);
+    std::vector<SeqId> p2 = {pc.create_sequence(), pc.create_sequence(), pc.create_sequence()};
+    std::vector<SeqId> c2 = {cc.create_sequence(), cc.create_sequence(), cc.create_sequence()};
+    const std::vector<int32_t> first =
+        plain.forward_greedy(make_step_batch(pc, {p2[0]}, {toks[2]}), pc);
+    pc.commit(p2[0]);
+    const std::vector<int32_t> second =
+        plain.forward_greedy(make_step_batch(pc, p2, {{first[0]}, toks[0], toks[1]}), pc);
+    widen.begin_greedy(make_step_batch(cc, {c2[0]}, {toks[2]}), cc);
+    widen.begin_greedy(make_step_batch(cc, c2, {{chained_token(0)}, toks[0], toks[1]}), cc);
+    EXPECT_EQ(widen.finish_greedy(), first);
+    EXPECT_EQ(widen.finish_greedy(), second);
+  }
   for (SeqId s : cs) cc.free_sequence(s);
   // A plain pass after the chained ones: the same logits as the other model's.
   std::vector<SeqId> fresh = {cc.create_sequence()}, fresh2 = {pc.create_sequence()};

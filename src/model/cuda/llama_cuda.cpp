@@ -950,11 +950,16 @@ const float* LlamaModelCuda::run_pass(const ForwardBatch& batch, KvCache& cache,
       slot >= 0 && !m.greedy_open.empty() ? m.greedy_slots[m.greedy_open.back()].rows : 0;
   validate(batch, cache, chained);
   // NOTE: a pass begun after an open one reads that pass's ids from `ids` and writes its own
-  // there: the buffer must not be reallocated (grown) under them.
-  PA_CHECK(chained == 0 || int64_t(batch.logit_rows.size()) <= m.ids.numel(),
-           "LlamaModelCuda::begin_greedy: ", batch.logit_rows.size(),
-           " logit rows after an open pass of ", chained,
-           ": a pass begun while another is open may have no more logit rows than it");
+  // there; when it has more logit rows (an admission) the open pass's ids move to a larger buffer
+  // first, on the stream after that pass (the old buffer's cudaFree waits for the device).
+  const int64_t R = int64_t(batch.logit_rows.size());
+  if (chained > 0 && R > m.ids.numel()) {
+    Tensor grown = Tensor::empty({2 * R}, DType::f32, Device::cuda);
+    check_cuda(cudaMemcpyAsync(grown.data(), m.ids.data(), size_t(chained) * 4,
+                               cudaMemcpyDeviceToDevice, m.stream),
+               "LlamaModelCuda::begin_greedy: ids");
+    m.ids = std::move(grown);
+  }
   const ModelConfig& c = m.config;
   if (slot >= 0) m.greedy_slots[slot].rows = int32_t(batch.logit_rows.size());
   if (batch.tokens.empty()) {  // no logit rows either (validate: rows index tokens)
