@@ -119,10 +119,13 @@ class Engine {
   // (Model::begin_greedy) into ahead_. Returns whether out was committed.
   bool can_schedule_next(const SchedulerOutput& out) const;
   bool schedule_next(const SchedulerOutput& out);
-  // A committed step's ids (schedule_next): the stand-ins become the ids, in the cache's record
-  // too, and the pages the step wrote get their hashes; then after_token.
-  void take_ahead_ids(const SchedulerOutput& out, const std::vector<int32_t>& ids,
-                      std::vector<RequestId>& touched);
+  // A committed step's picks (schedule_next): ids of a greedy step, else the sampled tokens. The
+  // stand-ins become the tokens, in the cache's record too, and the pages the step wrote get their
+  // hashes; then record_logprobs (sampled) and after_token.
+  void take_ahead_picks(const SchedulerOutput& out, const std::vector<int32_t>& ids,
+                        const std::vector<TokenLogprobs>& picked, std::vector<RequestId>& touched);
+  // take_token's first half: the pick's log-probabilities kept as the request asks.
+  void record_logprobs(RequestState& rs, Sequence& seq, const TokenLogprobs& picked);
   void finish_seq(Sequence& seq, FinishReason reason);
   // decode_ of each token id alone (json_object's candidates), built on first use.
   const std::vector<std::string>& token_bytes();
@@ -150,6 +153,7 @@ class Engine {
   // The greedy step begun ahead of the one the last step() read (its ids not taken yet), and the
   // requests that ended while it still had rows of theirs (kept until the next step() reads it).
   std::unique_ptr<SchedulerOutput> ahead_;
+  bool ahead_greedy_ = false;  // ahead_ was begun as a greedy pass (else a sampled one)
   std::vector<std::unique_ptr<RequestState>> retired_;
   SamplePlan plan_;                       // sample_plan's
   struct Counters;

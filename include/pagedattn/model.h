@@ -71,29 +71,32 @@ class Model {
   // plan that does not fit the batch or the vocabulary.
   virtual std::vector<TokenLogprobs> forward_sample(const ForwardBatch& batch, KvCache& cache,
                                                     const SamplePlan& plan);
-  // forward_sample in two calls, so that a caller can build the plan (tens of thousands of edits
-  // a step with repetition penalties) while a device runs the pass: begin_sample starts the pass,
-  // finish_sample picks each row's token by the plan and returns what forward_sample would. The
-  // plan is checked in finish_sample before anything reads it; one that does not fit fails that
-  // call with forward_sample's error after the pass has written the batch's K/V (the positions
-  // the batch adds, which a caller commits only when the step succeeds). The default keeps the
-  // batch and the cache (both must stay as they are until finish_sample) and runs forward_sample
-  // in finish_sample; a device runner enqueues the pass in begin_sample. Error from finish_sample
-  // without a begin_sample before it.
-  virtual void begin_sample(const ForwardBatch& batch, KvCache& cache);
-  virtual std::vector<TokenLogprobs> finish_sample(const SamplePlan& plan);
-  // forward_greedy in two calls, so that a caller can begin the next pass before it reads this
-  // one's ids (the engine schedules a decode step ahead): begin_greedy starts a pass, finish_greedy
-  // returns the ids of the oldest pass begun and not yet finished. At most two are outstanding. A
-  // batch begun while another pass is outstanding may take that pass's ids as its tokens:
-  // chained_token(r) stands for the id it picks for its logit row r. The default keeps a copy of
-  // each batch (the cache must stay as it is until its finish_greedy) and runs forward_greedy in
-  // finish_greedy; a device runner enqueues the pass in begin_greedy and the ids never come back
-  // to the host between the two passes. An error from finish_greedy drops every pass begun.
+  // Passes in two calls, so that a caller can go on while a device runs them: begin_greedy or
+  // begin_sample starts a pass (at most two are open, finished in the order begun);
+  // finish_greedy returns the ids of the oldest open pass (a greedy one). A sampled pass's tokens
+  // are picked by a plan (sample_plan.h), which the caller may build while the pass runs:
+  // pick_sampled(plan) checks the plan and starts the picking of the oldest open sampled pass,
+  // take_sampled returns what forward_sample would; finish_sample(plan) is the two in a row. A
+  // plan that does not fit fails pick_sampled after the pass has written the batch's K/V (the
+  // positions the batch adds, which a caller commits only when the step succeeds).
+  // A batch begun while another pass is open (a greedy one, or a sampled one already picked) may
+  // take that pass's picks as its tokens: chained_token(r) stands for the id it picks for its logit
+  // row r (the engine schedules a step ahead with them). The default keeps a copy of each batch
+  // (the cache must stay as it is until the pass is finished) and runs forward_greedy or
+  // forward_sample in finish_greedy / take_sampled; a device runner enqueues the pass in begin_*
+  // and the picks never come back to the host between two passes. An error from finish_greedy,
+  // pick_sampled or take_sampled drops every open pass.
   virtual void begin_greedy(const ForwardBatch& batch, KvCache& cache);
   virtual std::vector<int32_t> finish_greedy();
-  // Whether begin_greedy returns while the pass runs (a device runner), so that the caller's work
-  // until finish_greedy overlaps it: the engine schedules ahead by default only then.
+  virtual void begin_sample(const ForwardBatch& batch, KvCache& cache);
+  virtual void pick_sampled(const SamplePlan& plan);
+  virtual std::vector<TokenLogprobs> take_sampled();
+  std::vector<TokenLogprobs> finish_sample(const SamplePlan& plan) {
+    pick_sampled(plan);
+    return take_sampled();
+  }
+  // Whether begin_* return while the pass runs (a device runner), so that the caller's work until
+  // the pass is finished overlaps it: the engine schedules ahead by default only then.
   virtual bool overlaps_passes() const { return false; }
   // The absolute maximum of K (as stored: after norm and RoPE) and V per layer and KV head over
   // `tokens` run as one fresh sequence (on a private cache): k, v [num_layers * num_kv_heads].
@@ -117,15 +120,19 @@ class Model {
   virtual std::string health() const { return ""; }
 
  private:
-  const ForwardBatch* sample_batch_ = nullptr;  // the default begin_sample's
-  KvCache* sample_cache_ = nullptr;
-  // The default begin_greedy's passes (oldest first) and the ids of the last one finished.
-  struct GreedyPass {
+  // The default's open passes (oldest first) and the picks of the last one finished.
+  struct OpenPass {
     ForwardBatch batch;
     KvCache* cache = nullptr;
+    bool sampled = false;
+    bool picked = false;  // sampled: pick_sampled has its plan
+    SamplePlan plan;
   };
-  std::deque<GreedyPass> greedy_passes_;
-  std::vector<int32_t> last_greedy_ids_;
+  void begin_pass(const ForwardBatch& batch, KvCache& cache, bool sampled, const char* op);
+  // The oldest open pass, its stand-ins replaced by the picks of the pass before it.
+  OpenPass take_oldest(bool sampled, const char* op);
+  std::deque<OpenPass> open_passes_;
+  std::vector<int32_t> last_picks_;
 };
 
 // A short built-in English text for the fp8 calibration pass.

@@ -433,6 +433,11 @@ RowSampling Engine::row_of(const RequestState& rs, const Sequence& seq) const {
 }
 
 void Engine::take_token(RequestState& rs, Sequence& seq, const TokenLogprobs& picked) {
+  record_logprobs(rs, seq, picked);
+  append_token(rs, seq, picked.token);
+}
+
+void Engine::record_logprobs(RequestState& rs, Sequence& seq, const TokenLogprobs& picked) {
   if (rs.track_logprobs) seq.cumulative_logprob += picked.logprob;
   const int32_t want = seq.sampler.params().logprobs;
   if (want >= 0) {
@@ -440,7 +445,6 @@ void Engine::take_token(RequestState& rs, Sequence& seq, const TokenLogprobs& pi
     if (int32_t(seq.new_logprobs.back().top.size()) > want)
       seq.new_logprobs.back().top.resize(size_t(want));
   }
-  append_token(rs, seq, picked.token);
 }
 
 bool Engine::sample_step(const SchedulerOutput& out) const {
@@ -472,6 +476,7 @@ const SamplePlan& Engine::sample_plan(const SchedulerOutput& out) {
   for (const ScheduledSeq& s : out.scheduled) {
     if (s.logit_row < 0) continue;
     const Sequence& q = *s.seq;
+    if (q.finished()) continue;  // cancelled while its pass ran: argmax, and dropped
     RowSampling r = row_of(*requests_.at(q.request_id), q);
     r.edit_begin = int32_t(plan.edits.size());
     const std::vector<LogitEdit>& e = q.editor.edits();
@@ -596,11 +601,10 @@ RequestOutput Engine::collect(RequestState& rs) {
 }
 
 bool Engine::can_schedule_next(const SchedulerOutput& out) const {
-  // NOTE: a waiting request may be admitted into the next step (its prompt's tokens are known),
-  // which runs as a greedy pass only if every row it samples is plain greedy.
-  if (scheduler_->num_waiting() > 0)
-    for (const auto& [id, rs] : requests_)
-      if (!rs->cancelled && !rs->plain_greedy()) return false;
+  // NOTE: a waiting request may be admitted into the next step (its prompt's tokens are known);
+  // every row of that step must be one the device picks (greedy or by a sample plan).
+  for (const auto& [id, rs] : requests_)
+    if (!rs->cancelled && !rs->device_picks()) return false;
   int32_t rows = 0;
   int64_t pages = 0;
   for (const ScheduledSeq& s : out.scheduled) {
@@ -635,8 +639,15 @@ bool Engine::schedule_next(const SchedulerOutput& out) {
     PA_CHECK(next->preempted.empty() && next->out_of_memory.empty(),
              "the step scheduled ahead preempted a sequence (its pages were counted before)");
     if (next->empty()) return true;
-    model_->begin_greedy(next->batch, *cache_);
+    const bool greedy = greedy_step(*next);
+    PA_CHECK(greedy || sample_step(*next), "the step scheduled ahead has a row the device does ",
+             "not pick");
+    if (greedy)
+      model_->begin_greedy(next->batch, *cache_);
+    else
+      model_->begin_sample(next->batch, *cache_);
     ahead_ = std::move(next);
+    ahead_greedy_ = greedy;
   } catch (const std::exception& e) {
     for (const ScheduledSeq& s : out.scheduled)
       cancel(s.seq->request_id, std::string("step: scheduling ahead failed: ") + e.what());
@@ -644,8 +655,9 @@ bool Engine::schedule_next(const SchedulerOutput& out) {
   return true;
 }
 
-void Engine::take_ahead_ids(const SchedulerOutput& out, const std::vector<int32_t>& ids,
-                            std::vector<RequestId>& touched) {
+void Engine::take_ahead_picks(const SchedulerOutput& out, const std::vector<int32_t>& ids,
+                              const std::vector<TokenLogprobs>& picked,
+                              std::vector<RequestId>& touched) {
   for (const ScheduledSeq& s : out.scheduled) {
     if (s.logit_row < 0) continue;
     Sequence& q = *s.seq;
@@ -657,12 +669,16 @@ void Engine::take_ahead_ids(const SchedulerOutput& out, const std::vector<int32_
       q.tokens.pop_back();
       continue;
     }
-    const int32_t position = q.num_tokens() - 1, token = ids[size_t(s.logit_row)];
+    const size_t row = size_t(s.logit_row);
+    const int32_t position = q.num_tokens() - 1;
+    const int32_t token = picked.empty() ? ids[row] : picked[row].token;
     q.tokens.back() = token;
     if (cache_->kv_len(q.cache_seq) > position) cache_->set_token(q.cache_seq, position, token);
     cache_->commit(q.cache_seq, q.num_computed);  // the pass has written its K/V now
     touched.push_back(q.request_id);
-    after_token(*requests_.at(q.request_id), q);
+    RequestState& rs = *requests_.at(q.request_id);
+    if (!picked.empty()) record_logprobs(rs, q, picked[row]);
+    after_token(rs, q);
   }
 }
 
@@ -691,8 +707,8 @@ std::vector<RequestOutput> Engine::step() {
   if (!out.empty()) {
     // NOTE: a greedy step downloads R token ids instead of R x vocab logits (16 MB at batch 32
     // with a 128K vocabulary on CUDA) and skips the host argmax.
-    const bool greedy = begun || greedy_step(out);
-    const bool sampled = !greedy && sample_step(out);
+    const bool greedy = begun ? ahead_greedy_ : greedy_step(out);
+    const bool sampled = begun ? !ahead_greedy_ : !greedy && sample_step(out);
     Tensor logits;
     std::vector<int32_t> ids;
     std::vector<TokenLogprobs> picked;
@@ -700,12 +716,18 @@ std::vector<RequestOutput> Engine::step() {
     bool committed = false;  // by schedule_next, which began the step after this one
     const Clock::time_point t0 = Clock::now();
     try {
-      if (greedy && schedule_ahead_) {
-        // NOTE: the next step is scheduled and begun while this one runs; this one's ids are read
+      if ((greedy || sampled) && schedule_ahead_) {
+        // NOTE: the next step is scheduled and begun while this one runs (a sampled one's plan is
+        // built while its pass runs, and its picking enqueued first); this one's picks are read
         // (and its outputs handled, and handed out) while the next one runs.
-        if (!begun) model_->begin_greedy(out.batch, *cache_);
+        if (!begun && greedy) model_->begin_greedy(out.batch, *cache_);
+        if (!begun && sampled) model_->begin_sample(out.batch, *cache_);
+        if (sampled) model_->pick_sampled(sample_plan(out));
         committed = schedule_next(out);
-        ids = model_->finish_greedy();
+        if (greedy)
+          ids = model_->finish_greedy();
+        else
+          picked = model_->take_sampled();
       } else if (greedy) {
         ids = model_->forward_greedy(out.batch, *cache_);
       } else if (sampled) {
@@ -740,7 +762,7 @@ std::vector<RequestOutput> Engine::step() {
                   logits.dim(1) == model_->config().vocab_size);
       }
       if (committed) {
-        take_ahead_ids(out, ids, touched);
+        take_ahead_picks(out, ids, picked, touched);
       } else {
         for (const ScheduledSeq& s : out.scheduled) {
           if (s.seq->finished()) continue;  // cancelled while its pass ran (begun ahead)
@@ -753,7 +775,7 @@ std::vector<RequestOutput> Engine::step() {
           append_greedy(out, ids, touched);
         } else if (sampled) {
           for (const ScheduledSeq& s : out.scheduled) {
-            if (s.logit_row < 0) continue;
+            if (s.logit_row < 0 || s.seq->finished()) continue;  // finished: cancelled meanwhile
             touched.push_back(s.seq->request_id);
             take_token(*requests_.at(s.seq->request_id), *s.seq, picked[size_t(s.logit_row)]);
           }

@@ -57,7 +57,15 @@ void LlamaModelCuda::begin_sample(const ForwardBatch&, KvCache&) {
   fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
 }
 
-std::vector<TokenLogprobs> LlamaModelCuda::finish_sample(const SamplePlan&) {
+void LlamaModelCuda::pick_sampled(const SamplePlan&) {
+  fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
+}
+
+std::vector<TokenLogprobs> LlamaModelCuda::take_sampled() {
+  fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
+}
+
+void LlamaModelCuda::begin_pass(const ForwardBatch&, KvCache&, bool) {
   fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
 }
 

@@ -127,11 +127,18 @@ class FakeModel : public Model {
     ++num_greedy_calls;
     return Model::forward_greedy(b, cache);
   }
-  // The default two-call greedy step; passes begun with stand-in tokens (schedule ahead) counted.
+  // The default two-call steps; passes begun with stand-in tokens (schedule ahead) counted.
   void begin_greedy(const ForwardBatch& b, KvCache& cache) override {
     Model::begin_greedy(b, cache);
     if (std::any_of(b.tokens.begin(), b.tokens.end(), [](int32_t t) { return t < 0; }))
       ++num_chained_passes;
+  }
+  void begin_sample(const ForwardBatch& b, KvCache& cache) override {
+    Model::begin_sample(b, cache);
+    if (std::any_of(b.tokens.begin(), b.tokens.end(), [](int32_t t) { return t < 0; })) {
+      ++num_chained_passes;
+      ++num_chained_sampled_passes;
+    }
   }
   // The default sampled step (forward, then the host twin of the plan), counted.
   std::vector<TokenLogprobs> forward_sample(const ForwardBatch& b, KvCache& cache,
@@ -199,7 +206,8 @@ class FakeModel : public Model {
   int64_t num_forward_calls = 0;            // every step (forward_greedy runs forward)
   int64_t num_greedy_calls = 0;             // the steps that took forward_greedy
   int64_t num_sample_calls = 0;             // the steps that took forward_sample
-  int64_t num_chained_passes = 0;           // greedy passes begun with stand-in tokens
+  int64_t num_chained_passes = 0;           // passes begun with stand-in tokens
+  int64_t num_chained_sampled_passes = 0;   // of those, sampled ones
   std::vector<int32_t> batch_tokens;        // tokens per forward call
   std::vector<int32_t> batch_seqs;          // sequences per forward call
 

@@ -122,6 +122,58 @@ TEST(ScheduleAhead, SameTokensTextAndFinishAsWithout) {
   EXPECT_EQ(reasons, (std::set<FinishReason>{FinishReason::stop, FinishReason::length}));
 }
 
+// Sampled requests (temperature, top-k/p, min-p, penalties, logit bias, seeds, logprobs) are
+// scheduled ahead too: the plan of a step is built while its pass runs, its picking enqueued, then
+// the next step begun with stand-ins for the picks. The same tokens and log-probabilities as
+// without.
+TEST(ScheduleAhead, SampledRequestsSameAsWithout) {
+  std::map<RequestId, Out> res[2];
+  std::map<RequestId, std::vector<TokenLogprobs>> lps[2];
+  int64_t chained_sampled = 0;
+  for (int32_t ahead : {0, 1}) {
+    auto model = std::make_unique<FakeModel>(128, std::vector<int32_t>{0});
+    model->eos_every = 11;
+    const FakeModel& fake = *model;
+    Engine e(std::move(model), config(ahead), fakes::fake_decode);
+    for (int32_t i = 0; i < 6; ++i) {
+      Request r = greedy(prompt(4 + 3 * i, 30 + i), 14 + 3 * i);
+      r.seed = uint64_t(100 + i);
+      r.sampling.temperature = 0.7f + 0.2f * float(i % 3);
+      if (i % 2 == 0) r.sampling.top_k = 20;
+      if (i % 3 == 1) r.sampling.top_p = 0.9f;
+      if (i == 2) r.sampling.min_p = 0.05f;
+      if (i == 3) r.sampling.repetition_penalty = 1.3f;
+      if (i == 4) r.sampling.presence_penalty = 0.5f;
+      if (i == 5) r.sampling.logit_bias = {{7, 3.f}};
+      r.sampling.logprobs = i % 2 == 0 ? 3 : -1;
+      e.add_request(r);
+    }
+    while (e.has_work()) {
+      const std::vector<RequestOutput> outs = e.step();
+      gather(res[ahead], outs);
+      for (const RequestOutput& o : outs)
+        for (const SequenceOutput& so : o.seqs)
+          lps[ahead][o.id].insert(lps[ahead][o.id].end(), so.logprobs.begin(), so.logprobs.end());
+    }
+    EXPECT_EQ(e.cache().stats().pages_used, 0);
+    if (ahead == 1) chained_sampled = fake.num_chained_sampled_passes;
+  }
+  EXPECT_GT(chained_sampled, 5);  // (EOS and the last tokens of each request break the chain)
+  ASSERT_EQ(res[0].size(), 6u);
+  for (const auto& [id, a] : res[0]) {
+    EXPECT_EQ(res[1][id].tokens, a.tokens) << "request " << id;
+    EXPECT_EQ(res[1][id].finish, a.finish) << "request " << id;
+    const auto& la = lps[0][id];
+    const auto& lb = lps[1][id];
+    ASSERT_EQ(la.size(), lb.size()) << "request " << id;
+    for (size_t k = 0; k < la.size(); ++k) {
+      EXPECT_EQ(lb[k].token, la[k].token);
+      EXPECT_EQ(lb[k].logprob, la[k].logprob);
+      EXPECT_EQ(lb[k].top, la[k].top);
+    }
+  }
+}
+
 // A request cancelled while the step begun ahead holds a row of it: that row is dropped, its pages
 // are free at once, the others go on unchanged.
 TEST(ScheduleAhead, CancelWhileTheStepAheadRuns) {

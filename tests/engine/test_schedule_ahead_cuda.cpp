@@ -1,6 +1,7 @@
 // The engine on the CUDA runner, scheduling ahead (its default there) against not: the same tokens
-// for requests that end on max_tokens, on stop token ids and by a cancel, with the prefix cache on
-// and a second wave of requests that reuses the first wave's pages.
+// for greedy and seeded sampled requests that end on max_tokens, on stop token ids and by a
+// cancel, with the prefix cache on and a second wave of requests that reuses the first wave's
+// pages.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -42,6 +43,14 @@ Outcome run(int32_t ahead, const std::vector<int32_t>& stop) {
     Request q;
     for (int32_t j = 0; j < 5 + 9 * i; ++j) q.prompt.push_back((j * 31 + i * 7 + 3) % 300);
     q.sampling.temperature = 0.f;
+    if (i % 2 == 1) {  // sampled on the device (the mix), seeded
+      q.sampling.temperature = 0.8f;
+      q.sampling.top_p = 0.95f;
+      q.sampling.top_k = 50;
+      q.sampling.repetition_penalty = 1.1f;
+      q.sampling.logprobs = 3;
+      q.seed = uint64_t(40 + i);
+    }
     q.max_tokens = 12 + 5 * i;
     q.ignore_eos = true;
     if (stop[size_t(i)] >= 0) q.sampling.stop_token_ids = {stop[size_t(i)]};

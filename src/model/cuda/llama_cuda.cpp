@@ -207,24 +207,29 @@ struct LlamaModelCuda::Impl {
   // Device time of the steps: an event before a step's first upload and one after its download.
   cudaEvent_t step_begin = nullptr, step_end = nullptr;
   bool step_open = false;
-  // Greedy passes begun (begin_greedy) and not yet finished, oldest first, each in a slot of its
-  // own: the page-locked copy of its ids (read while the next pass runs, so not shared with it)
-  // and events around the pass. The two slots alternate. On the device every pass writes its ids
-  // into `ids`, which the pass begun after it reads as its tokens before it writes its own (the
-  // same stream): the graphs of the steps see one buffer (a graph is captured when a step's
-  // launches repeat; two alternating buffers would never repeat).
-  struct GreedySlot {
+  // Passes begun (begin_greedy, begin_sample) and not yet finished, oldest first, each in a slot
+  // of its own: the page-locked copy of its picks (read while the next pass runs, so not shared
+  // with it) and events around the pass. The two slots alternate. A greedy pass writes its ids
+  // into `ids` on the device, a sampled one (once pick_sampled gives its plan) into sample_out;
+  // the pass begun after it reads them as its stand-in tokens before it writes its own (the same
+  // stream). The graphs of the steps see one buffer of greedy ids (a graph is captured when a
+  // step's launches repeat; two alternating buffers would never repeat).
+  struct PassSlot {
     PinnedBytes host;
     cudaEvent_t begin = nullptr, end = nullptr;
     int32_t rows = 0;
+    bool sampled = false, picked = false;
+    const int32_t* picks = nullptr;  // on the device, once picked (greedy passes: at once)
+    const float* logits = nullptr;   // a sampled pass's, until picked
+    int32_t top_n = 0;               // a sampled pass: top log-probabilities per row downloaded
+    std::vector<int32_t> logprobs;   // a sampled pass: each row's ask (RowSampling::logprobs)
   };
-  void record_slot_event(GreedySlot& g, bool begin_event);
-  GreedySlot greedy_slots[2];
-  std::deque<int> greedy_open;
-  // begin_sample's pass, which finish_sample samples (any other pass enqueued since clears it).
-  bool sample_pending = false;
-  const float* sample_logits = nullptr;
-  int64_t sample_rows = 0;
+  void record_slot_event(PassSlot& g, bool begin_event);
+  // The oldest open pass (greedy, or sampled and picked) once its end event has passed (its device
+  // time counted), taken out of the open ones; an error drops every open pass.
+  PassSlot& finish_oldest(bool sampled, const char* op);
+  PassSlot pass_slots[2];
+  std::deque<int> open_slots;
   double busy_seconds = 0;
   void begin_step_timing();
   void end_step_timing();  // records the step's end after its last copy and waits for it
@@ -234,7 +239,14 @@ struct LlamaModelCuda::Impl {
 
   // Uploads a checked plan (rows, then edits) to sample_in, on upload_stream.
   void stage_plan(const SamplePlan& plan);
-  // The sampler over device logits dl [R, vocab] with the staged plan, and its results.
+  // The sampler over device logits dl [R, vocab] with the staged plan, enqueued with the download
+  // of its results into `host` (n_out 4-byte values: ids [R], logprob [R], top ids [R, N], top
+  // logprobs [R, N]); returns the ids on the device.
+  const int32_t* enqueue_sampler(const float* dl, const SamplePlan& plan, PinnedBytes& host);
+  // Those results (downloaded) as tokens: rows R, N top log-probabilities a row downloaded, each
+  // row's ask.
+  std::vector<TokenLogprobs> sampled_tokens(const int32_t* h, int32_t R, int32_t N,
+                                            const std::vector<int32_t>& logprobs) const;
   std::vector<TokenLogprobs> run_sampler(const float* dl, const SamplePlan& plan);
   std::vector<int32_t> host_meta;
 
@@ -255,7 +267,7 @@ struct LlamaModelCuda::Impl {
 
   ~Impl() {
     graphs.clear();
-    for (GreedySlot& g : greedy_slots) {
+    for (PassSlot& g : pass_slots) {
       if (g.begin) cudaEventDestroy(g.begin);
       if (g.end) cudaEventDestroy(g.end);
     }
@@ -376,7 +388,7 @@ struct LlamaModelCuda::Impl {
   // A step, in the CPU runner's order (forward_device): prepare_step, embed_tokens, run_layer for
   // every layer, logits_of_rows.
   struct Step;
-  // slot >= 0: a greedy pass of begin_greedy, its ids into greedy_slots[slot], its stand-in
+  // slot >= 0: a greedy pass of begin_greedy, its ids into pass_slots[slot], its stand-in
   // tokens from the ids of the pass still open before it.
   Step prepare_step(const ForwardBatch& batch, const KvCache& cache, bool greedy, int slot);
   // Both return whether s.h already holds the next layer's normalised input (the peer
@@ -729,10 +741,10 @@ LlamaModelCuda::Impl::Step LlamaModelCuda::Impl::prepare_step(const ForwardBatch
   if (slot < 0) {
     begin_step_timing();
   } else {
-    record_slot_event(greedy_slots[slot], true);
-    // The open pass's ids (run_pass checked that `ids` will not grow under them).
-    if (!greedy_open.empty() && greedy_slots[greedy_open.back()].rows > 0)
-      s.chained_ids = ids.data_as<int32_t>();
+    record_slot_event(pass_slots[slot], true);
+    // The open pass's picks (run_pass moved greedy ids that `ids` would have outgrown).
+    if (!open_slots.empty() && pass_slots[open_slots.back()].rows > 0)
+      s.chained_ids = pass_slots[open_slots.back()].picks;
   }
   check_cuda(cudaMemcpyAsync(dm, hm, n_meta * 4, cudaMemcpyHostToDevice, stream), "batch upload");
   s.tokens = dm;
@@ -936,36 +948,46 @@ void LlamaModelCuda::Impl::logits_of_rows(const Step& s, cudaStream_t st) {
 // the logit rows.
 const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& cache,
                                            bool greedy) {
-  PA_CHECK(impl_->greedy_open.empty(), "LlamaModelCuda::forward: a pass begun by begin_greedy is",
-           " not finished (finish_greedy)");
+  PA_CHECK(impl_->open_slots.empty(), "LlamaModelCuda::forward: a pass begun by begin_greedy or ",
+           "begin_sample is not finished");
   return run_pass(batch, cache, greedy, -1);
 }
 
 const float* LlamaModelCuda::run_pass(const ForwardBatch& batch, KvCache& cache, bool greedy,
                                       int slot) {
-  impl_->sample_pending = false;
   impl_->greedy_step = false;
   Impl& m = *impl_;
-  const int32_t chained =
-      slot >= 0 && !m.greedy_open.empty() ? m.greedy_slots[m.greedy_open.back()].rows : 0;
+  // The open pass before this one, whose picks its stand-ins may name (a sampled one only once
+  // pick_sampled has given its plan).
+  Impl::PassSlot* before = slot >= 0 && !m.open_slots.empty() ? &m.pass_slots[m.open_slots.back()]
+                                                              : nullptr;
+  const int32_t chained = before && before->picks ? before->rows : 0;
   validate(batch, cache, chained);
-  // NOTE: a pass begun after an open one reads that pass's ids from `ids` and writes its own
-  // there; when it has more logit rows (an admission) the open pass's ids move to a larger buffer
-  // first, on the stream after that pass (the old buffer's cudaFree waits for the device).
+  // NOTE: a greedy pass begun after an open greedy one reads that pass's ids from `ids` and writes
+  // its own there; when it has more logit rows (an admission) the open pass's ids move to a larger
+  // buffer first, on the stream after that pass (the old buffer's cudaFree waits for the device).
   const int64_t R = int64_t(batch.logit_rows.size());
-  if (chained > 0 && R > m.ids.numel()) {
+  if (greedy && chained > 0 && before->picks == m.ids.data() && R > m.ids.numel()) {
     Tensor grown = Tensor::empty({2 * R}, DType::f32, Device::cuda);
     check_cuda(cudaMemcpyAsync(grown.data(), m.ids.data(), size_t(chained) * 4,
                                cudaMemcpyDeviceToDevice, m.stream),
                "LlamaModelCuda::begin_greedy: ids");
     m.ids = std::move(grown);
+    before->picks = m.ids.data_as<int32_t>();
+  }
+  if (slot >= 0) {
+    Impl::PassSlot& g = m.pass_slots[slot];
+    g.rows = int32_t(R);
+    g.sampled = !greedy;
+    g.picked = false;
+    g.picks = nullptr;
+    g.logits = nullptr;
   }
   const ModelConfig& c = m.config;
-  if (slot >= 0) m.greedy_slots[slot].rows = int32_t(batch.logit_rows.size());
   if (batch.tokens.empty()) {  // no logit rows either (validate: rows index tokens)
     if (slot >= 0) {
-      m.record_slot_event(m.greedy_slots[slot], true);
-      m.record_slot_event(m.greedy_slots[slot], false);
+      m.record_slot_event(m.pass_slots[slot], true);
+      m.record_slot_event(m.pass_slots[slot], false);
     }
     return nullptr;
   }
@@ -1002,13 +1024,19 @@ const float* LlamaModelCuda::run_pass(const ForwardBatch& batch, KvCache& cache,
   } else {
     launch();
   }
-  if (slot >= 0) {  // finish_greedy waits for the end event and reads the ids
-    Impl::GreedySlot& g = m.greedy_slots[slot];
+  if (slot >= 0) {
+    Impl::PassSlot& g = m.pass_slots[slot];
+    if (!greedy) {  // pick_sampled enqueues the sampler and the download, and records the end
+      g.logits = s.logits;
+      return s.logits;
+    }
+    // finish_greedy waits for the end event and reads the ids.
     if (s.R > 0) {
       check_cuda(cudaMemcpyAsync(g.host.get(size_t(s.R) * 4), s.ids, size_t(s.R) * 4,
                                  cudaMemcpyDeviceToHost, st),
                  "token ids download");
     }
+    g.picks = s.ids;
     m.record_slot_event(g, false);
     return s.logits;
   }
@@ -1072,7 +1100,7 @@ std::vector<int32_t> LlamaModelCuda::download_greedy(const float* dl, int32_t R)
   return ids;
 }
 
-void LlamaModelCuda::Impl::record_slot_event(GreedySlot& g, bool begin_event) {
+void LlamaModelCuda::Impl::record_slot_event(PassSlot& g, bool begin_event) {
   if (!g.begin) {
     check_cuda(cudaEventCreate(&g.begin), "cudaEventCreate");
     check_cuda(cudaEventCreate(&g.end), "cudaEventCreate");
@@ -1132,12 +1160,11 @@ void LlamaModelCuda::Impl::stage_plan(const SamplePlan& plan) {
   check_cuda(cudaEventRecord(plan_ready, upload_stream), "sample plan upload");
 }
 
-std::vector<TokenLogprobs> LlamaModelCuda::Impl::run_sampler(const float* dl,
-                                                            const SamplePlan& plan) {
+const int32_t* LlamaModelCuda::Impl::enqueue_sampler(const float* dl, const SamplePlan& plan,
+                                                      PinnedBytes& host) {
   const int32_t R = int32_t(plan.rows.size()), V = config.vocab_size;
-  std::vector<TokenLogprobs> out(static_cast<size_t>(R));
   check_cuda(cudaStreamWaitEvent(stream, plan_ready, 0), "sample plan upload");
-  if (!dl) return out;
+  if (!dl) return nullptr;
   const int32_t N = std::max(plan.max_logprobs(), 0);
   const size_t E = plan.edits.size();
   const auto* din = static_cast<const uint8_t*>(sample_in.data());
@@ -1155,22 +1182,26 @@ std::vector<TokenLogprobs> LlamaModelCuda::Impl::run_sampler(const float* dl,
                     reinterpret_cast<const cuda::SampleRowDesc*>(din),
                     reinterpret_cast<const cuda::SampleEdit*>(din + desc_bytes), saved, d_ids,
                     d_lp, d_top, d_top_lp, N, stream);
-  auto* h = reinterpret_cast<int32_t*>(host_sample_out.get(size_t(n_out) * 4));
-  check_cuda(cudaMemcpyAsync(h, dout, size_t(n_out) * 4, cudaMemcpyDeviceToHost, stream),
+  check_cuda(cudaMemcpyAsync(host.get(size_t(n_out) * 4), dout, size_t(n_out) * 4,
+                             cudaMemcpyDeviceToHost, stream),
              "sampled tokens download");
-  check_cuda(cudaStreamSynchronize(stream), "sampled tokens download");
-  end_step_timing();
+  return d_ids;
+}
+
+std::vector<TokenLogprobs> LlamaModelCuda::Impl::sampled_tokens(
+    const int32_t* h, int32_t R, int32_t N, const std::vector<int32_t>& logprobs) const {
+  const int32_t V = config.vocab_size;
+  std::vector<TokenLogprobs> out(static_cast<size_t>(R));
   for (int32_t i = 0; i < R; ++i) {
     TokenLogprobs& t = out[size_t(i)];
-    const RowSampling& r = plan.rows[size_t(i)];
     t.token = h[i];
     PA_CHECK(t.token >= 0 && t.token < V, "LlamaModelCuda::forward_sample: row ", i,
              " sampled token ", t.token, " outside the vocabulary");
-    if (r.logprobs < 0) continue;
+    if (logprobs[size_t(i)] < 0) continue;
     float chosen;
     std::memcpy(&chosen, h + R + i, 4);
     t.logprob = chosen;
-    const int32_t n = std::min(r.logprobs, V);
+    const int32_t n = std::min(logprobs[size_t(i)], V);
     t.top.reserve(size_t(n));
     for (int32_t j = 0; j < n; ++j) {
       float lp;
@@ -1179,6 +1210,18 @@ std::vector<TokenLogprobs> LlamaModelCuda::Impl::run_sampler(const float* dl,
     }
   }
   return out;
+}
+
+std::vector<TokenLogprobs> LlamaModelCuda::Impl::run_sampler(const float* dl,
+                                                            const SamplePlan& plan) {
+  const int32_t R = int32_t(plan.rows.size());
+  if (!enqueue_sampler(dl, plan, host_sample_out)) return std::vector<TokenLogprobs>(size_t(R));
+  check_cuda(cudaStreamSynchronize(stream), "sampled tokens download");
+  end_step_timing();
+  std::vector<int32_t> logprobs;
+  for (const RowSampling& r : plan.rows) logprobs.push_back(r.logprobs);
+  return sampled_tokens(reinterpret_cast<const int32_t*>(host_sample_out.p), R,
+                        std::max(plan.max_logprobs(), 0), logprobs);
 }
 
 std::vector<TokenLogprobs> LlamaModelCuda::download_sampled(const float* dl,
@@ -1202,24 +1245,6 @@ std::vector<TokenLogprobs> LlamaModelCuda::forward_sample(const ForwardBatch& ba
   return impl_->run_sampler(dl, plan);
 }
 
-void LlamaModelCuda::begin_sample(const ForwardBatch& batch, KvCache& cache) {
-  const float* dl = forward_device(batch, cache);
-  impl_->sample_logits = dl;
-  impl_->sample_rows = int64_t(batch.logit_rows.size());
-  impl_->sample_pending = true;
-}
-
-std::vector<TokenLogprobs> LlamaModelCuda::finish_sample(const SamplePlan& plan) {
-  PA_CHECK(impl_->sample_pending, "LlamaModelCuda::finish_sample: no begin_sample before it");
-  impl_->sample_pending = false;
-  // NOTE: checked here, while the pass runs, not before it (Model::begin_sample): a bad plan
-  // fails the step after its K/V writes, which the caller has not committed.
-  check_sample_plan(plan, impl_->sample_rows, impl_->config.vocab_size,
-                    "LlamaModelCuda::forward_sample");
-  impl_->stage_plan(plan);
-  return impl_->run_sampler(impl_->sample_logits, plan);
-}
-
 Tensor LlamaModelCuda::forward(const ForwardBatch& batch, KvCache& cache) {
   return download_logits(forward_device(batch, cache), int64_t(batch.logit_rows.size()));
 }
@@ -1228,32 +1253,87 @@ std::vector<int32_t> LlamaModelCuda::forward_greedy(const ForwardBatch& batch, K
   return download_greedy(forward_device(batch, cache, true), int32_t(batch.logit_rows.size()));
 }
 
-void LlamaModelCuda::begin_greedy(const ForwardBatch& batch, KvCache& cache) {
+// A pass into the next free slot (begin_greedy, begin_sample).
+void LlamaModelCuda::begin_pass(const ForwardBatch& batch, KvCache& cache, bool greedy) {
   Impl& m = *impl_;
+  PA_CHECK(m.open_slots.size() < 2, "LlamaModelCuda::begin_", greedy ? "greedy" : "sample",
+           ": two passes are open already");
+  const int slot = m.open_slots.empty() ? 0 : 1 - m.open_slots.back();
+  run_pass(batch, cache, greedy, slot);
+  m.open_slots.push_back(slot);
+}
+
+void LlamaModelCuda::begin_greedy(const ForwardBatch& batch, KvCache& cache) {
   // NOTE: a tensor-parallel rank runs its group's steps as they come (the default's order).
-  if (m.comm) return Model::begin_greedy(batch, cache);
-  PA_CHECK(m.greedy_open.size() < 2, "LlamaModelCuda::begin_greedy: two passes are outstanding");
-  const int slot = m.greedy_open.empty() ? 0 : 1 - m.greedy_open.back();
-  run_pass(batch, cache, true, slot);
-  m.greedy_open.push_back(slot);
+  if (impl_->comm) return Model::begin_greedy(batch, cache);
+  begin_pass(batch, cache, true);
+}
+
+void LlamaModelCuda::begin_sample(const ForwardBatch& batch, KvCache& cache) {
+  if (impl_->comm) return Model::begin_sample(batch, cache);
+  begin_pass(batch, cache, false);
 }
 
 bool LlamaModelCuda::overlaps_passes() const { return impl_->overlap_passes && !impl_->comm; }
 
+LlamaModelCuda::Impl::PassSlot& LlamaModelCuda::Impl::finish_oldest(bool sampled,
+                                                                      const char* op) {
+  Impl& m = *this;
+  try {
+    PA_CHECK(!m.open_slots.empty() && m.pass_slots[m.open_slots.front()].sampled == sampled &&
+                 (!sampled || m.pass_slots[m.open_slots.front()].picked),
+             "LlamaModelCuda::", op, ": no ", sampled ? "pick_sampled" : "begin_greedy",
+             " before it");
+    Impl::PassSlot& g = m.pass_slots[m.open_slots.front()];
+    check_cuda(cudaEventSynchronize(g.end), op);
+    m.open_slots.pop_front();
+    float ms = 0;
+    check_cuda(cudaEventElapsedTime(&ms, g.begin, g.end), "cudaEventElapsedTime");
+    m.busy_seconds += double(ms) * 1e-3;
+    return g;
+  } catch (...) {
+    m.open_slots.clear();  // the passes after it are lost too
+    throw;
+  }
+}
+
 std::vector<int32_t> LlamaModelCuda::finish_greedy() {
-  Impl& m = *impl_;
-  if (m.comm) return Model::finish_greedy();
-  PA_CHECK(!m.greedy_open.empty(), "LlamaModelCuda::finish_greedy: no begin_greedy before it");
-  Impl::GreedySlot& g = m.greedy_slots[m.greedy_open.front()];
-  const cudaError_t e = cudaEventSynchronize(g.end);
-  if (e != cudaSuccess) m.greedy_open.clear();  // the passes after it are lost too
-  check_cuda(e, "LlamaModelCuda::finish_greedy");
-  m.greedy_open.pop_front();
-  float ms = 0;
-  check_cuda(cudaEventElapsedTime(&ms, g.begin, g.end), "cudaEventElapsedTime");
-  m.busy_seconds += double(ms) * 1e-3;
+  if (impl_->comm) return Model::finish_greedy();
+  const Impl::PassSlot& g = impl_->finish_oldest(false, "finish_greedy");
   const auto* h = reinterpret_cast<const int32_t*>(g.host.p);
   return std::vector<int32_t>(h, h + g.rows);
+}
+
+void LlamaModelCuda::pick_sampled(const SamplePlan& plan) {
+  Impl& m = *impl_;
+  if (m.comm) return Model::pick_sampled(plan);
+  Impl::PassSlot* g = nullptr;
+  for (int slot : m.open_slots)
+    if (!g && m.pass_slots[slot].sampled && !m.pass_slots[slot].picked) g = &m.pass_slots[slot];
+  try {
+    PA_CHECK(g != nullptr, "LlamaModelCuda::pick_sampled: no begin_sample before it");
+    // NOTE: checked here, while the pass runs, not before it: a bad plan fails the step after
+    // its K/V writes, which the caller has not committed.
+    check_sample_plan(plan, g->rows, m.config.vocab_size, "LlamaModelCuda::forward_sample");
+    m.stage_plan(plan);
+    g->picks = m.enqueue_sampler(g->logits, plan, g->host);
+    m.record_slot_event(*g, false);
+  } catch (...) {
+    m.open_slots.clear();
+    throw;
+  }
+  g->picked = true;
+  g->top_n = std::max(plan.max_logprobs(), 0);
+  g->logprobs.clear();
+  for (const RowSampling& r : plan.rows) g->logprobs.push_back(r.logprobs);
+}
+
+std::vector<TokenLogprobs> LlamaModelCuda::take_sampled() {
+  if (impl_->comm) return Model::take_sampled();
+  const Impl::PassSlot& g = impl_->finish_oldest(true, "take_sampled");
+  if (g.rows == 0) return {};
+  return impl_->sampled_tokens(reinterpret_cast<const int32_t*>(g.host.p), g.rows, g.top_n,
+                               g.logprobs);
 }
 
 }  // namespace pagedattn
