@@ -475,9 +475,12 @@ TEST(LlamaCudaSynthetic, BeginAndFinishSampleAreForwardSample) {
         EXPECT_NE(std::string(e.what()).find("outside the vocabulary"), std::string::npos)
             << e.what();
       }
+      // A plain pass while one is open is refused; the open one stays and finishes (the same
+      // batch again: the same K/V written, the same tokens as below).
       b.begin_sample(bb, cb);
-      EXPECT_FALSE(b.forward_greedy(bb, cb).empty());  // another pass: nothing left to finish
-      EXPECT_THROW(b.finish_sample(plan), Error);
+      EXPECT_THROW(b.forward_greedy(bb, cb), Error);
+      EXPECT_EQ(b.finish_sample(plan).size(), want.size());
+      EXPECT_THROW(b.finish_sample(plan), Error);  // none open
     }
     b.begin_sample(bb, cb);
     const std::vector<TokenLogprobs> got = b.finish_sample(plan);
