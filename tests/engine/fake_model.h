@@ -53,6 +53,8 @@ class FakeModel : public Model {
     PA_CHECK(b.positions.size() == b.tokens.size() && b.slots.size() == b.tokens.size(),
              "FakeModel: positions/slots size");
     ++num_forward_calls;
+    PA_CHECK(num_forward_calls != fail_on_forward, "FakeModel: forward call ", num_forward_calls,
+             " failed (injected)");
     if (const auto delay = step_delay.load(); delay.count() > 0) std::this_thread::sleep_for(delay);
     batch_tokens.push_back(int32_t(b.tokens.size()));
     batch_seqs.push_back(int32_t(num_seqs));
@@ -204,6 +206,7 @@ class FakeModel : public Model {
   float eos_logit = -10.f;                  // the eos logits where eos_every does not favour them
   std::atomic<std::chrono::microseconds> step_delay{std::chrono::microseconds(0)};  // slow steps
   int64_t num_forward_calls = 0;            // every step (forward_greedy runs forward)
+  int64_t fail_on_forward = -1;             // that forward call (1-based) throws Error
   int64_t num_greedy_calls = 0;             // the steps that took forward_greedy
   int64_t num_sample_calls = 0;             // the steps that took forward_sample
   int64_t num_chained_passes = 0;           // passes begun with stand-in tokens

@@ -263,6 +263,42 @@ TEST(ScheduleAhead, ArrivalsAndTightCachesGiveTheSameTokens) {
   }
 }
 
+// A pass that fails while the next one is begun (the model's error from finish_greedy drops both):
+// the requests of the step end with the error, nothing is leaked, and the engine serves the next
+// requests with the oracle's tokens.
+TEST(ScheduleAhead, AFailedPassEndsItsRequestsAndLeaksNothing) {
+  auto model = std::make_unique<FakeModel>(128);
+  FakeModel& fake = *model;
+  Engine e(std::move(model), config(1));
+  std::vector<RequestId> ids;
+  for (int32_t i = 0; i < 3; ++i) ids.push_back(e.add_request(greedy(prompt(5 + i, i), 20)));
+  std::map<RequestId, Out> res;
+  for (int32_t i = 0; i < 5; ++i) gather(res, e.step());
+  ASSERT_GT(fake.num_chained_passes, 0);
+  fake.fail_on_forward = fake.num_forward_calls + 1;
+  std::vector<RequestOutput> outs = e.step();
+  gather(res, outs);
+  ASSERT_EQ(outs.size(), 3u);
+  for (const RequestOutput& o : outs) {
+    EXPECT_TRUE(o.finished);
+    EXPECT_NE(o.error.find("injected"), std::string::npos) << o.error;
+  }
+  EXPECT_FALSE(e.has_work());
+  EXPECT_EQ(e.cache().stats().pages_used, 0);
+  EXPECT_EQ(e.metrics().requests_cancelled, 3);
+  for (RequestId id : ids) {  // what came out before the failure is the oracle's beginning
+    const std::vector<int32_t>& got = res[id].tokens;
+    const std::vector<int32_t> want =
+        fake.greedy_oracle(prompt(5 + int32_t(id - ids[0]), int32_t(id - ids[0])), 20);
+    ASSERT_LE(got.size(), want.size());
+    EXPECT_EQ(got, std::vector<int32_t>(want.begin(), want.begin() + int64_t(got.size())));
+  }
+  const std::vector<int32_t> p = prompt(9, 7);
+  const RequestId after = e.add_request(greedy(p, 15));
+  EXPECT_EQ(run(e)[after].tokens, fake.greedy_oracle(p, 15));
+  EXPECT_EQ(e.cache().stats().pages_used, 0);
+}
+
 // The CPU runner's default is not to schedule ahead (its passes do not overlap the host's work, and
 // a dropped row would cost a whole row of compute).
 TEST(ScheduleAhead, OffByDefaultWhereTheRunnerDoesNotOverlap) {
