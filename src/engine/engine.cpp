@@ -633,7 +633,7 @@ bool Engine::schedule_next(const SchedulerOutput& out) {
   for (const ScheduledSeq& s : out.scheduled)
     if (!s.seq->finished()) s.seq->tokens.push_back(chained_token(s.logit_row));
   // NOTE: from here on `out` is committed whatever happens; a failure ends its requests (their
-  // stand-ins are dropped with the ids, take_ahead_ids) while its pass still runs to its end.
+  // stand-ins are dropped with the picks, take_ahead_picks) while its pass still runs to its end.
   try {
     auto next = std::make_unique<SchedulerOutput>(scheduler_->schedule());
     PA_CHECK(next->preempted.empty() && next->out_of_memory.empty(),
@@ -688,7 +688,7 @@ std::vector<RequestOutput> Engine::step() {
   const std::vector<std::unique_ptr<RequestState>> retired = std::move(retired_);
   retired_.clear();
   SchedulerOutput out;
-  const bool begun = ahead_ != nullptr;  // a greedy pass begun by the call before
+  const bool begun = ahead_ != nullptr;  // a pass begun by the call before (schedule_next)
   if (begun) {
     out = std::move(*ahead_);
     ahead_.reset();
@@ -741,8 +741,8 @@ std::vector<RequestOutput> Engine::step() {
       scheduler_->observe_step(out, std::chrono::duration<double>(Clock::now() - t0).count());
     } catch (const std::exception& e) {
       ok = false;
-      // NOTE: an error from finish_greedy drops the step begun ahead too: its sequences are this
-      // step's.
+      // NOTE: an error from finish_greedy, pick_sampled or take_sampled drops the step begun
+      // ahead too (Model's contract): its sequences are this step's.
       ahead_.reset();
       for (const ScheduledSeq& s : out.scheduled) {
         cancel(s.seq->request_id, std::string("step: the forward pass failed: ") + e.what());
