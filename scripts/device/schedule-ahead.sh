@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Scheduling ahead (EngineConfig::schedule_ahead) on the GPU: the GPU tests, then `bench model`
 # with it (the CUDA default) and with --no-schedule-ahead, alternating over ROUNDS rounds, and
-# `bench serve` on workload A (docs/BENCHMARKS.md, "Serving on CUDA") both ways. Output under $OUT (schedule_ahead.txt: the JSON lines).
+# `bench serve` on workload A (docs/BENCHMARKS.md, "Serving on CUDA") both ways. Output under
+# $OUT (schedule_ahead.txt: the JSON lines; summary.txt).
 #   scripts/device/schedule-ahead.sh
 #   ROUNDS=3 BATCHES=1,32,64 SKIP_SERVE=1 scripts/device/schedule-ahead.sh
 # Environment: MODEL (synthetic:llama3-8b), BATCHES (1,32,64), PROMPT_LEN (512), DECODE_STEPS
