@@ -13,8 +13,10 @@
 #include <vector>
 
 #include "fake_model.h"
+#include "model/step_batch.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/error.h"
+#include "tiny_models.h"
 
 namespace pagedattn {
 namespace {
@@ -229,7 +231,7 @@ TEST(ScheduleAhead, PrefixCacheKeepsOnlyWrittenPages) {
 // ahead, the greedy ones the oracle's.
 TEST(ScheduleAhead, ArrivalsAndTightCachesGiveTheSameTokens) {
   for (int64_t kv_tokens : {int64_t(2048), int64_t(96)}) {
-    SCOPED_TRACE(testing::Message() << "kv_tokens " << kv_tokens);
+    SCOPED_TRACE(::testing::Message() << "kv_tokens " << kv_tokens);
     std::map<RequestId, Out> res[2];
     int64_t chained = 0;
     std::map<RequestId, std::vector<int32_t>> greedy_prompts;
@@ -319,30 +321,11 @@ TEST(ScheduleAhead, OffByDefaultWhereTheRunnerDoesNotOverlap) {
 // is an error that names it.
 TEST(ScheduleAhead, ModelDefaultChainsTwoPasses) {
   FakeModel plain(128), chained(128);
-  KvCacheConfig kc;
-  kc.num_layers = 2;
-  kc.num_kv_heads = 2;
-  kc.head_dim = 4;
-  kc.page_size = 4;
-  kc.num_pages = 16;
-  kc.dtype = DType::f32;
+  const KvCacheConfig kc = pagedattn::testing::model_kv_config(plain.config(), 16, 4);
   KvCache c1(kc), c2(kc);
   const std::vector<int32_t> p = prompt(6, 1);
   auto batch_of = [](KvCache& cache, SeqId s, const std::vector<int32_t>& toks) {
-    ForwardBatch b;
-    b.q_indptr = {0};
-    const int32_t start = cache.kv_len(s);
-    const std::vector<int32_t> slots = cache.append_slots(s, toks);
-    b.seqs.push_back(s);
-    for (size_t i = 0; i < toks.size(); ++i) {
-      b.tokens.push_back(toks[i]);
-      b.positions.push_back(start + int32_t(i));
-      b.slots.push_back(slots[i]);
-    }
-    b.q_indptr.push_back(int32_t(toks.size()));
-    b.logit_rows.push_back(int32_t(toks.size()) - 1);
-    set_attention_layout(b, cache);
-    return b;
+    return make_step_batch(cache, {s}, {toks});
   };
   // One pass after the other.
   const SeqId s1 = c1.create_sequence();
@@ -353,10 +336,10 @@ TEST(ScheduleAhead, ModelDefaultChainsTwoPasses) {
   chained.begin_greedy(batch_of(c2, s2, p), c2);
   ForwardBatch next = batch_of(c2, s2, {chained_token(0)});
   chained.begin_greedy(next, c2);
-  EXPECT_THROW(chained.begin_greedy(next, c2), Error);  // a third outstanding pass
+  EXPECT_THROW(chained.begin_greedy(next, c2), Error);  // a third open pass
   EXPECT_EQ(chained.finish_greedy(), a1);
   EXPECT_EQ(chained.finish_greedy(), b1);
-  EXPECT_THROW(chained.finish_greedy(), Error);  // none outstanding
+  EXPECT_THROW(chained.finish_greedy(), Error);  // none open
   // A stand-in with no pass before it, or naming a row that pass does not have (fresh sequences:
   // a pass refused leaves its reserved position unwritten).
   try {
@@ -369,6 +352,19 @@ TEST(ScheduleAhead, ModelDefaultChainsTwoPasses) {
   EXPECT_THROW(chained.begin_greedy(batch_of(c2, c2.create_sequence(), {chained_token(1)}), c2),
                Error);
   EXPECT_EQ(chained.finish_greedy().size(), 1u);
+  // A sampled pass's picks may be named only once its plan is given.
+  chained.begin_sample(batch_of(c2, c2.create_sequence(), {5}), c2);
+  EXPECT_THROW(chained.begin_greedy(batch_of(c2, c2.create_sequence(), {chained_token(0)}), c2),
+               Error);
+  SamplePlan plan;
+  plan.rows.assign(1, RowSampling{});
+  chained.pick_sampled(plan);
+  const SeqId s3 = c2.create_sequence();
+  chained.begin_greedy(batch_of(c2, s3, {chained_token(0)}), c2);
+  const std::vector<TokenLogprobs> picked = chained.take_sampled();
+  ASSERT_EQ(picked.size(), 1u);
+  EXPECT_EQ(chained.finish_greedy().size(), 1u);
+  EXPECT_EQ(c2.tokens(s3)[0], chained_token(0));  // the cache keeps what it was given
 }
 
 }  // namespace
