@@ -101,6 +101,8 @@ nlohmann::json result_json(const RunResult& r, const std::string& model, const s
       {"device_busy_s", num_json(r.device_busy_s)},
       {"device_idle_frac", num_json(r.device_idle_frac)},
       {"device_idle_ms_per_step", num_json(r.device_idle_ms_per_step)},
+      {"schedule_ahead",
+       r.schedule_ahead < 0 ? nlohmann::json() : nlohmann::json(r.schedule_ahead == 1)},
       {"preempted_computed_tokens", count_json(r.preempted_computed_tokens)},
       {"resumed_prefix_hit_tokens", count_json(r.resumed_prefix_hit_tokens)},
       {"admission_stalls", count_json(r.admission_stalls)},

@@ -298,6 +298,7 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
     }
   }
   r.duration_s = elapsed();
+  r.schedule_ahead = engine.schedules_ahead() ? 1 : 0;
   if (busy0 >= 0) {
     r.device_busy_s = engine.model().device_busy_seconds() - busy0;
     r.device_idle_frac = std::max(0.0, 1.0 - r.device_busy_s / r.duration_s);

@@ -94,6 +94,8 @@ struct RunResult {
   // the run it spent idle between them, and that idle time per engine step in ms (NaN: not
   // measured, the CPU or over HTTP).
   double device_busy_s = kAbsent, device_idle_frac = kAbsent, device_idle_ms_per_step = kAbsent;
+  // Whether the engine scheduled decode steps ahead (Engine::schedules_ahead; -1: unknown, HTTP).
+  int32_t schedule_ahead = -1;
   int64_t preempted_computed_tokens = -1, resumed_prefix_hit_tokens = -1;
   int64_t admission_stalls = -1;
   // Engine steps (forward passes) and output tokens per step: how much batching the KV budget

@@ -36,6 +36,7 @@ struct BenchModelArgs {
   bool host_argmax = false;        // decode steps download logits and pick tokens on the host
   std::string sampling = "greedy";  // greedy | mixed (the non-greedy mix of kMixed)
   bool no_cuda_graphs = false;     // CUDA: LlamaModelCuda::set_cuda_graphs(false)
+  bool no_schedule_ahead = false;  // EngineConfig::schedule_ahead = 0
 };
 
 double since(std::chrono::steady_clock::time_point t0) {
@@ -128,12 +129,13 @@ void print_result(const BenchModelArgs& a, const SessionOptions& so, const Engin
         "\"hw_threads\":%u,\"batch\":%d,\"prompt_len\":%d,\"decode_steps\":%d,"
         "\"prefill_s\":%.4f,\"prefill_tokens_per_s\":%.1f,\"decode_s\":%.4f,"
         "\"decode_tokens_per_s\":%.1f,\"decode_ms_per_step\":%.3f,\"prefill_chunk\":%d,"
-        "\"host_argmax\":%s,\"sampling\":\"%s\"",
+        "\"host_argmax\":%s,\"sampling\":\"%s\",\"schedule_ahead\":%s",
         so.model.c_str(), device_name(m.model().device()).c_str(),
         std::string(dtype_name(m.cache().config().dtype)).c_str(),
         std::thread::hardware_concurrency(), B, a.prompt_len, a.decode_steps, r.prefill_s,
         prefill_tps, r.decode_s, decode_tps, ms_per_step, so.prefill_chunk,
-        a.host_argmax ? "true" : "false", a.sampling.c_str());
+        a.host_argmax ? "true" : "false", a.sampling.c_str(),
+        m.schedules_ahead() ? "true" : "false");
     if (floor) {
       std::printf(
           ",\"gpu\":\"%s\",\"copy_gbps\":%.1f,\"weight_bytes_per_step\":%zu,"
@@ -214,6 +216,7 @@ void run_bench_model(const BenchModelArgs& a) {
   ec.max_num_seqs = max_batch;
   ec.prefill_first = true;
   ec.device_sampling = !a.host_argmax;
+  ec.schedule_ahead = a.no_schedule_ahead ? 0 : -1;
   PA_CHECK(a.sampling == "greedy" || a.sampling == "mixed",
            "bench model: --sampling must be greedy or mixed, got '", a.sampling, "'");
   const bool mixed = a.sampling == "mixed";
@@ -282,6 +285,9 @@ void register_bench_model(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_flag("--no-cuda-graphs", args->no_cuda_graphs,
                 "CUDA: launch every kernel of a decode step instead of replaying CUDA graphs");
+  cmd->add_flag("--no-schedule-ahead", args->no_schedule_ahead,
+                "CUDA: read each greedy decode step's ids before the next step is scheduled "
+                "(else the next one is begun first: EngineConfig::schedule_ahead)");
   cmd->add_option("--prefill-chunk", args->prefill_chunk,
                   "Most prompt tokens per prefill forward step (default 2048, the engine's "
                   "max_num_batched_tokens)");

@@ -8,6 +8,12 @@
 //   prompt, forced token or kept logits) runs model.forward_sample with the step's plan: on a
 //   device runner the logits never leave the device. Other steps download their logits and pick
 //   on the host with the same rules.
+//   Scheduling ahead (EngineConfig::schedule_ahead, on with the CUDA runner): a greedy step runs
+//   as Model::begin_greedy / finish_greedy, and where nothing but plain greedy requests is alive
+//   and every running sequence has a row in it, the engine commits it, schedules the next step
+//   with stand-ins for its ids (chained_token) and begins it before it reads them; step() then
+//   hands out this step's tokens while the next one runs. A row whose sequence this step ends
+//   (EOS, a stop, a cancel) is computed and dropped.
 // A finished or cancelled request frees its pages at once. Engine itself is
 // single-threaded; AsyncEngine (async_engine.h) runs it on a background thread for the server.
 #pragma once
@@ -69,6 +75,8 @@ class Engine {
   bool is_stop_token(int32_t token, const std::vector<int32_t>& stop_token_ids) const;
 
   const EngineConfig& config() const { return config_; }
+  // Whether greedy decode steps are scheduled ahead (EngineConfig::schedule_ahead as resolved).
+  bool schedules_ahead() const { return schedule_ahead_; }
   const Model& model() const { return *model_; }
   const KvCache& cache() const { return *cache_; }
   int32_t max_model_len() const { return max_model_len_; }
@@ -103,6 +111,21 @@ class Engine {
   void keep_logit_rows(const ScheduledSeq& s, const Tensor& logits);
   void fork_children(RequestState& rs, Sequence& parent);
   void append_token(RequestState& rs, Sequence& seq, int32_t token);
+  // The stop checks, text and counters of the token just appended (seq's last).
+  void after_token(RequestState& rs, Sequence& seq);
+  // Schedule ahead (EngineConfig::schedule_ahead): whether the step after `out` (a greedy pass
+  // begun) can be scheduled before out's ids are read, and doing it: out committed, each of its
+  // sequences given a stand-in token (chained_token), the next step scheduled and begun
+  // (Model::begin_greedy) into ahead_. Returns whether out was committed.
+  bool can_schedule_next(const SchedulerOutput& out) const;
+  bool schedule_next(const SchedulerOutput& out);
+  // A committed step's picks (schedule_next): ids of a greedy step, else the sampled tokens. The
+  // stand-ins become the tokens, in the cache's record too, and the pages the step wrote get their
+  // hashes; then record_logprobs (sampled) and after_token.
+  void take_ahead_picks(const SchedulerOutput& out, const std::vector<int32_t>& ids,
+                        const std::vector<TokenLogprobs>& picked, std::vector<RequestId>& touched);
+  // take_token's first half: the pick's log-probabilities kept as the request asks.
+  void record_logprobs(RequestState& rs, Sequence& seq, const TokenLogprobs& picked);
   void finish_seq(Sequence& seq, FinishReason reason);
   // decode_ of each token id alone (json_object's candidates), built on first use.
   const std::vector<std::string>& token_bytes();
@@ -126,6 +149,12 @@ class Engine {
   uint64_t arrivals_ = 0;
   std::map<RequestId, std::unique_ptr<RequestState>> requests_;
   std::vector<RequestId> pending_final_;  // cancelled between steps
+  bool schedule_ahead_ = false;
+  // The greedy step begun ahead of the one the last step() read (its ids not taken yet), and the
+  // requests that ended while it still had rows of theirs (kept until the next step() reads it).
+  std::unique_ptr<SchedulerOutput> ahead_;
+  bool ahead_greedy_ = false;  // ahead_ was begun as a greedy pass (else a sampled one)
+  std::vector<std::unique_ptr<RequestState>> retired_;
   SamplePlan plan_;                       // sample_plan's
   struct Counters;
   std::unique_ptr<Counters> counters_;

@@ -72,6 +72,13 @@ struct EngineConfig {
   bool device_sampling = true;
   // SchedulerConfig::prefill_first: running decodes wait while a prefill can be scheduled.
   bool prefill_first = false;
+  // Schedule ahead: while a greedy decode step runs, the engine schedules and begins the next one,
+  // its tokens taken from the running step's ids on the device (Model::begin_greedy), and then
+  // reads and handles the running step's ids while the next one runs. Only when nothing waits and
+  // every running sequence is a plain greedy row of the step; a row whose sequence stops at the
+  // step (EOS, a stop string, a cancel) is computed and dropped. -1: where the runner overlaps its
+  // passes (Model::overlaps_passes: CUDA); 0: never; 1: always (the same tokens either way).
+  int32_t schedule_ahead = -1;
 
   static constexpr double kDefaultKvMiB = 512;
   static constexpr double kDefaultSwapMiB = 4096;

@@ -110,9 +110,14 @@ class KvCache {
   // them), kept for prefix hashing. Returns the n slot ids. Throws Error (nothing changed) if the
   // pages do not fit.
   std::vector<int32_t> append_slots(SeqId seq, std::span<const int32_t> tokens);
-  // Declares the K/V of every reserved position written: full pages get their hash and become
-  // reusable by attach_prefix.
-  void commit(SeqId seq);
+  // Declares the K/V of the first `written` reserved positions written (-1: every reserved one):
+  // the full pages among them get their hash and become reusable by attach_prefix. Error when
+  // `written` is past kv_len.
+  void commit(SeqId seq, int32_t written = -1);
+  // Replaces the id recorded for reserved position `position` (append_slots took a stand-in: the
+  // token was not known yet). Error when the position is not reserved or its page already has its
+  // hash.
+  void set_token(SeqId seq, int32_t position, int32_t token);
   // A child sharing all the parent's pages (refcounts raised); the salt is inherited.
   SeqId fork(SeqId parent);
   // Releases the sequence's pages (deepest first, so LRU evicts chain tails before parents).

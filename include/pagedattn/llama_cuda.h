@@ -67,17 +67,27 @@ class LlamaModelCuda : public Model {
   // the ids and the asked log-probabilities downloaded.
   std::vector<TokenLogprobs> forward_sample(const ForwardBatch& batch, KvCache& cache,
                                             const SamplePlan& plan) override;
-  // The same in two calls: begin_sample enqueues the pass (forward_device) and returns at once;
-  // finish_sample checks the plan, uploads it, samples and downloads (download_sampled).
+  // Passes in two calls (Model::begin_greedy, begin_sample): begin_* enqueue the pass and return
+  // at once; a pass begun while another is open takes that pass's picks as its stand-in tokens on
+  // the device. finish_greedy waits for the oldest open pass and reads its ids; pick_sampled
+  // checks the plan (while the pass runs), uploads it and enqueues the sampler, take_sampled
+  // waits and reads the tokens. Each open pass has its own page-locked results and events (two
+  // slots, alternating). A tensor-parallel rank takes the default.
+  void begin_greedy(const ForwardBatch& batch, KvCache& cache) override;
+  std::vector<int32_t> finish_greedy() override;
   void begin_sample(const ForwardBatch& batch, KvCache& cache) override;
-  std::vector<TokenLogprobs> finish_sample(const SamplePlan& plan) override;
+  void pick_sampled(const SamplePlan& plan) override;
+  std::vector<TokenLogprobs> take_sampled() override;
+  // True (but on a tensor-parallel rank) unless PAGEDATTN_SCHEDULE_AHEAD=0 is in the environment.
+  bool overlaps_passes() const override;
 
   // Measured with a pair of CUDA events around each step (Model::device_busy_seconds).
   double device_busy_seconds() const override;
 
   // Checks a batch against the cache and this model without touching either (the CPU model's
   // rules and messages, prefixed "LlamaModelCuda::forward"; the cache must be a CUDA one).
-  void validate(const ForwardBatch& batch, const KvCache& cache) const;
+  // chained_rows: check_forward_batch's (stand-in tokens of a pass begun before).
+  void validate(const ForwardBatch& batch, const KvCache& cache, int32_t chained_rows = 0) const;
 
   // KV heads in this runner's cache: all of them, or a tensor-parallel rank's.
   int32_t num_local_kv_heads() const;
@@ -126,6 +136,9 @@ class LlamaModelCuda : public Model {
 
  private:
   struct Impl;
+  // forward_device's work; slot >= 0: a pass of begin_greedy / begin_sample into that slot.
+  const float* run_pass(const ForwardBatch& batch, KvCache& cache, bool greedy, int slot);
+  void begin_pass(const ForwardBatch& batch, KvCache& cache, bool greedy);
 
   std::unique_ptr<Impl> impl_;
 };

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -43,8 +44,12 @@ BatchLayout attention_layout(const ForwardBatch& batch);
 // Checks a batch on its own and against a cache of page_size x num_pages and a model of vocab_size:
 // index arrays consistent, tokens in the vocabulary, positions kv_len - q_len + j, slots where the
 // block table puts those positions, page ids inside the pool. Error messages start with `op`.
+// chained_rows > 0: a token may also be -(r + 1) for r < chained_rows, the id that the greedy pass
+// begun before this batch picks for its logit row r (Model::begin_greedy).
 void check_forward_batch(const ForwardBatch& batch, int32_t vocab_size, int32_t page_size,
-                         int32_t num_pages, const char* op);
+                         int32_t num_pages, const char* op, int32_t chained_rows = 0);
+// The stand-in for the id that the pass begun before picks for its logit row r.
+constexpr int32_t chained_token(int32_t r) { return -(r + 1); }
 
 class Model {
  public:
@@ -66,17 +71,33 @@ class Model {
   // plan that does not fit the batch or the vocabulary.
   virtual std::vector<TokenLogprobs> forward_sample(const ForwardBatch& batch, KvCache& cache,
                                                     const SamplePlan& plan);
-  // forward_sample in two calls, so that a caller can build the plan (tens of thousands of edits
-  // a step with repetition penalties) while a device runs the pass: begin_sample starts the pass,
-  // finish_sample picks each row's token by the plan and returns what forward_sample would. The
-  // plan is checked in finish_sample before anything reads it; one that does not fit fails that
-  // call with forward_sample's error after the pass has written the batch's K/V (the positions
-  // the batch adds, which a caller commits only when the step succeeds). The default keeps the
-  // batch and the cache (both must stay as they are until finish_sample) and runs forward_sample
-  // in finish_sample; a device runner enqueues the pass in begin_sample. Error from finish_sample
-  // without a begin_sample before it.
+  // Passes in two calls, so that a caller can go on while a device runs them: begin_greedy or
+  // begin_sample starts a pass (at most two are open, finished in the order begun);
+  // finish_greedy returns the ids of the oldest open pass (a greedy one). A sampled pass's tokens
+  // are picked by a plan (sample_plan.h), which the caller may build while the pass runs:
+  // pick_sampled(plan) checks the plan and starts the picking of the oldest open sampled pass,
+  // take_sampled returns what forward_sample would; finish_sample(plan) is the two in a row. A
+  // plan that does not fit fails pick_sampled after the pass has written the batch's K/V (the
+  // positions the batch adds, which a caller commits only when the step succeeds).
+  // A batch begun while another pass is open (a greedy one, or a sampled one already picked) may
+  // take that pass's picks as its tokens: chained_token(r) stands for the id it picks for its logit
+  // row r (the engine schedules a step ahead with them). The default keeps a copy of each batch
+  // (the cache must stay as it is until the pass is finished) and runs forward_greedy or
+  // forward_sample in finish_greedy / take_sampled; a device runner enqueues the pass in begin_*
+  // and the picks never come back to the host between two passes. An error from finish_greedy,
+  // pick_sampled or take_sampled drops every open pass.
+  virtual void begin_greedy(const ForwardBatch& batch, KvCache& cache);
+  virtual std::vector<int32_t> finish_greedy();
   virtual void begin_sample(const ForwardBatch& batch, KvCache& cache);
-  virtual std::vector<TokenLogprobs> finish_sample(const SamplePlan& plan);
+  virtual void pick_sampled(const SamplePlan& plan);
+  virtual std::vector<TokenLogprobs> take_sampled();
+  std::vector<TokenLogprobs> finish_sample(const SamplePlan& plan) {
+    pick_sampled(plan);
+    return take_sampled();
+  }
+  // Whether begin_* return while the pass runs (a device runner), so that the caller's work until
+  // the pass is finished overlaps it: the engine schedules ahead by default only then.
+  virtual bool overlaps_passes() const { return false; }
   // The absolute maximum of K (as stored: after norm and RoPE) and V per layer and KV head over
   // `tokens` run as one fresh sequence (on a private cache): k, v [num_layers * num_kv_heads].
   // The calibration pass behind fp8 KV scales. Runners that cannot do it throw Error.
@@ -99,8 +120,19 @@ class Model {
   virtual std::string health() const { return ""; }
 
  private:
-  const ForwardBatch* sample_batch_ = nullptr;  // the default begin_sample's
-  KvCache* sample_cache_ = nullptr;
+  // The default's open passes (oldest first) and the picks of the last one finished.
+  struct OpenPass {
+    ForwardBatch batch;
+    KvCache* cache = nullptr;
+    bool sampled = false;
+    bool picked = false;  // sampled: pick_sampled has its plan
+    SamplePlan plan;
+  };
+  void begin_pass(const ForwardBatch& batch, KvCache& cache, bool sampled, const char* op);
+  // The oldest open pass, its stand-ins replaced by the picks of the pass before it.
+  OpenPass take_oldest(bool sampled, const char* op);
+  std::deque<OpenPass> open_passes_;
+  std::vector<int32_t> last_picks_;
 };
 
 // A short built-in English text for the fp8 calibration pass.

@@ -129,6 +129,11 @@ Engine::Engine(std::unique_ptr<Model> model, const EngineConfig& config, DecodeF
   if (config.reserve_swap_space && kc.device == Device::cuda && sc.swap_space_bytes > 0 &&
       sc.preemption != PreemptionMode::recompute && !kc.record_page_copies)
     cache_->reserve_swap_space(size_t(sc.swap_space_bytes));
+  PA_CHECK(config.schedule_ahead >= -1 && config.schedule_ahead <= 1,
+           "Engine: schedule_ahead must be -1 (the runner's choice), 0 or 1, got ",
+           config.schedule_ahead);
+  schedule_ahead_ = config.device_sampling &&
+                    (config.schedule_ahead < 0 ? model_->overlaps_passes() : config.schedule_ahead);
   eos_ids_ = mc.eos_token_ids;
   eos_ids_.insert(eos_ids_.end(), config.eos_token_ids.begin(), config.eos_token_ids.end());
 
@@ -302,7 +307,9 @@ bool Engine::is_stop_token(int32_t token, const std::vector<int32_t>& stop_token
          std::find(stop_token_ids.begin(), stop_token_ids.end(), token) != stop_token_ids.end();
 }
 
-bool Engine::has_work() const { return scheduler_->has_work() || !pending_final_.empty(); }
+bool Engine::has_work() const {
+  return scheduler_->has_work() || !pending_final_.empty() || ahead_ != nullptr;
+}
 
 void Engine::finish_seq(Sequence& seq, FinishReason reason) {
   seq.finish = reason;
@@ -334,8 +341,13 @@ void Engine::fork_children(RequestState& rs, Sequence& parent) {
 }
 
 void Engine::append_token(RequestState& rs, Sequence& seq, int32_t token) {
-  const auto now = Clock::now();
   seq.tokens.push_back(token);
+  after_token(rs, seq);
+}
+
+void Engine::after_token(RequestState& rs, Sequence& seq) {
+  const auto now = Clock::now();
+  const int32_t token = seq.tokens.back();
   seq.editor.add_output(token);
   ++counters_->generation_tokens;
   if (!rs.first_token_seen) {
@@ -421,6 +433,11 @@ RowSampling Engine::row_of(const RequestState& rs, const Sequence& seq) const {
 }
 
 void Engine::take_token(RequestState& rs, Sequence& seq, const TokenLogprobs& picked) {
+  record_logprobs(rs, seq, picked);
+  append_token(rs, seq, picked.token);
+}
+
+void Engine::record_logprobs(RequestState& rs, Sequence& seq, const TokenLogprobs& picked) {
   if (rs.track_logprobs) seq.cumulative_logprob += picked.logprob;
   const int32_t want = seq.sampler.params().logprobs;
   if (want >= 0) {
@@ -428,7 +445,6 @@ void Engine::take_token(RequestState& rs, Sequence& seq, const TokenLogprobs& pi
     if (int32_t(seq.new_logprobs.back().top.size()) > want)
       seq.new_logprobs.back().top.resize(size_t(want));
   }
-  append_token(rs, seq, picked.token);
 }
 
 bool Engine::sample_step(const SchedulerOutput& out) const {
@@ -460,6 +476,7 @@ const SamplePlan& Engine::sample_plan(const SchedulerOutput& out) {
   for (const ScheduledSeq& s : out.scheduled) {
     if (s.logit_row < 0) continue;
     const Sequence& q = *s.seq;
+    if (q.finished()) continue;  // cancelled while its pass ran: argmax, and dropped
     RowSampling r = row_of(*requests_.at(q.request_id), q);
     r.edit_begin = int32_t(plan.edits.size());
     const std::vector<LogitEdit>& e = q.editor.edits();
@@ -482,7 +499,7 @@ bool Engine::greedy_step(const SchedulerOutput& out) const {
 void Engine::append_greedy(const SchedulerOutput& out, const std::vector<int32_t>& ids,
                            std::vector<RequestId>& touched) {
   for (const ScheduledSeq& s : out.scheduled) {
-    if (s.logit_row < 0) continue;
+    if (s.logit_row < 0 || s.seq->finished()) continue;  // finished: cancelled while it ran
     Sequence& seq = *s.seq;
     touched.push_back(seq.request_id);
     append_token(*requests_.at(seq.request_id), seq, ids[size_t(s.logit_row)]);
@@ -583,9 +600,101 @@ RequestOutput Engine::collect(RequestState& rs) {
   return o;
 }
 
+bool Engine::can_schedule_next(const SchedulerOutput& out) const {
+  // NOTE: a waiting request may be admitted into the next step (its prompt's tokens are known);
+  // every row of that step must be one the device picks (greedy or by a sample plan).
+  for (const auto& [id, rs] : requests_)
+    if (!rs->cancelled && !rs->device_picks()) return false;
+  int32_t rows = 0;
+  int64_t pages = 0;
+  for (const ScheduledSeq& s : out.scheduled) {
+    const Sequence& q = *s.seq;
+    if (q.finished()) continue;  // cancelled while its pass ran
+    if (s.logit_row < 0) return false;
+    // NOTE: a sequence that this step's token ends for sure (max_tokens, the context) would take
+    // a row of the next step computed for nothing.
+    if (q.num_tokens() + 1 >= q.max_length) return false;
+    pages += cache_->pages_needed(q.cache_seq, 1);
+    ++rows;
+  }
+  // Every running sequence decodes next, and their pages fit without a preemption (whose swap
+  // would copy pages that the running pass still writes).
+  return rows > 0 && rows == scheduler_->num_running() && pages <= cache_->num_available_pages();
+}
+
+bool Engine::schedule_next(const SchedulerOutput& out) {
+  if (!can_schedule_next(out)) return false;
+  for (const ScheduledSeq& s : out.scheduled) {
+    if (s.seq->finished()) continue;
+    RequestState& rs = *requests_.at(s.seq->request_id);
+    if (rs.cached_tokens < 0) rs.cached_tokens = s.seq->num_computed;
+  }
+  scheduler_->commit(out, /*written=*/false);
+  for (const ScheduledSeq& s : out.scheduled)
+    if (!s.seq->finished()) s.seq->tokens.push_back(chained_token(s.logit_row));
+  // NOTE: from here on `out` is committed whatever happens; a failure ends its requests (their
+  // stand-ins are dropped with the picks, take_ahead_picks) while its pass still runs to its end.
+  try {
+    auto next = std::make_unique<SchedulerOutput>(scheduler_->schedule());
+    PA_CHECK(next->preempted.empty() && next->out_of_memory.empty(),
+             "the step scheduled ahead preempted a sequence (its pages were counted before)");
+    if (next->empty()) return true;
+    const bool greedy = greedy_step(*next);
+    PA_CHECK(greedy || sample_step(*next), "the step scheduled ahead has a row the device does ",
+             "not pick");
+    if (greedy)
+      model_->begin_greedy(next->batch, *cache_);
+    else
+      model_->begin_sample(next->batch, *cache_);
+    ahead_ = std::move(next);
+    ahead_greedy_ = greedy;
+  } catch (const std::exception& e) {
+    for (const ScheduledSeq& s : out.scheduled)
+      cancel(s.seq->request_id, std::string("step: scheduling ahead failed: ") + e.what());
+  }
+  return true;
+}
+
+void Engine::take_ahead_picks(const SchedulerOutput& out, const std::vector<int32_t>& ids,
+                              const std::vector<TokenLogprobs>& picked,
+                              std::vector<RequestId>& touched) {
+  for (const ScheduledSeq& s : out.scheduled) {
+    if (s.logit_row < 0) continue;
+    Sequence& q = *s.seq;
+    if (q.tokens.back() != chained_token(s.logit_row)) {
+      PA_ASSERT(q.finished());  // cancelled before the next step was scheduled: no stand-in
+      continue;
+    }
+    if (q.finished()) {  // cancelled after it: its token is dropped
+      q.tokens.pop_back();
+      continue;
+    }
+    const size_t row = size_t(s.logit_row);
+    const int32_t position = q.num_tokens() - 1;
+    const int32_t token = picked.empty() ? ids[row] : picked[row].token;
+    q.tokens.back() = token;
+    if (cache_->kv_len(q.cache_seq) > position) cache_->set_token(q.cache_seq, position, token);
+    cache_->commit(q.cache_seq, q.num_computed);  // the pass has written its K/V now
+    touched.push_back(q.request_id);
+    RequestState& rs = *requests_.at(q.request_id);
+    if (!picked.empty()) record_logprobs(rs, q, picked[row]);
+    after_token(rs, q);
+  }
+}
+
 std::vector<RequestOutput> Engine::step() {
   std::vector<RequestId> touched;
-  SchedulerOutput out = scheduler_->schedule();
+  // Requests that ended while the step read below had rows of theirs: freed as this call ends.
+  const std::vector<std::unique_ptr<RequestState>> retired = std::move(retired_);
+  retired_.clear();
+  SchedulerOutput out;
+  const bool begun = ahead_ != nullptr;  // a pass begun by the call before (schedule_next)
+  if (begun) {
+    out = std::move(*ahead_);
+    ahead_.reset();
+  } else {
+    out = scheduler_->schedule();
+  }
   for (Sequence* s : out.preempted) {  // a preempted beam recomputes its continuations
     auto it = requests_.find(s->request_id);
     if (it != requests_.end()) it->second->beam_pending.erase(s);
@@ -598,15 +707,28 @@ std::vector<RequestOutput> Engine::step() {
   if (!out.empty()) {
     // NOTE: a greedy step downloads R token ids instead of R x vocab logits (16 MB at batch 32
     // with a 128K vocabulary on CUDA) and skips the host argmax.
-    const bool greedy = greedy_step(out);
-    const bool sampled = !greedy && sample_step(out);
+    const bool greedy = begun ? ahead_greedy_ : greedy_step(out);
+    const bool sampled = begun ? !ahead_greedy_ : !greedy && sample_step(out);
     Tensor logits;
     std::vector<int32_t> ids;
     std::vector<TokenLogprobs> picked;
     bool ok = true;
+    bool committed = false;  // by schedule_next, which began the step after this one
     const Clock::time_point t0 = Clock::now();
     try {
-      if (greedy) {
+      if ((greedy || sampled) && schedule_ahead_) {
+        // NOTE: the next step is scheduled and begun while this one runs (a sampled one's plan is
+        // built while its pass runs, and its picking enqueued first); this one's picks are read
+        // (and its outputs handled, and handed out) while the next one runs.
+        if (!begun && greedy) model_->begin_greedy(out.batch, *cache_);
+        if (!begun && sampled) model_->begin_sample(out.batch, *cache_);
+        if (sampled) model_->pick_sampled(sample_plan(out));
+        committed = schedule_next(out);
+        if (greedy)
+          ids = model_->finish_greedy();
+        else
+          picked = model_->take_sampled();
+      } else if (greedy) {
         ids = model_->forward_greedy(out.batch, *cache_);
       } else if (sampled) {
         // NOTE: the pass starts before the plan is built: its edits (one per distinct token of
@@ -619,8 +741,13 @@ std::vector<RequestOutput> Engine::step() {
       scheduler_->observe_step(out, std::chrono::duration<double>(Clock::now() - t0).count());
     } catch (const std::exception& e) {
       ok = false;
-      for (const ScheduledSeq& s : out.scheduled)
+      // NOTE: an error from finish_greedy, pick_sampled or take_sampled drops the step begun
+      // ahead too (Model's contract): its sequences are this step's.
+      ahead_.reset();
+      for (const ScheduledSeq& s : out.scheduled) {
         cancel(s.seq->request_id, std::string("step: the forward pass failed: ") + e.what());
+        if (s.logit_row >= 0 && s.seq->tokens.back() < 0) s.seq->tokens.pop_back();  // stand-in
+      }
     }
     if (ok) {
       if (greedy) {
@@ -634,22 +761,27 @@ std::vector<RequestOutput> Engine::step() {
         PA_ASSERT(logits.ndim() == 2 && logits.dim(0) == int64_t(out.batch.logit_rows.size()) &&
                   logits.dim(1) == model_->config().vocab_size);
       }
-      for (const ScheduledSeq& s : out.scheduled) {
-        RequestState& rs = *requests_.at(s.seq->request_id);
-        if (rs.cached_tokens < 0) rs.cached_tokens = s.seq->num_computed;
-        if (s.first_logit_row >= 0) keep_logit_rows(s, logits);
-      }
-      scheduler_->commit(out);
-      if (greedy) {
-        append_greedy(out, ids, touched);
-      } else if (sampled) {
-        for (const ScheduledSeq& s : out.scheduled) {
-          if (s.logit_row < 0) continue;
-          touched.push_back(s.seq->request_id);
-          take_token(*requests_.at(s.seq->request_id), *s.seq, picked[size_t(s.logit_row)]);
-        }
+      if (committed) {
+        take_ahead_picks(out, ids, picked, touched);
       } else {
-        sample_scheduled(out, logits, touched);
+        for (const ScheduledSeq& s : out.scheduled) {
+          if (s.seq->finished()) continue;  // cancelled while its pass ran (begun ahead)
+          RequestState& rs = *requests_.at(s.seq->request_id);
+          if (rs.cached_tokens < 0) rs.cached_tokens = s.seq->num_computed;
+          if (s.first_logit_row >= 0) keep_logit_rows(s, logits);
+        }
+        scheduler_->commit(out);
+        if (greedy) {
+          append_greedy(out, ids, touched);
+        } else if (sampled) {
+          for (const ScheduledSeq& s : out.scheduled) {
+            if (s.logit_row < 0 || s.seq->finished()) continue;  // finished: cancelled meanwhile
+            touched.push_back(s.seq->request_id);
+            take_token(*requests_.at(s.seq->request_id), *s.seq, picked[size_t(s.logit_row)]);
+          }
+        } else {
+          sample_scheduled(out, logits, touched);
+        }
       }
     }
   }
@@ -659,6 +791,10 @@ std::vector<RequestOutput> Engine::step() {
   touched.insert(touched.end(), pending_final_.begin(), pending_final_.end());
   pending_final_.clear();
 
+  // Requests with rows in the step begun ahead outlive their end until the next step reads it.
+  std::vector<RequestId> in_ahead;
+  if (ahead_)
+    for (const ScheduledSeq& s : ahead_->scheduled) in_ahead.push_back(s.seq->request_id);
   std::vector<RequestOutput> outputs;
   std::sort(touched.begin(), touched.end());
   touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
@@ -669,6 +805,8 @@ std::vector<RequestOutput> Engine::step() {
     if (o.seqs.empty() && !o.finished) continue;
     if (o.finished) {
       ++(it->second->cancelled ? counters_->requests_cancelled : counters_->requests_finished);
+      if (std::find(in_ahead.begin(), in_ahead.end(), id) != in_ahead.end())
+        retired_.push_back(std::move(it->second));
       requests_.erase(it);
     }
     outputs.push_back(std::move(o));

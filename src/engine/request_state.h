@@ -37,6 +37,12 @@ struct Engine::RequestState {
   // Each token is the argmax of its logits and nothing else reads them (no penalty, bias or
   // constraint, logprobs, forks or beams; Sampler::sample's greedy path keeps no state): a step may
   // take the ids from Model::forward_greedy instead of the logits.
+  // Every token of each of its sequences is picked on the device, greedy or by a sample plan
+  // (Model::forward_sample): no JSON constraint, beam, forced token, kept logits, or forks.
+  bool device_picks() const {
+    return !req.use_beam_search && !req.sampling.json_object && req.forced_tokens.empty() &&
+           !req.return_logits && req.num_sequences() == 1;
+  }
   bool plain_greedy() const {
     const SamplingParams& p = req.sampling;
     return p.temperature == 0.f && p.repetition_penalty == 1.f && p.presence_penalty == 0.f &&

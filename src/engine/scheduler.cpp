@@ -426,12 +426,13 @@ SchedulerOutput Scheduler::schedule() {
   return out;
 }
 
-void Scheduler::commit(const SchedulerOutput &out) {
+void Scheduler::commit(const SchedulerOutput &out, bool written) {
   for (const ScheduledSeq &s : out.scheduled) {
+    if (s.seq->cache_seq < 0) continue;  // finished or cancelled while its pass ran
     const int32_t start = s.seq->num_computed;
     recomputed_tokens_ += std::clamp(s.seq->recompute_until - start, 0, s.num_tokens);
     s.seq->num_computed += s.num_tokens;
-    cache_.commit(s.seq->cache_seq);
+    if (written) cache_.commit(s.seq->cache_seq, s.seq->num_computed);
   }
 }
 

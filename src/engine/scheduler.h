@@ -116,8 +116,11 @@ class Scheduler {
 
   SchedulerOutput schedule();
   // After the forward pass: the scheduled tokens are computed; full pages
-  // become reusable.
-  void commit(const SchedulerOutput &out);
+  // become reusable. written = false: the pass still runs (the engine schedules
+  // the next step ahead of it); the cache's pages get their hashes later
+  // (KvCache::commit), once the pass has written them. Sequences removed since
+  // `out` was scheduled are skipped.
+  void commit(const SchedulerOutput &out, bool written = true);
 
   int32_t num_waiting() const { return int32_t(waiting_.size()); }
   int32_t num_running() const { return int32_t(running_.size()); }

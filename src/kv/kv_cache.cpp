@@ -132,12 +132,14 @@ std::vector<int32_t> KvCache::append_slots(SeqId seq, std::span<const int32_t> t
   return slots;
 }
 
-void KvCache::commit(SeqId seq) {
+void KvCache::commit(SeqId seq, int32_t written) {
   Impl& m = *impl_;
   SeqPages& s = m.find(seq, "commit");
+  PA_CHECK(written >= -1 && written <= int32_t(s.tokens.size()), "commit: written (", written,
+           ") is outside [-1, kv_len = ", s.tokens.size(), "] of seq ", seq);
   if (!m.cfg.enable_prefix_cache) return;
   const size_t ps = size_t(m.cfg.page_size);
-  const size_t full = s.tokens.size() / ps;
+  const size_t full = (written < 0 ? s.tokens.size() : size_t(written)) / ps;
   // Hash first (may throw), then register.
   std::vector<PageHash> fresh;
   for (size_t i = s.hashes.size(); i < full; ++i) {
@@ -156,6 +158,16 @@ void KvCache::commit(SeqId seq) {
     }
   }
   s.hashes.insert(s.hashes.end(), fresh.begin(), fresh.end());
+}
+
+void KvCache::set_token(SeqId seq, int32_t position, int32_t token) {
+  Impl& m = *impl_;
+  SeqPages& s = m.find(seq, "set_token");
+  PA_CHECK(position >= 0 && position < int32_t(s.tokens.size()), "set_token: position ", position,
+           " is not reserved in seq ", seq, " (kv_len ", s.tokens.size(), ")");
+  PA_CHECK(size_t(position) >= s.hashes.size() * size_t(m.cfg.page_size), "set_token: position ",
+           position, " of seq ", seq, " is in a page that already has its hash");
+  s.tokens[size_t(position)] = token;
 }
 
 SeqId KvCache::fork(SeqId parent) {

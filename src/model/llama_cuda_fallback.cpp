@@ -57,13 +57,35 @@ void LlamaModelCuda::begin_sample(const ForwardBatch&, KvCache&) {
   fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
 }
 
-std::vector<TokenLogprobs> LlamaModelCuda::finish_sample(const SamplePlan&) {
+void LlamaModelCuda::pick_sampled(const SamplePlan&) {
   fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
 }
 
+std::vector<TokenLogprobs> LlamaModelCuda::take_sampled() {
+  fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
+}
+
+void LlamaModelCuda::begin_pass(const ForwardBatch&, KvCache&, bool) {
+  fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
+}
+
+void LlamaModelCuda::begin_greedy(const ForwardBatch&, KvCache&) {
+  fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
+}
+
+std::vector<int32_t> LlamaModelCuda::finish_greedy() {
+  fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
+}
+
+const float* LlamaModelCuda::run_pass(const ForwardBatch&, KvCache&, bool, int) {
+  fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
+}
+
+bool LlamaModelCuda::overlaps_passes() const { return false; }
+
 double LlamaModelCuda::device_busy_seconds() const { return -1; }
 
-void LlamaModelCuda::validate(const ForwardBatch&, const KvCache&) const {
+void LlamaModelCuda::validate(const ForwardBatch&, const KvCache&, int32_t) const {
   fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
 }
 

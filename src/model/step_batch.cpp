@@ -35,7 +35,7 @@ BatchLayout attention_layout(const ForwardBatch& b) {
 }
 
 void check_forward_batch(const ForwardBatch& b, int32_t vocab_size, int32_t ps, int32_t num_pages,
-                         const char* op) {
+                         const char* op, int32_t chained_rows) {
   const size_t num_seqs = b.seqs.size(), num_tokens = b.tokens.size();
   PA_CHECK(b.q_indptr.size() == num_seqs + 1, op, ": batch.q_indptr has ", b.q_indptr.size(),
            " entries, expected num_seqs + 1 = ", num_seqs + 1);
@@ -50,8 +50,10 @@ void check_forward_batch(const ForwardBatch& b, int32_t vocab_size, int32_t ps, 
   PA_CHECK(b.slots.size() == num_tokens, op, ": batch.slots has ", b.slots.size(),
            " entries, batch.tokens ", num_tokens);
   for (size_t t = 0; t < num_tokens; ++t) {
-    PA_CHECK(b.tokens[t] >= 0 && b.tokens[t] < vocab_size, op, ": batch.tokens[", t, "] = ",
-             b.tokens[t], " is outside the vocabulary of ", vocab_size);
+    PA_CHECK(b.tokens[t] >= chained_token(chained_rows - 1) && b.tokens[t] < vocab_size, op,
+             ": batch.tokens[", t, "] = ", b.tokens[t], " is outside the vocabulary of ",
+             vocab_size,
+             chained_rows > 0 ? " (and names no logit row of the pass begun before it)" : "");
   }
   for (size_t r = 0; r < b.logit_rows.size(); ++r) {
     PA_CHECK(b.logit_rows[r] >= 0 && size_t(b.logit_rows[r]) < num_tokens, op,

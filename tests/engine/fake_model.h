@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -52,18 +53,28 @@ class FakeModel : public Model {
     PA_CHECK(b.positions.size() == b.tokens.size() && b.slots.size() == b.tokens.size(),
              "FakeModel: positions/slots size");
     ++num_forward_calls;
+    PA_CHECK(num_forward_calls != fail_on_forward, "FakeModel: forward call ", num_forward_calls,
+             " failed (injected)");
     if (const auto delay = step_delay.load(); delay.count() > 0) std::this_thread::sleep_for(delay);
     batch_tokens.push_back(int32_t(b.tokens.size()));
     batch_seqs.push_back(int32_t(num_seqs));
     const int32_t ps = cache.config().page_size;
+    // NOTE: the batch's layout, not the cache's bookkeeping (a runner reads only the pools): a
+    // pass begun ahead runs after the cache has moved on (Model::begin_greedy's default).
+    PA_CHECK(b.kv_len.size() == num_seqs && b.block_table.size() == num_seqs * size_t(b.max_pages),
+             "FakeModel: the batch's attention layout");
+    auto table = [&](size_t s) {
+      return std::span<const int32_t>(b.block_table.data() + s * size_t(b.max_pages),
+                                      size_t(b.max_pages));
+    };
     // Write: every layer gets the same token-derived K/V.
     for (size_t s = 0; s < num_seqs; ++s) {
-      const int32_t kv_len = cache.kv_len(b.seqs[s]);
+      const int32_t kv_len = b.kv_len[s];
       const int32_t q_len = b.q_indptr[s + 1] - b.q_indptr[s];
       for (int32_t j = 0; j < q_len; ++j) {
         const size_t i = size_t(b.q_indptr[s] + j);
         PA_CHECK(b.positions[i] == kv_len - q_len + j, "FakeModel: position of row ", i);
-        const auto bt = cache.block_table(b.seqs[s]);
+        const auto bt = table(s);
         PA_CHECK(b.slots[i] == bt[size_t(b.positions[i] / ps)] * ps + b.positions[i] % ps,
                  "FakeModel: slot of row ", i, " does not match the block table");
         for (int32_t l = 0; l < cfg_.num_layers; ++l) {
@@ -90,7 +101,7 @@ class FakeModel : public Model {
       const int32_t row = b.logit_rows[r];
       size_t s = 0;
       while (b.q_indptr[s + 1] <= row) ++s;
-      const auto bt = cache.block_table(b.seqs[s]);
+      const auto bt = table(s);
       uint64_t h = 1469598103934665603ull;
       for (int32_t p = 0; p <= b.positions[size_t(row)]; ++p) {
         for (int32_t l = 0; l < cfg_.num_layers; ++l) {
@@ -117,6 +128,19 @@ class FakeModel : public Model {
   std::vector<int32_t> forward_greedy(const ForwardBatch& b, KvCache& cache) override {
     ++num_greedy_calls;
     return Model::forward_greedy(b, cache);
+  }
+  // The default two-call steps; passes begun with stand-in tokens (schedule ahead) counted.
+  void begin_greedy(const ForwardBatch& b, KvCache& cache) override {
+    Model::begin_greedy(b, cache);
+    if (std::any_of(b.tokens.begin(), b.tokens.end(), [](int32_t t) { return t < 0; }))
+      ++num_chained_passes;
+  }
+  void begin_sample(const ForwardBatch& b, KvCache& cache) override {
+    Model::begin_sample(b, cache);
+    if (std::any_of(b.tokens.begin(), b.tokens.end(), [](int32_t t) { return t < 0; })) {
+      ++num_chained_passes;
+      ++num_chained_sampled_passes;
+    }
   }
   // The default sampled step (forward, then the host twin of the plan), counted.
   std::vector<TokenLogprobs> forward_sample(const ForwardBatch& b, KvCache& cache,
@@ -182,8 +206,11 @@ class FakeModel : public Model {
   float eos_logit = -10.f;                  // the eos logits where eos_every does not favour them
   std::atomic<std::chrono::microseconds> step_delay{std::chrono::microseconds(0)};  // slow steps
   int64_t num_forward_calls = 0;            // every step (forward_greedy runs forward)
+  int64_t fail_on_forward = -1;             // that forward call (1-based) throws Error
   int64_t num_greedy_calls = 0;             // the steps that took forward_greedy
   int64_t num_sample_calls = 0;             // the steps that took forward_sample
+  int64_t num_chained_passes = 0;           // passes begun with stand-in tokens
+  int64_t num_chained_sampled_passes = 0;   // of those, sampled ones
   std::vector<int32_t> batch_tokens;        // tokens per forward call
   std::vector<int32_t> batch_seqs;          // sequences per forward call
 

@@ -21,6 +21,13 @@
 using namespace pagedattn;
 using pagedattn::fakes::FakeModel;
 
+// test_engine_ahead.cpp runs these tests again with scheduling ahead forced on.
+#ifndef PAGEDATTN_ENGINE_SUITE
+#define PAGEDATTN_ENGINE_SUITE Engine
+#define PAGEDATTN_ASYNC_SUITE AsyncEngine
+#define PAGEDATTN_SCHEDULE_AHEAD (-1)
+#endif
+
 namespace {
 
 struct Result {
@@ -37,6 +44,7 @@ EngineConfig small_config(int64_t kv_tokens, int32_t block = 4, int32_t budget =
   c.max_num_batched_tokens = budget;
   c.max_num_seqs = 16;
   c.log_startup = false;
+  c.schedule_ahead = PAGEDATTN_SCHEDULE_AHEAD;
   return c;
 }
 
@@ -101,7 +109,7 @@ EngineConfig preempting_config() {
 
 }  // namespace
 
-TEST(Engine, GreedyMatchesOracle) {
+TEST(PAGEDATTN_ENGINE_SUITE, GreedyMatchesOracle) {
   auto model = std::make_unique<FakeModel>();
   const FakeModel& fake = *model;
   Engine e(std::move(model), small_config(1024));
@@ -117,7 +125,7 @@ TEST(Engine, GreedyMatchesOracle) {
   EXPECT_EQ(e.cache().stats().pages_used, 0);
 }
 
-TEST(Engine, SixteenConcurrentRequestsEqualOneByOne) {
+TEST(PAGEDATTN_ENGINE_SUITE, SixteenConcurrentRequestsEqualOneByOne) {
   std::vector<std::vector<int32_t>> prompts;
   for (int32_t i = 0; i < 16; ++i) prompts.push_back(make_prompt(5 + 3 * i, i));
   std::vector<std::vector<int32_t>> alone;
@@ -142,7 +150,7 @@ TEST(Engine, SixteenConcurrentRequestsEqualOneByOne) {
   EXPECT_EQ(e.cache().stats().pages_used, 0);
 }
 
-TEST(Engine, PreemptionAndRecomputeGiveIdenticalOutput) {
+TEST(PAGEDATTN_ENGINE_SUITE, PreemptionAndRecomputeGiveIdenticalOutput) {
   const auto prompts = preempting_prompts();
   const EngineConfig cfg = preempting_config();
   auto model = std::make_unique<FakeModel>();
@@ -162,7 +170,7 @@ TEST(Engine, PreemptionAndRecomputeGiveIdenticalOutput) {
   EXPECT_EQ(e.cache().stats().pages_used, 0);
 }
 
-TEST(Engine, PreemptionBySwapGivesIdenticalOutputAndRecomputesNothing) {
+TEST(PAGEDATTN_ENGINE_SUITE, PreemptionBySwapGivesIdenticalOutputAndRecomputesNothing) {
   // The workload above with swap space: the preempted sequences' pages go to host memory and come
   // back (the fake model reads every position back through the block table, so a page restored
   // wrong changes the output or throws). auto picks swap too: on the CPU a copy of the pages costs
@@ -202,7 +210,7 @@ TEST(Engine, PreemptionBySwapGivesIdenticalOutputAndRecomputesNothing) {
   }
 }
 
-TEST(Engine, SwapSpaceTooSmallForASequenceRecomputesIt) {
+TEST(PAGEDATTN_ENGINE_SUITE, SwapSpaceTooSmallForASequenceRecomputesIt) {
   // 600 bytes of swap space: a sequence of 10+ tokens takes 3 pages x 2 layers x K, V x 64 bytes
   // = 768, so every preemption falls back to recompute; outputs stay the oracle's.
   const auto prompts = preempting_prompts();
@@ -223,7 +231,7 @@ TEST(Engine, SwapSpaceTooSmallForASequenceRecomputesIt) {
     EXPECT_EQ(res[ids[i]].tokens.at(0), fake.greedy_oracle(prompts[i], 40)) << "request " << i;
 }
 
-TEST(Engine, CancellingASwappedRequestFreesItsHostMemory) {
+TEST(PAGEDATTN_ENGINE_SUITE, CancellingASwappedRequestFreesItsHostMemory) {
   const auto prompts = preempting_prompts();
   EngineConfig cfg = preempting_config();
   cfg.preemption = PreemptionMode::swap;
@@ -243,7 +251,7 @@ TEST(Engine, CancellingASwappedRequestFreesItsHostMemory) {
   EXPECT_EQ(e.cache().stats().pages_used, 0);
 }
 
-TEST(Engine, SwapSpaceIsValidated) {
+TEST(PAGEDATTN_ENGINE_SUITE, SwapSpaceIsValidated) {
   for (double bad : {-2.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
     EngineConfig cfg = small_config(64);
     cfg.swap_space_mib = bad;
@@ -261,7 +269,7 @@ TEST(Engine, SwapSpaceIsValidated) {
   EXPECT_EQ(parse_preemption_mode("auto"), PreemptionMode::cheaper);
 }
 
-TEST(Engine, LookaheadAdmissionAvoidsPreemptionWhenLengthsAreKnown) {
+TEST(PAGEDATTN_ENGINE_SUITE, LookaheadAdmissionAvoidsPreemptionWhenLengthsAreKnown) {
   // The workload above with EOS ignored (each request ends exactly at max_tokens): the default
   // admission foresees the growth and never preempts; outputs stay the oracle's.
   std::vector<std::vector<int32_t>> prompts;
@@ -289,7 +297,7 @@ TEST(Engine, LookaheadAdmissionAvoidsPreemptionWhenLengthsAreKnown) {
   EXPECT_EQ(e.cache().stats().pages_used, 0);
 }
 
-TEST(Engine, PrefixCacheOnAndOffGiveTheSameOutput) {
+TEST(PAGEDATTN_ENGINE_SUITE, PrefixCacheOnAndOffGiveTheSameOutput) {
   std::vector<int32_t> shared = make_prompt(40, 7);
   auto run = [&](bool prefix) {
     EngineConfig cfg = small_config(2048);
@@ -317,7 +325,7 @@ TEST(Engine, PrefixCacheOnAndOffGiveTheSameOutput) {
   EXPECT_GT(m_with.prefix_hit_rate(), 0.5);
 }
 
-TEST(Engine, CacheSaltSeparatesTenants) {
+TEST(PAGEDATTN_ENGINE_SUITE, CacheSaltSeparatesTenants) {
   Engine e(std::make_unique<FakeModel>(), small_config(2048));
   auto p = make_prompt(33, 9);
   Request a = greedy(p, 4);
@@ -338,7 +346,7 @@ TEST(Engine, CacheSaltSeparatesTenants) {
   EXPECT_EQ(r3[ic].tokens, r1[ia].tokens);
 }
 
-TEST(Engine, ParallelSamplingSharesPromptPages) {
+TEST(PAGEDATTN_ENGINE_SUITE, ParallelSamplingSharesPromptPages) {
   EngineConfig cfg = small_config(4096, 16, 256);
   Engine e(std::make_unique<FakeModel>(), cfg);
   Request r;
@@ -370,7 +378,7 @@ TEST(Engine, ParallelSamplingSharesPromptPages) {
   EXPECT_EQ(run_all(e2)[id2].tokens, res[id].tokens);
 }
 
-TEST(Engine, ParallelSamplingWithPartialTailPageCopiesOnlyTheTail) {
+TEST(PAGEDATTN_ENGINE_SUITE, ParallelSamplingWithPartialTailPageCopiesOnlyTheTail) {
   Engine e(std::make_unique<FakeModel>(), small_config(4096, 16, 256));
   Request r;
   r.prompt = make_prompt(40, 6);  // 2 full pages + a tail of 8
@@ -388,7 +396,7 @@ TEST(Engine, ParallelSamplingWithPartialTailPageCopiesOnlyTheTail) {
   EXPECT_EQ(e.cache().stats().pages_used, 0);
 }
 
-TEST(Engine, StopsOnEosStopTokenAndStopString) {
+TEST(PAGEDATTN_ENGINE_SUITE, StopsOnEosStopTokenAndStopString) {
   auto model = std::make_unique<FakeModel>(128, std::vector<int32_t>{0});
   model->eos_every = 9;  // the 9th position of every history prefers EOS
   const FakeModel& fake = *model;
@@ -440,7 +448,7 @@ TEST(Engine, StopsOnEosStopTokenAndStopString) {
 // A step takes Model::forward_greedy only when every sequence it samples is plain greedy. Greedy
 // requests batched with others (temperature, repetition penalty, n > 1, best_of, beam search) get
 // the tokens they get alone, as do the others; the batch takes both paths as its mix changes.
-TEST(Engine, GreedyAndSampledRequestsBatchedEqualAlone) {
+TEST(PAGEDATTN_ENGINE_SUITE, GreedyAndSampledRequestsBatchedEqualAlone) {
   std::vector<Request> reqs;
   for (int32_t i = 0; i < 3; ++i) reqs.push_back(greedy(make_prompt(3 + 8 * i, i + 1), 20));
   const size_t num_greedy = reqs.size();
@@ -494,7 +502,7 @@ TEST(Engine, GreedyAndSampledRequestsBatchedEqualAlone) {
   EXPECT_EQ(e.cache().stats().pages_used, 0);
 }
 
-TEST(Engine, CancelFreesPagesAtOnce) {
+TEST(PAGEDATTN_ENGINE_SUITE, CancelFreesPagesAtOnce) {
   Engine e(std::make_unique<FakeModel>(), small_config(2048));
   RequestId a = e.add_request(greedy(make_prompt(30, 1), 100));
   RequestId b = e.add_request(greedy(make_prompt(20, 2), 5));
@@ -517,7 +525,7 @@ TEST(Engine, CancelFreesPagesAtOnce) {
   EXPECT_EQ(e.metrics().requests_cancelled, 2);
 }
 
-TEST(Engine, BadRequestsThrowAndQueueNothing) {
+TEST(PAGEDATTN_ENGINE_SUITE, BadRequestsThrowAndQueueNothing) {
   Engine e(std::make_unique<FakeModel>(64, std::vector<int32_t>{}, 64), small_config(2048));
   auto expect_error = [&](Request r, const std::string& what) {
     try {
@@ -548,7 +556,7 @@ TEST(Engine, BadRequestsThrowAndQueueNothing) {
   EXPECT_EQ(e.num_active_requests(), 0);
 }
 
-TEST(Engine, KvBudgetFromMemoryAndTokens) {
+TEST(PAGEDATTN_ENGINE_SUITE, KvBudgetFromMemoryAndTokens) {
   ModelConfig mc = FakeModel().config();  // 2 layers x 2 heads x 4 dims: 128 bytes/token at f32
   EngineConfig c;
   c.page_size = 16;
@@ -571,7 +579,7 @@ TEST(Engine, KvBudgetFromMemoryAndTokens) {
   EXPECT_THROW(Engine(std::make_unique<FakeModel>(), fp8), Error);  // the fake cannot calibrate
 }
 
-TEST(Engine, MetricsCountTokensAndLatencies) {
+TEST(PAGEDATTN_ENGINE_SUITE, MetricsCountTokensAndLatencies) {
   Engine e(std::make_unique<FakeModel>(), small_config(2048));
   e.add_request(greedy(make_prompt(10, 1), 6));
   e.add_request(greedy(make_prompt(12, 2), 6));
@@ -587,7 +595,7 @@ TEST(Engine, MetricsCountTokensAndLatencies) {
   EXPECT_EQ(m.pages_free + m.pages_cached, m.pages_total);
 }
 
-TEST(AsyncEngine, ConcurrentSubmittersGetOracleOutputs) {
+TEST(PAGEDATTN_ASYNC_SUITE, ConcurrentSubmittersGetOracleOutputs) {
   auto model = std::make_unique<FakeModel>();
   const FakeModel* fake = model.get();
   AsyncEngine ae(std::make_unique<Engine>(std::move(model), small_config(4096, 4, 32)));
@@ -634,7 +642,7 @@ TEST(AsyncEngine, ConcurrentSubmittersGetOracleOutputs) {
   EXPECT_THROW(ae.submit(greedy({1}, 3), nullptr), Error);
 }
 
-TEST(Engine, LongRequestIsNotStarvedByAStreamOfShortOnes) {
+TEST(PAGEDATTN_ENGINE_SUITE, LongRequestIsNotStarvedByAStreamOfShortOnes) {
   auto model = std::make_unique<FakeModel>();
   const FakeModel& fake = *model;
   EngineConfig cfg = small_config(256, 4, 16);  // 64 pages, 16 tokens per step

@@ -317,6 +317,37 @@ TEST(KvCache, PrefixReuseLimitsAndPartialMatches) {
   EXPECT_EQ(attach(iota_tokens(9, 900)), 8);
 }
 
+// commit(seq, written) hashes only the full pages within the written positions; set_token
+// replaces a stand-in id recorded for a reserved position until its page has its hash.
+TEST(KvCache, CommitUpToWrittenAndSetToken) {
+  KvCache cache(small_config(32, 4));
+  auto attach = [&](const std::vector<int32_t>& toks) {
+    const SeqId s = cache.create_sequence();
+    const int32_t n = cache.attach_prefix(s, toks);
+    cache.free_sequence(s);
+    return n;
+  };
+  std::vector<int32_t> toks = iota_tokens(10);
+  const SeqId a = cache.create_sequence();
+  append_and_write(cache, a, toks);
+  toks.push_back(-1);  // a stand-in for an id not known yet
+  cache.append_slots(a, std::vector<int32_t>{-1});
+  cache.commit(a, 7);  // positions 0..6 written: one full page
+  toks.back() = 555;
+  EXPECT_EQ(attach(toks), 4);
+  EXPECT_THROW(cache.set_token(a, 2, 7), Error);   // its page has its hash
+  EXPECT_THROW(cache.set_token(a, 11, 7), Error);  // not reserved
+  EXPECT_THROW(cache.commit(a, 12), Error);        // past kv_len
+  cache.set_token(a, 10, 555);
+  EXPECT_EQ(cache.tokens(a)[10], 555);
+  cache.commit(a);  // every reserved position: two full pages
+  EXPECT_EQ(attach(toks), 8);
+  cache.commit(a, 3);  // nothing to take back
+  EXPECT_EQ(attach(toks), 8);
+  cache.free_sequence(a);
+  expect_accounting(cache);
+}
+
 TEST(KvCache, DifferentSaltsNeverSharePages) {
   KvCache cache(small_config(32, 4));
   const std::vector<int32_t> prompt = iota_tokens(9);

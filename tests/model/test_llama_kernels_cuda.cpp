@@ -14,6 +14,7 @@
 
 #include "gpu_skip.h"
 #include "model/rope.h"
+#include "pagedattn/model.h"
 #include "pagedattn/tensor.h"
 
 #ifdef PAGEDATTN_HAVE_CUDA
@@ -88,8 +89,9 @@ TEST(LlamaCudaKernels, RopeTableIsTheHostTable) {
   }
 }
 
-// The embedding kernels copy each token's embedding row (zeros outside a vocabulary shard) and
-// each token's RoPE rows from the tables, bit for bit; without rows to copy, only x is written.
+// The embedding kernels copy each token's embedding row (zeros outside a vocabulary shard; a
+// stand-in's from the chained ids) and each token's RoPE rows from the tables, bit for bit; without
+// rows to copy, only x is written.
 TEST(LlamaCudaKernels, EmbeddingKernelsCopyEmbeddingAndRopeRows) {
   PA_SKIP_WITHOUT_GPU();
   const int32_t vocab = 50, hidden = 96, half = 64, table_rows = 300, T = 37;
@@ -103,7 +105,12 @@ TEST(LlamaCudaKernels, EmbeddingKernelsCopyEmbeddingAndRopeRows) {
     tokens[size_t(t)] = int32_t(rng() % uint32_t(vocab));
     pos[size_t(t)] = int32_t(rng() % uint32_t(table_rows));
   }
+  // The whole vocabulary's kernel also takes every third token from the ids of a pass before
+  // (chained_token(r) stands for chained[r]).
+  std::vector<int32_t> stand_ins = tokens;
+  for (int32_t t = 0; t < T; t += 3) stand_ins[size_t(t)] = chained_token(t);
   Tensor de = upload(embed), dtab = upload(table), dtok = upload(tokens), dpos = upload(pos);
+  Tensor dstand = upload(stand_ins), dchained = upload(tokens);
   for (int32_t shard = -1; shard < 2; ++shard) {  // -1: the whole vocabulary; else half of it
     SCOPED_TRACE(testing::Message() << "shard " << shard);
     const int32_t vocab0 = shard < 0 ? 0 : shard * (vocab / 2);
@@ -123,7 +130,9 @@ TEST(LlamaCudaKernels, EmbeddingKernelsCopyEmbeddingAndRopeRows) {
       const auto* ebase = static_cast<const uint16_t*>(de.data()) + int64_t(vocab0) * hidden;
       const auto* dt = static_cast<const int32_t*>(dtok.data());
       if (shard < 0)
-        cuda::embed_gather(ebase, dt, T, hidden, dx.data_as<float>(), g, nullptr);
+        cuda::embed_gather(ebase, static_cast<const int32_t*>(dstand.data()),
+                           static_cast<const int32_t*>(dchained.data()), T, hidden,
+                           dx.data_as<float>(), g, nullptr);
       else
         cuda::embed_gather_shard(ebase, vocab0, vocab_rows, dt, T, hidden, dx.data_as<float>(), g,
                                  nullptr);

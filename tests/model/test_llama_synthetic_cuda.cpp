@@ -4,7 +4,7 @@
 // returned from reused page-locked buffers are never overwritten while the caller holds them.
 // forward_greedy: the host argmax of forward's logits, and its device argmax kernel on crafted
 // rows; forward_sample: the host twin of the sample plan on forward's logits, and the same in two
-// calls (begin_sample, finish_sample).
+// calls (begin_sample, finish_sample); greedy passes chained on the device (begin_greedy).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -155,6 +155,72 @@ TEST_P(LlamaCudaSynthetic, CudaGraphsGiveTheSameBits) {
   EXPECT_GE(st.captures, 4u);
   EXPECT_GE(st.replays, 60u);  // most of the 120 decode steps
   EXPECT_EQ(plain.cuda_graph_stats().captures, 0u);
+}
+
+// Greedy passes in two calls (begin_greedy, finish_greedy), each begun before the ids of the one
+// before it are read and taking them as its tokens on the device (chained_token), give
+// forward_greedy's ids step for step: a ragged prefill, then 40 decode steps of three sequences
+// across page boundaries, replayed from CUDA graphs (one a slot of ids); a plain forward after
+// them still works, and misuse is an error.
+TEST_P(LlamaCudaSynthetic, ChainedGreedyPassesGiveForwardGreedysIds) {
+  PA_SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = tiny_config(GetParam());
+  LlamaModelCuda plain(cfg, 5), chained(cfg, 5);
+  KvCache pc(cache_config(cfg, Device::cuda)), cc(cache_config(cfg, Device::cuda));
+  std::vector<SeqId> ps, cs;
+  std::vector<std::vector<int32_t>> toks;
+  for (int s = 0; s < 3; ++s) {
+    ps.push_back(pc.create_sequence());
+    cs.push_back(cc.create_sequence());
+    std::vector<int32_t> t;
+    for (int i = 0; i < 3 + 7 * s; ++i) t.push_back(int32_t((i * 17 + s * 5 + 1) % 300));
+    toks.push_back(t);
+  }
+  constexpr int kSteps = 40;
+  std::vector<std::vector<int32_t>> want;  // [step][seq]
+  std::vector<std::vector<int32_t>> in = toks;
+  for (int step = 0; step <= kSteps; ++step) {
+    want.push_back(plain.forward_greedy(make_step_batch(pc, ps, in), pc));
+    for (SeqId s : ps) pc.commit(s);
+    for (int s = 0; s < 3; ++s) in[size_t(s)] = {want.back()[size_t(s)]};
+  }
+  const double busy0 = chained.device_busy_seconds();
+  chained.begin_greedy(make_step_batch(cc, cs, toks), cc);
+  const std::vector<std::vector<int32_t>> stand_ins = {
+      {chained_token(0)}, {chained_token(1)}, {chained_token(2)}};
+  for (int step = 0; step <= kSteps; ++step) {
+    if (step < kSteps) chained.begin_greedy(make_step_batch(cc, cs, stand_ins), cc);
+    EXPECT_EQ(chained.finish_greedy(), want[size_t(step)]) << "step " << step;
+    for (SeqId s : cs) cc.commit(s, cc.kv_len(s) - (step < kSteps ? 1 : 0));
+  }
+  EXPECT_GT(chained.device_busy_seconds(), busy0);
+  EXPECT_GE(chained.cuda_graph_stats().replays, size_t(kSteps - 8));
+  EXPECT_THROW(chained.finish_greedy(), Error);  // none open
+  // A stand-in with no pass open before it names no row: the CPU model's vocabulary error.
+  EXPECT_THROW(chained.begin_greedy(make_step_batch(cc, cs, stand_ins), cc), Error);
+  // A chained pass with more rows than the pass before it (an admission beside the decodes): on a
+  // fresh model, whose ids buffer grows under the open pass's one id. A sequence's stand-in beside
+  // two new prompts.
+  {
+    LlamaModelCuda widen(cfg, 5);
+    std::vector<SeqId> p2 = {pc.create_sequence(), pc.create_sequence(), pc.create_sequence()};
+    std::vector<SeqId> c2 = {cc.create_sequence(), cc.create_sequence(), cc.create_sequence()};
+    const std::vector<int32_t> first =
+        plain.forward_greedy(make_step_batch(pc, {p2[0]}, {toks[2]}), pc);
+    pc.commit(p2[0]);
+    const std::vector<int32_t> second =
+        plain.forward_greedy(make_step_batch(pc, p2, {{first[0]}, toks[0], toks[1]}), pc);
+    widen.begin_greedy(make_step_batch(cc, {c2[0]}, {toks[2]}), cc);
+    widen.begin_greedy(make_step_batch(cc, c2, {{chained_token(0)}, toks[0], toks[1]}), cc);
+    EXPECT_EQ(widen.finish_greedy(), first);
+    EXPECT_EQ(widen.finish_greedy(), second);
+  }
+  for (SeqId s : cs) cc.free_sequence(s);
+  // A plain pass after the chained ones: the same logits as the other model's.
+  std::vector<SeqId> fresh = {cc.create_sequence()}, fresh2 = {pc.create_sequence()};
+  const Tensor a = chained.forward(make_step_batch(cc, fresh, {toks[1]}), cc);
+  const Tensor b = plain.forward(make_step_batch(pc, fresh2, {toks[1]}), pc);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), size_t(a.numel()) * 4), 0);
 }
 
 // fp8 KV on the device: the calibration pass gives the CPU model's maxima on the same weights
@@ -409,9 +475,12 @@ TEST(LlamaCudaSynthetic, BeginAndFinishSampleAreForwardSample) {
         EXPECT_NE(std::string(e.what()).find("outside the vocabulary"), std::string::npos)
             << e.what();
       }
+      // A plain pass while one is open is refused; the open one stays and finishes (the same
+      // batch again: the same K/V written, the same tokens as below).
       b.begin_sample(bb, cb);
-      EXPECT_FALSE(b.forward_greedy(bb, cb).empty());  // another pass: nothing left to finish
-      EXPECT_THROW(b.finish_sample(plan), Error);
+      EXPECT_THROW(b.forward_greedy(bb, cb), Error);
+      EXPECT_EQ(b.finish_sample(plan).size(), want.size());
+      EXPECT_THROW(b.finish_sample(plan), Error);  // none open
     }
     b.begin_sample(bb, cb);
     const std::vector<TokenLogprobs> got = b.finish_sample(plan);

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <string>
 
@@ -171,6 +172,7 @@ struct LlamaModelCuda::Impl {
   bool use_gemv = true;  // PAGEDATTN_GEMV=0: cuBLAS for every product (a comparison)
   // PAGEDATTN_FUSE=0: K/V through write_kv and SwiGLU as its own kernel (a comparison).
   bool fuse = true;
+  bool overlap_passes = true;  // Model::overlaps_passes (PAGEDATTN_SCHEDULE_AHEAD=0: false)
   std::unique_ptr<CudaAttentionPlan> plan;
   Tensor staging;  // f32 weights on their way to bf16 (load from a file only)
 
@@ -205,10 +207,29 @@ struct LlamaModelCuda::Impl {
   // Device time of the steps: an event before a step's first upload and one after its download.
   cudaEvent_t step_begin = nullptr, step_end = nullptr;
   bool step_open = false;
-  // begin_sample's pass, which finish_sample samples (any other pass enqueued since clears it).
-  bool sample_pending = false;
-  const float* sample_logits = nullptr;
-  int64_t sample_rows = 0;
+  // Passes begun (begin_greedy, begin_sample) and not yet finished, oldest first, each in a slot
+  // of its own: the page-locked copy of its picks (read while the next pass runs, so not shared
+  // with it) and events around the pass. The two slots alternate. A greedy pass writes its ids
+  // into `ids` on the device, a sampled one (once pick_sampled gives its plan) into sample_out;
+  // the pass begun after it reads them as its stand-in tokens before it writes its own (the same
+  // stream). The graphs of the steps see one buffer of greedy ids (a graph is captured when a
+  // step's launches repeat; two alternating buffers would never repeat).
+  struct PassSlot {
+    PinnedBytes host;
+    cudaEvent_t begin = nullptr, end = nullptr;
+    int32_t rows = 0;
+    bool sampled = false, picked = false;
+    const int32_t* picks = nullptr;  // on the device, once picked (greedy passes: at once)
+    const float* logits = nullptr;   // a sampled pass's, until picked
+    int32_t top_n = 0;               // a sampled pass: top log-probabilities per row downloaded
+    std::vector<int32_t> logprobs;   // a sampled pass: each row's ask (RowSampling::logprobs)
+  };
+  void record_slot_event(PassSlot& g, bool begin_event);
+  // The oldest open pass (greedy, or sampled and picked) once its end event has passed (its device
+  // time counted), taken out of the open ones; an error drops every open pass.
+  PassSlot& finish_oldest(bool sampled, const char* op);
+  PassSlot pass_slots[2];
+  std::deque<int> open_slots;
   double busy_seconds = 0;
   void begin_step_timing();
   void end_step_timing();  // records the step's end after its last copy and waits for it
@@ -218,7 +239,14 @@ struct LlamaModelCuda::Impl {
 
   // Uploads a checked plan (rows, then edits) to sample_in, on upload_stream.
   void stage_plan(const SamplePlan& plan);
-  // The sampler over device logits dl [R, vocab] with the staged plan, and its results.
+  // The sampler over device logits dl [R, vocab] with the staged plan, enqueued with the download
+  // of its results into `host` (n_out 4-byte values: ids [R], logprob [R], top ids [R, N], top
+  // logprobs [R, N]); returns the ids on the device.
+  const int32_t* enqueue_sampler(const float* dl, const SamplePlan& plan, PinnedBytes& host);
+  // Those results (downloaded) as tokens: rows R, N top log-probabilities a row downloaded, each
+  // row's ask.
+  std::vector<TokenLogprobs> sampled_tokens(const int32_t* h, int32_t R, int32_t N,
+                                            const std::vector<int32_t>& logprobs) const;
   std::vector<TokenLogprobs> run_sampler(const float* dl, const SamplePlan& plan);
   std::vector<int32_t> host_meta;
 
@@ -239,6 +267,10 @@ struct LlamaModelCuda::Impl {
 
   ~Impl() {
     graphs.clear();
+    for (PassSlot& g : pass_slots) {
+      if (g.begin) cudaEventDestroy(g.begin);
+      if (g.end) cudaEventDestroy(g.end);
+    }
     if (step_begin) cudaEventDestroy(step_begin);
     if (step_end) cudaEventDestroy(step_end);
     if (plan_ready) cudaEventDestroy(plan_ready);
@@ -356,7 +388,9 @@ struct LlamaModelCuda::Impl {
   // A step, in the CPU runner's order (forward_device): prepare_step, embed_tokens, run_layer for
   // every layer, logits_of_rows.
   struct Step;
-  Step prepare_step(const ForwardBatch& batch, const KvCache& cache, bool greedy);
+  // slot >= 0: a greedy pass of begin_greedy, its ids into pass_slots[slot], its stand-in
+  // tokens from the ids of the pass still open before it.
+  Step prepare_step(const ForwardBatch& batch, const KvCache& cache, bool greedy, int slot);
   // Both return whether s.h already holds the next layer's normalised input (the peer
   // all-reduce wrote it), which the next run_layer then does not compute again.
   bool embed_tokens(const Step& s, cudaStream_t st);
@@ -437,6 +471,10 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
     use_graphs = false;  // a check of the plain launches against the graphs' results
   if (const char* g = std::getenv("PAGEDATTN_GEMV"); g && std::string(g) == "0") use_gemv = false;
   if (const char* f = std::getenv("PAGEDATTN_FUSE"); f && std::string(f) == "0") fuse = false;
+  // PAGEDATTN_SCHEDULE_AHEAD=0: the engine reads each greedy step's ids before it schedules the
+  // next one, as on the CPU (a comparison).
+  if (const char* a = std::getenv("PAGEDATTN_SCHEDULE_AHEAD"); a && std::string(a) == "0")
+    overlap_passes = false;
   check_cublas(cublasCreate(&cublas), "cublasCreate");
   check_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
   check_cublas(cublasSetStream(cublas, stream), "cublasSetStream");
@@ -615,7 +653,8 @@ LlamaModelCuda::GraphStats LlamaModelCuda::cuda_graph_stats() const {
   return GraphStats{impl_->graphs.captures(), impl_->graphs.replays()};
 }
 
-void LlamaModelCuda::validate(const ForwardBatch& b, const KvCache& cache) const {
+void LlamaModelCuda::validate(const ForwardBatch& b, const KvCache& cache,
+                              int32_t chained_rows) const {
   constexpr const char* op = "LlamaModelCuda::forward";
   const ModelConfig& config = impl_->config;
   const KvCacheConfig& cc = cache.config();
@@ -629,7 +668,7 @@ void LlamaModelCuda::validate(const ForwardBatch& b, const KvCache& cache) const
            op, ": cache has ", cc.num_layers, " layers x ", cc.num_kv_heads,
            " KV heads x head_dim ", cc.head_dim, ", the model needs ", config.num_layers, " x ",
            kv_heads, " x ", config.head_dim);
-  check_forward_batch(b, config.vocab_size, cc.page_size, cc.num_pages, op);
+  check_forward_batch(b, config.vocab_size, cc.page_size, cc.num_pages, op, chained_rows);
 }
 
 // The step's device buffers and counts, made by prepare_step and read by the launches.
@@ -639,6 +678,7 @@ struct LlamaModelCuda::Impl::Step {
   const int32_t* slots = nullptr;   // [T]
   const int32_t* rows = nullptr;    // [R]
   const int32_t* positions = nullptr;  // [T]
+  const int32_t* chained_ids = nullptr;  // the stand-in tokens' ids (begin_greedy), or null
   const float* cos_table = nullptr;    // [rope_rows, D/2] (by position)
   const float* sin_table = nullptr;    // [rope_rows, D/2]
   float* cos = nullptr;                // [T, D/2] the tokens' rows (the embedding kernel's copy)
@@ -677,7 +717,7 @@ void LlamaModelCuda::Impl::grow_rope_table(int32_t n) {
 // the same shapes).
 LlamaModelCuda::Impl::Step LlamaModelCuda::Impl::prepare_step(const ForwardBatch& batch,
                                                                 const KvCache& cache,
-                                                                bool greedy) {
+                                                                bool greedy, int slot) {
   const ModelConfig& c = config;
   Step s;
   s.T = int32_t(batch.tokens.size());
@@ -698,7 +738,14 @@ LlamaModelCuda::Impl::Step LlamaModelCuda::Impl::prepare_step(const ForwardBatch
   std::copy(batch.positions.begin(), batch.positions.end(), hm + 2 * T + R);
   auto* dm = static_cast<int32_t*>(ensure(meta, int64_t(n_meta), DType::f32));
   // NOTE: the step's device time starts with its first enqueued work, after the host's part.
-  begin_step_timing();
+  if (slot < 0) {
+    begin_step_timing();
+  } else {
+    record_slot_event(pass_slots[slot], true);
+    // The open pass's picks (run_pass moved greedy ids that `ids` would have outgrown).
+    if (!open_slots.empty() && pass_slots[open_slots.back()].rows > 0)
+      s.chained_ids = pass_slots[open_slots.back()].picks;
+  }
   check_cuda(cudaMemcpyAsync(dm, hm, n_meta * 4, cudaMemcpyHostToDevice, stream), "batch upload");
   s.tokens = dm;
   s.slots = dm + T;
@@ -765,7 +812,8 @@ bool LlamaModelCuda::Impl::embed_tokens(const Step& s, cudaStream_t st) {
                              s.x, rope, st);
     all_reduce(s.x, int64_t(s.T) * hidden, st);
   } else {
-    cuda::embed_gather(embed.data_as<uint16_t>(), s.tokens, s.T, hidden, s.x, rope, st);
+    cuda::embed_gather(embed.data_as<uint16_t>(), s.tokens, s.chained_ids, s.T, hidden, s.x, rope,
+                       st);
   }
   return false;
 }
@@ -900,13 +948,50 @@ void LlamaModelCuda::Impl::logits_of_rows(const Step& s, cudaStream_t st) {
 // the logit rows.
 const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& cache,
                                            bool greedy) {
-  impl_->sample_pending = false;
+  PA_CHECK(impl_->open_slots.empty(), "LlamaModelCuda::forward: a pass begun by begin_greedy or ",
+           "begin_sample is not finished");
+  return run_pass(batch, cache, greedy, -1);
+}
+
+const float* LlamaModelCuda::run_pass(const ForwardBatch& batch, KvCache& cache, bool greedy,
+                                      int slot) {
   impl_->greedy_step = false;
-  validate(batch, cache);
   Impl& m = *impl_;
+  // The open pass before this one, whose picks its stand-ins may name (a sampled one only once
+  // pick_sampled has given its plan).
+  Impl::PassSlot* before = slot >= 0 && !m.open_slots.empty() ? &m.pass_slots[m.open_slots.back()]
+                                                              : nullptr;
+  const int32_t chained = before && before->picks ? before->rows : 0;
+  validate(batch, cache, chained);
+  // NOTE: a greedy pass begun after an open greedy one reads that pass's ids from `ids` and writes
+  // its own there; when it has more logit rows (an admission) the open pass's ids move to a larger
+  // buffer first, on the stream after that pass (the old buffer's cudaFree waits for the device).
+  const int64_t R = int64_t(batch.logit_rows.size());
+  if (greedy && chained > 0 && before->picks == m.ids.data() && R > m.ids.numel()) {
+    Tensor grown = Tensor::empty({2 * R}, DType::f32, Device::cuda);
+    check_cuda(cudaMemcpyAsync(grown.data(), m.ids.data(), size_t(chained) * 4,
+                               cudaMemcpyDeviceToDevice, m.stream),
+               "LlamaModelCuda::begin_greedy: ids");
+    m.ids = std::move(grown);
+    before->picks = m.ids.data_as<int32_t>();
+  }
+  if (slot >= 0) {
+    Impl::PassSlot& g = m.pass_slots[slot];
+    g.rows = int32_t(R);
+    g.sampled = !greedy;
+    g.picked = false;
+    g.picks = nullptr;
+    g.logits = nullptr;
+  }
   const ModelConfig& c = m.config;
-  if (batch.tokens.empty()) return nullptr;  // no logit rows either (validate: rows index tokens)
-  const Impl::Step s = m.prepare_step(batch, cache, greedy);
+  if (batch.tokens.empty()) {  // no logit rows either (validate: rows index tokens)
+    if (slot >= 0) {
+      m.record_slot_event(m.pass_slots[slot], true);
+      m.record_slot_event(m.pass_slots[slot], false);
+    }
+    return nullptr;
+  }
+  const Impl::Step s = m.prepare_step(batch, cache, greedy, slot);
 
   // Everything below only enqueues kernels on m.stream, reading the step's buffers: a CUDA graph
   // of it replays correctly for any later step with the same launches (step_graphs.h).
@@ -925,9 +1010,9 @@ const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& 
     std::string sig;
     auto put = [&sig](const auto& v) { sig.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
     for (int64_t v : {int64_t(s.T), int64_t(s.R)}) put(v);
-    const void* scratch[] = {s.tokens, s.cos_table, s.sin_table, s.cos, s.x, s.h, s.qkv, s.q,
-                             s.k, s.v, s.attn, s.gu, s.act, s.logits, s.shard_logits,
-                             s.gathered, s.ids, s.pairs, s.pairs_all};
+    const void* scratch[] = {s.tokens, s.chained_ids, s.cos_table, s.sin_table, s.cos, s.x, s.h,
+                             s.qkv, s.q, s.k, s.v, s.attn, s.gu, s.act, s.logits,
+                             s.shard_logits, s.gathered, s.ids, s.pairs, s.pairs_all};
     for (const void* ptr : scratch) put(ptr);
     for (int32_t i = 0; i < c.num_layers; ++i) {
       const PagedKVView view = cache.layer_view(i);
@@ -938,6 +1023,22 @@ const float* LlamaModelCuda::forward_device(const ForwardBatch& batch, KvCache& 
     m.graphs.run(sig, st, launch);
   } else {
     launch();
+  }
+  if (slot >= 0) {
+    Impl::PassSlot& g = m.pass_slots[slot];
+    if (!greedy) {  // pick_sampled enqueues the sampler and the download, and records the end
+      g.logits = s.logits;
+      return s.logits;
+    }
+    // finish_greedy waits for the end event and reads the ids.
+    if (s.R > 0) {
+      check_cuda(cudaMemcpyAsync(g.host.get(size_t(s.R) * 4), s.ids, size_t(s.R) * 4,
+                                 cudaMemcpyDeviceToHost, st),
+                 "token ids download");
+    }
+    g.picks = s.ids;
+    m.record_slot_event(g, false);
+    return s.logits;
   }
   m.greedy_step = s.ids != nullptr;
   if (m.greedy_step) {  // the ids' download follows the step at once (download_greedy waits)
@@ -999,6 +1100,14 @@ std::vector<int32_t> LlamaModelCuda::download_greedy(const float* dl, int32_t R)
   return ids;
 }
 
+void LlamaModelCuda::Impl::record_slot_event(PassSlot& g, bool begin_event) {
+  if (!g.begin) {
+    check_cuda(cudaEventCreate(&g.begin), "cudaEventCreate");
+    check_cuda(cudaEventCreate(&g.end), "cudaEventCreate");
+  }
+  check_cuda(cudaEventRecord(begin_event ? g.begin : g.end, stream), "cudaEventRecord");
+}
+
 void LlamaModelCuda::Impl::begin_step_timing() {
   if (!step_begin) {
     check_cuda(cudaEventCreate(&step_begin), "cudaEventCreate");
@@ -1051,12 +1160,11 @@ void LlamaModelCuda::Impl::stage_plan(const SamplePlan& plan) {
   check_cuda(cudaEventRecord(plan_ready, upload_stream), "sample plan upload");
 }
 
-std::vector<TokenLogprobs> LlamaModelCuda::Impl::run_sampler(const float* dl,
-                                                            const SamplePlan& plan) {
+const int32_t* LlamaModelCuda::Impl::enqueue_sampler(const float* dl, const SamplePlan& plan,
+                                                      PinnedBytes& host) {
   const int32_t R = int32_t(plan.rows.size()), V = config.vocab_size;
-  std::vector<TokenLogprobs> out(static_cast<size_t>(R));
   check_cuda(cudaStreamWaitEvent(stream, plan_ready, 0), "sample plan upload");
-  if (!dl) return out;
+  if (!dl) return nullptr;
   const int32_t N = std::max(plan.max_logprobs(), 0);
   const size_t E = plan.edits.size();
   const auto* din = static_cast<const uint8_t*>(sample_in.data());
@@ -1074,22 +1182,26 @@ std::vector<TokenLogprobs> LlamaModelCuda::Impl::run_sampler(const float* dl,
                     reinterpret_cast<const cuda::SampleRowDesc*>(din),
                     reinterpret_cast<const cuda::SampleEdit*>(din + desc_bytes), saved, d_ids,
                     d_lp, d_top, d_top_lp, N, stream);
-  auto* h = reinterpret_cast<int32_t*>(host_sample_out.get(size_t(n_out) * 4));
-  check_cuda(cudaMemcpyAsync(h, dout, size_t(n_out) * 4, cudaMemcpyDeviceToHost, stream),
+  check_cuda(cudaMemcpyAsync(host.get(size_t(n_out) * 4), dout, size_t(n_out) * 4,
+                             cudaMemcpyDeviceToHost, stream),
              "sampled tokens download");
-  check_cuda(cudaStreamSynchronize(stream), "sampled tokens download");
-  end_step_timing();
+  return d_ids;
+}
+
+std::vector<TokenLogprobs> LlamaModelCuda::Impl::sampled_tokens(
+    const int32_t* h, int32_t R, int32_t N, const std::vector<int32_t>& logprobs) const {
+  const int32_t V = config.vocab_size;
+  std::vector<TokenLogprobs> out(static_cast<size_t>(R));
   for (int32_t i = 0; i < R; ++i) {
     TokenLogprobs& t = out[size_t(i)];
-    const RowSampling& r = plan.rows[size_t(i)];
     t.token = h[i];
     PA_CHECK(t.token >= 0 && t.token < V, "LlamaModelCuda::forward_sample: row ", i,
              " sampled token ", t.token, " outside the vocabulary");
-    if (r.logprobs < 0) continue;
+    if (logprobs[size_t(i)] < 0) continue;
     float chosen;
     std::memcpy(&chosen, h + R + i, 4);
     t.logprob = chosen;
-    const int32_t n = std::min(r.logprobs, V);
+    const int32_t n = std::min(logprobs[size_t(i)], V);
     t.top.reserve(size_t(n));
     for (int32_t j = 0; j < n; ++j) {
       float lp;
@@ -1098,6 +1210,18 @@ std::vector<TokenLogprobs> LlamaModelCuda::Impl::run_sampler(const float* dl,
     }
   }
   return out;
+}
+
+std::vector<TokenLogprobs> LlamaModelCuda::Impl::run_sampler(const float* dl,
+                                                            const SamplePlan& plan) {
+  const int32_t R = int32_t(plan.rows.size());
+  if (!enqueue_sampler(dl, plan, host_sample_out)) return std::vector<TokenLogprobs>(size_t(R));
+  check_cuda(cudaStreamSynchronize(stream), "sampled tokens download");
+  end_step_timing();
+  std::vector<int32_t> logprobs;
+  for (const RowSampling& r : plan.rows) logprobs.push_back(r.logprobs);
+  return sampled_tokens(reinterpret_cast<const int32_t*>(host_sample_out.p), R,
+                        std::max(plan.max_logprobs(), 0), logprobs);
 }
 
 std::vector<TokenLogprobs> LlamaModelCuda::download_sampled(const float* dl,
@@ -1121,30 +1245,95 @@ std::vector<TokenLogprobs> LlamaModelCuda::forward_sample(const ForwardBatch& ba
   return impl_->run_sampler(dl, plan);
 }
 
-void LlamaModelCuda::begin_sample(const ForwardBatch& batch, KvCache& cache) {
-  const float* dl = forward_device(batch, cache);
-  impl_->sample_logits = dl;
-  impl_->sample_rows = int64_t(batch.logit_rows.size());
-  impl_->sample_pending = true;
-}
-
-std::vector<TokenLogprobs> LlamaModelCuda::finish_sample(const SamplePlan& plan) {
-  PA_CHECK(impl_->sample_pending, "LlamaModelCuda::finish_sample: no begin_sample before it");
-  impl_->sample_pending = false;
-  // NOTE: checked here, while the pass runs, not before it (Model::begin_sample): a bad plan
-  // fails the step after its K/V writes, which the caller has not committed.
-  check_sample_plan(plan, impl_->sample_rows, impl_->config.vocab_size,
-                    "LlamaModelCuda::forward_sample");
-  impl_->stage_plan(plan);
-  return impl_->run_sampler(impl_->sample_logits, plan);
-}
-
 Tensor LlamaModelCuda::forward(const ForwardBatch& batch, KvCache& cache) {
   return download_logits(forward_device(batch, cache), int64_t(batch.logit_rows.size()));
 }
 
 std::vector<int32_t> LlamaModelCuda::forward_greedy(const ForwardBatch& batch, KvCache& cache) {
   return download_greedy(forward_device(batch, cache, true), int32_t(batch.logit_rows.size()));
+}
+
+// A pass into the next free slot (begin_greedy, begin_sample).
+void LlamaModelCuda::begin_pass(const ForwardBatch& batch, KvCache& cache, bool greedy) {
+  Impl& m = *impl_;
+  PA_CHECK(m.open_slots.size() < 2, "LlamaModelCuda::begin_", greedy ? "greedy" : "sample",
+           ": two passes are open already");
+  const int slot = m.open_slots.empty() ? 0 : 1 - m.open_slots.back();
+  run_pass(batch, cache, greedy, slot);
+  m.open_slots.push_back(slot);
+}
+
+void LlamaModelCuda::begin_greedy(const ForwardBatch& batch, KvCache& cache) {
+  // NOTE: a tensor-parallel rank runs its group's steps as they come (the default's order).
+  if (impl_->comm) return Model::begin_greedy(batch, cache);
+  begin_pass(batch, cache, true);
+}
+
+void LlamaModelCuda::begin_sample(const ForwardBatch& batch, KvCache& cache) {
+  if (impl_->comm) return Model::begin_sample(batch, cache);
+  begin_pass(batch, cache, false);
+}
+
+bool LlamaModelCuda::overlaps_passes() const { return impl_->overlap_passes && !impl_->comm; }
+
+LlamaModelCuda::Impl::PassSlot& LlamaModelCuda::Impl::finish_oldest(bool sampled,
+                                                                      const char* op) {
+  Impl& m = *this;
+  try {
+    PA_CHECK(!m.open_slots.empty() && m.pass_slots[m.open_slots.front()].sampled == sampled &&
+                 (!sampled || m.pass_slots[m.open_slots.front()].picked),
+             "LlamaModelCuda::", op, ": no ", sampled ? "pick_sampled" : "begin_greedy",
+             " before it");
+    Impl::PassSlot& g = m.pass_slots[m.open_slots.front()];
+    check_cuda(cudaEventSynchronize(g.end), op);
+    m.open_slots.pop_front();
+    float ms = 0;
+    check_cuda(cudaEventElapsedTime(&ms, g.begin, g.end), "cudaEventElapsedTime");
+    m.busy_seconds += double(ms) * 1e-3;
+    return g;
+  } catch (...) {
+    m.open_slots.clear();  // the passes after it are lost too
+    throw;
+  }
+}
+
+std::vector<int32_t> LlamaModelCuda::finish_greedy() {
+  if (impl_->comm) return Model::finish_greedy();
+  const Impl::PassSlot& g = impl_->finish_oldest(false, "finish_greedy");
+  const auto* h = reinterpret_cast<const int32_t*>(g.host.p);
+  return std::vector<int32_t>(h, h + g.rows);
+}
+
+void LlamaModelCuda::pick_sampled(const SamplePlan& plan) {
+  Impl& m = *impl_;
+  if (m.comm) return Model::pick_sampled(plan);
+  Impl::PassSlot* g = nullptr;
+  for (int slot : m.open_slots)
+    if (!g && m.pass_slots[slot].sampled && !m.pass_slots[slot].picked) g = &m.pass_slots[slot];
+  try {
+    PA_CHECK(g != nullptr, "LlamaModelCuda::pick_sampled: no begin_sample before it");
+    // NOTE: checked here, while the pass runs, not before it: a bad plan fails the step after
+    // its K/V writes, which the caller has not committed.
+    check_sample_plan(plan, g->rows, m.config.vocab_size, "LlamaModelCuda::forward_sample");
+    m.stage_plan(plan);
+    g->picks = m.enqueue_sampler(g->logits, plan, g->host);
+    m.record_slot_event(*g, false);
+  } catch (...) {
+    m.open_slots.clear();
+    throw;
+  }
+  g->picked = true;
+  g->top_n = std::max(plan.max_logprobs(), 0);
+  g->logprobs.clear();
+  for (const RowSampling& r : plan.rows) g->logprobs.push_back(r.logprobs);
+}
+
+std::vector<TokenLogprobs> LlamaModelCuda::take_sampled() {
+  if (impl_->comm) return Model::take_sampled();
+  const Impl::PassSlot& g = impl_->finish_oldest(true, "take_sampled");
+  if (g.rows == 0) return {};
+  return impl_->sampled_tokens(reinterpret_cast<const int32_t*>(g.host.p), g.rows, g.top_n,
+                               g.logprobs);
 }
 
 }  // namespace pagedattn

@@ -27,12 +27,15 @@ __device__ __forceinline__ void gather_rope_rows(const RopeRowsGather& g, int t)
 // grid (num_tokens), block 256
 __global__ void embed_gather_kernel(const uint16_t* __restrict__ embed,  // [vocab, hidden]
                                     const int32_t* __restrict__ tokens,  // [num_tokens]
+                                    const int32_t* __restrict__ chained_ids,  // or null
                                     int32_t hidden, float* __restrict__ x,  // [T, hidden]
                                     RopeRowsGather rope) {
   wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
   allow_dependent_launch();
   gather_rope_rows(rope, blockIdx.x);
-  const uint16_t* row = embed + int64_t(tokens[blockIdx.x]) * hidden;
+  int32_t token = tokens[blockIdx.x];
+  if (token < 0) token = chained_ids[-token - 1];  // chained_token(r): the pass before's row r
+  const uint16_t* row = embed + int64_t(token) * hidden;
   float* out = x + int64_t(blockIdx.x) * hidden;
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[i] = bf16_to_f32(row[i]);
 }
@@ -457,11 +460,12 @@ unsigned blocks_for(int64_t n) { return unsigned((n + 255) / 256); }
 
 }  // namespace
 
-void embed_gather(const uint16_t* embed, const int32_t* tokens, int32_t num_tokens, int32_t hidden,
-                  float* x, const RopeRowsGather& rope, cudaStream_t stream) {
+void embed_gather(const uint16_t* embed, const int32_t* tokens, const int32_t* chained_ids,
+                  int32_t num_tokens, int32_t hidden, float* x, const RopeRowsGather& rope,
+                  cudaStream_t stream) {
   if (num_tokens == 0) return;
   check_cuda(launch_pdl(embed_gather_kernel, dim3(num_tokens), dim3(256), 0, stream, embed, tokens,
-                        hidden, x, rope),
+                        chained_ids, hidden, x, rope),
              "LlamaModelCuda: embedding gather");
 }
 

@@ -23,10 +23,12 @@ struct RopeRowsGather {
   float* sin = nullptr;
 };
 
-// x[t] = embed[tokens[t]] as fp32 (and the tokens' RoPE rows, when rope.cos is set).
+// x[t] = embed[tokens[t]] as fp32 (and the tokens' RoPE rows, when rope.cos is set). A token
+// -(r + 1) is chained_ids[r] (a greedy pass begun before this one picked it: Model::begin_greedy).
 //   embed  [vocab, hidden] bf16;  tokens [num_tokens];  x [num_tokens, hidden] f32
-void embed_gather(const uint16_t* embed, const int32_t* tokens, int32_t num_tokens, int32_t hidden,
-                  float* x, const RopeRowsGather& rope, cudaStream_t stream);
+void embed_gather(const uint16_t* embed, const int32_t* tokens, const int32_t* chained_ids,
+                  int32_t num_tokens, int32_t hidden, float* x, const RopeRowsGather& rope,
+                  cudaStream_t stream);
 // A vocabulary shard's part of it (tensor parallelism): x[t] = embed[tokens[t] - vocab0] when
 // vocab0 <= tokens[t] < vocab0 + vocab_rows, else zeros (another rank holds that row; the ranks'
 // x are summed after). The RoPE rows of every token.
