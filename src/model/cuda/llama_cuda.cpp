@@ -801,15 +801,15 @@ bool LlamaModelCuda::Impl::embed_tokens(const Step& s, cudaStream_t st) {
   rope.cos = s.cos;
   rope.sin = s.sin;
   if (peer_step(s.T)) {  // and h = the first layer's normalised input
-    cuda::embed_gather_shard(embed.data_as<uint16_t>(), tp.vocab0, tp.vocab, s.tokens, s.T, hidden,
-                             peer->input(kSlotEmbed), rope, st);
+    cuda::embed_gather_shard(embed.data_as<uint16_t>(), tp.vocab0, tp.vocab, s.tokens,
+                             s.chained_ids, s.T, hidden, peer->input(kSlotEmbed), rope, st);
     peer->reduce(kSlotEmbed, s.x, false, s.T, layers[0].attn_norm.data_as<float>(),
                  config.rms_norm_eps, static_cast<uint16_t*>(s.h), st);
     return true;
   }
   if (comm) {
-    cuda::embed_gather_shard(embed.data_as<uint16_t>(), tp.vocab0, tp.vocab, s.tokens, s.T, hidden,
-                             s.x, rope, st);
+    cuda::embed_gather_shard(embed.data_as<uint16_t>(), tp.vocab0, tp.vocab, s.tokens,
+                             s.chained_ids, s.T, hidden, s.x, rope, st);
     all_reduce(s.x, int64_t(s.T) * hidden, st);
   } else {
     cuda::embed_gather(embed.data_as<uint16_t>(), s.tokens, s.chained_ids, s.T, hidden, s.x, rope,
