@@ -113,12 +113,13 @@ class Engine {
   void append_token(RequestState& rs, Sequence& seq, int32_t token);
   // The stop checks, text and counters of the token just appended (seq's last).
   void after_token(RequestState& rs, Sequence& seq);
-  // Schedule ahead (EngineConfig::schedule_ahead): whether the step after `out` (a greedy pass
-  // begun) can be scheduled before out's ids are read, and doing it: out committed, each of its
-  // sequences given a stand-in token (chained_token), the next step scheduled and begun
-  // (Model::begin_greedy) into ahead_. Returns whether out was committed.
-  bool can_schedule_next(const SchedulerOutput& out) const;
-  bool schedule_next(const SchedulerOutput& out);
+  // Schedule ahead (EngineConfig::schedule_ahead): whether the step after `out` (a pass begun;
+  // `sampled`: a sampled one) can be scheduled before out's picks are read, and doing it: out
+  // committed, each of its sequences given a stand-in token (chained_token), the next step
+  // scheduled and begun (Model::begin_greedy or begin_sample) into ahead_. Returns whether out
+  // was committed.
+  bool can_schedule_next(const SchedulerOutput& out, bool sampled) const;
+  bool schedule_next(const SchedulerOutput& out, bool sampled);
   // A committed step's picks (schedule_next): ids of a greedy step, else the sampled tokens. The
   // stand-ins become the tokens, in the cache's record too, and the pages the step wrote get their
   // hashes; then record_logprobs (sampled) and after_token.

@@ -72,14 +72,24 @@ class LlamaModelCuda : public Model {
   // the device. finish_greedy waits for the oldest open pass and reads its ids; pick_sampled
   // checks the plan (while the pass runs), uploads it and enqueues the sampler, take_sampled
   // waits and reads the tokens. Each open pass has its own page-locked results and events (two
-  // slots, alternating). A tensor-parallel rank takes the default.
+  // slots, alternating). On a tensor-parallel rank every rank begins the same passes (the greedy
+  // ids exist on every rank); only rank 0 picks a sampled pass's tokens.
   void begin_greedy(const ForwardBatch& batch, KvCache& cache) override;
   std::vector<int32_t> finish_greedy() override;
   void begin_sample(const ForwardBatch& batch, KvCache& cache) override;
   void pick_sampled(const SamplePlan& plan) override;
   std::vector<TokenLogprobs> take_sampled() override;
-  // True (but on a tensor-parallel rank) unless PAGEDATTN_SCHEDULE_AHEAD=0 is in the environment.
+  // True unless PAGEDATTN_SCHEDULE_AHEAD=0 is in the environment.
   bool overlaps_passes() const override;
+  // For a tensor-parallel group, whose ranks must not block in CUDA while a peer may be gone: the
+  // open passes; the logit rows that a pass begun now may name (the last open pass's, once its
+  // picks exist: 0 before a sampled pass's plan); whether the oldest open pass has finished on
+  // the device (never blocks; a sampled one needs its plan first, except on a worker rank, which
+  // never picks); and finishing it without reading its picks (a worker's).
+  int32_t open_passes() const;
+  int32_t chained_rows() const;
+  bool oldest_finished() const;
+  void finish_unread();
 
   // Measured with a pair of CUDA events around each step (Model::device_busy_seconds).
   double device_busy_seconds() const override;

@@ -98,6 +98,9 @@ class Model {
   // Whether begin_* return while the pass runs (a device runner), so that the caller's work until
   // the pass is finished overlaps it: the engine schedules ahead by default only then.
   virtual bool overlaps_passes() const { return false; }
+  // Whether a pass may take a sampled pass's picks as its tokens (a tensor-parallel group picks on
+  // rank 0 alone: its other ranks never see them).
+  virtual bool chains_after_sampled() const { return true; }
   // The absolute maximum of K (as stored: after norm and RoPE) and V per layer and KV head over
   // `tokens` run as one fresh sequence (on a private cache): k, v [num_layers * num_kv_heads].
   // The calibration pass behind fp8 KV scales. Runners that cannot do it throw Error.

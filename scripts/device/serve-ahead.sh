@@ -6,6 +6,7 @@
 # answer well formed; afterwards the server is healthy, holds no KV pages and answers again).
 # Logs under $OUT.
 #   scripts/device/serve-ahead.sh
+#   SERVE_ARGS="--tensor-parallel 2" scripts/device/serve-ahead.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/device/steps.sh
@@ -90,7 +91,9 @@ again = post({"model": "m", "prompt": "the thing", "max_tokens": 8, "temperature
 print(json.dumps({"alone": alone, "errors": errors, "pages_used": used, "health": health,
                   "again": again["choices"][0]["text"]}))
 PY
-serve=("$BUILD_DIR/pagedattn" serve --model "$OUT/model.gguf" --device cuda --served-model-name m)
+# SERVE_ARGS: more server arguments, e.g. --tensor-parallel 2 (a machine with two GPUs).
+serve=("$BUILD_DIR/pagedattn" serve --model "$OUT/model.gguf" --device cuda --served-model-name m
+  ${SERVE_ARGS:-})
 for v in ahead plain; do
   port=$([[ $v == ahead ]] && echo 8111 || echo 8112)
   env PAGEDATTN_SCHEDULE_AHEAD=$([[ $v == ahead ]] && echo 1 || echo 0) "${serve[@]}" \

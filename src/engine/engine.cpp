@@ -600,7 +600,8 @@ RequestOutput Engine::collect(RequestState& rs) {
   return o;
 }
 
-bool Engine::can_schedule_next(const SchedulerOutput& out) const {
+bool Engine::can_schedule_next(const SchedulerOutput& out, bool sampled) const {
+  if (sampled && !model_->chains_after_sampled()) return false;
   // NOTE: a waiting request may be admitted into the next step (its prompt's tokens are known);
   // every row of that step must be one the device picks (greedy or by a sample plan).
   for (const auto& [id, rs] : requests_)
@@ -622,8 +623,8 @@ bool Engine::can_schedule_next(const SchedulerOutput& out) const {
   return rows > 0 && rows == scheduler_->num_running() && pages <= cache_->num_available_pages();
 }
 
-bool Engine::schedule_next(const SchedulerOutput& out) {
-  if (!can_schedule_next(out)) return false;
+bool Engine::schedule_next(const SchedulerOutput& out, bool sampled) {
+  if (!can_schedule_next(out, sampled)) return false;
   for (const ScheduledSeq& s : out.scheduled) {
     if (s.seq->finished()) continue;
     RequestState& rs = *requests_.at(s.seq->request_id);
@@ -723,7 +724,7 @@ std::vector<RequestOutput> Engine::step() {
         if (!begun && greedy) model_->begin_greedy(out.batch, *cache_);
         if (!begun && sampled) model_->begin_sample(out.batch, *cache_);
         if (sampled) model_->pick_sampled(sample_plan(out));
-        committed = schedule_next(out);
+        committed = schedule_next(out, sampled);
         if (greedy)
           ids = model_->finish_greedy();
         else

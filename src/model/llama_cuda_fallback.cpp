@@ -83,6 +83,18 @@ const float* LlamaModelCuda::run_pass(const ForwardBatch&, KvCache&, bool, int) 
 
 bool LlamaModelCuda::overlaps_passes() const { return false; }
 
+int32_t LlamaModelCuda::open_passes() const { return 0; }
+
+int32_t LlamaModelCuda::chained_rows() const { return 0; }
+
+bool LlamaModelCuda::oldest_finished() const {
+  fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
+}
+
+void LlamaModelCuda::finish_unread() {
+  fail("LlamaModelCuda::forward: pagedattn was built without CUDA support");
+}
+
 double LlamaModelCuda::device_busy_seconds() const { return -1; }
 
 void LlamaModelCuda::validate(const ForwardBatch&, const KvCache&, int32_t) const {

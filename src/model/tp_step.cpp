@@ -28,8 +28,8 @@ InitMessage decode_init(const std::vector<uint8_t>& body) {
 std::vector<uint8_t> encode_step(const StepMessage& m) {
   Writer w;
   for (int32_t v : {m.num_layers, m.head_dim, m.page_size, m.num_pages, int32_t(m.dtype),
-                    int32_t(m.cuda_graphs), int32_t(m.greedy), m.time_tokens, m.time_rows,
-                    m.time_reps})
+                    int32_t(m.cuda_graphs), int32_t(m.greedy), int32_t(m.open), m.time_tokens,
+                    m.time_rows, m.time_reps})
     w.i32(v);
   std::vector<int32_t> copies;
   for (const PageCopy& c : m.copies) copies.insert(copies.end(), {c.dst, c.src, c.filled});
@@ -56,6 +56,7 @@ StepMessage decode_step(const std::vector<uint8_t>& body) {
   m.dtype = DType(dtype);
   m.cuda_graphs = r.i32() != 0;
   m.greedy = r.i32() != 0;
+  m.open = r.i32() != 0;
   m.time_tokens = r.i32();
   m.time_rows = r.i32();
   m.time_reps = r.i32();

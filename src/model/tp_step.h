@@ -28,6 +28,10 @@ struct StepMessage {
   DType dtype = DType::bf16;
   bool cuda_graphs = true;
   bool greedy = false;  // every rank takes its slice's argmax (forward_device's `greedy`)
+  // The step is a pass begun and left open (Model::begin_greedy / begin_sample: rank 0 schedules
+  // ahead): its tokens may name the greedy ids of the pass open before it, which every rank has;
+  // a worker finishes the older pass after it begins this one. Else the plain step of before.
+  bool open = false;
   std::vector<PageCopy> copies;
   ForwardBatch batch;
   int32_t time_tokens = 0, time_rows = 0, time_reps = 0;  // > 0 reps: time the collectives

@@ -105,8 +105,8 @@ TEST(LlamaCudaKernels, EmbeddingKernelsCopyEmbeddingAndRopeRows) {
     tokens[size_t(t)] = int32_t(rng() % uint32_t(vocab));
     pos[size_t(t)] = int32_t(rng() % uint32_t(table_rows));
   }
-  // The whole vocabulary's kernel also takes every third token from the ids of a pass before
-  // (chained_token(r) stands for chained[r]).
+  // Every third token from the ids of a pass before (chained_token(r) stands for chained[r]): the
+  // whole vocabulary's kernel and the second shard's.
   std::vector<int32_t> stand_ins = tokens;
   for (int32_t t = 0; t < T; t += 3) stand_ins[size_t(t)] = chained_token(t);
   Tensor de = upload(embed), dtab = upload(table), dtok = upload(tokens), dpos = upload(pos);
@@ -129,13 +129,13 @@ TEST(LlamaCudaKernels, EmbeddingKernelsCopyEmbeddingAndRopeRows) {
       }
       const auto* ebase = static_cast<const uint16_t*>(de.data()) + int64_t(vocab0) * hidden;
       const auto* dt = static_cast<const int32_t*>(dtok.data());
+      const auto* stand = static_cast<const int32_t*>(dstand.data());
+      const auto* chained = static_cast<const int32_t*>(dchained.data());
       if (shard < 0)
-        cuda::embed_gather(ebase, static_cast<const int32_t*>(dstand.data()),
-                           static_cast<const int32_t*>(dchained.data()), T, hidden,
-                           dx.data_as<float>(), g, nullptr);
+        cuda::embed_gather(ebase, stand, chained, T, hidden, dx.data_as<float>(), g, nullptr);
       else
-        cuda::embed_gather_shard(ebase, vocab0, vocab_rows, dt, T, hidden, dx.data_as<float>(), g,
-                                 nullptr);
+        cuda::embed_gather_shard(ebase, vocab0, vocab_rows, shard == 0 ? dt : stand, chained, T,
+                                 hidden, dx.data_as<float>(), g, nullptr);
       const auto x = download<float>(dx, size_t(T) * hidden);
       const auto r = download<float>(drows, size_t(2) * T * half);
       for (int32_t t = 0; t < T; ++t) {

@@ -143,6 +143,7 @@ TEST(TensorParallelFrames, StepRoundTrips) {
   m.dtype = DType::bf16;
   m.cuda_graphs = false;
   m.greedy = true;
+  m.open = true;
   m.copies = {PageCopy{5, 2, 7}, PageCopy{9, 1, 15}};
   ForwardBatch& b = m.batch;
   b.seqs = {4, 1ll << 40};
@@ -160,6 +161,7 @@ TEST(TensorParallelFrames, StepRoundTrips) {
   EXPECT_EQ(d.dtype, DType::bf16);
   EXPECT_FALSE(d.cuda_graphs);
   EXPECT_TRUE(d.greedy);
+  EXPECT_TRUE(d.open);
   ASSERT_EQ(d.copies.size(), 2u);
   EXPECT_EQ(d.copies[1].dst, 9);
   EXPECT_EQ(d.copies[1].filled, 15);

@@ -215,6 +215,7 @@ void expect_two_ranks_match(const ModelConfig& c, float tol, MakePlain&& make_pl
   std::vector<SeqId> seqs;
   for (size_t i = 0; i < s.prompts.size(); ++i) seqs.push_back(cache[0]->create_sequence());
   ForwardBatch b = make_step_batch(*cache[0], seqs, s.prompts);
+  std::vector<std::vector<int32_t>> greedy_ids;  // [step][row]
   for (int32_t step = 0; step <= s.decode; ++step) {
     std::vector<int32_t> ids;
     on_each_rank([&](int r) {
@@ -227,6 +228,7 @@ void expect_two_ranks_match(const ModelConfig& c, float tol, MakePlain&& make_pl
       }
     });
     for (SeqId q : seqs) cache[0]->commit(q);
+    greedy_ids.push_back(ids);
     ASSERT_EQ(ids.size(), got[size_t(step)].size());
     std::vector<std::vector<int32_t>> next;
     for (size_t r = 0; r < ids.size(); ++r) {
@@ -237,6 +239,35 @@ void expect_two_ranks_match(const ModelConfig& c, float tol, MakePlain&& make_pl
     }
     if (step < s.decode) b = make_step_batch(*cache[0], seqs, next);
   }
+  for (SeqId q : seqs) cache[0]->free_sequence(q);
+
+  // Passes begun ahead on both ranks (Model::begin_greedy, as rank 0's engine schedules ahead),
+  // each step's tokens standing in for the ids of the pass still open before it, which every rank
+  // has: the greedy ids above, step for step. Rank 1 finishes its passes without reading them.
+  std::vector<SeqId> ahead;
+  std::vector<std::vector<int32_t>> stand_ins;
+  for (size_t i = 0; i < s.prompts.size(); ++i) {
+    ahead.push_back(cache[0]->create_sequence());
+    stand_ins.push_back({chained_token(int32_t(i))});
+  }
+  const ForwardBatch first = make_step_batch(*cache[0], ahead, s.prompts);
+  on_each_rank([&](int r) { model[r]->begin_greedy(first, *cache[r]); });
+  for (int32_t step = 0; step <= s.decode; ++step) {
+    ForwardBatch next;
+    if (step < s.decode) next = make_step_batch(*cache[0], ahead, stand_ins);
+    std::vector<int32_t> ids;
+    on_each_rank([&](int r) {
+      if (step < s.decode) model[r]->begin_greedy(next, *cache[r]);
+      if (r == 0) {
+        ids = model[0]->finish_greedy();
+      } else {
+        while (!model[1]->oldest_finished()) std::this_thread::yield();
+        model[1]->finish_unread();
+      }
+    });
+    EXPECT_EQ(ids, greedy_ids[size_t(step)]) << "step " << step << " begun ahead";
+  }
+  EXPECT_EQ(model[0]->open_passes() + model[1]->open_passes(), 0);
 }
 
 // from_file: the ranks slice a host file of the same weights (the loader's path for checkpoints:

@@ -801,15 +801,15 @@ bool LlamaModelCuda::Impl::embed_tokens(const Step& s, cudaStream_t st) {
   rope.cos = s.cos;
   rope.sin = s.sin;
   if (peer_step(s.T)) {  // and h = the first layer's normalised input
-    cuda::embed_gather_shard(embed.data_as<uint16_t>(), tp.vocab0, tp.vocab, s.tokens, s.T, hidden,
-                             peer->input(kSlotEmbed), rope, st);
+    cuda::embed_gather_shard(embed.data_as<uint16_t>(), tp.vocab0, tp.vocab, s.tokens,
+                             s.chained_ids, s.T, hidden, peer->input(kSlotEmbed), rope, st);
     peer->reduce(kSlotEmbed, s.x, false, s.T, layers[0].attn_norm.data_as<float>(),
                  config.rms_norm_eps, static_cast<uint16_t*>(s.h), st);
     return true;
   }
   if (comm) {
-    cuda::embed_gather_shard(embed.data_as<uint16_t>(), tp.vocab0, tp.vocab, s.tokens, s.T, hidden,
-                             s.x, rope, st);
+    cuda::embed_gather_shard(embed.data_as<uint16_t>(), tp.vocab0, tp.vocab, s.tokens,
+                             s.chained_ids, s.T, hidden, s.x, rope, st);
     all_reduce(s.x, int64_t(s.T) * hidden, st);
   } else {
     cuda::embed_gather(embed.data_as<uint16_t>(), s.tokens, s.chained_ids, s.T, hidden, s.x, rope,
@@ -1028,6 +1028,8 @@ const float* LlamaModelCuda::run_pass(const ForwardBatch& batch, KvCache& cache,
     Impl::PassSlot& g = m.pass_slots[slot];
     if (!greedy) {  // pick_sampled enqueues the sampler and the download, and records the end
       g.logits = s.logits;
+      // NOTE: a tensor-parallel worker never picks: its pass ends with its part of the gather.
+      if (m.shard.rank != 0) m.record_slot_event(g, false);
       return s.logits;
     }
     // finish_greedy waits for the end event and reads the ids.
@@ -1264,24 +1266,48 @@ void LlamaModelCuda::begin_pass(const ForwardBatch& batch, KvCache& cache, bool 
 }
 
 void LlamaModelCuda::begin_greedy(const ForwardBatch& batch, KvCache& cache) {
-  // NOTE: a tensor-parallel rank runs its group's steps as they come (the default's order).
-  if (impl_->comm) return Model::begin_greedy(batch, cache);
   begin_pass(batch, cache, true);
 }
 
 void LlamaModelCuda::begin_sample(const ForwardBatch& batch, KvCache& cache) {
-  if (impl_->comm) return Model::begin_sample(batch, cache);
   begin_pass(batch, cache, false);
 }
 
-bool LlamaModelCuda::overlaps_passes() const { return impl_->overlap_passes && !impl_->comm; }
+int32_t LlamaModelCuda::open_passes() const { return int32_t(impl_->open_slots.size()); }
+
+int32_t LlamaModelCuda::chained_rows() const {
+  const Impl& m = *impl_;
+  if (m.open_slots.empty()) return 0;
+  const Impl::PassSlot& g = m.pass_slots[m.open_slots.back()];
+  return g.picks ? g.rows : 0;
+}
+
+bool LlamaModelCuda::oldest_finished() const {
+  const Impl& m = *impl_;
+  PA_CHECK(!m.open_slots.empty(), "LlamaModelCuda::oldest_finished: no open pass");
+  const Impl::PassSlot& g = m.pass_slots[m.open_slots.front()];
+  PA_CHECK(!g.sampled || g.picked || m.shard.rank != 0, "LlamaModelCuda::oldest_finished: the ",
+           "oldest open pass is sampled and has no plan yet");
+  const cudaError_t e = cudaEventQuery(g.end);
+  if (e == cudaErrorNotReady) return false;
+  check_cuda(e, "LlamaModelCuda::oldest_finished");
+  return true;
+}
+
+void LlamaModelCuda::finish_unread() {
+  Impl& m = *impl_;
+  PA_CHECK(!m.open_slots.empty(), "LlamaModelCuda::finish_unread: no open pass");
+  m.finish_oldest(m.pass_slots[m.open_slots.front()].sampled, "finish_unread");
+}
+
+bool LlamaModelCuda::overlaps_passes() const { return impl_->overlap_passes; }
 
 LlamaModelCuda::Impl::PassSlot& LlamaModelCuda::Impl::finish_oldest(bool sampled,
                                                                       const char* op) {
   Impl& m = *this;
   try {
     PA_CHECK(!m.open_slots.empty() && m.pass_slots[m.open_slots.front()].sampled == sampled &&
-                 (!sampled || m.pass_slots[m.open_slots.front()].picked),
+                 (!sampled || m.pass_slots[m.open_slots.front()].picked || m.shard.rank != 0),
              "LlamaModelCuda::", op, ": no ", sampled ? "pick_sampled" : "begin_greedy",
              " before it");
     Impl::PassSlot& g = m.pass_slots[m.open_slots.front()];
@@ -1298,7 +1324,6 @@ LlamaModelCuda::Impl::PassSlot& LlamaModelCuda::Impl::finish_oldest(bool sampled
 }
 
 std::vector<int32_t> LlamaModelCuda::finish_greedy() {
-  if (impl_->comm) return Model::finish_greedy();
   const Impl::PassSlot& g = impl_->finish_oldest(false, "finish_greedy");
   const auto* h = reinterpret_cast<const int32_t*>(g.host.p);
   return std::vector<int32_t>(h, h + g.rows);
@@ -1306,7 +1331,9 @@ std::vector<int32_t> LlamaModelCuda::finish_greedy() {
 
 void LlamaModelCuda::pick_sampled(const SamplePlan& plan) {
   Impl& m = *impl_;
-  if (m.comm) return Model::pick_sampled(plan);
+  // NOTE: a tensor-parallel group picks on rank 0, where the logits are gathered.
+  PA_CHECK(m.shard.rank == 0, "LlamaModelCuda::pick_sampled: rank ", m.shard.rank,
+           " has no logits to pick from");
   Impl::PassSlot* g = nullptr;
   for (int slot : m.open_slots)
     if (!g && m.pass_slots[slot].sampled && !m.pass_slots[slot].picked) g = &m.pass_slots[slot];
@@ -1329,7 +1356,6 @@ void LlamaModelCuda::pick_sampled(const SamplePlan& plan) {
 }
 
 std::vector<TokenLogprobs> LlamaModelCuda::take_sampled() {
-  if (impl_->comm) return Model::take_sampled();
   const Impl::PassSlot& g = impl_->finish_oldest(true, "take_sampled");
   if (g.rows == 0) return {};
   return impl_->sampled_tokens(reinterpret_cast<const int32_t*>(g.host.p), g.rows, g.top_n,

@@ -43,12 +43,15 @@ __global__ void embed_gather_kernel(const uint16_t* __restrict__ embed,  // [voc
 __global__ void embed_gather_shard_kernel(const uint16_t* __restrict__ embed,  // [vocab_rows, hidden]
                                           int32_t vocab0, int32_t vocab_rows,
                                           const int32_t* __restrict__ tokens,  // [num_tokens]
+                                          const int32_t* __restrict__ chained_ids,  // or null
                                           int32_t hidden, float* __restrict__ x,  // [T, hidden]
                                           RopeRowsGather rope) {
   wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
   allow_dependent_launch();
   gather_rope_rows(rope, blockIdx.x);
-  const int32_t local = tokens[blockIdx.x] - vocab0;
+  int32_t token = tokens[blockIdx.x];
+  if (token < 0) token = chained_ids[-token - 1];  // chained_token(r): the pass before's row r
+  const int32_t local = token - vocab0;
   float* out = x + int64_t(blockIdx.x) * hidden;
   if (local < 0 || local >= vocab_rows) {
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[i] = 0.f;
@@ -470,11 +473,12 @@ void embed_gather(const uint16_t* embed, const int32_t* tokens, const int32_t* c
 }
 
 void embed_gather_shard(const uint16_t* embed, int32_t vocab0, int32_t vocab_rows,
-                        const int32_t* tokens, int32_t num_tokens, int32_t hidden, float* x,
-                        const RopeRowsGather& rope, cudaStream_t stream) {
+                        const int32_t* tokens, const int32_t* chained_ids, int32_t num_tokens,
+                        int32_t hidden, float* x, const RopeRowsGather& rope,
+                        cudaStream_t stream) {
   if (num_tokens == 0) return;
   check_cuda(launch_pdl(embed_gather_shard_kernel, dim3(num_tokens), dim3(256), 0, stream, embed,
-                        vocab0, vocab_rows, tokens, hidden, x, rope),
+                        vocab0, vocab_rows, tokens, chained_ids, hidden, x, rope),
              "LlamaModelCuda: embedding gather (vocabulary shard)");
 }
 

@@ -31,11 +31,12 @@ void embed_gather(const uint16_t* embed, const int32_t* tokens, const int32_t* c
                   cudaStream_t stream);
 // A vocabulary shard's part of it (tensor parallelism): x[t] = embed[tokens[t] - vocab0] when
 // vocab0 <= tokens[t] < vocab0 + vocab_rows, else zeros (another rank holds that row; the ranks'
-// x are summed after). The RoPE rows of every token.
+// x are summed after). The RoPE rows of every token. Stand-ins as embed_gather's.
 //   embed  [vocab_rows, hidden] bf16;  tokens [num_tokens];  x [num_tokens, hidden] f32
 void embed_gather_shard(const uint16_t* embed, int32_t vocab0, int32_t vocab_rows,
-                        const int32_t* tokens, int32_t num_tokens, int32_t hidden, float* x,
-                        const RopeRowsGather& rope, cudaStream_t stream);
+                        const int32_t* tokens, const int32_t* chained_ids, int32_t num_tokens,
+                        int32_t hidden, float* x, const RopeRowsGather& rope,
+                        cudaStream_t stream);
 
 // out[r] = rms_norm(x[rows ? rows[r] : r]) * weight, fp32 math, bf16 out.
 //   x [*, hidden] f32;  weight [hidden] f32;  rows [num_rows] or null;  out [num_rows, hidden] bf16

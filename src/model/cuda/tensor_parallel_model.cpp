@@ -153,6 +153,38 @@ class Leader final : public TensorParallelModel {
     });
   }
 
+  // Scheduling ahead: every rank begins the same passes; rank 0's waits poll the group (a
+  // collective whose peer has died never finishes). A sampled pass's tokens are picked on rank 0
+  // alone, so no pass may name them (chains_after_sampled).
+  void begin_greedy(const ForwardBatch& batch, KvCache& cache) override {
+    begin_open(batch, cache, true);
+  }
+  void begin_sample(const ForwardBatch& batch, KvCache& cache) override {
+    begin_open(batch, cache, false);
+  }
+  std::vector<int32_t> finish_greedy() override {
+    return guarded([&] {
+      wait_oldest();
+      return shard_->finish_greedy();
+    });
+  }
+  void pick_sampled(const SamplePlan& plan) override {
+    // NOTE: checked before anything runs, so a bad plan fails this call alone, not the group.
+    check_sample_plan(plan, int64_t(plan.rows.size()), config().vocab_size, kOp);
+    guarded([&] {
+      shard_->pick_sampled(plan);
+      return 0;
+    });
+  }
+  std::vector<TokenLogprobs> take_sampled() override {
+    return guarded([&] {
+      wait_oldest();
+      return shard_->take_sampled();
+    });
+  }
+  bool overlaps_passes() const override { return shard_->overlaps_passes(); }
+  bool chains_after_sampled() const override { return false; }
+
   double device_busy_seconds() const override { return shard_->device_busy_seconds(); }
 
   KvAbsMax kv_absmax(const std::vector<int32_t>&) override {
@@ -255,12 +287,32 @@ class Leader final : public TensorParallelModel {
     return dl;
   }
 
-  void send_step(const ForwardBatch& batch, KvCache& cache, bool greedy = false) {
+  void begin_open(const ForwardBatch& batch, KvCache& cache, bool greedy) {
+    send_step(batch, cache, greedy, /*open=*/true);
+    guarded([&] {
+      if (greedy)
+        shard_->begin_greedy(batch, cache);
+      else
+        shard_->begin_sample(batch, cache);
+      return 0;
+    });
+  }
+
+  // Until the oldest open pass has finished on the device, watching the group.
+  void wait_oldest() {
+    while (!shard_->oldest_finished()) {
+      throw_if_failed();
+      std::this_thread::yield();
+    }
+  }
+
+  void send_step(const ForwardBatch& batch, KvCache& cache, bool greedy = false,
+                 bool open = false) {
     throw_if_failed();
     const KvCacheConfig& cc = cache.config();
     // NOTE: checked before anything is sent, so a bad batch fails here alone, not on every rank
     // in the middle of a collective.
-    shard_->validate(batch, cache);
+    shard_->validate(batch, cache, open ? shard_->chained_rows() : 0);
     tp::StepMessage m;
     m.num_layers = cc.num_layers;
     m.head_dim = cc.head_dim;
@@ -269,6 +321,7 @@ class Leader final : public TensorParallelModel {
     m.dtype = cc.dtype;
     m.cuda_graphs = shard_->cuda_graphs();
     m.greedy = greedy;
+    m.open = open;
     m.copies = cache.take_page_copies();
     m.batch = batch;
     try {
@@ -318,11 +371,28 @@ int run_tensor_parallel_worker(const TensorParallelOptions& o) {
     });
     std::unique_ptr<LlamaModelCuda> model = load_shard(im.model, TpShard{o.rank, o.world_size}, c);
     std::unique_ptr<KvCache> cache;
+    // Finishes open passes (rank 0's schedule ahead) until `keep` are left. NOTE: polled, not
+    // synchronized, as below.
+    auto finish_open = [&](int32_t keep) {
+      while (model->open_passes() > keep) {
+        while (!model->oldest_finished()) {
+          if (group_failed->load()) {
+            std::fprintf(stderr, "pagedattn: rank %d: the group was stopped mid-step\n", o.rank);
+            std::_Exit(1);
+          }
+          std::this_thread::yield();
+        }
+        model->finish_unread();
+      }
+    };
     while (true) {
       const tp::Frame f = link->recv();
       if (f.type == tp::FrameType::shutdown) break;
       PA_CHECK(f.type == tp::FrameType::step, kOp, ": unexpected frame type ", int(f.type));
       const tp::StepMessage m = tp::decode_step(f.body);
+      // NOTE: an open pass runs on into this step only when this step is one too (its tokens
+      // may name that pass's ids); anything else starts from a quiet stream.
+      if (!m.open) finish_open(0);
       if (m.time_reps > 0) {
         model->time_collectives(m.time_tokens, m.time_rows, m.time_reps);
         continue;
@@ -339,11 +409,23 @@ int run_tensor_parallel_worker(const TensorParallelOptions& o) {
       if (!cache || cache->config().num_pages != kc.num_pages ||
           cache->config().page_size != kc.page_size || cache->config().dtype != kc.dtype ||
           cache->config().num_layers != kc.num_layers) {
+        finish_open(0);
         cache.reset();
         cache = std::make_unique<KvCache>(kc);
       }
+      if (!m.copies.empty()) finish_open(0);
       for (const PageCopy& pc : m.copies) cache->copy_page_prefix(pc);
       if (model->cuda_graphs() != m.cuda_graphs) model->set_cuda_graphs(m.cuda_graphs);
+      if (m.open) {
+        // Rank 0's pass begun ahead: begin the same one (its stand-ins name the ids of the pass
+        // still open here), then finish the one before it.
+        if (m.greedy)
+          model->begin_greedy(m.batch, *cache);
+        else
+          model->begin_sample(m.batch, *cache);
+        finish_open(1);
+        continue;
+      }
       model->forward_device(m.batch, *cache, m.greedy);  // checks the batch before anything
       // NOTE: polled, not synchronized: when the group fails mid-collective the step may never
       // finish; the watcher has aborted the communicator and this rank leaves.
