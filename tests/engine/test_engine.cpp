@@ -21,12 +21,6 @@
 using namespace pagedattn;
 using pagedattn::fakes::FakeModel;
 
-// test_engine_ahead.cpp runs these tests again with scheduling ahead forced on.
-#ifndef PAGEDATTN_ENGINE_SUITE
-#define PAGEDATTN_ENGINE_SUITE Engine
-#define PAGEDATTN_ASYNC_SUITE AsyncEngine
-#define PAGEDATTN_SCHEDULE_AHEAD (-1)
-#endif
 
 namespace {
 
@@ -37,6 +31,17 @@ struct Result {
   RequestOutput last;
 };
 
+// Every test runs twice: with the engine's default (the fake model does not overlap its passes,
+// so steps are read before the next is scheduled) and with scheduling ahead forced on
+// (EngineConfig::schedule_ahead = 1: each greedy or sampled pass begun one step before the picks
+// of the step before it are read, through Model's two-call defaults); every oracle must hold.
+int32_t schedule_ahead = -1;  // small_config's, set by the fixtures
+class EngineTest : public ::testing::TestWithParam<int32_t> {
+ protected:
+  void SetUp() override { schedule_ahead = GetParam(); }
+};
+class AsyncEngineTest : public EngineTest {};
+
 EngineConfig small_config(int64_t kv_tokens, int32_t block = 4, int32_t budget = 32) {
   EngineConfig c;
   c.kv_cache_tokens = kv_tokens;
@@ -44,7 +49,7 @@ EngineConfig small_config(int64_t kv_tokens, int32_t block = 4, int32_t budget =
   c.max_num_batched_tokens = budget;
   c.max_num_seqs = 16;
   c.log_startup = false;
-  c.schedule_ahead = PAGEDATTN_SCHEDULE_AHEAD;
+  c.schedule_ahead = schedule_ahead;
   return c;
 }
 
@@ -109,7 +114,7 @@ EngineConfig preempting_config() {
 
 }  // namespace
 
-TEST(PAGEDATTN_ENGINE_SUITE, GreedyMatchesOracle) {
+TEST_P(EngineTest, GreedyMatchesOracle) {
   auto model = std::make_unique<FakeModel>();
   const FakeModel& fake = *model;
   Engine e(std::move(model), small_config(1024));
@@ -125,7 +130,7 @@ TEST(PAGEDATTN_ENGINE_SUITE, GreedyMatchesOracle) {
   EXPECT_EQ(e.cache().stats().pages_used, 0);
 }
 
-TEST(PAGEDATTN_ENGINE_SUITE, SixteenConcurrentRequestsEqualOneByOne) {
+TEST_P(EngineTest, SixteenConcurrentRequestsEqualOneByOne) {
   std::vector<std::vector<int32_t>> prompts;
   for (int32_t i = 0; i < 16; ++i) prompts.push_back(make_prompt(5 + 3 * i, i));
   std::vector<std::vector<int32_t>> alone;
@@ -150,7 +155,7 @@ TEST(PAGEDATTN_ENGINE_SUITE, SixteenConcurrentRequestsEqualOneByOne) {
   EXPECT_EQ(e.cache().stats().pages_used, 0);
 }
 
-TEST(PAGEDATTN_ENGINE_SUITE, PreemptionAndRecomputeGiveIdenticalOutput) {
+TEST_P(EngineTest, PreemptionAndRecomputeGiveIdenticalOutput) {
   const auto prompts = preempting_prompts();
   const EngineConfig cfg = preempting_config();
   auto model = std::make_unique<FakeModel>();
@@ -170,7 +175,7 @@ TEST(PAGEDATTN_ENGINE_SUITE, PreemptionAndRecomputeGiveIdenticalOutput) {
   EXPECT_EQ(e.cache().stats().pages_used, 0);
 }
 
-TEST(PAGEDATTN_ENGINE_SUITE, PreemptionBySwapGivesIdenticalOutputAndRecomputesNothing) {
+TEST_P(EngineTest, PreemptionBySwapGivesIdenticalOutputAndRecomputesNothing) {
   // The workload above with swap space: the preempted sequences' pages go to host memory and come
   // back (the fake model reads every position back through the block table, so a page restored
   // wrong changes the output or throws). auto picks swap too: on the CPU a copy of the pages costs
@@ -210,7 +215,7 @@ TEST(PAGEDATTN_ENGINE_SUITE, PreemptionBySwapGivesIdenticalOutputAndRecomputesNo
   }
 }
 
-TEST(PAGEDATTN_ENGINE_SUITE, SwapSpaceTooSmallForASequenceRecomputesIt) {
+TEST_P(EngineTest, SwapSpaceTooSmallForASequenceRecomputesIt) {
   // 600 bytes of swap space: a sequence of 10+ tokens takes 3 pages x 2 layers x K, V x 64 bytes
   // = 768, so every preemption falls back to recompute; outputs stay the oracle's.
   const auto prompts = preempting_prompts();
@@ -231,7 +236,7 @@ TEST(PAGEDATTN_ENGINE_SUITE, SwapSpaceTooSmallForASequenceRecomputesIt) {
     EXPECT_EQ(res[ids[i]].tokens.at(0), fake.greedy_oracle(prompts[i], 40)) << "request " << i;
 }
 
-TEST(PAGEDATTN_ENGINE_SUITE, CancellingASwappedRequestFreesItsHostMemory) {
+TEST_P(EngineTest, CancellingASwappedRequestFreesItsHostMemory) {
   const auto prompts = preempting_prompts();
   EngineConfig cfg = preempting_config();
   cfg.preemption = PreemptionMode::swap;
@@ -251,7 +256,7 @@ TEST(PAGEDATTN_ENGINE_SUITE, CancellingASwappedRequestFreesItsHostMemory) {
   EXPECT_EQ(e.cache().stats().pages_used, 0);
 }
 
-TEST(PAGEDATTN_ENGINE_SUITE, SwapSpaceIsValidated) {
+TEST_P(EngineTest, SwapSpaceIsValidated) {
   for (double bad : {-2.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
     EngineConfig cfg = small_config(64);
     cfg.swap_space_mib = bad;
@@ -269,7 +274,7 @@ TEST(PAGEDATTN_ENGINE_SUITE, SwapSpaceIsValidated) {
   EXPECT_EQ(parse_preemption_mode("auto"), PreemptionMode::cheaper);
 }
 
-TEST(PAGEDATTN_ENGINE_SUITE, LookaheadAdmissionAvoidsPreemptionWhenLengthsAreKnown) {
+TEST_P(EngineTest, LookaheadAdmissionAvoidsPreemptionWhenLengthsAreKnown) {
   // The workload above with EOS ignored (each request ends exactly at max_tokens): the default
   // admission foresees the growth and never preempts; outputs stay the oracle's.
   std::vector<std::vector<int32_t>> prompts;
@@ -297,7 +302,7 @@ TEST(PAGEDATTN_ENGINE_SUITE, LookaheadAdmissionAvoidsPreemptionWhenLengthsAreKno
   EXPECT_EQ(e.cache().stats().pages_used, 0);
 }
 
-TEST(PAGEDATTN_ENGINE_SUITE, PrefixCacheOnAndOffGiveTheSameOutput) {
+TEST_P(EngineTest, PrefixCacheOnAndOffGiveTheSameOutput) {
   std::vector<int32_t> shared = make_prompt(40, 7);
   auto run = [&](bool prefix) {
     EngineConfig cfg = small_config(2048);
@@ -325,7 +330,7 @@ TEST(PAGEDATTN_ENGINE_SUITE, PrefixCacheOnAndOffGiveTheSameOutput) {
   EXPECT_GT(m_with.prefix_hit_rate(), 0.5);
 }
 
-TEST(PAGEDATTN_ENGINE_SUITE, CacheSaltSeparatesTenants) {
+TEST_P(EngineTest, CacheSaltSeparatesTenants) {
   Engine e(std::make_unique<FakeModel>(), small_config(2048));
   auto p = make_prompt(33, 9);
   Request a = greedy(p, 4);
@@ -346,7 +351,7 @@ TEST(PAGEDATTN_ENGINE_SUITE, CacheSaltSeparatesTenants) {
   EXPECT_EQ(r3[ic].tokens, r1[ia].tokens);
 }
 
-TEST(PAGEDATTN_ENGINE_SUITE, ParallelSamplingSharesPromptPages) {
+TEST_P(EngineTest, ParallelSamplingSharesPromptPages) {
   EngineConfig cfg = small_config(4096, 16, 256);
   Engine e(std::make_unique<FakeModel>(), cfg);
   Request r;
@@ -378,7 +383,7 @@ TEST(PAGEDATTN_ENGINE_SUITE, ParallelSamplingSharesPromptPages) {
   EXPECT_EQ(run_all(e2)[id2].tokens, res[id].tokens);
 }
 
-TEST(PAGEDATTN_ENGINE_SUITE, ParallelSamplingWithPartialTailPageCopiesOnlyTheTail) {
+TEST_P(EngineTest, ParallelSamplingWithPartialTailPageCopiesOnlyTheTail) {
   Engine e(std::make_unique<FakeModel>(), small_config(4096, 16, 256));
   Request r;
   r.prompt = make_prompt(40, 6);  // 2 full pages + a tail of 8
@@ -396,7 +401,7 @@ TEST(PAGEDATTN_ENGINE_SUITE, ParallelSamplingWithPartialTailPageCopiesOnlyTheTai
   EXPECT_EQ(e.cache().stats().pages_used, 0);
 }
 
-TEST(PAGEDATTN_ENGINE_SUITE, StopsOnEosStopTokenAndStopString) {
+TEST_P(EngineTest, StopsOnEosStopTokenAndStopString) {
   auto model = std::make_unique<FakeModel>(128, std::vector<int32_t>{0});
   model->eos_every = 9;  // the 9th position of every history prefers EOS
   const FakeModel& fake = *model;
@@ -448,7 +453,7 @@ TEST(PAGEDATTN_ENGINE_SUITE, StopsOnEosStopTokenAndStopString) {
 // A step takes Model::forward_greedy only when every sequence it samples is plain greedy. Greedy
 // requests batched with others (temperature, repetition penalty, n > 1, best_of, beam search) get
 // the tokens they get alone, as do the others; the batch takes both paths as its mix changes.
-TEST(PAGEDATTN_ENGINE_SUITE, GreedyAndSampledRequestsBatchedEqualAlone) {
+TEST_P(EngineTest, GreedyAndSampledRequestsBatchedEqualAlone) {
   std::vector<Request> reqs;
   for (int32_t i = 0; i < 3; ++i) reqs.push_back(greedy(make_prompt(3 + 8 * i, i + 1), 20));
   const size_t num_greedy = reqs.size();
@@ -502,7 +507,7 @@ TEST(PAGEDATTN_ENGINE_SUITE, GreedyAndSampledRequestsBatchedEqualAlone) {
   EXPECT_EQ(e.cache().stats().pages_used, 0);
 }
 
-TEST(PAGEDATTN_ENGINE_SUITE, CancelFreesPagesAtOnce) {
+TEST_P(EngineTest, CancelFreesPagesAtOnce) {
   Engine e(std::make_unique<FakeModel>(), small_config(2048));
   RequestId a = e.add_request(greedy(make_prompt(30, 1), 100));
   RequestId b = e.add_request(greedy(make_prompt(20, 2), 5));
@@ -525,7 +530,7 @@ TEST(PAGEDATTN_ENGINE_SUITE, CancelFreesPagesAtOnce) {
   EXPECT_EQ(e.metrics().requests_cancelled, 2);
 }
 
-TEST(PAGEDATTN_ENGINE_SUITE, BadRequestsThrowAndQueueNothing) {
+TEST_P(EngineTest, BadRequestsThrowAndQueueNothing) {
   Engine e(std::make_unique<FakeModel>(64, std::vector<int32_t>{}, 64), small_config(2048));
   auto expect_error = [&](Request r, const std::string& what) {
     try {
@@ -556,7 +561,7 @@ TEST(PAGEDATTN_ENGINE_SUITE, BadRequestsThrowAndQueueNothing) {
   EXPECT_EQ(e.num_active_requests(), 0);
 }
 
-TEST(PAGEDATTN_ENGINE_SUITE, KvBudgetFromMemoryAndTokens) {
+TEST_P(EngineTest, KvBudgetFromMemoryAndTokens) {
   ModelConfig mc = FakeModel().config();  // 2 layers x 2 heads x 4 dims: 128 bytes/token at f32
   EngineConfig c;
   c.page_size = 16;
@@ -579,7 +584,7 @@ TEST(PAGEDATTN_ENGINE_SUITE, KvBudgetFromMemoryAndTokens) {
   EXPECT_THROW(Engine(std::make_unique<FakeModel>(), fp8), Error);  // the fake cannot calibrate
 }
 
-TEST(PAGEDATTN_ENGINE_SUITE, MetricsCountTokensAndLatencies) {
+TEST_P(EngineTest, MetricsCountTokensAndLatencies) {
   Engine e(std::make_unique<FakeModel>(), small_config(2048));
   e.add_request(greedy(make_prompt(10, 1), 6));
   e.add_request(greedy(make_prompt(12, 2), 6));
@@ -595,7 +600,7 @@ TEST(PAGEDATTN_ENGINE_SUITE, MetricsCountTokensAndLatencies) {
   EXPECT_EQ(m.pages_free + m.pages_cached, m.pages_total);
 }
 
-TEST(PAGEDATTN_ASYNC_SUITE, ConcurrentSubmittersGetOracleOutputs) {
+TEST_P(AsyncEngineTest, ConcurrentSubmittersGetOracleOutputs) {
   auto model = std::make_unique<FakeModel>();
   const FakeModel* fake = model.get();
   AsyncEngine ae(std::make_unique<Engine>(std::move(model), small_config(4096, 4, 32)));
@@ -642,7 +647,7 @@ TEST(PAGEDATTN_ASYNC_SUITE, ConcurrentSubmittersGetOracleOutputs) {
   EXPECT_THROW(ae.submit(greedy({1}, 3), nullptr), Error);
 }
 
-TEST(PAGEDATTN_ENGINE_SUITE, LongRequestIsNotStarvedByAStreamOfShortOnes) {
+TEST_P(EngineTest, LongRequestIsNotStarvedByAStreamOfShortOnes) {
   auto model = std::make_unique<FakeModel>();
   const FakeModel& fake = *model;
   EngineConfig cfg = small_config(256, 4, 16);  // 64 pages, 16 tokens per step
@@ -661,3 +666,8 @@ TEST(PAGEDATTN_ENGINE_SUITE, LongRequestIsNotStarvedByAStreamOfShortOnes) {
   run_all(e);
   EXPECT_EQ(e.cache().stats().pages_used, 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Default, EngineTest, ::testing::Values(-1));
+INSTANTIATE_TEST_SUITE_P(ScheduledAhead, EngineTest, ::testing::Values(1));
+INSTANTIATE_TEST_SUITE_P(Default, AsyncEngineTest, ::testing::Values(-1));
+INSTANTIATE_TEST_SUITE_P(ScheduledAhead, AsyncEngineTest, ::testing::Values(1));
