@@ -23,9 +23,15 @@
 //   v6  v4 with its works (a tile of packed rows for one KV head) in one order over all heads:
 //       heaviest first across the KV heads of a section whose K/V fit in L2 (v4: one head's
 //       tiles after the other's, heaviest first within a head).
-//   v7  (promoted, the default since 2026-11-26) v6 with the consumer warpgroups taking turns at
-//       issuing their products (ping-pong by named barriers), so that one's softmax runs under
-//       the other's products.
+//   v7  (the default 2026-11-26) v6 with the consumer warpgroups taking turns at issuing their
+//       products (ping-pong by named barriers), so that one's softmax runs under the other's
+//       products.
+//   v8  (promoted, the default since 2026-11-27) v7 on a persistent grid
+//       (CudaPlanOptions::hopper_ctas = -1): one CTA per SM, each taking its next work from a
+//       counter in the plan's order as it nears the end of the one before (the order the
+//       hardware gives a grid of one CTA per work), the next work's Q brought in once both
+//       consumer warpgroups have issued their last S, the K/V ring running on across works.
+//       16-bit pools only (fp8 pools' converting producer spilled with the works' state).
 //
 // Measured: H100 80GB HBM3, 2026-11-22/23, 32 query heads, 8 KV heads, head dim 128, page 16,
 // bf16, causal, cold L2, median of 10 (TFLOP/s; torch flash-attention 2: 206-356, cuDNN:
@@ -68,11 +74,25 @@
 //   batch 4 len 8192    508 / ~476 / 519-531   (523-534)
 //   batch 1 len 32768   517 / ~510 / 552-556   (530-538)
 //   d64, batch 1 8192   326-330 / 326-330 / 343-351   (343-347)
-// Tried and removed: a persistent grid (v8 while it existed: one CTA per SM looping over works, Q
-// reloaded behind an empty barrier, stages and phases running on across works): 396-402 at
-// batch 4 / 2048 (v7 367-377) but 2-10% slower elsewhere, and its per-work loop spilled
-// registers. In that version, divisions by the GQA group inside the per-tile range scan had cost
-// 9-13% until hoisted. Nor (2026-11-26, H100, lab, five rotated rounds against v7 in one
+// A first persistent grid (2026-11-26, removed then: one CTA per SM looping over works dealt in
+// static rounds, Q reloaded behind an empty barrier, stages and phases running on across works):
+// 396-402 at batch 4 / 2048 (v7 367-377) but 2-10% slower elsewhere, and its per-work loop
+// spilled registers. In that version, divisions by the GQA group inside the per-tile range scan
+// had cost 9-13% until hoisted. v8 (2026-11-27, H100, three rotated rounds against v7 in one
+// binary, TFLOP/s v7 / v8): the works taken from a counter (as the hardware hands out CTAs), the
+// consumers' per-work state without spills (the rows' positions computed where a mask or the
+// store needs them):
+//   batch 1 len 2048    358 / 381        batch 4 len 2048    376 / 410
+//   batch 1 len 8192    526 / 541        batch 4 len 8192    504 / 521
+//   batch 1 len 32768   529 / 538        batch 4 len 32768   510 / 526
+//   32/32 heads         526 / 539        d64 (batch 1 / 4)   338 / 351, 343 / 355
+//   d256 (batch 1 / 4)  520 / 556, 535 / 536
+//   pages 32 / 64 / 128 507 / 552, 504 / 551, 525 / 557
+// A static deal in snake order (round r forwards, r + 1 backwards; another call) gave 380 / 543 /
+// 407 / 502 / 534 at the first five of those shapes; the counter is kept because a static deal
+// leaves CTAs' totals apart wherever the works do not fall evenly over a round.
+// Publishing each work's geometry from thread 0 (instead of every role reading the item,
+// q_indptr and kv_len itself) was 6-30% slower (the attention benchmark, two builds). Nor (2026-11-26, H100, lab, five rotated rounds against v7 in one
 // binary): each CTA, once its loads were issued, prefetching into L2 the Q tile of the work an SM
 // count on (the one likely to start as it ends): 1.0-2.4% faster at batch 4 / 2048, batch 1 /
 // 32768 and d64, 2-10% slower at batch 1 / 8192 (32 KV heads: 1004 -> 1104 us) and pages 64-128.
@@ -119,6 +139,7 @@ std::function<void()> make_version(int v, const lab::Problem& p,
   o.hopper_gather = v == 5;
   o.hopper_head_section = v >= 6 ? -1 : 1;
   o.hopper_pingpong = v >= 7;
+  o.hopper_ctas = v >= 8 ? -1 : 0;
   plan = std::make_unique<CudaAttentionPlan>(size_t(256) << 20, o);
   plan->plan(p.dev_q(), p.dev_view(), p.batch(), p.s.opt, p.dev_out());
   return [&p, &plan] {
@@ -130,7 +151,7 @@ std::function<void()> make_version(int v, const lab::Problem& p,
 }  // namespace
 
 int main() {
-  constexpr int kVersions = 7;
+  constexpr int kVersions = 8;
   int failures = 0;
   std::printf("== correctness gate (relative L2 error vs the double-precision reference)\n");
   for (DType kv : {DType::bf16, DType::fp8_e4m3})

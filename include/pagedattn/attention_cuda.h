@@ -70,6 +70,10 @@ struct CudaPlanOptions {
   // The two consumer warpgroups take turns at issuing their products (named barriers), so that
   // one's softmax runs while the other's products hold the tensor cores (overlapped loop only).
   bool hopper_pingpong = true;
+  // CTAs of the Hopper kernel: -1, one per SM, each running works one after the other (the next
+  // work's Q and first K/V tiles come in while the work before ends); 0, one CTA per work; n > 0,
+  // at most n (tests use a few, so that every CTA runs many works).
+  int32_t hopper_ctas = -1;
   // Decode rows of GQA groups of at least this many query heads per KV head run on the
   // tensor-core decode kernel, the others on the CUDA-core one. It depends on the model's shape
   // only, never on the batch, so a row's output does not depend on the batch it is in.
@@ -145,7 +149,9 @@ class CudaAttentionPlan {
 };
 
 // Runs the planned step on one layer: q, out and the pools are device memory with the shapes
-// and dtypes given to plan() (checked; Error otherwise). Asynchronous on stream.
+// and dtypes given to plan() (checked; Error otherwise). Asynchronous on stream. The launches of
+// one plan run one after the other (one stream, or ordered by events): they share the plan's
+// workspace (split-KV partials, the kernels' work counters).
 void paged_attention_cuda(const CudaAttentionPlan& plan, const QKVTensor& q, const PagedKVView& kv,
                           QKVTensor& out, void* stream = nullptr);
 

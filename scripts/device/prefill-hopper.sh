@@ -6,7 +6,9 @@
 # shapes. Every step has a time limit; logs go to $OUT (default ./out/gpu), a summary is printed
 # last. Steps: any of build sass hopper sanitize lab suite profile torch bench model (default:
 # all, in that order; model: the CLI's whole-model prefill on synthetic Llama-3-8B at 8192 and
-# 32768 tokens). At most 8 files come back: sanitizer output goes to hopper.log, torch's to bench.log.
+# 32768 tokens; MODEL_ENVS and MODEL_ROUNDS compare environment settings, e.g.
+# MODEL_ENVS="PAGEDATTN_HOPPER_CTAS=0 -"). At most 8 files come back: sanitizer output goes to
+# hopper.log, torch's to bench.log.
 #   scripts/device/prefill-hopper.sh
 #   scripts/device/prefill-hopper.sh build hopper lab
 set -uo pipefail
@@ -63,6 +65,7 @@ if has sanitize; then
   # The Hopper kernel (long chunked contexts, sliding window, whole prompts, fp8 pools) and the
   # shapes it hands to the mma.sync kernel.
   f='HopperPrefill.ChunksAtTheEndOfLongContexts:HopperPrefill.Fp8Pools*:HopperPrefill.OtherShapes*'
+  f+=':HopperPrefill.FewCtasRunEveryWork64'
   step memcheck 150 hopper.log compute-sanitizer --tool memcheck --error-exitcode 3 "$T" \
     --gtest_filter="$f"
   step racecheck 150 hopper.log compute-sanitizer --tool racecheck --error-exitcode 3 "$T" \
@@ -119,10 +122,18 @@ if has bench; then
   grep -E "prefill|copy" "$OUT/bench.log" | tail -40
 fi
 if has model; then
-  for len in 8192 32768; do
-    step "model_$len" 120 model.log "$BUILD_DIR/pagedattn" bench model --model synthetic:llama3-8b \
-      --device cuda --batch 1 --prompt-len "$len" --decode-steps 8
+  # MODEL_ENVS: environment assignments to compare, alternating ("-": none), MODEL_ROUNDS rounds.
+  for ((r = 1; r <= ${MODEL_ROUNDS:-1}; ++r)); do
+    for e in ${MODEL_ENVS:--}; do
+      assign=()
+      [[ "$e" == - ]] || assign=("$e")
+      for len in 8192 32768; do
+        echo "== round $r env $e prompt $len" >>"$OUT/model.log"
+        step "model_${len}_$r" 120 model.log env "${assign[@]}" "$BUILD_DIR/pagedattn" bench model \
+          --model synthetic:llama3-8b --device cuda --batch 1 --prompt-len "$len" --decode-steps 8
+      done
+    done
   done
-  grep -E "prefill" "$OUT/model.log" | tail -4
+  grep -E "^== round|prefill" "$OUT/model.log" | tail -40
 fi
 printf '%s\n' "== summary" "${summary[@]}" | tee -a "$OUT/device.txt"

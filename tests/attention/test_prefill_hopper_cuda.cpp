@@ -74,11 +74,14 @@ CudaPlanOptions options(Variant v) {
 }
 
 // A random schedule of the kernel's works: heads per L2 section (the plan's choice, one, or a
-// few) and ping-pong between the consumer warpgroups on or off.
+// few), ping-pong between the consumer warpgroups on or off, and the grid (one CTA per SM, one
+// per work, or a few CTAs that each run many works, their barriers' phases running on).
 CudaPlanOptions random_schedule(CudaPlanOptions o, std::mt19937_64& rng) {
   const int32_t sections[] = {-1, 1, 2, 3};
   o.hopper_head_section = sections[rng() % 4];
   o.hopper_pingpong = rng() % 2 == 0;
+  const int32_t ctas[] = {-1, 0, 1, 2, 5};
+  o.hopper_ctas = ctas[rng() % 5];
   return o;
 }
 
@@ -241,6 +244,7 @@ TEST(HopperPrefill, EveryScheduleGivesTheSameBits) {
     CudaPlanOptions base = options(i % 3 == 2 ? Variant::gather : Variant::automatic);
     base.hopper_head_section = 1;
     base.hopper_pingpong = false;
+    base.hopper_ctas = 0;
     CudaAttentionPlan plain(size_t(64) << 20, base);
     const std::vector<uint8_t> a = pr.run_cuda(plain);
     for (int k = 0; k < 3; ++k) {
@@ -248,7 +252,7 @@ TEST(HopperPrefill, EveryScheduleGivesTheSameBits) {
       CudaAttentionPlan other(size_t(64) << 20, o);
       ASSERT_EQ(a, pr.run_cuda(other))
           << describe(s) << " head_section " << o.hopper_head_section << " pingpong "
-          << o.hopper_pingpong;
+          << o.hopper_pingpong << " ctas " << o.hopper_ctas;
     }
   }
 }
@@ -269,6 +273,61 @@ TEST(HopperPrefill, RefusesBadScheduleOptions) {
   EXPECT_NE(refusal(o).find("hopper_head_section"), std::string::npos) << refusal(o);
   o.hopper_head_section = -3;
   EXPECT_NE(refusal(o).find("hopper_head_section"), std::string::npos) << refusal(o);
+  o.hopper_head_section = -1;
+  o.hopper_ctas = -2;
+  EXPECT_NE(refusal(o).find("hopper_ctas"), std::string::npos) << refusal(o);
+}
+
+// A few CTAs, each running many works one after the other: the K/V ring's stages, the barriers'
+// phases, Q's reuse, the published work indices and the ping-pong turns run on from work to work
+// (works of different lengths, tiles crossing kv_len, windows, a decode row beside them), against
+// the reference and against one CTA per work, bit for bit, launch after launch of one plan. One
+// test per head dim (a racecheck run takes one).
+namespace {
+void check_few_ctas(int d) {
+  Spec s;
+  s.num_q_heads = 8;
+  s.num_kv_heads = 2;
+  s.head_dim = d;
+  s.page_size = 16;
+  s.q_len = {300, 1, 77, 500};
+  s.kv_len = {1333, 700, 77, 900};
+  for (int window : {0, 250}) {
+    s.opt.window = window;
+    Problem pr(s, 60 + uint64_t(d) + uint64_t(window));
+    const std::vector<float> ref = pr.reference();
+    for (Variant v : {Variant::automatic, Variant::gather, Variant::serial, Variant::no_pingpong}) {
+      CudaPlanOptions one_each = options(v);
+      one_each.hopper_ctas = 0;
+      CudaAttentionPlan plan0(size_t(64) << 20, one_each);
+      const std::vector<uint8_t> want = pr.run_cuda(plan0);
+      expect_close(want, s.q_dtype, ref, describe(s));
+      // Three launches of one plan: the work counter is back at zero after each.
+      for (int32_t ctas : {1, 3}) {
+        CudaPlanOptions o = options(v);
+        o.hopper_ctas = ctas;
+        CudaAttentionPlan plan(size_t(64) << 20, o);
+        for (const std::vector<uint8_t>& got : pr.run_cuda_repeated(plan, 3))
+          ASSERT_EQ(want, got) << describe(s) << " ctas " << ctas;
+      }
+    }
+  }
+}
+}  // namespace
+
+TEST(HopperPrefill, FewCtasRunEveryWork64) {
+  PA_SKIP_WITHOUT_HOPPER();
+  check_few_ctas(64);
+}
+
+TEST(HopperPrefill, FewCtasRunEveryWork128) {
+  PA_SKIP_WITHOUT_HOPPER();
+  check_few_ctas(128);
+}
+
+TEST(HopperPrefill, FewCtasRunEveryWork256) {
+  PA_SKIP_WITHOUT_HOPPER();
+  check_few_ctas(256);
 }
 
 // Shapes the Hopper kernel does not take run on the mma.sync kernel, correctly.

@@ -85,6 +85,12 @@ struct AttentionParams {
   // and the consumer warpgroups' ping-pong.
   int32_t hopper_head_section = 1;
   bool hopper_pingpong = false;
+  // The Hopper kernel's grid: 0, one CTA per work; n > 0, at most n CTAs, each running its works
+  // one after the other (prefill_hopper_kernel.cuh: hopper_work_index).
+  int32_t hopper_ctas = 0;
+  // [2]: the persistent grid's next work (past its first gridDim.x) and its CTAs done taking
+  // works; zero between launches (the plan clears them, the kernel's last CTA resets them).
+  int32_t* hopper_counters = nullptr;
 };
 
 constexpr int32_t kPrefillMma = 0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -56,6 +57,24 @@ int current_device_attribute(cudaDeviceAttr attr) {
 
 int cuda_sm_count() { return current_device_attribute(cudaDevAttrMultiProcessorCount); }
 
+namespace {
+
+// The Hopper kernel's CTAs where the options leave them to the plan (-1): one per SM, or
+// PAGEDATTN_HOPPER_CTAS when set to a count >= 0 (0: one CTA per work; a comparison switch).
+int32_t hopper_ctas(int32_t asked, int sm_count) {
+  static const int32_t from_env = [] {
+    const char* e = std::getenv("PAGEDATTN_HOPPER_CTAS");
+    if (!e || !*e) return -1;
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    return *end == '\0' && v >= 0 && v <= INT32_MAX ? int32_t(v) : -1;
+  }();
+  if (asked >= 0) return asked;
+  return from_env >= 0 ? from_env : sm_count;
+}
+
+}  // namespace
+
 CudaAttentionPlan::CudaAttentionPlan(size_t workspace_bytes, CudaPlanOptions opts)
     : impl_(std::make_unique<Impl>()) {
   PA_CHECK(workspace_bytes >= (size_t(1) << 16),
@@ -70,6 +89,8 @@ CudaAttentionPlan::CudaAttentionPlan(size_t workspace_bytes, CudaPlanOptions opt
            "CudaAttentionPlan: opts.decode_chunk_tokens must be 0 or a positive multiple of 64 up "
            "to 2^24, got ",
            opts.decode_chunk_tokens);
+  PA_CHECK(opts.hopper_ctas >= -1, "CudaAttentionPlan: opts.hopper_ctas must be >= -1, got ",
+           opts.hopper_ctas);
   PA_CHECK(opts.hopper_head_section == -1 || opts.hopper_head_section >= 1,
            "CudaAttentionPlan: opts.hopper_head_section must be -1 or >= 1, got ",
            opts.hopper_head_section);
@@ -399,7 +420,8 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
     partials = split_decode_rows(rows, k, items, merges);
     fill_item_pages(batch, kv.page_size, im.opts.decode_item_pages,
                     im.opts.decode_early_cached_kv, items);
-    counters.assign(merges.size() * size_t(Hk * tiles), 0);
+    // ... and the Hopper prefill kernel's two (its persistent grid's work counter).
+    counters.assign(merges.size() * size_t(Hk * tiles) + 2, 0);
     host.clear();
     o_qi = stage(host, batch.q_indptr, size_t(n) + 1);
     o_len = stage(host, batch.kv_len, size_t(n));
@@ -446,6 +468,7 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
   p.merge_items = reinterpret_cast<const cuda::MergeItem*>(im.ws + o_merge);
   p.num_merge_items = int32_t(merges.size());
   p.merge_counters = reinterpret_cast<int32_t*>(im.ws + o_counters);
+  p.hopper_counters = p.merge_counters + merges.size() * size_t(Hk * tiles);
   p.decode_tc_rows = tc_rows;
   p.decode_trace = static_cast<uint64_t*>(im.opts.decode_trace);
   p.prefill_items = reinterpret_cast<const cuda::PrefillItem*>(im.ws + o_prefill);
@@ -458,6 +481,7 @@ void CudaAttentionPlan::plan(const QKVTensor& q, const PagedKVView& kv, const Ba
       hopper_head_section(batch, prefill, Hk, D, dtype_size(kv.dtype), im.l2_bytes,
                           im.opts.hopper_head_section);
   p.hopper_pingpong = use_hopper && im.opts.hopper_pingpong;
+  p.hopper_ctas = hopper_ctas(im.opts.hopper_ctas, im.sm_count);
   p.num_tokens = q.num_tokens;
   p.num_pages = kv.num_pages;
   p.partial_md = reinterpret_cast<float*>(im.ws + o_partial);

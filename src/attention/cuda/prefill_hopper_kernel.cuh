@@ -1,10 +1,11 @@
 // The Hopper paged prefill kernel (sm_90a): wgmma on shared-memory tiles brought in by the Tensor
 // Memory Accelerator, a producer warp and two consumer warpgroups synchronised by mbarriers.
 //
-// Grid: one CTA per work, a prefill item (sequence, first packed row; the same items as
-// prefill_kernel.cuh) for one KV head, in the order described at the kernel (heaviest first
-// across the heads of an L2-sized section). Block: 3 warpgroups (384 threads).
-//   warpgroup 0 (producer): Q once by a bulk tensor copy, then for each KV tile of kBN positions
+// Works: a prefill item (sequence, first packed row; the same items as prefill_kernel.cuh) for
+// one KV head, in the order described at hopper_work (heaviest first across the heads of an
+// L2-sized section). Grid: one CTA per SM (AttentionParams::hopper_ctas), each running its works
+// one after the other (hopper_next_work), or one CTA per work. Block: 3 warpgroups (384 threads).
+//   warpgroup 0 (producer): a work's Q by a bulk tensor copy, then for each KV tile of kBN positions
 //     its K and V, page by page through the block table, into kStages shared-memory stages; each
 //     stage has a full barrier and an empty barrier (the consumers' arrivals). Three ways:
 //     - tensor copies (GATHER false, wherever the page size allows them): warp 0 (Q and K) and
@@ -36,6 +37,7 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "cuda_common.cuh"
@@ -92,9 +94,10 @@ __device__ __forceinline__ uint4 e4m3x8_to_f16(uint2 in) {
   return out;
 }
 
-// The gathering producer (GATHER): the 128 threads of warpgroup 0 copy each K and V tile of BN
-// rows x HEAD_DIM into its stage [NB][BN][64], swizzled as a 128-byte-swizzle tensor copy would
-// write it (16-byte chunk c of row r at c ^ (r % 8)).
+// The gathering producer (GATHER) of one work: the 128 threads of warpgroup 0 copy each K and V
+// tile of BN rows x HEAD_DIM into its stage [NB][BN][64], swizzled as a 128-byte-swizzle tensor
+// copy would write it (16-byte chunk c of row r at c ^ (r % 8)); tile i goes to the ring's
+// position base + i (the tiles of the CTA's works before).
 //
 // Thread mapping (CPR = HEAD_DIM / 8 chunks per row): a thread copies chunk pt % CPR of rows
 // rg, rg + RG, rg + 2 RG, ... (rg = pt / CPR, RG = 128 / CPR row groups), so one warp instruction
@@ -103,9 +106,10 @@ __device__ __forceinline__ uint4 e4m3x8_to_f16(uint2 in) {
 // row take it by a shuffle.
 template <int HEAD_DIM>
 __device__ __forceinline__ void produce_gather(const AttentionParams& p, int seq, int kvh,
-                                               int t_first, int ntiles, int L, uint16_t* sK,
-                                               uint16_t* sV, uint64_t* k_full, uint64_t* v_full,
-                                               uint64_t* k_empty, uint64_t* v_empty) {
+                                               int t_first, int ntiles, int L, int base,
+                                               uint16_t* sK, uint16_t* sV, uint64_t* k_full,
+                                               uint64_t* v_full, uint64_t* k_empty,
+                                               uint64_t* v_empty) {
   using S = HopperShape<HEAD_DIM>;
   constexpr int BN = S::kBN, ST = S::kStages;
   constexpr int CPR = HEAD_DIM / 8;    // 16-byte chunks per row: 8, 16, 32
@@ -157,8 +161,8 @@ __device__ __forceinline__ void produce_gather(const AttentionParams& p, int seq
   };
   int64_t off = ntiles > 0 ? row_offset(0) : -1;
   for (int i = 0; i < ntiles; ++i) {
-    const int s = i % ST;
-    const uint32_t ph = (i / ST) & 1;
+    const int s = (base + i) % ST;
+    const uint32_t ph = ((base + i) / ST) & 1;
     const int64_t next_off = i + 1 < ntiles ? row_offset(i + 1) : -1;
     mbar_wait(&k_empty[s], ph ^ 1);
     copy_tile(sK + s * BN * HEAD_DIM, kpool, off, &k_full[s]);
@@ -166,10 +170,61 @@ __device__ __forceinline__ void produce_gather(const AttentionParams& p, int seq
     copy_tile(sV + s * BN * HEAD_DIM, vpool, off, &v_full[s]);
     off = next_off;
   }
-  // Nothing of this thread's in flight when it leaves (its copies belong to no commit group yet:
-  // wait_group alone would not wait for them).
-  cp_async_commit();
-  cp_async_wait<0>();
+}
+
+// One work of the kernel: a prefill item for one KV head, and the KV tiles of BN positions its rows
+// see, [t_first, t_first + ntiles BN).
+struct HopperWork {
+  PrefillItem it;
+  int kvh, q0, qlen, L, row_end, pos_base, t_first, ntiles;
+};
+
+// Work w of the launch. The works go in sections of p.hopper_head_section KV heads (the plan
+// sizes a section so that its heads' K/V fit in L2); inside a section, item by item in the plan's
+// order (heaviest first), each for every head of the section. A section of one head is the order
+// of an (item, head) grid with the item fastest.
+template <int BN>
+__device__ __forceinline__ HopperWork hopper_work(const AttentionParams& p, int w) {
+  HopperWork h;
+  const int sec = p.hopper_head_section, per_sec = p.num_prefill_items * sec;
+  const int sec_n = w / per_sec, sec_r = w % per_sec;
+  const int sec_heads = min(sec, p.num_kv_heads - sec_n * sec);
+  h.it = p.prefill_items[sec_r / sec_heads];
+  h.kvh = sec_n * sec + sec_r % sec_heads;
+  const int G = p.group;
+  h.q0 = p.q_indptr[h.it.seq];
+  h.qlen = p.q_indptr[h.it.seq + 1] - h.q0;
+  h.L = p.kv_len[h.it.seq];
+  h.row_end = min(h.it.row_begin + kPrefillRows, h.qlen * G);
+  h.pos_base = h.L - h.qlen;
+  const int pos_lo = h.pos_base + h.it.row_begin / G, pos_hi = h.pos_base + (h.row_end - 1) / G;
+  const int key_hi = p.causal ? pos_hi + 1 : h.L;  // exclusive
+  const int key_lo = p.window > 0 ? max(0, pos_lo - p.window + 1) : 0;
+  h.t_first = key_lo / BN * BN;
+  h.ntiles = key_hi > h.t_first ? (key_hi - h.t_first + BN - 1) / BN : 0;
+  return h;
+}
+
+// The next work of a CTA that has finished taking its first (work blockIdx.x), -1 when none is
+// left: a smaller (persistent) grid takes the works past its first gridDim.x from a counter, in
+// the plan's order, so that each goes to the CTA that asks first, as the hardware hands out the
+// CTAs of a grid of one per work (a static deal in rounds leaves the CTAs' totals apart wherever
+// the works' sizes do not fall evenly over a round, e.g. where an L2 section ends in a run of one
+// head's works). The CTA that takes the last -1 puts the counters back to zero for the next
+// launch.
+// NOTE: called by one thread per CTA; p.hopper_counters = {next work - gridDim.x, CTAs done}.
+__device__ __forceinline__ int hopper_next_work(const AttentionParams& p) {
+  const int total = p.num_prefill_items * p.num_kv_heads, n = int(gridDim.x);
+  if (n >= total) return -1;  // one CTA per work
+  const int w = n + atomicAdd(&p.hopper_counters[0], 1);
+  if (w < total) return w;
+  __threadfence();  // this CTA's last take before its count
+  if (atomicAdd(&p.hopper_counters[1], 1) == n - 1) {
+    __threadfence();
+    p.hopper_counters[0] = 0;
+    p.hopper_counters[1] = 0;
+  }
+  return -1;
 }
 
 template <class Q, int HEAD_DIM, bool OVERLAP, bool GATHER, bool FP8>
@@ -187,15 +242,18 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   using M = std::conditional_t<FP8, F16, Q>;
   constexpr int BM = S::kBM, BN = S::kBN, ST = S::kStages, NB = S::kBlocks;
   constexpr bool kLazy = HEAD_DIM >= 128;  // the online softmax's lazy maximum (kLazyMax)
+  // Whether a CTA runs several works. fp8 pools' producer, which converts K/V in its 40 registers,
+  // spilled inside its conversion loop with the works' state: one work a CTA.
+  constexpr bool kPersist = !FP8;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  uint8_t* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(base);
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(smem);
   uint64_t* k_full = q_full + 1;   // [ST]
   uint64_t* v_full = k_full + ST;  // [ST]
   uint64_t* k_empty = v_full + ST;
   uint64_t* v_empty = k_empty + ST;
   uint64_t* v_zero = v_empty + ST;  // the V tile whose slots past kv_len get zeroed
-  uint16_t* sQ = reinterpret_cast<uint16_t*>(base + 1024);  // [NB][BM][64]
+  uint16_t* sQ = reinterpret_cast<uint16_t*>(smem + 1024);  // [NB][BM][64]
   uint16_t* sK = sQ + BM * HEAD_DIM;                        // [ST][NB][BN][64]
   uint16_t* sV = sK + ST * BN * HEAD_DIM;                   // [ST][NB][BN][64]
   // fp8: the K and V staging tiles [NBUF][BN][HEAD_DIM] (e4m3, unswizzled) and their full
@@ -205,27 +263,50 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   uint8_t* sVst = sKst + NBUF * S::kStagingBytes;
   uint64_t* k_stg = v_zero + 1;
   uint64_t* v_stg = k_stg + NBUF;
+  uint64_t* q_empty = v_stg + NBUF;  // both consumer warpgroups done with a work's Q
+  uint64_t* work_full = q_empty + 1;     // [2] a work index published
+  uint64_t* work_empty = work_full + 2;  // [2] read by every warp that takes it from there
+  int* work_slot = reinterpret_cast<int*>(work_empty + 2);  // [2]
+  static_assert(8 * (3 + 4 * S::kStages + 2 * S::kStagingBufs + 4) + 2 * sizeof(int) <= 1024,
+                "the barriers and the work slots fit their 1 KiB");
 
-  // Work blockIdx.x: a prefill item and a KV head. The works go in sections of
-  // p.hopper_head_section KV heads (the plan sizes a section so that its heads' K/V fit in L2);
-  // inside a section, item by item in the plan's order (heaviest first), each for every head of
-  // the section. A section of one head is the order of an (item, head) grid with the item
-  // fastest.
-  const int sec = p.hopper_head_section, per_sec = p.num_prefill_items * sec;
-  const int sec_n = int(blockIdx.x) / per_sec, sec_r = int(blockIdx.x) % per_sec;
-  const int sec_heads = min(sec, p.num_kv_heads - sec_n * sec);
-  const PrefillItem it = p.prefill_items[sec_r / sec_heads];
-  const int kvh = sec_n * sec + sec_r % sec_heads;
+  // A CTA runs its works one after the other: thread 0 (the producer's first lane) takes each
+  // next one (hopper_next_work) and publishes its index in a slot for the other warps (-1: none
+  // left); its own warp gets it by a shuffle, and each role reads the work's geometry itself.
+  // NOTE: measured on an H100: publishing the geometry instead (the reads of the item, q_indptr
+  // and kv_len, which depend on each other, done once by thread 0) was 6-30% slower.
+  // The K/V ring's stages and phases run on across works (`ring`: the tiles of the works
+  // before). The producer brings the next work's Q once both consumer warpgroups have issued
+  // their last S = Q K^T of the work before (q_empty), and its first K/V tiles as stages free,
+  // so a work's start overlaps the end of the one before.
+  // Work k >= 1 goes through slot (k - 1) % 2, the n-th time for n = (k - 1) / 2; every thread
+  // of the consumer warps and of the other producer warps arrives once it has read it.
+  constexpr int kWorkReaders = 32 * (8 + (GATHER ? 3 : 1));
+  auto publish_work = [&](int k) {  // thread 0: this CTA's k-th work
+    if (k == 0) return int(blockIdx.x);
+    const int s = (k - 1) & 1, n = (k - 1) >> 1;
+    const int w = hopper_next_work(p);
+    if (n > 0) mbar_wait(&work_empty[s], (n - 1) & 1);
+    work_slot[s] = w;
+    mbar_arrive(&work_full[s]);  // release: the slot's value before the arrival
+    return w;
+  };
+  auto read_work = [&](int k) {  // every thread of a warp other than warp 0: its k-th work
+    if (k == 0) return int(blockIdx.x);
+    const int s = (k - 1) & 1, n = (k - 1) >> 1;
+    mbar_wait(&work_full[s], n & 1);
+    const int w = *reinterpret_cast<volatile int*>(&work_slot[s]);
+    mbar_arrive(&work_empty[s]);
+    return w;
+  };
+  auto warp0_work = [&](int k) {  // warp 0: thread 0 publishes, its lanes take it by a shuffle
+    int w = 0;
+    if (threadIdx.x == 0) w = publish_work(k);
+    return __shfl_sync(0xffffffffu, w, 0);
+  };
+
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
   const int G = p.group;
-  const int q0 = p.q_indptr[it.seq], qlen = p.q_indptr[it.seq + 1] - q0, L = p.kv_len[it.seq];
-  const int row_end = min(it.row_begin + BM, qlen * G);
-  const int pos_base = L - qlen;
-  const int pos_lo = pos_base + it.row_begin / G, pos_hi = pos_base + (row_end - 1) / G;
-  const int key_hi = p.causal ? pos_hi + 1 : L;  // exclusive
-  const int key_lo = p.window > 0 ? max(0, pos_lo - p.window + 1) : 0;
-  const int t_first = key_lo / BN * BN;
-  const int ntiles = key_hi > t_first ? (key_hi - t_first + BN - 1) / BN : 0;
 
   if (tid == 0) {
     mbar_init(q_full, 1);
@@ -240,6 +321,11 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       mbar_init(&k_stg[b], 1);
       mbar_init(&v_stg[b], 1);
     }
+    mbar_init(q_empty, 2 * 128);
+    for (int j = 0; j < 2; ++j) {
+      mbar_init(&work_full[j], 1);
+      mbar_init(&work_empty[j], kWorkReaders);
+    }
     mbar_fence_init();
   }
   __syncthreads();
@@ -247,16 +333,24 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   if (wg == 0) {
     // ================= producer =================
     regs_dealloc<S::template kProducerRegs<OVERLAP>>();
-    // Q (128 packed rows = 128 / G tokens x G heads), one bulk tensor copy per 64-column block,
-    // from thread 0 in every producer variant.
-    if (tid == 0) {
-      prefetch_tensor_map(&tm_q);
+    // Q of the k-th work (128 packed rows = 128 / G tokens x G heads), one bulk tensor copy per
+    // 64-column block, from thread 0 in every producer variant, once the work before is done
+    // with sQ.
+    if (tid == 0) prefetch_tensor_map(&tm_q);
+    auto load_q = [&](int k, const HopperWork& h) {
+      if (k > 0) mbar_wait(q_empty, (k - 1) & 1);
       mbar_arrive_expect_tx(q_full, S::kQBytes);
 #pragma unroll
       for (int b = 0; b < NB; ++b)
-        tma_load_3d(sQ + b * BM * 64, &tm_q, q_full, b * 64, kvh * G, q0 + it.row_begin / G);
-    }
+        tma_load_3d(sQ + b * BM * 64, &tm_q, q_full, b * 64, h.kvh * G, h.q0 + h.it.row_begin / G);
+    };
     if constexpr (FP8) {
+      // One work a CTA (kPersist).
+      static_assert(!kPersist, "fp8 pools run one work a CTA");
+      const HopperWork h = hopper_work<BN>(p, int(blockIdx.x));
+      const PrefillItem it = h.it;
+      const int kvh = h.kvh, L = h.L, t_first = h.t_first, ntiles = h.ntiles;
+      if (tid == 0) load_q(0, h);
       // fp8 pools: warps 0-1 bring K, warps 2-3 V. Lanes of warp 0 (2) put a tile's e4m3 rows
       // into a K (V) staging tile with bulk tensor copies, one per page-sized run of rows, NBUF
       // tiles ahead; the side's 64 threads then convert them to f16 into the swizzled stage
@@ -340,8 +434,20 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       return;
     }
     if constexpr (GATHER) {
-      produce_gather<HEAD_DIM>(p, it.seq, kvh, t_first, ntiles, L, sK, sV, k_full, v_full, k_empty,
-                               v_empty);
+      int ring = 0;
+      for (int k = 0; kPersist || k == 0; ++k) {
+        const int w = warp == 0 ? warp0_work(k) : read_work(k);
+        if (w < 0) break;
+        const HopperWork h = hopper_work<BN>(p, w);
+        if (tid == 0) load_q(k, h);
+        produce_gather<HEAD_DIM>(p, h.it.seq, h.kvh, h.t_first, h.ntiles, h.L, ring, sK, sV,
+                                 k_full, v_full, k_empty, v_empty);
+        ring += h.ntiles;
+      }
+      // Nothing of this thread's in flight when it leaves (its copies belong to no commit group
+      // yet: wait_group alone would not wait for them).
+      cp_async_commit();
+      cp_async_wait<0>();
       return;
     }
     // Warp 0 brings Q and the K tiles, warp 1 the V tiles: their bulk copies issue side by side.
@@ -350,67 +456,76 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     // per tile, a column block each), no faster.
     if (warp > 1) return;
     const bool v_warp = warp == 1;
-    const int32_t* bt = p.block_table + int64_t(it.seq) * p.max_pages_per_seq;
     const int P = p.page_size, PB = p.tma_box_rows, nsub = BN / PB;  // nsub <= 16
-    // Lane j < nsub copies rows [t0 + j PB, t0 + (j + 1) PB) of a tile: one box per column block,
-    // inside one page. Its page id is read one tile ahead, so that the block-table read is off the
-    // path from a free stage to the copy.
-    // NOTE: boxes past kv_len read the last page again (never the block table past the
-    // sequence's pages); those rows are masked, and zeroed in V.
-    auto box_of = [&](int tile, int& page, int& slot) {
-      const int t = min(t_first + tile * BN + lane * PB, L - 1);
-      page = lane < nsub ? bt[t / P] : 0;
-      slot = t % P / PB * PB;
-    };
-    auto load_tile = [&](uint16_t* dst, const CUtensorMap* map, uint64_t* bar, int page, int slot) {
-      if (lane < nsub) {
+    if (lane == 0) prefetch_tensor_map(v_warp ? &tm_v : &tm_k);
+    int ring = 0, zeroed = 0;  // zeroed: V tiles that crossed kv_len so far (v_zero's phase)
+    for (int k = 0; kPersist || k == 0; ++k) {
+      const int w = v_warp ? read_work(k) : warp0_work(k);
+      if (w < 0) break;
+      const HopperWork h = hopper_work<BN>(p, w);
+      if (tid == 0) load_q(k, h);
+      const int32_t* bt = p.block_table + int64_t(h.it.seq) * p.max_pages_per_seq;
+      // Lane j < nsub copies rows [t0 + j PB, t0 + (j + 1) PB) of a tile: one box per column
+      // block, inside one page. Its page id is read one tile ahead, so that the block-table read
+      // is off the path from a free stage to the copy.
+      // NOTE: boxes past kv_len read the last page again (never the block table past the
+      // sequence's pages); those rows are masked, and zeroed in V.
+      auto box_of = [&](int tile, int& page, int& slot) {
+        const int t = min(h.t_first + tile * BN + lane * PB, h.L - 1);
+        page = lane < nsub ? bt[t / P] : 0;
+        slot = t % P / PB * PB;
+      };
+      auto load_tile = [&](uint16_t* dst, const CUtensorMap* map, uint64_t* bar, int page,
+                           int slot) {
+        if (lane < nsub) {
 #pragma unroll
-        for (int b = 0; b < NB; ++b)
-          tma_load_4d(dst + (b * BN + lane * PB) * 64, map, bar, b * 64, slot, kvh, page);
-      }
-    };
-    if (lane == 0) {
-      prefetch_tensor_map(v_warp ? &tm_v : &tm_k);
-    }
-    int page = 0, slot = 0;
-    if (ntiles > 0) box_of(0, page, slot);
-    for (int i = 0; i < ntiles; ++i) {
-      const int s = i % ST;
-      const uint32_t ph = (i / ST) & 1;
-      const int t0 = t_first + i * BN;
-      int next_page = 0, next_slot = 0;
-      if (i + 1 < ntiles) box_of(i + 1, next_page, next_slot);
-      if (!v_warp) {
-        if (lane == 0) {
-          mbar_wait(&k_empty[s], ph ^ 1);
-          mbar_arrive_expect_tx(&k_full[s], S::kTileBytes);
+          for (int b = 0; b < NB; ++b)
+            tma_load_4d(dst + (b * BN + lane * PB) * 64, map, bar, b * 64, slot, h.kvh, page);
         }
-        __syncwarp();
-        load_tile(sK + s * BN * HEAD_DIM, &tm_k, &k_full[s], page, slot);
-      } else {
-        const bool zero = t0 + BN > L;  // warp-uniform
-        uint64_t* vbar = zero ? v_zero : &v_full[s];
-        if (lane == 0) {
-          mbar_wait(&v_empty[s], ph ^ 1);
-          mbar_arrive_expect_tx(vbar, S::kTileBytes);
-        }
-        __syncwarp();
-        load_tile(sV + s * BN * HEAD_DIM, &tm_v, vbar, page, slot);
-        if (zero) {
-          mbar_wait(v_zero, 0);  // at most one tile per CTA crosses kv_len
-          uint16_t* tile = sV + s * BN * HEAD_DIM;
-          const int r0 = L - t0, per_block = (BN - r0) * 8;  // 16-byte chunks
-          for (int c = lane; c < per_block * NB; c += 32) {
-            const int b = c / per_block, r = r0 + c % per_block / 8, ch = c % 8;
-            *reinterpret_cast<uint4*>(tile + (b * BN + r) * 64 + ch * 8) = make_uint4(0, 0, 0, 0);
+      };
+      int page = 0, slot = 0;
+      if (h.ntiles > 0) box_of(0, page, slot);
+      for (int i = 0; i < h.ntiles; ++i) {
+        const int g = ring + i, s = g % ST;
+        const uint32_t ph = (g / ST) & 1;
+        const int t0 = h.t_first + i * BN;
+        int next_page = 0, next_slot = 0;
+        if (i + 1 < h.ntiles) box_of(i + 1, next_page, next_slot);
+        if (!v_warp) {
+          if (lane == 0) {
+            mbar_wait(&k_empty[s], ph ^ 1);
+            mbar_arrive_expect_tx(&k_full[s], S::kTileBytes);
           }
-          fence_proxy_async();
           __syncwarp();
-          if (lane == 0) mbar_arrive(&v_full[s]);
+          load_tile(sK + s * BN * HEAD_DIM, &tm_k, &k_full[s], page, slot);
+        } else {
+          const bool zero = t0 + BN > h.L;  // warp-uniform; at most one tile of a work
+          uint64_t* vbar = zero ? v_zero : &v_full[s];
+          if (lane == 0) {
+            mbar_wait(&v_empty[s], ph ^ 1);
+            mbar_arrive_expect_tx(vbar, S::kTileBytes);
+          }
+          __syncwarp();
+          load_tile(sV + s * BN * HEAD_DIM, &tm_v, vbar, page, slot);
+          if (zero) {
+            mbar_wait(v_zero, zeroed & 1);
+            ++zeroed;
+            uint16_t* tile = sV + s * BN * HEAD_DIM;
+            const int r0 = h.L - t0, per_block = (BN - r0) * 8;  // 16-byte chunks
+            for (int c = lane; c < per_block * NB; c += 32) {
+              const int b = c / per_block, r = r0 + c % per_block / 8, ch = c % 8;
+              *reinterpret_cast<uint4*>(tile + (b * BN + r) * 64 + ch * 8) =
+                  make_uint4(0, 0, 0, 0);
+            }
+            fence_proxy_async();
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&v_full[s]);
+          }
         }
+        page = next_page;
+        slot = next_slot;
       }
-      page = next_page;
-      slot = next_slot;
+      ring += h.ntiles;
     }
     return;
   }
@@ -432,276 +547,302 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     if (pingpong) named_bar_arrive(2 - cw, 2 * 128);
   };
   if (pingpong && cw == 1) named_bar_arrive(1, 2 * 128);
-  const int r_base = it.row_begin + 64 * cw;
-  const bool has_rows = r_base < row_end;
-  const int wg_pos_lo = pos_base + r_base / G;
-  const int wg_pos_hi = pos_base + (min(r_base + 64, row_end) - 1) / G;
-  // The other warpgroup's rows and positions (its turns are matched by this one's).
-  const int o_base = it.row_begin + 64 * (1 - cw);
-  const bool o_rows = o_base < row_end;
-  const int o_pos_lo = pos_base + o_base / G;
-  const int o_pos_hi = pos_base + (min(o_base + 64, row_end) - 1) / G;
-  int row_pos[2];
-  bool row_ok[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int pr = r_base + wq * 16 + lane / 4 + 8 * h;
-    row_ok[h] = pr < row_end;
-    row_pos[h] = pos_base + pr / G;
-  }
-  float o[HEAD_DIM / 2];
-#pragma unroll
-  for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  // The logits' scale (fp8 pools: times the KV head's K scale, as the stored values are K / scale)
-  // and log2(e) * scale per unit of a raw score (1 once the soft-cap has rescaled the scores).
-  const float qk_scale = FP8 ? p.scale * p.k_scale[kvh] : p.scale;
-  const float log2_unit = p.softcap > 0.f ? 1.f : qk_scale * kLog2e;
   const uint32_t q_addr = smem_u32(sQ) + cw * 64 * 128;
-
+  float o[HEAD_DIM / 2];
   float sc[BN / 2];         // S of one tile, then its probabilities
   uint32_t pa[BN / 16][4];  // P as the A fragments of O += P V (16 keys per k step)
   float alpha[2];           // the rescale of O that the last softmax asks for
+  int ring = 0;
+  for (int k = 0; kPersist || k == 0; ++k) {
+    const int w = read_work(k);
+    if (w < 0) break;
+    const HopperWork wk = hopper_work<BN>(p, w);
+    const PrefillItem it = wk.it;
+    const int kvh = wk.kvh, q0 = wk.q0, L = wk.L, row_end = wk.row_end, pos_base = wk.pos_base;
+    const int t_first = wk.t_first, ntiles = wk.ntiles;
+    // The ring's stage and phase of this work's tile i.
+    auto stage = [&](int i) { return (ring + i) % ST; };
+    auto phase = [&](int i) { return uint32_t((ring + i) / ST) & 1; };
+    const int r_base = it.row_begin + 64 * cw;
+    const bool has_rows = r_base < row_end;
+    const int wg_pos_lo = pos_base + r_base / G;
+    const int wg_pos_hi = pos_base + (min(r_base + 64, row_end) - 1) / G;
+    // The other warpgroup's rows and positions (its turns are matched by this one's).
+    const int o_base = it.row_begin + 64 * (1 - cw);
+    const bool o_rows = o_base < row_end;
+    const int o_pos_lo = pos_base + o_base / G;
+    const int o_pos_hi = pos_base + (min(o_base + 64, row_end) - 1) / G;
+    // This thread's packed rows h = 0, 1 (lane / 4 and lane / 4 + 8 of its warp's 16); their
+    // positions are computed where a mask or the store needs them (registers are short).
+    auto packed_row = [&](int h) { return r_base + wq * 16 + lane / 4 + 8 * h; };
+#pragma unroll
+    for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    // The logits' scale (fp8 pools: times the KV head's K scale, as the stored values are
+    // K / scale) and log2(e) * scale per unit of a raw score (1 once the soft-cap has rescaled
+    // the scores).
+    const float qk_scale = FP8 ? p.scale * p.k_scale[kvh] : p.scale;
+    const float log2_unit = p.softcap > 0.f ? 1.f : qk_scale * kLog2e;
 
-  // Tile i: whether this warpgroup sees any of its keys, and whether it sees all of them.
-  auto tile_need_by = [&](bool rows, int lo, int hi, int t0) {
-    return rows && (!p.causal || t0 <= hi) && (p.window == 0 || t0 + BN - 1 > lo - p.window);
-  };
-  auto tile_need = [&](int t0) { return tile_need_by(has_rows, wg_pos_lo, wg_pos_hi, t0); };
-  auto tile_full = [&](int t0) {
-    return t0 + BN <= L && (!p.causal || t0 + BN - 1 <= wg_pos_lo) &&
-           (p.window == 0 || t0 > wg_pos_hi - p.window) && r_base + 64 <= row_end;
-  };
-  // S = Q K^T (64 x BN per warpgroup), issued and committed, not waited for.
-  auto issue_s = [&](int s) {
-    const uint32_t k_addr = smem_u32(sK + s * BN * HEAD_DIM);
+    // Tile i: whether this warpgroup sees any of its keys, and whether it sees all of them.
+    auto tile_need_by = [&](bool rows, int lo, int hi, int t0) {
+      return rows && (!p.causal || t0 <= hi) && (p.window == 0 || t0 + BN - 1 > lo - p.window);
+    };
+    auto tile_need = [&](int t0) { return tile_need_by(has_rows, wg_pos_lo, wg_pos_hi, t0); };
+    auto tile_full = [&](int t0) {
+      return t0 + BN <= L && (!p.causal || t0 + BN - 1 <= wg_pos_lo) &&
+             (p.window == 0 || t0 > wg_pos_hi - p.window) && r_base + 64 <= row_end;
+    };
+    // S = Q K^T (64 x BN per warpgroup), issued and committed, not waited for.
+    auto issue_s = [&](int s) {
+      const uint32_t k_addr = smem_u32(sK + s * BN * HEAD_DIM);
 #pragma unroll
-    for (int j = 0; j < BN / 2; ++j) sc[j] = 0.f;
-    fence_regs(sc);
-    wgmma_fence();
+      for (int j = 0; j < BN / 2; ++j) sc[j] = 0.f;
+      fence_regs(sc);
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
-      const uint32_t off = (kk % 4) * 32;  // 16 elements along K inside the 128-byte row
-      const uint64_t da = wgmma_desc(q_addr + (kk / 4) * BM * 128 + off, 16, 1024);
-      const uint64_t db = wgmma_desc(k_addr + (kk / 4) * BN * 128 + off, 16, 1024);
-      wgmma_ss<M, BN>(sc, da, db, kk > 0);
-    }
-    wgmma_commit();
-  };
-  // O += P V, issued and committed, not waited for.
-  auto issue_pv = [&](int s) {
-    const uint32_t v_addr = smem_u32(sV + s * BN * HEAD_DIM);
-    fence_regs(o);
-    fence_regs(pa);
-    wgmma_fence();
+      for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+        const uint32_t off = (kk % 4) * 32;  // 16 elements along K inside the 128-byte row
+        const uint64_t da = wgmma_desc(q_addr + (kk / 4) * BM * 128 + off, 16, 1024);
+        const uint64_t db = wgmma_desc(k_addr + (kk / 4) * BN * 128 + off, 16, 1024);
+        wgmma_ss<M, BN>(sc, da, db, kk > 0);
+      }
+      wgmma_commit();
+    };
+    // O += P V, issued and committed, not waited for.
+    auto issue_pv = [&](int s) {
+      const uint32_t v_addr = smem_u32(sV + s * BN * HEAD_DIM);
+      fence_regs(o);
+      fence_regs(pa);
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-      wgmma_rs_tb<M, HEAD_DIM>(o, pa[kk], wgmma_desc(v_addr + kk * 16 * 128, BN * 128, 1024));
-    wgmma_commit();
-  };
-  // Soft-cap and mask S (masks only where the tile crosses a boundary), then the online softmax
-  // (rows lane/4 and lane/4 + 8 of the warp; a quad shares a row): m, l and alpha. Scores stay
-  // unscaled (in units of log2_unit) until one FMA per element folds the scale into the exponent.
-  // NOTE: the soft-cap and mask branches sit outside the element loops: inside, the compiler
-  // evaluated tanh and the mask for every element of every tile.
-  auto softmax = [&](int t0, bool full) {
-    if (p.softcap > 0.f) {
+      for (int kk = 0; kk < BN / 16; ++kk)
+        wgmma_rs_tb<M, HEAD_DIM>(o, pa[kk], wgmma_desc(v_addr + kk * 16 * 128, BN * 128, 1024));
+      wgmma_commit();
+    };
+    // Soft-cap and mask S (masks only where the tile crosses a boundary), then the online softmax
+    // (rows lane/4 and lane/4 + 8 of the warp; a quad shares a row): m, l and alpha. Scores stay
+    // unscaled (in units of log2_unit) until one FMA per element folds the scale into the exponent.
+    // NOTE: the soft-cap and mask branches sit outside the element loops: inside, the compiler
+    // evaluated tanh and the mask for every element of every tile.
+    auto softmax = [&](int t0, bool full) {
+      if (p.softcap > 0.f) {
 #pragma unroll
-      for (int j = 0; j < BN / 2; ++j)
-        sc[j] = p.softcap * tanhf(sc[j] * qk_scale / p.softcap) * kLog2e;
-    }
-    if (!full) {
+        for (int j = 0; j < BN / 2; ++j)
+          sc[j] = p.softcap * tanhf(sc[j] * qk_scale / p.softcap) * kLog2e;
+      }
+      if (!full) {
+        int row_pos[2];
+        bool row_ok[2];
 #pragma unroll
-      for (int n = 0; n < BN / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int t = t0 + n * 8 + (lane & 3) * 2 + (e & 1), h = e >> 1;
-          const bool vis = row_ok[h] && t < L && (!p.causal || t <= row_pos[h]) &&
-                           (p.window == 0 || t > row_pos[h] - p.window);
-          if (!vis) sc[4 * n + e] = -INFINITY;
+        for (int h = 0; h < 2; ++h) {
+          row_ok[h] = packed_row(h) < row_end;
+          row_pos[h] = pos_base + packed_row(h) / G;
         }
+#pragma unroll
+        for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int t = t0 + n * 8 + (lane & 3) * 2 + (e & 1), h = e >> 1;
+            const bool vis = row_ok[h] && t < L && (!p.causal || t <= row_pos[h]) &&
+                             (p.window == 0 || t > row_pos[h] - p.window);
+            if (!vis) sc[4 * n + e] = -INFINITY;
+          }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < BN / 8; ++n)
+          mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * h], sc[4 * n + 2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // From head dim 128 the running maximum moves only when the tile's passes it by more than
+        // kLazyMax (log2 units; always from -inf): until then the exponentials stay below
+        // 2^kLazyMax, and alpha is exactly 1, so O is not rescaled.
+        const float mx2 = mx * log2_unit;
+        const float mn = kLazy ? (mx2 > m[h] + kLazyMax ? mx2 : m[h]) : fmaxf(m[h], mx2);
+        const float mref = mn == -INFINITY ? 0.f : mn;
+        alpha[h] = ex2_ftz(m[h] - mref);
+        m[h] = mn;
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < BN / 8; ++n) {
+          sc[4 * n + 2 * h] = ex2_ftz(fmaf(sc[4 * n + 2 * h], log2_unit, -mref));
+          sc[4 * n + 2 * h + 1] = ex2_ftz(fmaf(sc[4 * n + 2 * h + 1], log2_unit, -mref));
+          sum += sc[4 * n + 2 * h] + sc[4 * n + 2 * h + 1];
+        }
+        l[h] = l[h] * alpha[h] + sum;
+      }
+    };
+    // O *= alpha (no product may be in flight), and P into the A fragments.
+    auto rescale_and_pack = [&]() {
+      if (!kLazy || alpha[0] != 1.f || alpha[1] != 1.f) {
+#pragma unroll
+        for (int n = 0; n < HEAD_DIM / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[4 * n + e] *= alpha[e >> 1];
+      }
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        pa[kk][0] = cvt_pack2<M>(sc[8 * kk + 0], sc[8 * kk + 1]);
+        pa[kk][1] = cvt_pack2<M>(sc[8 * kk + 2], sc[8 * kk + 3]);
+        pa[kk][2] = cvt_pack2<M>(sc[8 * kk + 4], sc[8 * kk + 5]);
+        pa[kk][3] = cvt_pack2<M>(sc[8 * kk + 6], sc[8 * kk + 7]);
+      }
+    };
+
+    mbar_wait(q_full, k & 1);
+    if constexpr (FP8 && Q::kDType == DType::bf16) {
+      // This warpgroup's 64 rows of Q, bf16 -> f16 in place (the layout is per element).
+      const int wt = tid % 128;
+      for (int i = wt; i < NB * 64 * 32; i += 128) {
+        uint32_t* word =
+            reinterpret_cast<uint32_t*>(sQ + (i / 2048) * BM * 64 + cw * 64 * 64) + i % 2048;
+        float f[2];
+        Bf16::word_to_float(*word, f);
+        *word = cvt_pack2<F16>(fminf(fmaxf(f[0], -65504.f), 65504.f),
+                            fminf(fmaxf(f[1], -65504.f), 65504.f));
+      }
+      fence_proxy_async();
+      named_bar_sync(5 + cw, 128);
     }
+    if constexpr (!OVERLAP) {
+      // One tile after the other: S, softmax, P V. Q is free after the last tile's S.
+      int last_s = -1;
+      for (int i = 0; i < ntiles; ++i)
+        if (tile_need(t_first + i * BN)) last_s = i;
+      if (last_s < 0) mbar_arrive(q_empty);
+      for (int i = 0; i < ntiles; ++i) {
+        const int s = stage(i), t0 = t_first + i * BN;
+        const uint32_t ph = phase(i);
+        const bool need = tile_need(t0);
+        mbar_wait(&k_full[s], ph);
+        if (need) {
+          issue_s(s);
+          wgmma_wait<0>();
+          fence_regs(sc);
+          if (i == last_s) mbar_arrive(q_empty);
+        }
+        mbar_arrive(&k_empty[s]);
+        if (need) {
+          softmax(t0, tile_full(t0));
+          rescale_and_pack();
+        }
+        mbar_wait(&v_full[s], ph);
+        if (need) {
+          issue_pv(s);
+          wgmma_wait<0>();
+          fence_regs(o);
+        }
+        mbar_arrive(&v_empty[s]);
+      }
+    } else {
+      // The softmax of tile i runs while the tensor cores do P V of tile i - 1: S(i) and PV(i - 1)
+      // are issued back to back, S(i) is waited for (wgmma groups complete in order), and PV(i - 1)
+      // only before O is rescaled.
+      // NOTE: the tiles this warpgroup sees are contiguous (the causal limit bounds them above, the
+      // window below); the wgmma issues sit on straight paths over them, since ptxas serialises
+      // every wgmma of a kernel whose issues or waits it finds on divergent paths.
+      // This warpgroup's tiles [i_lo, i_hi], the other's [j_lo, j_hi].
+      int i_lo = ntiles, i_hi = -1, j_lo = ntiles, j_hi = -1;
+      for (int i = 0; i < ntiles; ++i) {
+        if (tile_need(t_first + i * BN)) i_lo = min(i_lo, i), i_hi = i;
+        if (tile_need_by(o_rows, o_pos_lo, o_pos_hi, t_first + i * BN))
+          j_lo = min(j_lo, i), j_hi = i;
+      }
+      // Ping-pong turns go in tile order over the tiles either warpgroup sees, [u_lo, u_hi]: turn
+      // i issues S(i) and P V(i - 1), and turn u_hi + 1 the last P V. A warpgroup passes the turns
+      // of tiles it does not see right after skipping them, so that neither runs ahead of the tiles
+      // the other still holds (the producer refills a stage only once both are done with it).
+      const int u_lo = min(i_lo, j_lo), u_hi = max(i_hi, j_hi);
+      auto skip = [&](int i) {
+        const int s = stage(i);
+        const uint32_t ph = phase(i);
+        mbar_wait(&k_full[s], ph);
+        mbar_arrive(&k_empty[s]);
+        mbar_wait(&v_full[s], ph);
+        mbar_arrive(&v_empty[s]);
+      };
+      auto skip_and_pass = [&](int i) {
+        skip(i);
+        pp_sync();
+        pp_pass();
+      };
+      for (int i = 0; i < min(u_lo, ntiles); ++i) skip(i);
+      if (i_lo <= i_hi) {
+        for (int i = u_lo; i < i_lo; ++i) skip_and_pass(i);
+        {
+          const int s = stage(i_lo), t0 = t_first + i_lo * BN;
+          mbar_wait(&k_full[s], phase(i_lo));
+          pp_sync();
+          issue_s(s);
+          pp_pass();
+          wgmma_wait<0>();
+          fence_regs(sc);
+          mbar_arrive(&k_empty[s]);
+          softmax(t0, tile_full(t0));
+          rescale_and_pack();
+        }
+        for (int i = i_lo + 1; i <= i_hi; ++i) {
+          const int s = stage(i), ps = stage(i - 1), t0 = t_first + i * BN;
+          mbar_wait(&k_full[s], phase(i));
+          pp_sync();
+          issue_s(s);
+          mbar_wait(&v_full[ps], phase(i - 1));
+          issue_pv(ps);
+          pp_pass();
+          wgmma_wait<1>();
+          fence_regs(sc);
+          mbar_arrive(&k_empty[s]);
+          softmax(t0, tile_full(t0));
+          wgmma_wait<0>();
+          fence_regs(o);
+          mbar_arrive(&v_empty[ps]);
+          rescale_and_pack();
+        }
+        mbar_arrive(q_empty);  // S(i_hi), this warpgroup's last, has completed
+        const int s = stage(i_hi);
+        mbar_wait(&v_full[s], phase(i_hi));
+        pp_sync();
+        issue_pv(s);
+        pp_pass();
+        wgmma_wait<0>();
+        fence_regs(o);
+        mbar_arrive(&v_empty[s]);
+        for (int i = i_hi + 1; i <= u_hi; ++i) skip_and_pass(i);
+      } else {
+        mbar_arrive(q_empty);
+        for (int i = u_lo; i <= u_hi; ++i) skip_and_pass(i);
+        if (u_lo <= u_hi) {  // the other's last P V
+          pp_sync();
+          pp_pass();
+        }
+      }
+      for (int i = u_lo <= u_hi ? u_hi + 1 : ntiles; i < ntiles; ++i) skip(i);
+    }
+
+    // ---- normalise and store ----
+    uint16_t* out = static_cast<uint16_t*>(p.out);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < BN / 8; ++n)
-        mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * h], sc[4 * n + 2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      // From head dim 128 the running maximum moves only when the tile's passes it by more than
-      // kLazyMax (log2 units; always from -inf): until then the exponentials stay below
-      // 2^kLazyMax, and alpha is exactly 1, so O is not rescaled.
-      const float mx2 = mx * log2_unit;
-      const float mn = kLazy ? (mx2 > m[h] + kLazyMax ? mx2 : m[h]) : fmaxf(m[h], mx2);
-      const float mref = mn == -INFINITY ? 0.f : mn;
-      alpha[h] = ex2_ftz(m[h] - mref);
-      m[h] = mn;
-      float sum = 0.f;
-#pragma unroll
-      for (int n = 0; n < BN / 8; ++n) {
-        sc[4 * n + 2 * h] = ex2_ftz(fmaf(sc[4 * n + 2 * h], log2_unit, -mref));
-        sc[4 * n + 2 * h + 1] = ex2_ftz(fmaf(sc[4 * n + 2 * h + 1], log2_unit, -mref));
-        sum += sc[4 * n + 2 * h] + sc[4 * n + 2 * h + 1];
-      }
-      l[h] = l[h] * alpha[h] + sum;
-    }
-  };
-  // O *= alpha (no product may be in flight), and P into the A fragments.
-  auto rescale_and_pack = [&]() {
-    if (!kLazy || alpha[0] != 1.f || alpha[1] != 1.f) {
+      float sum = l[h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int pr = packed_row(h);
+      if (pr >= row_end) continue;
+      const float inv = (sum > 0.f ? 1.f / sum : 0.f) * (FP8 ? p.v_scale[kvh] : 1.f);
+      uint16_t* dst =
+          out + (int64_t(q0 + pr / G) * p.num_q_heads + kvh * G + pr % G) * HEAD_DIM +
+          (lane & 3) * 2;
 #pragma unroll
       for (int n = 0; n < HEAD_DIM / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[4 * n + e] *= alpha[e >> 1];
+        *reinterpret_cast<uint32_t*>(dst + n * 8) =
+            cvt_pack2<Q>(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
     }
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      pa[kk][0] = cvt_pack2<M>(sc[8 * kk + 0], sc[8 * kk + 1]);
-      pa[kk][1] = cvt_pack2<M>(sc[8 * kk + 2], sc[8 * kk + 3]);
-      pa[kk][2] = cvt_pack2<M>(sc[8 * kk + 4], sc[8 * kk + 5]);
-      pa[kk][3] = cvt_pack2<M>(sc[8 * kk + 6], sc[8 * kk + 7]);
-    }
-  };
-
-  mbar_wait(q_full, 0);
-  if constexpr (FP8 && Q::kDType == DType::bf16) {
-    // This warpgroup's 64 rows of Q, bf16 -> f16 in place (the layout is per element).
-    const int wt = tid % 128;
-    for (int i = wt; i < NB * 64 * 32; i += 128) {
-      uint32_t* w = reinterpret_cast<uint32_t*>(sQ + (i / 2048) * BM * 64 + cw * 64 * 64) + i % 2048;
-      float f[2];
-      Bf16::word_to_float(*w, f);
-      *w = cvt_pack2<F16>(fminf(fmaxf(f[0], -65504.f), 65504.f),
-                          fminf(fmaxf(f[1], -65504.f), 65504.f));
-    }
-    fence_proxy_async();
-    named_bar_sync(5 + cw, 128);
-  }
-  if constexpr (!OVERLAP) {
-    // One tile after the other: S, softmax, P V.
-    for (int i = 0; i < ntiles; ++i) {
-      const int s = i % ST, t0 = t_first + i * BN;
-      const uint32_t ph = (i / ST) & 1;
-      const bool need = tile_need(t0);
-      mbar_wait(&k_full[s], ph);
-      if (need) {
-        issue_s(s);
-        wgmma_wait<0>();
-        fence_regs(sc);
-      }
-      mbar_arrive(&k_empty[s]);
-      if (need) {
-        softmax(t0, tile_full(t0));
-        rescale_and_pack();
-      }
-      mbar_wait(&v_full[s], ph);
-      if (need) {
-        issue_pv(s);
-        wgmma_wait<0>();
-        fence_regs(o);
-      }
-      mbar_arrive(&v_empty[s]);
-    }
-  } else {
-    // The softmax of tile i runs while the tensor cores do P V of tile i - 1: S(i) and PV(i - 1)
-    // are issued back to back, S(i) is waited for (wgmma groups complete in order), and PV(i - 1)
-    // only before O is rescaled.
-    // NOTE: the tiles this warpgroup sees are contiguous (the causal limit bounds them above, the
-    // window below); the wgmma issues sit on straight paths over them, since ptxas serialises
-    // every wgmma of a kernel whose issues or waits it finds on divergent paths.
-    int i_lo = ntiles, i_hi = -1, j_lo = ntiles, j_hi = -1;  // this warpgroup's tiles, the other's
-    for (int i = 0; i < ntiles; ++i) {
-      if (tile_need(t_first + i * BN)) i_lo = min(i_lo, i), i_hi = i;
-      if (tile_need_by(o_rows, o_pos_lo, o_pos_hi, t_first + i * BN)) j_lo = min(j_lo, i), j_hi = i;
-    }
-    // Ping-pong turns go in tile order over the tiles either warpgroup sees, [u_lo, u_hi]: turn
-    // i issues S(i) and P V(i - 1), and turn u_hi + 1 the last P V. A warpgroup passes the turns
-    // of tiles it does not see right after skipping them, so that neither runs ahead of the tiles
-    // the other still holds (the producer refills a stage only once both are done with it).
-    const int u_lo = min(i_lo, j_lo), u_hi = max(i_hi, j_hi);
-    auto skip = [&](int i) {
-      const int s = i % ST;
-      const uint32_t ph = (i / ST) & 1;
-      mbar_wait(&k_full[s], ph);
-      mbar_arrive(&k_empty[s]);
-      mbar_wait(&v_full[s], ph);
-      mbar_arrive(&v_empty[s]);
-    };
-    auto skip_and_pass = [&](int i) {
-      skip(i);
-      pp_sync();
-      pp_pass();
-    };
-    for (int i = 0; i < min(u_lo, ntiles); ++i) skip(i);
-    if (i_lo <= i_hi) {
-      for (int i = u_lo; i < i_lo; ++i) skip_and_pass(i);
-      {
-        const int s = i_lo % ST, t0 = t_first + i_lo * BN;
-        mbar_wait(&k_full[s], (i_lo / ST) & 1);
-        pp_sync();
-        issue_s(s);
-        pp_pass();
-        wgmma_wait<0>();
-        fence_regs(sc);
-        mbar_arrive(&k_empty[s]);
-        softmax(t0, tile_full(t0));
-        rescale_and_pack();
-      }
-      for (int i = i_lo + 1; i <= i_hi; ++i) {
-        const int s = i % ST, ps = (i - 1) % ST, t0 = t_first + i * BN;
-        mbar_wait(&k_full[s], (i / ST) & 1);
-        pp_sync();
-        issue_s(s);
-        mbar_wait(&v_full[ps], ((i - 1) / ST) & 1);
-        issue_pv(ps);
-        pp_pass();
-        wgmma_wait<1>();
-        fence_regs(sc);
-        mbar_arrive(&k_empty[s]);
-        softmax(t0, tile_full(t0));
-        wgmma_wait<0>();
-        fence_regs(o);
-        mbar_arrive(&v_empty[ps]);
-        rescale_and_pack();
-      }
-      const int s = i_hi % ST;
-      mbar_wait(&v_full[s], (i_hi / ST) & 1);
-      pp_sync();
-      issue_pv(s);
-      pp_pass();
-      wgmma_wait<0>();
-      fence_regs(o);
-      mbar_arrive(&v_empty[s]);
-      for (int i = i_hi + 1; i <= u_hi; ++i) skip_and_pass(i);
-    } else {
-      for (int i = u_lo; i <= u_hi; ++i) skip_and_pass(i);
-      if (u_lo <= u_hi) {  // the other's last P V
-        pp_sync();
-        pp_pass();
-      }
-    }
-    for (int i = u_lo <= u_hi ? u_hi + 1 : ntiles; i < ntiles; ++i) skip(i);
-  }
+    ring += ntiles;
+  }  // works
   if (pingpong && cw == 0) named_bar_sync(1, 2 * 128);  // warpgroup 1's last hand-over
-
-  // ---- normalise and store ----
-  uint16_t* out = static_cast<uint16_t*>(p.out);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float sum = l[h];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    if (!row_ok[h]) continue;
-    const float inv = (sum > 0.f ? 1.f / sum : 0.f) * (FP8 ? p.v_scale[kvh] : 1.f);
-    const int pr = r_base + wq * 16 + lane / 4 + 8 * h;
-    uint16_t* dst =
-        out + (int64_t(q0 + pr / G) * p.num_q_heads + kvh * G + pr % G) * HEAD_DIM + (lane & 3) * 2;
-#pragma unroll
-    for (int n = 0; n < HEAD_DIM / 8; ++n)
-      *reinterpret_cast<uint32_t*>(dst + n * 8) =
-          cvt_pack2<Q>(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
-  }
 #endif
 }
 
@@ -721,7 +862,9 @@ void launch_prefill_hopper_g(const AttentionParams& p, const HopperMaps& m, cuda
   set_smem_limit_on_this_device(prefill_hopper_kernel<Q, HEAD_DIM, OVERLAP, GATHER, FP8>,
                                 int(S::kSmemBytes), configured,
                                 "paged_attention_cuda: Hopper prefill shared memory attribute");
-  const dim3 grid(unsigned(int64_t(p.num_prefill_items) * p.num_kv_heads));
+  const int64_t works = int64_t(p.num_prefill_items) * p.num_kv_heads;
+  const bool persist = !FP8 && p.hopper_ctas > 0;  // the kernel's kPersist
+  const dim3 grid(unsigned(persist ? std::min<int64_t>(works, p.hopper_ctas) : works));
   prefill_hopper_kernel<Q, HEAD_DIM, OVERLAP, GATHER, FP8>
       <<<grid, kHopperThreads, S::kSmemBytes, s>>>(p, m.q, m.k, m.v);
   check_launch("paged_attention_cuda: Hopper prefill kernel launch");
