@@ -118,6 +118,13 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint
   return uint64_t((addr & 0x3ffff) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) |
          (uint64_t(1) << 62);
 }
+// The descriptor of the tile `bytes` (a multiple of 16) past the one `desc` describes: its start
+// address field (addr >> 4, 14 bits) plus bytes >> 4, one 32-bit add. Valid while the new address
+// stays inside shared memory (below 2^18 bytes), so the field never carries into the next one.
+__device__ __forceinline__ uint64_t wgmma_desc_add(uint64_t desc, uint32_t bytes) {
+  const uint32_t lo = uint32_t(desc) + (bytes >> 4);
+  return (desc & 0xffffffff00000000ull) | lo;
+}
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }

@@ -548,6 +548,10 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   };
   if (pingpong && cw == 1) named_bar_arrive(1, 2 * 128);
   const uint32_t q_addr = smem_u32(sQ) + cw * 64 * 128;
+  // The products' base descriptors: this warpgroup's rows of Q, stage 0 of K and of V.
+  const uint64_t q_desc = wgmma_desc(q_addr, 16, 1024);
+  const uint64_t k_desc0 = wgmma_desc(smem_u32(sK), 16, 1024);
+  const uint64_t v_desc0 = wgmma_desc(smem_u32(sV), BN * 128, 1024);
   float o[HEAD_DIM / 2];
   float sc[BN / 2];         // S of one tile, then its probabilities
   uint32_t pa[BN / 16][4];  // P as the A fragments of O += P V (16 keys per k step)
@@ -593,9 +597,10 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       return t0 + BN <= L && (!p.causal || t0 + BN - 1 <= wg_pos_lo) &&
              (p.window == 0 || t0 > wg_pos_hi - p.window) && r_base + 64 <= row_end;
     };
-    // S = Q K^T (64 x BN per warpgroup), issued and committed, not waited for.
+    // S = Q K^T (64 x BN per warpgroup), issued and committed, not waited for. Every
+    // descriptor is one add past a base (wgmma_desc_add).
     auto issue_s = [&](int s) {
-      const uint32_t k_addr = smem_u32(sK + s * BN * HEAD_DIM);
+      const uint64_t k_desc = wgmma_desc_add(k_desc0, uint32_t(s) * S::kTileBytes);
 #pragma unroll
       for (int j = 0; j < BN / 2; ++j) sc[j] = 0.f;
       fence_regs(sc);
@@ -603,21 +608,21 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
         const uint32_t off = (kk % 4) * 32;  // 16 elements along K inside the 128-byte row
-        const uint64_t da = wgmma_desc(q_addr + (kk / 4) * BM * 128 + off, 16, 1024);
-        const uint64_t db = wgmma_desc(k_addr + (kk / 4) * BN * 128 + off, 16, 1024);
+        const uint64_t da = wgmma_desc_add(q_desc, (kk / 4) * BM * 128 + off);
+        const uint64_t db = wgmma_desc_add(k_desc, (kk / 4) * BN * 128 + off);
         wgmma_ss<M, BN>(sc, da, db, kk > 0);
       }
       wgmma_commit();
     };
     // O += P V, issued and committed, not waited for.
     auto issue_pv = [&](int s) {
-      const uint32_t v_addr = smem_u32(sV + s * BN * HEAD_DIM);
+      const uint64_t v_desc = wgmma_desc_add(v_desc0, uint32_t(s) * S::kTileBytes);
       fence_regs(o);
       fence_regs(pa);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)
-        wgmma_rs_tb<M, HEAD_DIM>(o, pa[kk], wgmma_desc(v_addr + kk * 16 * 128, BN * 128, 1024));
+        wgmma_rs_tb<M, HEAD_DIM>(o, pa[kk], wgmma_desc_add(v_desc, kk * 16 * 128));
       wgmma_commit();
     };
     // Soft-cap and mask S (masks only where the tile crosses a boundary), then the online softmax
