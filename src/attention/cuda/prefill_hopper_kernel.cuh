@@ -777,9 +777,12 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       for (int i = 0; i < min(u_lo, ntiles); ++i) skip(i);
       if (i_lo <= i_hi) {
         for (int i = u_lo; i < i_lo; ++i) skip_and_pass(i);
+        // The stage and phase of the tile last issued, stepped along (no division per tile).
+        int cs = stage(i_lo);
+        uint32_t cph = phase(i_lo);
         {
-          const int s = stage(i_lo), t0 = t_first + i_lo * BN;
-          mbar_wait(&k_full[s], phase(i_lo));
+          const int s = cs, t0 = t_first + i_lo * BN;
+          mbar_wait(&k_full[s], cph);
           pp_sync();
           issue_s(s);
           pp_pass();
@@ -790,11 +793,15 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
           rescale_and_pack();
         }
         for (int i = i_lo + 1; i <= i_hi; ++i) {
-          const int s = stage(i), ps = stage(i - 1), t0 = t_first + i * BN;
-          mbar_wait(&k_full[s], phase(i));
+          const int ps = cs;
+          const uint32_t pph = cph;
+          cs = cs + 1 == ST ? 0 : cs + 1;
+          cph ^= cs == 0 ? 1u : 0u;
+          const int s = cs, t0 = t_first + i * BN;
+          mbar_wait(&k_full[s], cph);
           pp_sync();
           issue_s(s);
-          mbar_wait(&v_full[ps], phase(i - 1));
+          mbar_wait(&v_full[ps], pph);
           issue_pv(ps);
           pp_pass();
           wgmma_wait<1>();
@@ -807,8 +814,8 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
           rescale_and_pack();
         }
         mbar_arrive(q_empty);  // S(i_hi), this warpgroup's last, has completed
-        const int s = stage(i_hi);
-        mbar_wait(&v_full[s], phase(i_hi));
+        const int s = cs;  // tile i_hi's
+        mbar_wait(&v_full[s], cph);
         pp_sync();
         issue_pv(s);
         pp_pass();
