@@ -68,7 +68,7 @@ if has sanitize; then
   f+=':HopperPrefill.FewCtasRunEveryWork64'
   step memcheck 150 hopper.log compute-sanitizer --tool memcheck --error-exitcode 3 "$T" \
     --gtest_filter="$f"
-  step racecheck 150 hopper.log compute-sanitizer --tool racecheck --error-exitcode 3 "$T" \
+  step racecheck 200 hopper.log compute-sanitizer --tool racecheck --error-exitcode 3 "$T" \
     --gtest_filter="$f"
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Hazard" "$OUT/hopper.log" | head -10
 fi
