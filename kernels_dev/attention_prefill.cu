@@ -95,10 +95,11 @@
 // 407 / 502 / 534 at the first five of those shapes; the counter is kept because a static deal
 // leaves CTAs' totals apart wherever the works do not fall evenly over a round.
 // Publishing each work's geometry from thread 0 (instead of every role reading the item,
-// q_indptr and kv_len itself) was 6-30% slower (the attention benchmark, two builds). Nor (2026-11-26, H100, lab, five rotated rounds against v7 in one
-// binary): each CTA, once its loads were issued, prefetching into L2 the Q tile of the work an SM
-// count on (the one likely to start as it ends): 1.0-2.4% faster at batch 4 / 2048, batch 1 /
-// 32768 and d64, 2-10% slower at batch 1 / 8192 (32 KV heads: 1004 -> 1104 us) and pages 64-128.
+// q_indptr and kv_len itself) was 6-30% slower (the attention benchmark, two builds).
+// Nor (2026-11-26, H100, lab, five rotated rounds against v7 in one binary): each CTA, once its
+// loads were issued, prefetching into L2 the Q tile of the work an SM count on (the one likely to
+// start as it ends): 1.0-2.4% faster at batch 4 / 2048, batch 1 / 32768 and d64, 2-10% slower at
+// batch 1 / 8192 (32 KV heads: 1004 -> 1104 us) and pages 64-128.
 // Nor (same day, the attention benchmark, two builds alternating): 240 registers for the bf16
 // consumers and 24 for the tensor-copy producer (which then spilled 16-20 bytes): d64 1% faster,
 // d128 and d256 within -2% / +4% of before.

@@ -5,9 +5,10 @@
 // one KV head, in the order described at hopper_work (heaviest first across the heads of an
 // L2-sized section). Grid: one CTA per SM (AttentionParams::hopper_ctas), each running its works
 // one after the other (hopper_next_work), or one CTA per work. Block: 3 warpgroups (384 threads).
-//   warpgroup 0 (producer): a work's Q by a bulk tensor copy, then for each KV tile of kBN positions
-//     its K and V, page by page through the block table, into kStages shared-memory stages; each
-//     stage has a full barrier and an empty barrier (the consumers' arrivals). Three ways:
+//   warpgroup 0 (producer): a work's Q by a bulk tensor copy, then for each KV tile of kBN
+//     positions its K and V, page by page through the block table, into kStages shared-memory
+//     stages; each stage has a full barrier and an empty barrier (the consumers' arrivals). Three
+//     ways:
 //     - tensor copies (GATHER false, wherever the page size allows them): warp 0 (Q and K) and
 //       warp 1 (V) issue one bulk tensor copy per page-sized run of rows and column block (one
 //       tensor map over the pool: coordinates (dim, slot, kv head, page id)); the full barriers
