@@ -72,7 +72,8 @@ struct CudaPlanOptions {
   bool hopper_pingpong = true;
   // CTAs of the Hopper kernel: -1, one per SM, each running works one after the other (the next
   // work's Q and first K/V tiles come in while the work before ends); 0, one CTA per work; n > 0,
-  // at most n (tests use a few, so that every CTA runs many works).
+  // at most n (tests use a few, so that every CTA runs many works). 16-bit pools only: fp8 pools
+  // always run one CTA per work.
   int32_t hopper_ctas = -1;
   // Decode rows of GQA groups of at least this many query heads per KV head run on the
   // tensor-core decode kernel, the others on the CUDA-core one. It depends on the model's shape
