@@ -24,6 +24,7 @@
 #include "pagedattn/llama.h"
 #include "pagedattn/synthetic_model.h"
 #include "rope.h"
+#include "decode_padding.h"
 #include "step_graphs.h"
 #include "synthetic_fill.h"
 
@@ -167,8 +168,9 @@ struct LlamaModelCuda::Impl {
   // and memsets stay ordered with it); decode steps may replay CUDA graphs of it.
   cudaStream_t stream = nullptr;
   Tensor cublas_workspace;  // given to cuBLAS: no allocation while a graph is captured
-  cuda::StepGraphs graphs;
+  cuda::StepGraphs graphs{16};  // padded decode steps: a few row counts, each a table stride or two
   bool use_graphs = true;
+  bool pad_decode = true;  // set_decode_padding
   bool use_gemv = true;  // PAGEDATTN_GEMV=0: cuBLAS for every product (a comparison)
   // PAGEDATTN_FUSE=0: K/V through write_kv and SwiGLU as its own kernel (a comparison).
   bool fuse = true;
@@ -469,6 +471,8 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
   }
   if (const char* g = std::getenv("PAGEDATTN_CUDA_GRAPHS"); g && std::string(g) == "0")
     use_graphs = false;  // a check of the plain launches against the graphs' results
+  if (const char* g = std::getenv("PAGEDATTN_PAD_DECODE"); g && std::string(g) == "0")
+    pad_decode = false;
   if (const char* g = std::getenv("PAGEDATTN_GEMV"); g && std::string(g) == "0") use_gemv = false;
   if (const char* f = std::getenv("PAGEDATTN_FUSE"); f && std::string(f) == "0") fuse = false;
   // PAGEDATTN_SCHEDULE_AHEAD=0: the engine reads each greedy step's ids before it schedules the
@@ -608,6 +612,8 @@ void LlamaModelCuda::set_cuda_graphs(bool enabled) {
 
 bool LlamaModelCuda::cuda_graphs() const { return impl_->use_graphs; }
 
+void LlamaModelCuda::set_decode_padding(bool enabled) { impl_->pad_decode = enabled; }
+
 double LlamaModelCuda::time_collectives(int32_t tokens, int32_t logit_rows, int32_t reps) {
   Impl& m = *impl_;
   if (!m.comm) return 0;
@@ -649,8 +655,8 @@ double LlamaModelCuda::time_collectives(int32_t tokens, int32_t logit_rows, int3
   return double(ms[ms.size() / 2]) * 1e-3;
 }
 
-LlamaModelCuda::GraphStats LlamaModelCuda::cuda_graph_stats() const {
-  return GraphStats{impl_->graphs.captures(), impl_->graphs.replays()};
+Model::GraphStats LlamaModelCuda::cuda_graph_stats() const {
+  return GraphStats{int64_t(impl_->graphs.captures()), int64_t(impl_->graphs.replays())};
 }
 
 void LlamaModelCuda::validate(const ForwardBatch& b, const KvCache& cache,
@@ -963,12 +969,25 @@ const float* LlamaModelCuda::run_pass(const ForwardBatch& batch, KvCache& cache,
                                                               : nullptr;
   const int32_t chained = before && before->picks ? before->rows : 0;
   validate(batch, cache, chained);
+  // A decode step runs padded to one of a few row counts (decode_padding.h), so that its launches,
+  // and the CUDA graph of them, repeat while the batch changes. What the caller sees (logits, ids)
+  // is the first R rows.
+  ForwardBatch padded;
+  const ForwardBatch* run = &batch;
+  if (m.pad_decode && is_decode_batch(batch)) {
+    const int32_t rows = padded_decode_rows(int32_t(batch.seqs.size()));
+    if (rows > int32_t(batch.seqs.size())) {
+      padded = pad_decode_batch(batch, rows);
+      run = &padded;
+    }
+  }
   // NOTE: a greedy pass begun after an open greedy one reads that pass's ids from `ids` and writes
   // its own there; when it has more logit rows (an admission) the open pass's ids move to a larger
   // buffer first, on the stream after that pass (the old buffer's cudaFree waits for the device).
   const int64_t R = int64_t(batch.logit_rows.size());
-  if (greedy && chained > 0 && before->picks == m.ids.data() && R > m.ids.numel()) {
-    Tensor grown = Tensor::empty({2 * R}, DType::f32, Device::cuda);
+  const int64_t run_rows = int64_t(run->logit_rows.size());
+  if (greedy && chained > 0 && before->picks == m.ids.data() && run_rows > m.ids.numel()) {
+    Tensor grown = Tensor::empty({2 * run_rows}, DType::f32, Device::cuda);
     check_cuda(cudaMemcpyAsync(grown.data(), m.ids.data(), size_t(chained) * 4,
                                cudaMemcpyDeviceToDevice, m.stream),
                "LlamaModelCuda::begin_greedy: ids");
@@ -991,7 +1010,7 @@ const float* LlamaModelCuda::run_pass(const ForwardBatch& batch, KvCache& cache,
     }
     return nullptr;
   }
-  const Impl::Step s = m.prepare_step(batch, cache, greedy, slot);
+  const Impl::Step s = m.prepare_step(*run, cache, greedy, slot);
 
   // Everything below only enqueues kernels on m.stream, reading the step's buffers: a CUDA graph
   // of it replays correctly for any later step with the same launches (step_graphs.h).
@@ -1005,7 +1024,7 @@ const float* LlamaModelCuda::run_pass(const ForwardBatch& batch, KvCache& cache,
 
   // Decode steps (one new token per sequence) go through the graph cache, keyed by everything the
   // launches take by value: counts, scratch and pool pointers, the attention plan's launches.
-  const bool decode_step = s.T == int32_t(batch.seqs.size());
+  const bool decode_step = s.T == int32_t(run->seqs.size());
   if (m.use_graphs && decode_step) {
     std::string sig;
     auto put = [&sig](const auto& v) { sig.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
@@ -1033,8 +1052,8 @@ const float* LlamaModelCuda::run_pass(const ForwardBatch& batch, KvCache& cache,
       return s.logits;
     }
     // finish_greedy waits for the end event and reads the ids.
-    if (s.R > 0) {
-      check_cuda(cudaMemcpyAsync(g.host.get(size_t(s.R) * 4), s.ids, size_t(s.R) * 4,
+    if (R > 0) {
+      check_cuda(cudaMemcpyAsync(g.host.get(size_t(R) * 4), s.ids, size_t(R) * 4,
                                  cudaMemcpyDeviceToHost, st),
                  "token ids download");
     }
@@ -1044,7 +1063,7 @@ const float* LlamaModelCuda::run_pass(const ForwardBatch& batch, KvCache& cache,
   }
   m.greedy_step = s.ids != nullptr;
   if (m.greedy_step) {  // the ids' download follows the step at once (download_greedy waits)
-    check_cuda(cudaMemcpyAsync(m.host_ids.get(size_t(s.R) * 4), s.ids, size_t(s.R) * 4,
+    check_cuda(cudaMemcpyAsync(m.host_ids.get(size_t(R) * 4), s.ids, size_t(R) * 4,
                                cudaMemcpyDeviceToHost, st),
                "token ids download");
   }
