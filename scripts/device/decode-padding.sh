@@ -9,7 +9,8 @@
 #   MODELS=synthetic:smollm2-135m WORKLOADS=A ROUNDS=3 scripts/device/decode-padding.sh
 # Environment: MODELS (synthetic:smollm2-135m synthetic:llama3-8b), WORKLOADS (A B; the second
 # model runs A only unless ALL_WORKLOADS is set), ROUNDS (2), SERVE_REQUESTS (128), BATCHES
-# (1,24,40,64; empty: skip), MODEL_BENCH (synthetic:llama3-8b), GPU_FILTER, SKIP_GPU_TESTS,
+# (1,24,40,64; empty: skip), MODEL_BENCH (synthetic:llama3-8b), SAMPLING (greedy; bench model's
+# --sampling values, e.g. "greedy mixed"), MODEL_PADS (1 0), GPU_FILTER, SKIP_GPU_TESTS,
 # LAB_SHAPES (KV:BATCH:CTX:HKV ...; empty: no lab), LAB_VARIANTS (base), BUDGET (570).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,7 +21,7 @@ targets=(pagedattn test_gpu)
 step build 300 build.log env BUILD_DIR="$BUILD_DIR" bash scripts/device/build.sh "${targets[@]}" ||
   tail -30 "$OUT/build.log"
 if [[ -f "$BUILD_DIR/deps-env.sh" ]]; then source "$BUILD_DIR/deps-env.sh"; fi
-GPU_FILTER=${GPU_FILTER:-'LlamaCuda*:StepGraphs*:ScheduleAhead*:*Chained*:Sampl*:Engine*Cuda*'}
+GPU_FILTER=${GPU_FILTER:-'*LlamaCuda*:StepGraphs*:ScheduleAhead*:Sampl*:*Engine*:*Graph*'}
 run_gpu_suite
 cli=$BUILD_DIR/pagedattn
 serve() {  # model workload pad round
@@ -48,11 +49,14 @@ for model in ${MODELS:-synthetic:smollm2-135m synthetic:llama3-8b}; do
 done
 if [[ -n "${BATCHES-1,24,40,64}" ]]; then
   for ((r = 1; r <= ${ROUNDS:-2}; ++r)); do
-    for pad in 1 0; do
-      echo "== model pad=$pad round $r" >>"$OUT/model.txt"
-      step "model $pad" 150 model.txt env PAGEDATTN_PAD_DECODE=$pad "$cli" bench model \
-        --model "${MODEL_BENCH:-synthetic:llama3-8b}" --device cuda \
-        --batch "${BATCHES-1,24,40,64}" --prompt-len 512 --decode-steps 32 --json
+    for samp in ${SAMPLING:-greedy}; do
+      for pad in ${MODEL_PADS:-1 0}; do
+        echo "== model pad=$pad round $r" >>"$OUT/model.txt"
+        step "model $pad" 150 model.txt env PAGEDATTN_PAD_DECODE=$pad "$cli" bench model \
+          --model "${MODEL_BENCH:-synthetic:llama3-8b}" --device cuda \
+          --batch "${BATCHES-1,24,40,64}" --prompt-len 512 --decode-steps 32 \
+          --sampling "$samp" --json
+      done
     done
   done
 fi
@@ -94,8 +98,9 @@ for tag, d in lines("serve.txt"):
           100.0 * (d.get("device_idle_frac") or 0)))
 for tag, d in lines("model.txt"):
     if d.get("bench") == "model":
-        print("%-25s b%-3d %.3f ms/step (%.1f%% of floor) host gap %s" % (tag, d["batch"],
-              d["decode_ms_per_step"], d.get("pct_of_floor", 0), d.get("host_gap_ms_per_step")))
+        print("%-25s b%-3d %-7s %.3f ms/step (%.1f%% of floor) host gap %s" % (tag, d["batch"],
+              d.get("sampling", ""), d["decode_ms_per_step"], d.get("pct_of_floor", 0),
+              d.get("host_gap_ms_per_step")))
 PY
 [[ -z "${LAB_SHAPES:-}" ]] || grep -E "^== lab|^(bf16|fp8)|trace of|^gate:" "$OUT/lab.log" |
   tee -a "$OUT/summary.txt"

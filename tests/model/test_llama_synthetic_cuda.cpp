@@ -592,6 +592,49 @@ TEST(LlamaCudaSynthetic, BeginAndFinishSampleAreForwardSample) {
   }
 }
 
+// Sampled steps with CUDA graphs (the decode pass's and the sampler's own, replayed once their
+// launches repeat) give the tokens, log-probabilities and top lists of plain launches, bit for bit.
+TEST(LlamaCudaSynthetic, SampledStepsReplayTheSamplerGraph) {
+  PA_SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = tiny_config("llama");
+  LlamaModelCuda g(cfg, 23), p(cfg, 23);
+  p.set_cuda_graphs(false);
+  KvCache cg(cache_config(cfg, Device::cuda)), cp(cache_config(cfg, Device::cuda));
+  std::vector<SeqId> sg, sp;
+  std::vector<std::vector<int32_t>> toks;
+  for (int s = 0; s < 3; ++s) {
+    sg.push_back(cg.create_sequence());
+    sp.push_back(cp.create_sequence());
+    std::vector<int32_t> t;
+    for (int i = 0; i < 4 + 6 * s; ++i) t.push_back(int32_t((i * 23 + s * 5 + 3) % 300));
+    toks.push_back(t);
+  }
+  constexpr int kSteps = 12;
+  for (int step = 0; step < kSteps; ++step) {
+    const ForwardBatch bg = make_step_batch(cg, sg, toks), bp = make_step_batch(cp, sp, toks);
+    const SamplePlan plan = mixed_plan(bg, toks, step);
+    g.begin_sample(bg, cg);
+    const std::vector<TokenLogprobs> got = g.finish_sample(plan);
+    const std::vector<TokenLogprobs> want = p.forward_sample(bp, cp, plan);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t r = 0; r < got.size(); ++r) {
+      EXPECT_EQ(got[r].token, want[r].token) << "step " << step << " row " << r;
+      EXPECT_EQ(got[r].logprob, want[r].logprob) << "step " << step << " row " << r;
+      EXPECT_EQ(got[r].top, want[r].top) << "step " << step << " row " << r;
+    }
+    for (SeqId s : sg) cg.commit(s);
+    for (SeqId s : sp) cp.commit(s);
+    for (size_t s = 0; s < toks.size(); ++s) toks[s] = {want[s].token};
+  }
+  const Model::GraphStats st = g.cuda_graph_stats();
+  std::printf("sampler graphs: %lld captured, %lld launches replayed; decode steps %lld / %lld\n",
+              (long long)st.sampler_captures, (long long)st.sampler_replays,
+              (long long)st.captures, (long long)st.replays);
+  EXPECT_GE(st.sampler_replays, kSteps - 4);
+  EXPECT_GE(st.replays, kSteps - 4);
+  EXPECT_EQ(p.cuda_graph_stats().sampler_captures, 0);
+}
+
 // Crafted rows for the device argmax: rows of length V with the id sampling.h's argmax must give
 // (checked against it on the host, GPU or not).
 struct ArgmaxRow {

@@ -169,6 +169,7 @@ struct LlamaModelCuda::Impl {
   cudaStream_t stream = nullptr;
   Tensor cublas_workspace;  // given to cuBLAS: no allocation while a graph is captured
   cuda::StepGraphs graphs{16};  // padded decode steps: a few row counts, each a table stride or two
+  cuda::StepGraphs sampler_graphs{8};  // the sampler and its download (enqueue_sampler)
   bool use_graphs = true;
   bool pad_decode = true;  // set_decode_padding
   bool use_gemv = true;  // PAGEDATTN_GEMV=0: cuBLAS for every product (a comparison)
@@ -269,6 +270,7 @@ struct LlamaModelCuda::Impl {
 
   ~Impl() {
     graphs.clear();
+    sampler_graphs.clear();
     for (PassSlot& g : pass_slots) {
       if (g.begin) cudaEventDestroy(g.begin);
       if (g.end) cudaEventDestroy(g.end);
@@ -607,7 +609,10 @@ size_t LlamaModelCuda::step_weight_bytes() const { return impl_->step_weight_byt
 
 void LlamaModelCuda::set_cuda_graphs(bool enabled) {
   impl_->use_graphs = enabled;
-  if (!enabled) impl_->graphs.clear();
+  if (!enabled) {
+    impl_->graphs.clear();
+    impl_->sampler_graphs.clear();
+  }
 }
 
 bool LlamaModelCuda::cuda_graphs() const { return impl_->use_graphs; }
@@ -656,7 +661,9 @@ double LlamaModelCuda::time_collectives(int32_t tokens, int32_t logit_rows, int3
 }
 
 Model::GraphStats LlamaModelCuda::cuda_graph_stats() const {
-  return GraphStats{int64_t(impl_->graphs.captures()), int64_t(impl_->graphs.replays())};
+  return GraphStats{int64_t(impl_->graphs.captures()), int64_t(impl_->graphs.replays()),
+                    int64_t(impl_->sampler_graphs.captures()),
+                    int64_t(impl_->sampler_graphs.replays())};
 }
 
 void LlamaModelCuda::validate(const ForwardBatch& b, const KvCache& cache,
@@ -1197,15 +1204,30 @@ const int32_t* LlamaModelCuda::Impl::enqueue_sampler(const float* dl, const Samp
   float* d_lp = reinterpret_cast<float*>(dout + R);
   int32_t* d_top = dout + 2 * R;
   float* d_top_lp = reinterpret_cast<float*>(dout + 2 * R + int64_t(R) * N);
+  uint8_t* h_out = host.get(size_t(n_out) * 4);
   // NOTE: the logits are the step's scratch: the sampler may edit them in place for the draw,
   // and puts them back.
-  cuda::sample_rows(const_cast<float*>(dl), R, V,
-                    reinterpret_cast<const cuda::SampleRowDesc*>(din),
-                    reinterpret_cast<const cuda::SampleEdit*>(din + desc_bytes), saved, d_ids,
-                    d_lp, d_top, d_top_lp, N, stream);
-  check_cuda(cudaMemcpyAsync(host.get(size_t(n_out) * 4), dout, size_t(n_out) * 4,
-                             cudaMemcpyDeviceToHost, stream),
-             "sampled tokens download");
+  auto launch = [&] {
+    cuda::sample_rows(const_cast<float*>(dl), R, V,
+                      reinterpret_cast<const cuda::SampleRowDesc*>(din),
+                      reinterpret_cast<const cuda::SampleEdit*>(din + desc_bytes), saved, d_ids,
+                      d_lp, d_top, d_top_lp, N, stream);
+    check_cuda(cudaMemcpyAsync(h_out, dout, size_t(n_out) * 4, cudaMemcpyDeviceToHost, stream),
+               "sampled tokens download");
+  };
+  // The sampler and its download as a graph of their own, keyed by what they take by value (the
+  // plan's rows and edits are read on the device, uploaded before): steady sampled steps replay
+  // it. (The plan is built while the pass runs, so it cannot join the pass's graph.)
+  if (use_graphs) {
+    std::string sig;
+    auto put = [&sig](const auto& v) { sig.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+    for (int64_t v : {int64_t(R), int64_t(V), int64_t(N)}) put(v);
+    const void* ptrs[] = {dl, din, saved, dout, h_out};
+    for (const void* ptr : ptrs) put(ptr);
+    sampler_graphs.run(sig, stream, launch);
+  } else {
+    launch();
+  }
   return d_ids;
 }
 
