@@ -106,6 +106,8 @@ nlohmann::json result_json(const RunResult& r, const std::string& model, const s
       {"preempted_computed_tokens", count_json(r.preempted_computed_tokens)},
       {"resumed_prefix_hit_tokens", count_json(r.resumed_prefix_hit_tokens)},
       {"admission_stalls", count_json(r.admission_stalls)},
+      {"graph_captures", count_json(r.graph_captures)},
+      {"graph_replays", count_json(r.graph_replays)},
       {"steps", count_json(r.steps)},
       {"output_tokens_per_step", num_json(r.output_tokens_per_step)},
       {"prefix_hit_rate", num_json(r.prefix_hit_rate)}};

@@ -176,6 +176,7 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
                             }());
 
   const double busy0 = engine.model().device_busy_seconds();
+  const Model::GraphStats graphs0 = engine.model().cuda_graph_stats();
   const Clock::time_point t0 = Clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
   size_t next = 0;                    // next request to arrive
@@ -330,6 +331,11 @@ RunResult run_serve_bench(const ModelFactory& make_model, const std::vector<Work
   r.preempted_computed_tokens = m.preempted_computed_tokens;
   r.resumed_prefix_hit_tokens = m.resumed_prefix_hit_tokens;
   r.admission_stalls = m.admission_stalls;
+  if (graphs0.captures >= 0) {
+    const Model::GraphStats g = engine.model().cuda_graph_stats();
+    r.graph_captures = g.captures - graphs0.captures;
+    r.graph_replays = g.replays - graphs0.replays;
+  }
   r.steps = m.steps;
   r.output_tokens_per_step = r.steps > 0 ? double(r.output_tokens) / double(r.steps) : 0.0;
   if (!std::isnan(r.device_busy_s) && r.steps > 0)

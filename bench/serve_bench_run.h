@@ -98,6 +98,9 @@ struct RunResult {
   int32_t schedule_ahead = -1;
   int64_t preempted_computed_tokens = -1, resumed_prefix_hit_tokens = -1;
   int64_t admission_stalls = -1;
+  // CUDA graphs of decode steps during the run (Model::cuda_graph_stats): captured, and steps
+  // replayed from one (-1: none, the CPU or HTTP).
+  int64_t graph_captures = -1, graph_replays = -1;
   // Engine steps (forward passes) and output tokens per step: how much batching the KV budget
   // allowed, independent of how fast the machine ran each step.
   int64_t steps = 0;

@@ -134,15 +134,17 @@ class LlamaModelCuda : public Model {
   // bits either way. PAGEDATTN_CUDA_GRAPHS=0 in the environment starts with them off.
   void set_cuda_graphs(bool enabled);
   bool cuda_graphs() const;
+  // Decode steps (every sequence one new token) run padded to one of a few row counts
+  // (src/model/decode_padding.h: n up to 2, 4, multiples of 8 to 64, ...) with dummy rows that
+  // write nothing, so that continuous batching's changing batches replay a few graphs instead of
+  // capturing new ones. Outputs are the batch's rows only. On by default (graphs or not, so both
+  // compute the same); PAGEDATTN_PAD_DECODE=0 in the environment starts with it off.
+  void set_decode_padding(bool enabled);
   // Tensor parallelism: the median seconds of the collectives of one step of `tokens` tokens and
   // `logit_rows` logit rows, run alone `reps` times (every rank must call it with the same
   // arguments). 0 without a communicator.
   double time_collectives(int32_t tokens, int32_t logit_rows, int32_t reps);
-  struct GraphStats {
-    size_t captures = 0;  // graphs captured
-    size_t replays = 0;   // steps run from an already captured graph
-  };
-  GraphStats cuda_graph_stats() const;
+  GraphStats cuda_graph_stats() const override;
 
  private:
   struct Impl;

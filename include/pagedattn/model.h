@@ -118,6 +118,16 @@ class Model {
   // to its results' download (what is left of the wall time is the device idling between steps,
   // for the host's work); -1 where the runner does not measure it (the CPU).
   virtual double device_busy_seconds() const { return -1; }
+  // CUDA graphs so far: of decode steps, how many were captured and how many steps replayed one;
+  // of the device sampler (its launch and download), the same; -1 where the runner has none (the
+  // CPU).
+  struct GraphStats {
+    int64_t captures = -1;
+    int64_t replays = -1;
+    int64_t sampler_captures = -1;
+    int64_t sampler_replays = -1;
+  };
+  virtual GraphStats cuda_graph_stats() const { return {}; }
   // Empty while the runner can run; else why it cannot (a tensor-parallel rank has failed).
   // Callable from any thread.
   virtual std::string health() const { return ""; }

@@ -105,11 +105,12 @@ size_t LlamaModelCuda::weight_bytes() const { return 0; }
 size_t LlamaModelCuda::step_weight_bytes() const { return 0; }
 void LlamaModelCuda::set_cuda_graphs(bool) {}
 bool LlamaModelCuda::cuda_graphs() const { return false; }
+void LlamaModelCuda::set_decode_padding(bool) {}
 double LlamaModelCuda::time_collectives(int32_t, int32_t, int32_t) { return 0; }
 Model::KvAbsMax LlamaModelCuda::kv_absmax(const std::vector<int32_t>&) {
   fail("LlamaModelCuda::kv_absmax: pagedattn was built without CUDA support");
 }
-LlamaModelCuda::GraphStats LlamaModelCuda::cuda_graph_stats() const { return {}; }
+Model::GraphStats LlamaModelCuda::cuda_graph_stats() const { return {}; }
 
 }  // namespace pagedattn
 

@@ -25,6 +25,8 @@
 #include "pagedattn/synthetic_model.h"
 #include "tiny_models.h"
 #ifdef PAGEDATTN_HAVE_CUDA
+#include <cuda_runtime.h>
+
 #include "model/cuda/llama_kernels.h"
 #endif
 
@@ -142,19 +144,19 @@ TEST_P(LlamaCudaSynthetic, CudaGraphsGiveTheSameBits) {
     const std::vector<float> p1 = decode_run(plain, pa, seqs, 40);
     // 40 steps past three page boundaries, on one graph (a new one each had cost a plain step
     // and a capture).
-    if (seqs == 3) EXPECT_EQ(graphs.cuda_graph_stats().captures, 1u);
+    if (seqs == 3) EXPECT_EQ(graphs.cuda_graph_stats().captures, 1);
     ASSERT_EQ(g1.size(), p1.size());
     EXPECT_EQ(std::memcmp(g1.data(), p1.data(), g1.size() * 4), 0) << seqs << " sequences";
     const std::vector<float> g2 = decode_run(graphs, gb, seqs, 20);
     const std::vector<float> p2 = decode_run(plain, pb, seqs, 20);
     EXPECT_EQ(std::memcmp(g2.data(), p2.data(), g2.size() * 4), 0) << "second cache";
   }
-  const LlamaModelCuda::GraphStats st = graphs.cuda_graph_stats();
-  std::printf("%s: %zu graphs captured, %zu steps replayed\n", GetParam().c_str(), st.captures,
-              st.replays);
-  EXPECT_GE(st.captures, 4u);
-  EXPECT_GE(st.replays, 60u);  // most of the 120 decode steps
-  EXPECT_EQ(plain.cuda_graph_stats().captures, 0u);
+  const Model::GraphStats st = graphs.cuda_graph_stats();
+  std::printf("%s: %lld graphs captured, %lld steps replayed\n", GetParam().c_str(),
+              (long long)st.captures, (long long)st.replays);
+  EXPECT_GE(st.captures, 4);
+  EXPECT_GE(st.replays, 60);  // most of the 120 decode steps
+  EXPECT_EQ(plain.cuda_graph_stats().captures, 0);
 }
 
 // Greedy passes in two calls (begin_greedy, finish_greedy), each begun before the ids of the one
@@ -194,7 +196,7 @@ TEST_P(LlamaCudaSynthetic, ChainedGreedyPassesGiveForwardGreedysIds) {
     for (SeqId s : cs) cc.commit(s, cc.kv_len(s) - (step < kSteps ? 1 : 0));
   }
   EXPECT_GT(chained.device_busy_seconds(), busy0);
-  EXPECT_GE(chained.cuda_graph_stats().replays, size_t(kSteps - 8));
+  EXPECT_GE(chained.cuda_graph_stats().replays, kSteps - 8);
   EXPECT_THROW(chained.finish_greedy(), Error);  // none open
   // A stand-in with no pass open before it names no row: the CPU model's vocabulary error.
   EXPECT_THROW(chained.begin_greedy(make_step_batch(cc, cs, stand_ins), cc), Error);
@@ -222,6 +224,98 @@ TEST_P(LlamaCudaSynthetic, ChainedGreedyPassesGiveForwardGreedysIds) {
   const Tensor b = plain.forward(make_step_batch(pc, fresh2, {toks[1]}), pc);
   EXPECT_EQ(std::memcmp(a.data(), b.data(), size_t(a.numel()) * 4), 0);
 }
+
+#ifdef PAGEDATTN_HAVE_CUDA
+// Decode steps whose batch changes every two steps (5 to 8 sequences, prompts of different
+// lengths): padded to 8 rows they replay one graph (a table stride or two) where unpadded each
+// size is captured anew; the logits of the batch's rows are the unpadded model's, and the dummy
+// rows write nothing into the pools (every byte the unpadded run leaves poisoned stays poisoned).
+TEST_P(LlamaCudaSynthetic, PaddedDecodeStepsReplayAsTheBatchChanges) {
+  PA_SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = tiny_config(GetParam());
+  LlamaModelCuda padded(cfg, 5), own(cfg, 5);
+  own.set_decode_padding(false);
+  const KvCacheConfig kc = pagedattn::testing::model_kv_config(cfg, 96, 16, Device::cuda);
+  KvCache pc(kc), oc(kc);
+  for (KvCache* c : {&pc, &oc}) {
+    for (int32_t l = 0; l < cfg.num_layers; ++l) {
+      const PagedKVView v = c->layer_view(l);
+      const size_t bytes = size_t(v.num_pages) * size_t(v.page_stride()) * dtype_size(v.dtype);
+      ASSERT_EQ(cudaMemset(v.k_pages, 0x7f, bytes), cudaSuccess);
+      ASSERT_EQ(cudaMemset(v.v_pages, 0x7f, bytes), cudaSuccess);
+    }
+  }
+  constexpr int kSeqs = 8, kSteps = 36;
+  std::vector<SeqId> ps, os;
+  std::vector<std::vector<int32_t>> toks;
+  for (int s = 0; s < kSeqs; ++s) {
+    ps.push_back(pc.create_sequence());
+    os.push_back(oc.create_sequence());
+    std::vector<int32_t> t;
+    for (int i = 0; i < 2 + 5 * s; ++i) t.push_back(int32_t((i * 13 + s * 7 + 2) % 300));
+    toks.push_back(t);
+  }
+  padded.forward(make_step_batch(pc, ps, toks), pc);
+  own.forward(make_step_batch(oc, os, toks), oc);
+  for (int s = 0; s < kSeqs; ++s) {
+    pc.commit(ps[size_t(s)]);
+    oc.commit(os[size_t(s)]);
+  }
+  const Model::GraphStats p0 = padded.cuda_graph_stats(), o0 = own.cuda_graph_stats();
+  const int sizes[] = {5, 6, 7, 8, 7, 6};
+  double worst = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    const size_t n = size_t(sizes[(step / 2) % 6]);
+    const std::vector<SeqId> pb(ps.begin(), ps.begin() + ptrdiff_t(n));
+    const std::vector<SeqId> ob(os.begin(), os.begin() + ptrdiff_t(n));
+    std::vector<std::vector<int32_t>> in;
+    for (size_t s = 0; s < n; ++s) in.push_back({int32_t((step * 11 + int(s) * 3 + 1) % 300)});
+    const Tensor lp = padded.forward(make_step_batch(pc, pb, in), pc);
+    const Tensor lo = own.forward(make_step_batch(oc, ob, in), oc);
+    ASSERT_EQ(lp.numel(), lo.numel());
+    ASSERT_EQ(lp.numel(), int64_t(n) * cfg.vocab_size);
+    for (size_t r = 0; r < n; ++r) {
+      const float* a = lp.data_as<float>() + r * size_t(cfg.vocab_size);
+      const float* b = lo.data_as<float>() + r * size_t(cfg.vocab_size);
+      double top = 0, diff = 0;
+      for (int32_t v = 0; v < cfg.vocab_size; ++v) {
+        ASSERT_TRUE(std::isfinite(a[v]));
+        top = std::max(top, std::fabs(double(b[v])));
+        diff = std::max(diff, std::fabs(double(a[v]) - b[v]));
+      }
+      worst = std::max(worst, diff / std::max(top, 1e-6));
+    }
+    for (size_t s = 0; s < n; ++s) {
+      pc.commit(pb[s]);
+      oc.commit(ob[s]);
+    }
+  }
+  const Model::GraphStats p1 = padded.cuda_graph_stats(), o1 = own.cuda_graph_stats();
+  std::printf("%s: padded %lld captures, %lld replays; unpadded %lld, %lld; logits within %.2e\n",
+              GetParam().c_str(), (long long)(p1.captures - p0.captures),
+              (long long)(p1.replays - p0.replays), (long long)(o1.captures - o0.captures),
+              (long long)(o1.replays - o0.replays), worst);
+  EXPECT_LT(worst, 1e-3);
+  EXPECT_LE(p1.captures - p0.captures, 3);
+  EXPECT_GE(p1.replays - p0.replays, kSteps - 6);
+  EXPECT_LT(o1.replays - o0.replays, p1.replays - p0.replays);
+  for (int32_t l = 0; l < cfg.num_layers; ++l) {
+    const PagedKVView pv = pc.layer_view(l), ov = oc.layer_view(l);
+    const size_t bytes = size_t(pv.num_pages) * size_t(pv.page_stride()) * dtype_size(pv.dtype);
+    for (int kv = 0; kv < 2; ++kv) {
+      std::vector<uint8_t> a(bytes), b(bytes);
+      ASSERT_EQ(cudaMemcpy(a.data(), kv ? pv.v_pages : pv.k_pages, bytes, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(b.data(), kv ? ov.v_pages : ov.k_pages, bytes, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      size_t stray = 0;
+      for (size_t i = 0; i < bytes; ++i) stray += b[i] == 0x7f && a[i] != 0x7f;
+      EXPECT_EQ(stray, 0u) << "layer " << l << (kv ? " V" : " K");
+    }
+  }
+}
+
+#endif
 
 // fp8 KV on the device: the calibration pass gives the CPU model's maxima on the same weights
 // (within bf16 rounding: the device's are read from its bf16 pools), and an fp8 cache with those
@@ -496,6 +590,49 @@ TEST(LlamaCudaSynthetic, BeginAndFinishSampleAreForwardSample) {
     for (SeqId s : sb) cb.commit(s);
     for (size_t s = 0; s < toks.size(); ++s) toks[s] = {want[s].token};
   }
+}
+
+// Sampled steps with CUDA graphs (the decode pass's and the sampler's own, replayed once their
+// launches repeat) give the tokens, log-probabilities and top lists of plain launches, bit for bit.
+TEST(LlamaCudaSynthetic, SampledStepsReplayTheSamplerGraph) {
+  PA_SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = tiny_config("llama");
+  LlamaModelCuda g(cfg, 23), p(cfg, 23);
+  p.set_cuda_graphs(false);
+  KvCache cg(cache_config(cfg, Device::cuda)), cp(cache_config(cfg, Device::cuda));
+  std::vector<SeqId> sg, sp;
+  std::vector<std::vector<int32_t>> toks;
+  for (int s = 0; s < 3; ++s) {
+    sg.push_back(cg.create_sequence());
+    sp.push_back(cp.create_sequence());
+    std::vector<int32_t> t;
+    for (int i = 0; i < 4 + 6 * s; ++i) t.push_back(int32_t((i * 23 + s * 5 + 3) % 300));
+    toks.push_back(t);
+  }
+  constexpr int kSteps = 12;
+  for (int step = 0; step < kSteps; ++step) {
+    const ForwardBatch bg = make_step_batch(cg, sg, toks), bp = make_step_batch(cp, sp, toks);
+    const SamplePlan plan = mixed_plan(bg, toks, step);
+    g.begin_sample(bg, cg);
+    const std::vector<TokenLogprobs> got = g.finish_sample(plan);
+    const std::vector<TokenLogprobs> want = p.forward_sample(bp, cp, plan);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t r = 0; r < got.size(); ++r) {
+      EXPECT_EQ(got[r].token, want[r].token) << "step " << step << " row " << r;
+      EXPECT_EQ(got[r].logprob, want[r].logprob) << "step " << step << " row " << r;
+      EXPECT_EQ(got[r].top, want[r].top) << "step " << step << " row " << r;
+    }
+    for (SeqId s : sg) cg.commit(s);
+    for (SeqId s : sp) cp.commit(s);
+    for (size_t s = 0; s < toks.size(); ++s) toks[s] = {want[s].token};
+  }
+  const Model::GraphStats st = g.cuda_graph_stats();
+  std::printf("sampler graphs: %lld captured, %lld launches replayed; decode steps %lld / %lld\n",
+              (long long)st.sampler_captures, (long long)st.sampler_replays,
+              (long long)st.captures, (long long)st.replays);
+  EXPECT_GE(st.sampler_replays, kSteps - 4);
+  EXPECT_GE(st.replays, kSteps - 4);
+  EXPECT_EQ(p.cuda_graph_stats().sampler_captures, 0);
 }
 
 // Crafted rows for the device argmax: rows of length V with the id sampling.h's argmax must give

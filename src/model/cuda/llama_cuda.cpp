@@ -24,6 +24,7 @@
 #include "pagedattn/llama.h"
 #include "pagedattn/synthetic_model.h"
 #include "rope.h"
+#include "decode_padding.h"
 #include "step_graphs.h"
 #include "synthetic_fill.h"
 
@@ -167,8 +168,10 @@ struct LlamaModelCuda::Impl {
   // and memsets stay ordered with it); decode steps may replay CUDA graphs of it.
   cudaStream_t stream = nullptr;
   Tensor cublas_workspace;  // given to cuBLAS: no allocation while a graph is captured
-  cuda::StepGraphs graphs;
+  cuda::StepGraphs graphs{16};  // padded decode steps: a few row counts, each a table stride or two
+  cuda::StepGraphs sampler_graphs{8};  // the sampler and its download (enqueue_sampler)
   bool use_graphs = true;
+  bool pad_decode = true;  // set_decode_padding
   bool use_gemv = true;  // PAGEDATTN_GEMV=0: cuBLAS for every product (a comparison)
   // PAGEDATTN_FUSE=0: K/V through write_kv and SwiGLU as its own kernel (a comparison).
   bool fuse = true;
@@ -267,6 +270,7 @@ struct LlamaModelCuda::Impl {
 
   ~Impl() {
     graphs.clear();
+    sampler_graphs.clear();
     for (PassSlot& g : pass_slots) {
       if (g.begin) cudaEventDestroy(g.begin);
       if (g.end) cudaEventDestroy(g.end);
@@ -469,6 +473,8 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
   }
   if (const char* g = std::getenv("PAGEDATTN_CUDA_GRAPHS"); g && std::string(g) == "0")
     use_graphs = false;  // a check of the plain launches against the graphs' results
+  if (const char* g = std::getenv("PAGEDATTN_PAD_DECODE"); g && std::string(g) == "0")
+    pad_decode = false;
   if (const char* g = std::getenv("PAGEDATTN_GEMV"); g && std::string(g) == "0") use_gemv = false;
   if (const char* f = std::getenv("PAGEDATTN_FUSE"); f && std::string(f) == "0") fuse = false;
   // PAGEDATTN_SCHEDULE_AHEAD=0: the engine reads each greedy step's ids before it schedules the
@@ -603,10 +609,15 @@ size_t LlamaModelCuda::step_weight_bytes() const { return impl_->step_weight_byt
 
 void LlamaModelCuda::set_cuda_graphs(bool enabled) {
   impl_->use_graphs = enabled;
-  if (!enabled) impl_->graphs.clear();
+  if (!enabled) {
+    impl_->graphs.clear();
+    impl_->sampler_graphs.clear();
+  }
 }
 
 bool LlamaModelCuda::cuda_graphs() const { return impl_->use_graphs; }
+
+void LlamaModelCuda::set_decode_padding(bool enabled) { impl_->pad_decode = enabled; }
 
 double LlamaModelCuda::time_collectives(int32_t tokens, int32_t logit_rows, int32_t reps) {
   Impl& m = *impl_;
@@ -649,8 +660,10 @@ double LlamaModelCuda::time_collectives(int32_t tokens, int32_t logit_rows, int3
   return double(ms[ms.size() / 2]) * 1e-3;
 }
 
-LlamaModelCuda::GraphStats LlamaModelCuda::cuda_graph_stats() const {
-  return GraphStats{impl_->graphs.captures(), impl_->graphs.replays()};
+Model::GraphStats LlamaModelCuda::cuda_graph_stats() const {
+  return GraphStats{int64_t(impl_->graphs.captures()), int64_t(impl_->graphs.replays()),
+                    int64_t(impl_->sampler_graphs.captures()),
+                    int64_t(impl_->sampler_graphs.replays())};
 }
 
 void LlamaModelCuda::validate(const ForwardBatch& b, const KvCache& cache,
@@ -963,12 +976,25 @@ const float* LlamaModelCuda::run_pass(const ForwardBatch& batch, KvCache& cache,
                                                               : nullptr;
   const int32_t chained = before && before->picks ? before->rows : 0;
   validate(batch, cache, chained);
+  // A decode step runs padded to one of a few row counts (decode_padding.h), so that its launches,
+  // and the CUDA graph of them, repeat while the batch changes. What the caller sees (logits, ids)
+  // is the first R rows.
+  ForwardBatch padded;
+  const ForwardBatch* run = &batch;
+  if (m.pad_decode && is_decode_batch(batch)) {
+    const int32_t rows = padded_decode_rows(int32_t(batch.seqs.size()));
+    if (rows > int32_t(batch.seqs.size())) {
+      padded = pad_decode_batch(batch, rows);
+      run = &padded;
+    }
+  }
   // NOTE: a greedy pass begun after an open greedy one reads that pass's ids from `ids` and writes
   // its own there; when it has more logit rows (an admission) the open pass's ids move to a larger
   // buffer first, on the stream after that pass (the old buffer's cudaFree waits for the device).
   const int64_t R = int64_t(batch.logit_rows.size());
-  if (greedy && chained > 0 && before->picks == m.ids.data() && R > m.ids.numel()) {
-    Tensor grown = Tensor::empty({2 * R}, DType::f32, Device::cuda);
+  const int64_t run_rows = int64_t(run->logit_rows.size());
+  if (greedy && chained > 0 && before->picks == m.ids.data() && run_rows > m.ids.numel()) {
+    Tensor grown = Tensor::empty({2 * run_rows}, DType::f32, Device::cuda);
     check_cuda(cudaMemcpyAsync(grown.data(), m.ids.data(), size_t(chained) * 4,
                                cudaMemcpyDeviceToDevice, m.stream),
                "LlamaModelCuda::begin_greedy: ids");
@@ -991,7 +1017,7 @@ const float* LlamaModelCuda::run_pass(const ForwardBatch& batch, KvCache& cache,
     }
     return nullptr;
   }
-  const Impl::Step s = m.prepare_step(batch, cache, greedy, slot);
+  const Impl::Step s = m.prepare_step(*run, cache, greedy, slot);
 
   // Everything below only enqueues kernels on m.stream, reading the step's buffers: a CUDA graph
   // of it replays correctly for any later step with the same launches (step_graphs.h).
@@ -1005,7 +1031,7 @@ const float* LlamaModelCuda::run_pass(const ForwardBatch& batch, KvCache& cache,
 
   // Decode steps (one new token per sequence) go through the graph cache, keyed by everything the
   // launches take by value: counts, scratch and pool pointers, the attention plan's launches.
-  const bool decode_step = s.T == int32_t(batch.seqs.size());
+  const bool decode_step = s.T == int32_t(run->seqs.size());
   if (m.use_graphs && decode_step) {
     std::string sig;
     auto put = [&sig](const auto& v) { sig.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
@@ -1033,8 +1059,8 @@ const float* LlamaModelCuda::run_pass(const ForwardBatch& batch, KvCache& cache,
       return s.logits;
     }
     // finish_greedy waits for the end event and reads the ids.
-    if (s.R > 0) {
-      check_cuda(cudaMemcpyAsync(g.host.get(size_t(s.R) * 4), s.ids, size_t(s.R) * 4,
+    if (R > 0) {
+      check_cuda(cudaMemcpyAsync(g.host.get(size_t(R) * 4), s.ids, size_t(R) * 4,
                                  cudaMemcpyDeviceToHost, st),
                  "token ids download");
     }
@@ -1044,7 +1070,7 @@ const float* LlamaModelCuda::run_pass(const ForwardBatch& batch, KvCache& cache,
   }
   m.greedy_step = s.ids != nullptr;
   if (m.greedy_step) {  // the ids' download follows the step at once (download_greedy waits)
-    check_cuda(cudaMemcpyAsync(m.host_ids.get(size_t(s.R) * 4), s.ids, size_t(s.R) * 4,
+    check_cuda(cudaMemcpyAsync(m.host_ids.get(size_t(R) * 4), s.ids, size_t(R) * 4,
                                cudaMemcpyDeviceToHost, st),
                "token ids download");
   }
@@ -1178,15 +1204,30 @@ const int32_t* LlamaModelCuda::Impl::enqueue_sampler(const float* dl, const Samp
   float* d_lp = reinterpret_cast<float*>(dout + R);
   int32_t* d_top = dout + 2 * R;
   float* d_top_lp = reinterpret_cast<float*>(dout + 2 * R + int64_t(R) * N);
+  uint8_t* h_out = host.get(size_t(n_out) * 4);
   // NOTE: the logits are the step's scratch: the sampler may edit them in place for the draw,
   // and puts them back.
-  cuda::sample_rows(const_cast<float*>(dl), R, V,
-                    reinterpret_cast<const cuda::SampleRowDesc*>(din),
-                    reinterpret_cast<const cuda::SampleEdit*>(din + desc_bytes), saved, d_ids,
-                    d_lp, d_top, d_top_lp, N, stream);
-  check_cuda(cudaMemcpyAsync(host.get(size_t(n_out) * 4), dout, size_t(n_out) * 4,
-                             cudaMemcpyDeviceToHost, stream),
-             "sampled tokens download");
+  auto launch = [&] {
+    cuda::sample_rows(const_cast<float*>(dl), R, V,
+                      reinterpret_cast<const cuda::SampleRowDesc*>(din),
+                      reinterpret_cast<const cuda::SampleEdit*>(din + desc_bytes), saved, d_ids,
+                      d_lp, d_top, d_top_lp, N, stream);
+    check_cuda(cudaMemcpyAsync(h_out, dout, size_t(n_out) * 4, cudaMemcpyDeviceToHost, stream),
+               "sampled tokens download");
+  };
+  // The sampler and its download as a graph of their own, keyed by what they take by value (the
+  // plan's rows and edits are read on the device, uploaded before): steady sampled steps replay
+  // it. (The plan is built while the pass runs, so it cannot join the pass's graph.)
+  if (use_graphs) {
+    std::string sig;
+    auto put = [&sig](const auto& v) { sig.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+    for (int64_t v : {int64_t(R), int64_t(V), int64_t(N)}) put(v);
+    const void* ptrs[] = {dl, din, saved, dout, h_out};
+    for (const void* ptr : ptrs) put(ptr);
+    sampler_graphs.run(sig, stream, launch);
+  } else {
+    launch();
+  }
   return d_ids;
 }
 

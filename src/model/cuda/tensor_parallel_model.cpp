@@ -186,6 +186,7 @@ class Leader final : public TensorParallelModel {
   bool chains_after_sampled() const override { return false; }
 
   double device_busy_seconds() const override { return shard_->device_busy_seconds(); }
+  GraphStats cuda_graph_stats() const override { return shard_->cuda_graph_stats(); }
 
   KvAbsMax kv_absmax(const std::vector<int32_t>&) override {
     fail(kOp, ": an fp8 KV cache is not supported with tensor parallelism yet");
