@@ -42,23 +42,11 @@ for ((r = 1; r <= ${ROUNDS:-2}; ++r)); do
       --batch "${MODEL_BATCHES:-16,32,64}" --prompt-len 512 --decode-steps 32 --json
   done
 done
-python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
-import json, sys, collections
+python3 - "$OUT" "$PWD" <<'PY' | tee "$OUT/summary.txt"
+import json, os, sys
+sys.path.insert(0, os.path.join(sys.argv[2], "scripts", "device"))
+from settings_table import medians, print_table  # noqa: E402
 out = sys.argv[1]
-def medians(path, parse):
-    res, setting = collections.OrderedDict(), None
-    try:
-        lines = open(path).read().splitlines()
-    except OSError:
-        return res
-    for line in lines:
-        if line.startswith("== round"):
-            setting = line.split(" env ", 1)[1]
-            continue
-        got = parse(line)
-        if got:
-            res.setdefault(got[0], collections.OrderedDict()).setdefault(setting, []).append(got[1])
-    return res
 def grid(line):
     if not line.startswith("kind=decode"):
         return None
@@ -78,14 +66,6 @@ def model(line):
 for title, res in (("decode grid us", medians(out + "/grid.log", grid)),
                    ("lab us", medians(out + "/lab.log", lab)),
                    ("model", medians(out + "/model.log", model))):
-    print("==", title, "(per setting: every round, then median / first setting's median)")
-    for key, by in res.items():
-        first = None
-        cells = []
-        for setting, xs in by.items():
-            med = sorted(xs)[len(xs) // 2]
-            first = first or med
-            cells.append("%s: %s (%.3f)" % (setting, "/".join("%.2f" % x for x in xs), med / first))
-        print(key, "|", " | ".join(cells))
+    print_table(title, res, "%.2f")
 PY
 print_summary | tee -a "$OUT/summary.txt"

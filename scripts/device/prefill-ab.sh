@@ -58,23 +58,11 @@ for ((r = 1; r <= ${ROUNDS:-2}; ++r)); do
     fi
   done
 done
-python3 - "$OUT" <<'PY'
-import json, sys, collections
+python3 - "$OUT" "$PWD" <<'PY'
+import json, os, sys
+sys.path.insert(0, os.path.join(sys.argv[2], "scripts", "device"))
+from settings_table import medians, print_table  # noqa: E402
 out = sys.argv[1]
-def medians(path, parse):
-    res, setting = collections.OrderedDict(), None
-    try:
-        lines = open(path).read().splitlines()
-    except OSError:
-        return res
-    for line in lines:
-        if line.startswith("== round"):
-            setting = line.split(" env ", 1)[1]
-            continue
-        got = parse(line)
-        if got:
-            res.setdefault(got[0], collections.OrderedDict()).setdefault(setting, []).append(got[1])
-    return res
 def bench(line):
     if not line.startswith("kind=prefill"):
         return None
@@ -89,14 +77,6 @@ def model(line):
     return "model prompt %s" % d.get("prompt_len"), float(d["prefill_tokens_per_s"])
 for title, res in (("prefill TFLOP/s", medians(out + "/bench.log", bench)),
                    ("model prefill tokens/s", medians(out + "/model.log", model))):
-    print("==", title, "(per setting: every round, then median / first setting's median)")
-    for key, by in res.items():
-        first = None
-        cells = []
-        for setting, xs in by.items():
-            med = sorted(xs)[len(xs) // 2]
-            first = first or med
-            cells.append("%s: %s (%.3f)" % (setting, "/".join("%.1f" % x for x in xs), med / first))
-        print(key, "|", " | ".join(cells))
+    print_table(title, res, "%.1f")
 PY
 print_summary
