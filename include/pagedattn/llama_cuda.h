@@ -125,13 +125,12 @@ class LlamaModelCuda : public Model {
   // floor of a decode step.
   size_t step_weight_bytes() const;
 
-  // Every matrix product goes to cuBLAS (the project's skinny GEMM for decode steps lives in the
-  // kernel lab, kernels_dev/skinny_gemm.cu, until a version beats cuBLAS).
   // Decode steps (one new token per sequence) replay CUDA graphs: a step's launches are captured
-  // the second time in a row they occur (same batch size, scratch buffers and attention launch
-  // shapes) and replayed while they recur, so the host's launch calls leave the step (they bound
-  // small models' steps). On by default. Results are the same
-  // bits either way. PAGEDATTN_CUDA_GRAPHS=0 in the environment starts with them off.
+  // the second time in a row they occur (same padded row count, scratch buffers and attention
+  // launch shapes) and replayed while they recur, so the host's launch calls leave the step (they
+  // bound small models' steps); the device sampler's launch and download replay a graph of their
+  // own. On by default. Results are the same bits either way. PAGEDATTN_CUDA_GRAPHS=0 in the
+  // environment starts with them off.
   void set_cuda_graphs(bool enabled);
   bool cuda_graphs() const;
   // Decode steps (every sequence one new token) run padded to one of a few row counts
