@@ -89,6 +89,7 @@ class LlamaModel : public Model {
   W lm_head_;                          // [vocab, hidden] (embed_ when tied)
   bool exact_matmul_ = false;
   std::vector<double> inv_freq_;       // [head_dim / 2], RoPE frequencies after scaling
+  double rope_scale_ = 1.0;            // the cos/sin tables' factor (YaRN's attention factor)
   Workspace ws_;
   KvAbsMax* absmax_ = nullptr;  // set during kv_absmax only
 };

@@ -11,12 +11,21 @@
 
 namespace pagedattn {
 
+// rope_scaling of a Hugging Face config (transformers' names and defaults).
 struct RopeScaling {
-  std::string type;                  // "" (none) or "llama3"
-  float factor = 1.f;
-  float low_freq_factor = 1.f;
-  float high_freq_factor = 4.f;
-  int32_t original_max_position = 8192;
+  std::string type;                  // "" (none), "linear", "llama3" or "yarn"
+  float factor = 1.f;                // linear: positions over factor; llama3, yarn: as named
+  float low_freq_factor = 1.f;       // llama3
+  float high_freq_factor = 4.f;      // llama3
+  int32_t original_max_position = 8192;  // llama3, yarn: the pretraining context
+  // yarn: the correction range's rotations, the cos/sin scale (<= 0: from factor, mscale and
+  // mscale_all_dim), and whether the range is rounded outwards to whole dimensions.
+  float beta_fast = 32.f;
+  float beta_slow = 1.f;
+  float attention_factor = 0.f;
+  float mscale = 0.f;
+  float mscale_all_dim = 0.f;
+  bool truncate = true;
 };
 
 struct ModelConfig {

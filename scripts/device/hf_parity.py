@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Parity of pagedattn's forward pass with Hugging Face transformers on tiny random models.
 
-For Llama, Llama-3 rope scaling, Qwen2 (QKV bias, tied embeddings) and Qwen3 (q/k norm, head_dim
-!= hidden / heads) configs: builds a randomly initialised model with transformers, saves it with
-save_pretrained (config.json + model.safetensors), takes transformers' greedy continuation of
-several prompts and its fp32 logits at every position, then runs
+For Llama, Llama-3, linear and YaRN rope scaling, Qwen2 (QKV bias, tied embeddings) and Qwen3 (q/k
+norm, head_dim != hidden / heads) configs: builds a randomly initialised model with transformers,
+saves it with save_pretrained (config.json + model.safetensors), takes transformers' greedy
+continuation of several prompts and its fp32 logits at every position, then runs
 
     pagedattn logits --model DIR --prompt-ids "a,b,c;d,e;..." --decode-steps N --json
 
@@ -47,6 +47,12 @@ VARIANTS = {
                       "high_freq_factor": 4.0, "original_max_position_embeddings": 32})),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(
         rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)),
+    "llama_linear": ("LlamaConfig", "LlamaForCausalLM", dict(
+        rope_scaling={"rope_type": "linear", "factor": 4.0})),
+    "qwen2_yarn": ("Qwen2Config", "Qwen2ForCausalLM", dict(
+        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                      "original_max_position_embeddings": 128})),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(
         head_dim=32, num_key_value_heads=1, rms_norm_eps=1e-6)),
 }

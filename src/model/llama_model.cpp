@@ -97,6 +97,7 @@ LlamaModel::LlamaModel(const ModelFile& file)
   ModelConfig& c = config_;
   check_llama_config(c, kOp);
   inv_freq_ = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling);
+  rope_scale_ = rope_attention_factor(c.rope_scaling);
 
   const int64_t hidden = c.hidden_size, inter = c.intermediate_size, d = c.head_dim;
   const int64_t q_dim = int64_t(c.num_q_heads) * d, kv_dim = int64_t(c.num_kv_heads) * d;
@@ -197,7 +198,7 @@ Tensor LlamaModel::forward(const ForwardBatch& batch, KvCache& cache) {
   ws_.rope_cos.resize(size_t(num_tokens) * half);
   ws_.rope_sin.resize(size_t(num_tokens) * half);
   rope_tables(inv_freq_, batch.positions.data(), num_tokens, ws_.rope_cos.data(),
-              ws_.rope_sin.data());
+              ws_.rope_sin.data(), rope_scale_);
 
   ws_.x.resize(size_t(num_tokens) * size_t(hidden));
   for (int32_t t = 0; t < num_tokens; ++t)

@@ -161,9 +161,41 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& file) {
       PA_CHECK(c.rope_scaling.factor > 0 &&
                    c.rope_scaling.high_freq_factor > c.rope_scaling.low_freq_factor,
                "load_model_file: ", file, ": key 'rope_scaling': inconsistent llama3 factors");
+    } else if (type == "linear") {
+      c.rope_scaling.type = "linear";
+      c.rope_scaling.factor = get_float(rs, "factor", 1.0, file);
+      PA_CHECK(c.rope_scaling.factor > 0, "load_model_file: ", file,
+               ": key 'rope_scaling': linear factor must be > 0, got ", c.rope_scaling.factor);
+    } else if (type == "yarn") {
+      // transformers' defaults: the pretraining context is the config's original_max_position_
+      // embeddings (Phi-3 keeps it outside the scaling), else the scaling's, else
+      // max_position_embeddings; without a factor, max_position_embeddings over it.
+      RopeScaling& y = c.rope_scaling;
+      y.type = "yarn";
+      y.original_max_position = get_int(
+          j, "original_max_position_embeddings",
+          get_int(rs, "original_max_position_embeddings", c.max_position_embeddings, file), file);
+      const bool has_factor = rs.contains("factor") && !rs["factor"].is_null();
+      y.factor = has_factor ? float(get_float(rs, "factor", 1.0, file))
+                            : float(c.max_position_embeddings) / float(y.original_max_position);
+      auto optional = [&](const char* key, float dflt) {
+        return rs.contains(key) && !rs[key].is_null() ? float(get_float(rs, key, dflt, file))
+                                                      : dflt;
+      };
+      y.beta_fast = optional("beta_fast", 32.f);
+      y.beta_slow = optional("beta_slow", 1.f);
+      y.attention_factor = optional("attention_factor", 0.f);
+      y.mscale = optional("mscale", 0.f);
+      y.mscale_all_dim = optional("mscale_all_dim", 0.f);
+      y.truncate = get_bool(rs, "truncate", true, file);
+      PA_CHECK(y.factor > 0 && y.original_max_position > 0 && y.beta_fast > 0 &&
+                   y.beta_slow > 0 && y.attention_factor >= 0,
+               "load_model_file: ", file, ": key 'rope_scaling': yarn needs factor, beta_fast, "
+               "beta_slow and original_max_position_embeddings > 0 and attention_factor >= 0");
     } else {
       PA_CHECK(type == "default", "load_model_file: ", file,
-               ": key 'rope_scaling': unsupported rope_type '", type, "' (supported: llama3)");
+               ": key 'rope_scaling': unsupported rope_type '", type,
+               "' (supported: linear, llama3, yarn)");
     }
   }
   c.bos_token_id = get_int(j, "bos_token_id", -1, file);

@@ -52,26 +52,28 @@ float ulp(float x) {
 
 // The device tables hold rope_tables' values: the same double-precision angle, cos and sin within
 // one double rounding, so each f32 equals the host's or is its neighbour (a double result at an
-// f32 rounding boundary).
+// f32 rounding boundary); YaRN's tables times its attention factor.
 TEST(LlamaCudaKernels, RopeTableIsTheHostTable) {
   PA_SKIP_WITHOUT_GPU();
   const RopeScaling llama3{.type = "llama3", .factor = 8.f};  // Llama 3's bands (the defaults)
+  const RopeScaling yarn{.type = "yarn", .factor = 4.f, .original_max_position = 32768};
   for (const auto& [D, theta, scaling] :
        {std::tuple{64, 10000.f, RopeScaling{}}, std::tuple{128, 500000.f, llama3},
-        std::tuple{256, 1000000.f, RopeScaling{}}}) {
+        std::tuple{256, 1000000.f, RopeScaling{}}, std::tuple{128, 1000000.f, yarn}}) {
     const std::vector<double> inv = rope_inv_freq(D, theta, scaling);
+    const double scale = rope_attention_factor(scaling);
     const int32_t half = D / 2, rows = 1 << 17;
     Tensor dinv = upload(inv);
     Tensor table = Tensor::empty({2 * int64_t(rows) * half}, DType::f32, Device::cuda);
     auto* dcos = table.data_as<float>();
     cuda::rope_table(static_cast<const double*>(dinv.data()), half, rows, dcos,
-                     dcos + int64_t(rows) * half, nullptr);
+                     dcos + int64_t(rows) * half, nullptr, scale);
     const std::vector<float> got = download<float>(table, size_t(2) * rows * half);
     std::vector<int32_t> pos = {0, 1, 2, 3, 4095, 4096, 8191, 8192, 32767, rows - 1};
     std::mt19937 rng{uint32_t(D)};
     for (int i = 0; i < 300; ++i) pos.push_back(int32_t(rng() % uint32_t(rows)));
     std::vector<float> c(pos.size() * half), s(c.size());
-    rope_tables(inv, pos.data(), int32_t(pos.size()), c.data(), s.data());
+    rope_tables(inv, pos.data(), int32_t(pos.size()), c.data(), s.data(), scale);
     int64_t differ = 0;
     for (size_t t = 0; t < pos.size(); ++t) {
       for (int32_t i = 0; i < half; ++i) {

@@ -721,7 +721,7 @@ void LlamaModelCuda::Impl::grow_rope_table(int32_t n) {
   rope_table = Tensor::empty({2 * int64_t(rows) * half}, DType::f32, Device::cuda);
   auto* cos = rope_table.data_as<float>();
   cuda::rope_table(static_cast<const double*>(rope_inv_freq_dev.data()), half, rows, cos,
-                   cos + int64_t(rows) * half, stream);
+                   cos + int64_t(rows) * half, stream, rope_attention_factor(config.rope_scaling));
   rope_rows = rows;
 }
 

@@ -260,14 +260,14 @@ __global__ void __launch_bounds__(256)
 // grid ceil(rows half / 256), block 256: rope_tables' values of positions [0, rows) (a double
 // product and double cos and sin, rounded to f32).
 __global__ void rope_table_kernel(const double* __restrict__ inv_freq, int32_t half, int64_t n,
-                                  float* __restrict__ cos, float* __restrict__ sin) {
+                                  double scale, float* __restrict__ cos, float* __restrict__ sin) {
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= n) return;
   const double angle = double(e / half) * inv_freq[e % half];
   double sv, cv;
   ::sincos(angle, &sv, &cv);
-  cos[e] = float(cv);
-  sin[e] = float(sv);
+  cos[e] = float(cv * scale);
+  sin[e] = float(sv * scale);
 }
 
 // grid (ceil(inter / (256 * V)), T), block 256; V = 8 (16-byte vectors, inter % 8 == 0) or 1.
@@ -514,10 +514,11 @@ void qkv_post(const float* qkv, const float* bias, const float* q_norm, const fl
 }
 
 void rope_table(const double* inv_freq, int32_t half, int32_t rows, float* cos, float* sin,
-                cudaStream_t stream) {
+                cudaStream_t stream, double scale) {
   const int64_t n = int64_t(rows) * half;
   if (n == 0) return;
-  rope_table_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(inv_freq, half, n, cos, sin);
+  rope_table_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(inv_freq, half, n, scale, cos,
+                                                                   sin);
   check_cuda(cudaGetLastError(), "LlamaModelCuda: rope table");
 }
 

@@ -64,10 +64,10 @@ void qkv_post(const float* qkv, const float* bias, const float* q_norm, const fl
               uint16_t* k, uint16_t* v, cudaStream_t stream);
 
 // The RoPE tables of positions [0, rows), computed on the device as rope_tables (rope.h) computes
-// them (the angle and its cos and sin in double precision, rounded to f32).
+// them (the angle and its cos and sin in double precision, times scale, rounded to f32).
 //   inv_freq [half] f64;  cos, sin [rows, half] f32
 void rope_table(const double* inv_freq, int32_t half, int32_t rows, float* cos, float* sin,
-                cudaStream_t stream);
+                cudaStream_t stream, double scale = 1.0);
 
 // a[t, j] = silu(gu[t, j]) * gu[t, inter + j], fp32 math, bf16 out (the projections' outputs are
 // bf16, as in the Hugging Face bf16 models: half the bytes of f32 for this memory-bound pass).
