@@ -344,8 +344,8 @@ TEST(LlamaLoad, RejectsBadFiles) {
   f.config.num_kv_heads = 3;
   expect(f, "num_kv_heads");
   f = make_synthetic_model_file(cfg, 1);
-  f.config.rope_scaling.type = "yarn";
-  expect(f, "rope_scaling type 'yarn'");
+  f.config.rope_scaling.type = "longrope";
+  expect(f, "rope_scaling type 'longrope'");
 }
 
 TEST(LlamaLoad, CudaRunnerNotYetAvailable) {

@@ -224,7 +224,7 @@ TEST(Safetensors, BadConfigsNameTheKey) {
   cfg["num_key_value_heads"] = 3;
   expect_error([&] { parse_hf_config(cfg.dump(), "config.json"); }, "num_key_value_heads");
   cfg = base_config("LlamaForCausalLM");
-  cfg["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+  cfg["rope_scaling"] = {{"type", "dynamic"}, {"factor", 4.0}};
   expect_error([&] { parse_hf_config(cfg.dump(), "config.json"); }, "rope_scaling");
   cfg = base_config("LlamaForCausalLM");
   cfg["vocab_size"] = "big";
