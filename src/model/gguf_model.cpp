@@ -167,10 +167,31 @@ ModelFile load_gguf_model(const std::string& path, WeightFormat format) {
   c.sliding_window = window == 0 ? 0 : positive(p + "attention.sliding_window", window);
   c.attention_bias = arch == "qwen2";
   c.qk_norm = arch == "qwen3";
+  // llama.cpp's rope scaling keys: linear, and YaRN as Hugging Face's (the ramp between the
+  // beta rotations, cos/sin times 0.1 ln(factor) + 1); its variants with a log multiplier or an
+  // attention factor of their own are refused.
   const std::string scaling = g.get_string(p + "rope.scaling.type", "none");
   const double scale_factor = g.get_float(p + "rope.scaling.factor", 1.0);
-  PA_CHECK(scaling == "none" || scale_factor == 1.0, "load_model_file: ", path, ": key '", p,
-           "rope.scaling.type': unsupported rope scaling '", scaling, "'");
+  if (scaling == "linear" && scale_factor != 1.0) {
+    c.rope_scaling.type = "linear";
+    c.rope_scaling.factor = finite(p + "rope.scaling.factor", 1.0, false);
+  } else if (scaling == "yarn") {
+    for (const char* k : {"rope.scaling.yarn_log_multiplier", "rope.scaling.attn_factor"})
+      PA_CHECK(!g.has(p + k), "load_model_file: ", path, ": key '", p, k,
+               "': YaRN with its own attention factor is not supported");
+    RopeScaling& y = c.rope_scaling;
+    y.type = "yarn";
+    y.factor = finite(p + "rope.scaling.factor", 1.0, false);
+    y.original_max_position = int32_t(positive(
+        p + "rope.scaling.original_context_length",
+        g.get_int(p + "rope.scaling.original_context_length", c.max_position_embeddings)));
+    y.beta_fast = finite(p + "rope.scaling.yarn_beta_fast", 32.0, false);
+    y.beta_slow = finite(p + "rope.scaling.yarn_beta_slow", 1.0, false);
+  } else {
+    PA_CHECK(scaling == "none" || scale_factor == 1.0, "load_model_file: ", path, ": key '", p,
+             "rope.scaling.type': unsupported rope scaling '", scaling,
+             "' (supported: linear, yarn)");
+  }
 
   // Tokenizer ids.
   auto token_id = [&](const std::string& key) {

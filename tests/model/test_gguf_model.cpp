@@ -5,10 +5,14 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <utility>
 #include <vector>
 
 #include "default_model.h"
+#include "model/rope.h"
 #include "pagedattn/error.h"
 #include "pagedattn/gguf.h"
 #include "pagedattn/model_file.h"
@@ -222,6 +226,60 @@ TEST(GGUFModel, Llama3RopeFreqsBecomeRopeScaling) {
   EXPECT_FLOAT_EQ(mf.config.rope_scaling.high_freq_factor, 4.f);
   EXPECT_EQ(mf.config.rope_scaling.original_max_position, 8192);
   EXPECT_EQ(mf.tensors.count("rope_freqs.weight"), 0u);
+  fs::remove(path);
+}
+
+// llama.cpp's rope scaling keys (linear; YaRN with the pretraining context and betas) become the
+// scaling that config.json gives: the frequencies and cos/sin factor transformers computes for the
+// same parameters (tests/model/rope_scaling_golden.json, cases 0 and 3); YaRN's variants with an
+// attention factor of their own are refused by key.
+TEST(GGUFModel, LinearAndYarnKeysBecomeRopeScaling) {
+  std::ifstream in(fs::path(__FILE__).parent_path() / "rope_scaling_golden.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json cases = nlohmann::json::parse(text.str())["cases"];
+  auto write = [](const std::string& path, uint32_t context, const std::string& type, float factor,
+                  uint32_t original, bool extra_key) {
+    GGUFWriter w;
+    w.kv_str("general.architecture", "llama");
+    for (auto [k, v] : {std::pair{"embedding_length", 256}, {"block_count", 1},
+                        {"feed_forward_length", 32}, {"attention.head_count", 4},
+                        {"attention.head_count_kv", 4}})
+      w.kv_u32(std::string("llama.") + k, uint32_t(v));
+    w.kv_u32("llama.context_length", context);
+    w.kv_f32("llama.rope.freq_base", 10000.f);
+    w.kv_str("llama.rope.scaling.type", type);
+    w.kv_f32("llama.rope.scaling.factor", factor);
+    if (original) w.kv_u32("llama.rope.scaling.original_context_length", original);
+    if (extra_key) w.kv_f32("llama.rope.scaling.yarn_log_multiplier", 0.1f);
+    w.tensor_f32("token_embd.weight", {256, 2}, std::vector<float>(512, 1.f));
+    w.tensor_f32("output_norm.weight", {256}, std::vector<float>(256, 1.f));
+    w.write(path);
+  };
+  const std::string path = (fs::temp_directory_path() / "pa_rope_scaling.gguf").string();
+  for (const auto& [index, type, factor, context, original] :
+       {std::tuple{0, "linear", 2.f, 2048u, 0u}, std::tuple{3, "yarn", 8.f, 32768u, 4096u}}) {
+    const nlohmann::json& c = cases[size_t(index)];
+    ASSERT_EQ(c["rope_scaling"]["rope_type"].get<std::string>(), type);
+    write(path, context, type, factor, original, false);
+    const ModelConfig cfg = load_gguf_model(path).config;
+    EXPECT_EQ(cfg.rope_scaling.type, type);
+    const std::vector<double> inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling);
+    const std::vector<double> want = c["inv_freq"].get<std::vector<double>>();
+    ASSERT_EQ(inv.size(), want.size()) << type;
+    for (size_t i = 0; i < inv.size(); ++i)
+      EXPECT_NEAR(inv[i], want[i], 2e-6 * want[i]) << type << " frequency " << i;
+    EXPECT_NEAR(rope_attention_factor(cfg.rope_scaling), c["attention_factor"].get<double>(), 1e-6);
+  }
+  write(path, 32768, "yarn", 8.f, 4096, true);
+  try {
+    load_gguf_model(path);
+    ADD_FAILURE() << "a YaRN log multiplier was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("yarn_log_multiplier"), std::string::npos) << e.what();
+  }
+  write(path, 4096, "longrope", 2.f, 0, false);
+  EXPECT_THROW(load_gguf_model(path), Error);
   fs::remove(path);
 }
 
