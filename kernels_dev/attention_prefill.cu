@@ -1,6 +1,8 @@
 // Kernel lab: paged prefill attention (ragged q_len > 1, causal, chunked), versions side by side.
 //
 //   attention_prefill_lab           correctness gate on every version, then the timing sweep
+//   LAB_PREFILL_TRACE=4:2048 attention_prefill_lab   v8's per-work timeline on one shape (needs
+//                                   the library built with -DPAGEDATTN_PREFILL_TRACE=ON)
 //
 // Versions:
 //   v1  the decode kernel run once per query row (CudaPlanOptions::tensor_core_prefill = false):
@@ -96,6 +98,15 @@
 // leaves CTAs' totals apart wherever the works do not fall evenly over a round.
 // Publishing each work's geometry from thread 0 (instead of every role reading the item,
 // q_indptr and kv_len itself) was 6-30% slower (the attention benchmark, two builds).
+// v8's work boundaries (2026-11-27, H100; LAB_PREFILL_TRACE below, with the library built with
+// -DPAGEDATTN_PREFILL_TRACE=ON): at batch 4 / 2048 a work ended with 2.0 us of stores and 0.9 us
+// to take the next one, and began with 0.06 us a tile to find the tiles each warpgroup sees. The
+// library's v8 now finds them in closed form, takes the next work's index and geometry before the
+// stores, and sorts its works by whole 128-key tiles (the four tiles of a 128-query chunk ran a
+// batch apart, reading their K/V from memory four times). The attention benchmark, three rounds
+// against the build before: TFLOP/s batch 1 / 2048 395 -> 411, batch 1 / 8192 572 -> 591, batch
+// 4 / 2048 429 -> 448, batch 4 / 8192 level; 64 prompts of 512 1.08x, chunks of 128 queries at
+// the end of 512-2048 positions 1.08-1.38x (docs/BENCHMARKS.md, 2026-11-27).
 // Nor (2026-11-26, H100, lab, five rotated rounds against v7 in one binary): each CTA, once its
 // loads were issued, prefetching into L2 the Q tile of the work an SM count on (the one likely to
 // start as it ends): 1.0-2.4% faster at batch 4 / 2048, batch 1 / 32768 and d64, 2-10% slower at
@@ -126,7 +137,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "lab_common.h"
 
@@ -134,9 +147,13 @@ namespace {
 
 using namespace pagedattn;
 
+// LAB_PREFILL_TRACE (below): the buffer v8 records its works' timeline into.
+void* g_trace = nullptr;
+
 std::function<void()> make_version(int v, const lab::Problem& p,
                                    std::unique_ptr<CudaAttentionPlan>& plan) {
   CudaPlanOptions o;
+  if (v == 8) o.prefill_trace = g_trace;
   o.tensor_core_prefill = v >= 2;
   o.hopper_prefill = v >= 3;
   o.hopper_prefill_overlap = v >= 4;
@@ -152,9 +169,111 @@ std::function<void()> make_version(int v, const lab::Problem& p,
   };
 }
 
+// LAB_PREFILL_TRACE=batch:len[:chunk[:d]] (d128 by default, 32 query / 8 KV heads, page 16,
+// bf16): v8's timeline on that shape (CudaPlanOptions::prefill_trace), read from one launch after
+// warm-up: where a CTA's time goes between and inside its works, by the works' KV tiles. Needs
+// the library built with -DPAGEDATTN_PREFILL_TRACE=ON (else nothing is recorded: said so).
+int trace_shape(const char* spec) {
+  int batch = 0, len = 0, chunk = 0, d = 128;
+  if (std::sscanf(spec, "%d:%d:%d:%d", &batch, &len, &chunk, &d) < 2 || batch < 1 || len < 1) {
+    std::fprintf(stderr, "LAB_PREFILL_TRACE: want batch:len[:chunk[:d]], got %s\n", spec);
+    return 1;
+  }
+  if (chunk <= 0 || chunk > len) chunk = len;
+  lab::Shape s;
+  s.hq = 32;
+  s.hkv = 8;
+  s.d = d;
+  s.page = 16;
+  s.q_len.assign(size_t(batch), chunk);
+  s.kv_len.assign(size_t(batch), len);
+  lab::Problem p(s, 5, false);
+  constexpr int E = 8;
+  const size_t max_works = size_t(batch) * s.hkv * ((chunk * (s.hq / s.hkv) + 127) / 128);
+  lab::ck(cudaMalloc(&g_trace, max_works * E * 8), "trace buffer");
+  std::unique_ptr<CudaAttentionPlan> plan;
+  std::function<void()> run = make_version(8, p, plan);
+  for (int i = 0; i < 3; ++i) run();
+  lab::ck(cudaMemset(g_trace, 0, max_works * E * 8), "trace clear");
+  run();
+  lab::ck(cudaDeviceSynchronize(), "traced launch");
+  std::vector<uint64_t> t(max_works * E);
+  lab::ck(cudaMemcpy(t.data(), g_trace, t.size() * 8, cudaMemcpyDeviceToHost), "trace copy");
+  cudaFree(g_trace);
+  g_trace = nullptr;
+  // Each CTA's works in its order.
+  struct W {
+    const uint64_t* e;
+    int k, tiles;
+  };
+  std::map<int, std::vector<W>> ctas;
+  uint64_t t0 = UINT64_MAX, t1 = 0;
+  for (size_t w = 0; w < max_works; ++w) {
+    const uint64_t* e = &t[w * E];
+    if (e[0] == 0 || e[4] == 0 || e[5] == 0 || e[7] == 0) continue;
+    ctas[int(e[7] >> 32)].push_back({e, int((e[7] >> 16) & 0xffff), int(e[7] & 0xffff)});
+    t0 = std::min({t0, e[0], e[6]});
+    t1 = std::max({t1, e[4], e[5]});
+  }
+  // Phases: take (the last rows stored to the work started), Q wait, first S, the rest of the
+  // tiles, the next work's index in hand, the stores; and the producer's Q issue to the Q found
+  // landed.
+  const char* names[] = {"take", "q_wait", "first_s", "tiles", "next", "store",
+                         "q_issue_to_landed"};
+  constexpr int NP = 7;
+  std::map<int, std::vector<std::vector<double>>> by_tiles;
+  double sums[NP] = {}, span_sum = 0;
+  int works = 0;
+  for (auto& [cta, ws] : ctas) {
+    std::sort(ws.begin(), ws.end(), [](const W& a, const W& b) { return a.k < b.k; });
+    uint64_t prev_end = t0;
+    for (const W& w : ws) {
+      const uint64_t* e = w.e;
+      double ph[NP] = {double(e[0] - prev_end), double(e[1] - e[0]), double(e[2] - e[1]),
+                       double(e[3] - e[2]),       double(e[5] - e[3]), double(e[4] - e[5]),
+                       double(e[1]) - double(e[6])};
+      auto& v = by_tiles[w.tiles];
+      if (v.empty()) v.resize(NP);
+      for (int k = 0; k < NP; ++k) {
+        v[size_t(k)].push_back(ph[k] / 1e3);
+        sums[k] += ph[k] / 1e3;
+      }
+      prev_end = e[4];
+      ++works;
+    }
+    span_sum += double(prev_end - t0) / 1e3;
+  }
+  if (ctas.empty()) {
+    std::printf("== trace: nothing recorded (build with -DPAGEDATTN_PREFILL_TRACE=ON)\n");
+    return 1;
+  }
+  const double n = double(ctas.size());
+  std::printf("== trace: batch %d, len %d, chunk %d, d%d: %d works on %zu CTAs, first take to last "
+              "store %.1f us\n", batch, len, chunk, d, works, ctas.size(), double(t1 - t0) / 1e3);
+  std::printf("a CTA's time (mean over CTAs, us):");
+  for (int k = 0; k < NP - 1; ++k) std::printf(" %s %.1f", names[k], sums[k] / n);
+  std::printf(" | span %.1f\n", span_sum / n);
+  std::printf("%-6s %-6s", "tiles", "works");
+  for (int k = 0; k < NP; ++k) std::printf(" %18s", names[k]);
+  std::printf("   (median/mean us)\n");
+  for (auto& [tiles, v] : by_tiles) {
+    std::printf("%-6d %-6zu", tiles, v[0].size());
+    for (int k = 0; k < NP; ++k) {
+      std::vector<double>& x = v[size_t(k)];
+      double mean = 0;
+      for (double y : x) mean += y;
+      std::sort(x.begin(), x.end());
+      std::printf("      %6.2f/%6.2f", x[x.size() / 2], mean / double(x.size()));
+    }
+    std::printf("\n");
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main() {
+  if (const char* spec = std::getenv("LAB_PREFILL_TRACE")) return trace_shape(spec);
   constexpr int kVersions = 8;
   int failures = 0;
   std::printf("== correctness gate (relative L2 error vs the double-precision reference)\n");

@@ -102,6 +102,14 @@ struct CudaPlanOptions {
   // it merges, when its first window's copies are issued and weighed, when they have landed, and
   // after the last window. Null: nothing recorded.
   void* decode_trace = nullptr;
+  // Kernel lab instrument: a device buffer of 8 x uint64_t per work of the Hopper prefill kernel
+  // (a prefill item for one KV head, in the kernel's work order), which then records the GPU's
+  // global timer (ns) as the first consumer warpgroup takes the work, finds its Q landed, has its
+  // first S = Q K^T, has its last P V, has stored its rows and has the next work in hand (before
+  // the stores); when the producer has issued its Q; and the CTA (high 32 bits), its count of
+  // works before this one (bits 16-31) and the work's KV tiles (0-15). Null: nothing recorded.
+  // Recorded only by a library built with -DPAGEDATTN_PREFILL_TRACE=ON (a lab build).
+  void* prefill_trace = nullptr;
 };
 
 // What a plan decided, for tests and benchmarks.

@@ -70,7 +70,8 @@ struct AttentionParams {
   int32_t* merge_counters = nullptr;
   // Query heads per CTA of the tensor-core decode kernel (8 or 16); 0: the CUDA-core kernel.
   int32_t decode_tc_rows = 0;
-  uint64_t* decode_trace = nullptr;  // CudaPlanOptions::decode_trace
+  uint64_t* decode_trace = nullptr;   // CudaPlanOptions::decode_trace
+  uint64_t* prefill_trace = nullptr;  // CudaPlanOptions::prefill_trace
   // prefill
   const PrefillItem* prefill_items = nullptr;  // [num_prefill_items]
   int32_t num_prefill_items = 0;

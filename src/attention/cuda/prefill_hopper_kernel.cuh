@@ -206,6 +206,22 @@ __device__ __forceinline__ HopperWork hopper_work(const AttentionParams& p, int 
   return h;
 }
 
+// CudaPlanOptions::prefill_trace (a lab instrument): event e of work w, the global timer's ns (or
+// `value` for the last event); called by one thread. Compiled in only where the library is built
+// with PAGEDATTN_PREFILL_TRACE (CMake option of that name).
+// NOTE: compiled in, the marks cost the kernel's registers (spills) even with no buffer given.
+constexpr int kPrefillTraceEvents = 8;
+__device__ __forceinline__ void prefill_trace_mark(const AttentionParams& p, int w, int e,
+                                                   uint64_t value = 0) {
+#ifndef PAGEDATTN_PREFILL_TRACE
+  return;
+#endif
+  if (p.prefill_trace == nullptr) return;
+  uint64_t t = value;
+  if (e + 1 < kPrefillTraceEvents) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  p.prefill_trace[int64_t(w) * kPrefillTraceEvents + e] = t;
+}
+
 // The next work of a CTA that has finished taking its first (work blockIdx.x), -1 when none is
 // left: a smaller (persistent) grid takes the works past its first gridDim.x from a counter, in
 // the plan's order, so that each goes to the CTA that asks first, as the hardware hands out the
@@ -214,6 +230,9 @@ __device__ __forceinline__ HopperWork hopper_work(const AttentionParams& p, int 
 // head's works). The CTA that takes the last -1 puts the counters back to zero for the next
 // launch.
 // NOTE: called by one thread per CTA; p.hopper_counters = {next work - gridDim.x, CTAs done}.
+// NOTE: measured on an H100: taking each next index one work ahead (the take's round trip under
+// the work before) made batch 1 / 8192 7% slower (batch 4 / 2048 2%): a CTA then holds its next
+// work for as long as its current one runs, and the last long works wait behind busy CTAs.
 __device__ __forceinline__ int hopper_next_work(const AttentionParams& p) {
   const int total = p.num_prefill_items * p.num_kv_heads, n = int(gridDim.x);
   if (n >= total) return -1;  // one CTA per work
@@ -464,7 +483,12 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       const int w = v_warp ? read_work(k) : warp0_work(k);
       if (w < 0) break;
       const HopperWork h = hopper_work<BN>(p, w);
-      if (tid == 0) load_q(k, h);
+      if (tid == 0) {
+        load_q(k, h);
+        prefill_trace_mark(p, w, 6);
+        prefill_trace_mark(p, w, 7,
+                           (uint64_t(blockIdx.x) << 32) | uint32_t(k) << 16 | uint32_t(h.ntiles));
+      }
       const int32_t* bt = p.block_table + int64_t(h.it.seq) * p.max_pages_per_seq;
       // Lane j < nsub copies rows [t0 + j PB, t0 + (j + 1) PB) of a tile: one box per column
       // block, inside one page. Its page id is read one tile ahead, so that the block-table read
@@ -558,10 +582,15 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   uint32_t pa[BN / 16][4];  // P as the A fragments of O += P V (16 keys per k step)
   float alpha[2];           // the rescale of O that the last softmax asks for
   int ring = 0;
-  for (int k = 0; kPersist || k == 0; ++k) {
-    const int w = read_work(k);
-    if (w < 0) break;
-    const HopperWork wk = hopper_work<BN>(p, w);
+  // The CTA's next work and its geometry are taken before the rows of the one before are stored
+  // (the reads' latency under the stores').
+  // NOTE: measured on an H100 against taking them after the stores: 3.5-7% faster at batch 1 to
+  // 64 x 512-2048 positions, 1.4% at batch 1 x 8192.
+  int w = read_work(0);
+  HopperWork wk{};
+  if (w >= 0) wk = hopper_work<BN>(p, w);
+  for (int k = 0; w >= 0; ++k) {
+    if (tid == 128) prefill_trace_mark(p, w, 0);
     const PrefillItem it = wk.it;
     const int kvh = wk.kvh, q0 = wk.q0, L = wk.L, row_end = wk.row_end, pos_base = wk.pos_base;
     const int t_first = wk.t_first, ntiles = wk.ntiles;
@@ -589,11 +618,21 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     const float qk_scale = FP8 ? p.scale * p.k_scale[kvh] : p.scale;
     const float log2_unit = p.softcap > 0.f ? 1.f : qk_scale * kLog2e;
 
-    // Tile i: whether this warpgroup sees any of its keys, and whether it sees all of them.
-    auto tile_need_by = [&](bool rows, int lo, int hi, int t0) {
-      return rows && (!p.causal || t0 <= hi) && (p.window == 0 || t0 + BN - 1 > lo - p.window);
+    // The tiles [a, b] of this work that rows at positions [lo, hi] see (a = ntiles, b = -1 for
+    // none): tile i (keys from t0 = t_first + i BN) is seen where rows exist, t0 <= hi when
+    // causal, and t0 + BN - 1 > lo - window with a window; so the tiles seen are contiguous.
+    // NOTE: a loop over the tiles testing each took about 0.06 us a tile of a work's start, on
+    // the path to its first product (4 us at 64 tiles; H100, LAB_PREFILL_TRACE).
+    auto tile_range = [&](bool rows, int lo, int hi, int& a, int& b) {
+      a = 0;
+      b = ntiles - 1;
+      if (p.causal) b = hi < t_first ? -1 : min(b, (hi - t_first) / BN);
+      if (p.window > 0) {
+        const int x = lo - p.window - t_first - BN + 1;  // tile i is seen where i BN > x
+        a = x < 0 ? 0 : x / BN + 1;
+      }
+      if (!rows || a > b) a = ntiles, b = -1;
     };
-    auto tile_need = [&](int t0) { return tile_need_by(has_rows, wg_pos_lo, wg_pos_hi, t0); };
     auto tile_full = [&](int t0) {
       return t0 + BN <= L && (!p.causal || t0 + BN - 1 <= wg_pos_lo) &&
              (p.window == 0 || t0 > wg_pos_hi - p.window) && r_base + 64 <= row_end;
@@ -699,6 +738,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     };
 
     mbar_wait(q_full, k & 1);
+    if (tid == 128) prefill_trace_mark(p, w, 1);
     if constexpr (FP8 && Q::kDType == DType::bf16) {
       // This warpgroup's 64 rows of Q, bf16 -> f16 in place (the layout is per element).
       const int wt = tid % 128;
@@ -715,14 +755,13 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     }
     if constexpr (!OVERLAP) {
       // One tile after the other: S, softmax, P V. Q is free after the last tile's S.
-      int last_s = -1;
-      for (int i = 0; i < ntiles; ++i)
-        if (tile_need(t_first + i * BN)) last_s = i;
+      int first_s, last_s;
+      tile_range(has_rows, wg_pos_lo, wg_pos_hi, first_s, last_s);
       if (last_s < 0) mbar_arrive(q_empty);
       for (int i = 0; i < ntiles; ++i) {
         const int s = stage(i), t0 = t_first + i * BN;
         const uint32_t ph = phase(i);
-        const bool need = tile_need(t0);
+        const bool need = i >= first_s && i <= last_s;
         mbar_wait(&k_full[s], ph);
         if (need) {
           issue_s(s);
@@ -751,12 +790,9 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       // window below); the wgmma issues sit on straight paths over them, since ptxas serialises
       // every wgmma of a kernel whose issues or waits it finds on divergent paths.
       // This warpgroup's tiles [i_lo, i_hi], the other's [j_lo, j_hi].
-      int i_lo = ntiles, i_hi = -1, j_lo = ntiles, j_hi = -1;
-      for (int i = 0; i < ntiles; ++i) {
-        if (tile_need(t_first + i * BN)) i_lo = min(i_lo, i), i_hi = i;
-        if (tile_need_by(o_rows, o_pos_lo, o_pos_hi, t_first + i * BN))
-          j_lo = min(j_lo, i), j_hi = i;
-      }
+      int i_lo, i_hi, j_lo, j_hi;
+      tile_range(has_rows, wg_pos_lo, wg_pos_hi, i_lo, i_hi);
+      tile_range(o_rows, o_pos_lo, o_pos_hi, j_lo, j_hi);
       // Ping-pong turns go in tile order over the tiles either warpgroup sees, [u_lo, u_hi]: turn
       // i issues S(i) and P V(i - 1), and turn u_hi + 1 the last P V. A warpgroup passes the turns
       // of tiles it does not see right after skipping them, so that neither runs ahead of the tiles
@@ -789,6 +825,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
           pp_pass();
           wgmma_wait<0>();
           fence_regs(sc);
+          if (tid == 128) prefill_trace_mark(p, w, 2);
           mbar_arrive(&k_empty[s]);
           softmax(t0, tile_full(t0));
           rescale_and_pack();
@@ -822,6 +859,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
         pp_pass();
         wgmma_wait<0>();
         fence_regs(o);
+        if (tid == 128) prefill_trace_mark(p, w, 3);
         mbar_arrive(&v_empty[s]);
         for (int i = i_hi + 1; i <= u_hi; ++i) skip_and_pass(i);
       } else {
@@ -835,7 +873,17 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       for (int i = u_lo <= u_hi ? u_hi + 1 : ntiles; i < ntiles; ++i) skip(i);
     }
 
+    // The next work (kPersist) and its geometry, their reads issued before the stores.
+    const int w_next = kPersist ? read_work(k + 1) : -1;
+    HopperWork wk_next{};
+    if (w_next >= 0) wk_next = hopper_work<BN>(p, w_next);
+    if (tid == 128) prefill_trace_mark(p, w, 5);
+
     // ---- normalise and store ----
+    // NOTE: tried on an H100: a 4 x 4 transpose of each quad's words by shuffles, so that a warp
+    // stores 8 rows x 64 bytes an instruction instead of 8 x 16, took a work's stores from about
+    // 2.0 to 1.4 us (LAB_PREFILL_TRACE), but it added register spills and the tiles ran longer:
+    // batch 1 / 8192 and batch 4 / 2048 1-7% slower than without.
     uint16_t* out = static_cast<uint16_t*>(p.out);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -853,7 +901,10 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
         *reinterpret_cast<uint32_t*>(dst + n * 8) =
             cvt_pack2<Q>(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
     }
+    if (tid == 128) prefill_trace_mark(p, w, 4);
     ring += ntiles;
+    w = w_next;
+    wk = wk_next;
   }  // works
   if (pingpong && cw == 0) named_bar_sync(1, 2 * 128);  // warpgroup 1's last hand-over
 #endif
