@@ -584,7 +584,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   int ring = 0;
   // The CTA's next work and its geometry are taken before the rows of the one before are stored
   // (the reads' latency under the stores').
-  // NOTE: measured on an H100 against taking them after the stores: 3.5-7% faster at batch 1 to
+  // NOTE: measured on an H100 against taking them after the stores: 3-7% faster at batch 1 to
   // 64 x 512-2048 positions, 1.4% at batch 1 x 8192.
   int w = read_work(0);
   HopperWork wk{};
