@@ -885,6 +885,11 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     // 2.0 to 1.4 us (LAB_PREFILL_TRACE), but it added register spills and the tiles ran longer:
     // batch 1 / 8192 and batch 4 / 2048 1-7% slower than without. The consumers' code has no
     // spill as it is (the SASS); even one swapped word a lane pair spilled inside the tile loop.
+    // Also tried: the rows written into half of the work's last K (or V) stage and stored from
+    // there a 16-byte chunk a thread, the producer refilling that stage after the stores: no spill
+    // (once the epilogue had no branch), but 1-3% slower at batch 1 / 8192 and level at 2048. A
+    // timing-only build without any store here was 0.9% faster at batch 1 / 8192 (3-4.5% at
+    // 2048 positions): the stores are not what holds that shape under 600 TFLOP/s.
     uint16_t* out = static_cast<uint16_t*>(p.out);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
