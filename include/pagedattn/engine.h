@@ -115,14 +115,15 @@ class Engine {
   void after_token(RequestState& rs, Sequence& seq);
   // Schedule ahead (EngineConfig::schedule_ahead): whether the step after `out` (a pass begun;
   // `sampled`: a sampled one) can be scheduled before out's picks are read, and doing it: out
-  // committed, each of its sequences given a stand-in token (chained_token), the next step
+  // committed, each of its sequences with a logit row given a stand-in token (chained_token; a
+  // prompt chunk before its last has none: the next chunk's tokens are known), the next step
   // scheduled and begun (Model::begin_greedy or begin_sample) into ahead_. Returns whether out
   // was committed.
   bool can_schedule_next(const SchedulerOutput& out, bool sampled) const;
   bool schedule_next(const SchedulerOutput& out, bool sampled);
   // A committed step's picks (schedule_next): ids of a greedy step, else the sampled tokens. The
   // stand-ins become the tokens, in the cache's record too, and the pages the step wrote get their
-  // hashes; then record_logprobs (sampled) and after_token.
+  // hashes (prompt chunks' too); then record_logprobs (sampled) and after_token.
   void take_ahead_picks(const SchedulerOutput& out, const std::vector<int32_t>& ids,
                         const std::vector<TokenLogprobs>& picked, std::vector<RequestId>& touched);
   // take_token's first half: the pick's log-probabilities kept as the request asks.

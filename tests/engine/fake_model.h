@@ -129,18 +129,66 @@ class FakeModel : public Model {
     ++num_greedy_calls;
     return Model::forward_greedy(b, cache);
   }
-  // The default two-call steps; passes begun with stand-in tokens (schedule ahead) counted.
+  // The default two-call steps; passes begun with stand-in tokens (schedule ahead) counted, and
+  // every pass begun recorded with whether another was open then.
   void begin_greedy(const ForwardBatch& b, KvCache& cache) override {
+    const bool ahead = open_passes > 0;
     Model::begin_greedy(b, cache);
+    note_begun(b, ahead);
     if (std::any_of(b.tokens.begin(), b.tokens.end(), [](int32_t t) { return t < 0; }))
       ++num_chained_passes;
   }
   void begin_sample(const ForwardBatch& b, KvCache& cache) override {
+    const bool ahead = open_passes > 0;
     Model::begin_sample(b, cache);
+    note_begun(b, ahead);
     if (std::any_of(b.tokens.begin(), b.tokens.end(), [](int32_t t) { return t < 0; })) {
       ++num_chained_passes;
       ++num_chained_sampled_passes;
     }
+  }
+  std::vector<int32_t> finish_greedy() override {
+    try {
+      std::vector<int32_t> ids = Model::finish_greedy();
+      --open_passes;
+      return ids;
+    } catch (...) {
+      open_passes = 0;  // an error drops every open pass (Model's contract)
+      throw;
+    }
+  }
+  std::vector<TokenLogprobs> take_sampled() override {
+    try {
+      std::vector<TokenLogprobs> picks = Model::take_sampled();
+      --open_passes;
+      return picks;
+    } catch (...) {
+      open_passes = 0;
+      throw;
+    }
+  }
+  void pick_sampled(const SamplePlan& plan) override {
+    try {
+      Model::pick_sampled(plan);
+    } catch (...) {
+      open_passes = 0;
+      throw;
+    }
+  }
+  // A begun pass: its batch's tokens, its rows without a logit row (prompt chunks before their
+  // last), and whether another pass was open when it was begun.
+  struct BegunPass {
+    int32_t tokens = 0;
+    int32_t rows_without_logits = 0;
+    bool ahead = false;
+  };
+  void note_begun(const ForwardBatch& b, bool ahead) {
+    ++open_passes;
+    BegunPass p;
+    p.tokens = int32_t(b.tokens.size());
+    p.rows_without_logits = int32_t(b.q_indptr.size()) - 1 - int32_t(b.logit_rows.size());
+    p.ahead = ahead;
+    begun.push_back(p);
   }
   // The default sampled step (forward, then the host twin of the plan), counted.
   std::vector<TokenLogprobs> forward_sample(const ForwardBatch& b, KvCache& cache,
@@ -211,6 +259,8 @@ class FakeModel : public Model {
   int64_t num_sample_calls = 0;             // the steps that took forward_sample
   int64_t num_chained_passes = 0;           // passes begun with stand-in tokens
   int64_t num_chained_sampled_passes = 0;   // of those, sampled ones
+  int32_t open_passes = 0;                  // begun and not yet finished
+  std::vector<BegunPass> begun;             // every pass begun, in order
   std::vector<int32_t> batch_tokens;        // tokens per forward call
   std::vector<int32_t> batch_seqs;          // sequences per forward call
 

@@ -265,6 +265,62 @@ TEST(ScheduleAhead, ArrivalsAndTightCachesGiveTheSameTokens) {
   }
 }
 
+// Prompts longer than a step's token budget (32 here) run in chunks. A chunk before a prompt's last
+// has no logit row, and the next chunk's tokens are known: it is begun while the chunk before runs,
+// alone or beside other requests' decode rows. The same tokens as without, the oracle's, and a
+// repeated prompt finds the chunks' pages in the prefix cache.
+TEST(ScheduleAhead, PromptChunksAreBegunAhead) {
+  std::map<RequestId, Out> res[2];
+  std::vector<FakeModel::BegunPass> begun[2];
+  int64_t hits[2] = {0, 0};
+  std::vector<std::vector<int32_t>> prompts;
+  for (int32_t i = 0; i < 4; ++i) prompts.push_back(prompt(70 + 23 * i, 50 + i));
+  for (int32_t ahead : {0, 1}) {
+    auto model = std::make_unique<FakeModel>(128);
+    const FakeModel& fake = *model;
+    EngineConfig c = config(ahead);
+    c.enable_prefix_cache = true;
+    Engine e(std::move(model), c);
+    const RequestId first = e.add_request(greedy(prompts[0], 6));  // 70 tokens: 32 + 32 + 6
+    res[ahead] = run(e);
+    EXPECT_EQ(res[ahead][first].tokens, fake.greedy_oracle(prompts[0], 6));
+    begun[ahead] = fake.begun;
+    // The others arrive while the ones before decode; the last repeats the first prompt.
+    std::map<RequestId, std::vector<int32_t>> asked;
+    for (int32_t i = 1; i <= 4; ++i) {
+      const std::vector<int32_t>& p = prompts[size_t(i % 4)];
+      asked[e.add_request(greedy(p, 9))] = p;
+      for (int32_t k = 0; k < 2 && e.has_work(); ++k) gather(res[ahead], e.step());
+    }
+    res[ahead] = run(e, res[ahead]);
+    hits[ahead] = e.cache().stats().prefix_hits;
+    for (const auto& [id, p] : asked)
+      EXPECT_EQ(res[ahead][id].tokens, fake.greedy_oracle(p, 9)) << "ahead " << ahead << " request "
+                                                                 << id;
+    EXPECT_EQ(e.cache().stats().pages_used, 0);
+    if (ahead == 1) {
+      int32_t chunks_ahead = 0;
+      for (const FakeModel::BegunPass& b : fake.begun)
+        if (b.rows_without_logits > 0 && b.ahead) ++chunks_ahead;
+      EXPECT_GE(chunks_ahead, 4) << "prompt chunks begun while a pass ran";
+    }
+  }
+  // The first request alone: its three chunks, then its decode steps.
+  ASSERT_GE(begun[1].size(), 3u);
+  EXPECT_EQ(begun[1][0].tokens, 32);
+  EXPECT_EQ(begun[1][0].rows_without_logits, 1);
+  EXPECT_FALSE(begun[1][0].ahead);
+  EXPECT_EQ(begun[1][1].tokens, 32);
+  EXPECT_TRUE(begun[1][1].ahead);  // the second chunk, begun while the first ran
+  EXPECT_EQ(begun[1][2].tokens, 6);
+  EXPECT_TRUE(begun[1][2].ahead);  // the last chunk (it has the logit row)
+  EXPECT_TRUE(begun[0].empty());   // without: one pass at a time (forward_greedy)
+  EXPECT_GE(hits[1], 64);          // the repeated 70-token prompt's whole pages, written
+  EXPECT_EQ(hits[1], hits[0]);
+  ASSERT_EQ(res[0].size(), res[1].size());
+  for (const auto& [id, a] : res[0]) EXPECT_EQ(res[1][id].tokens, a.tokens) << "request " << id;
+}
+
 // A pass that fails while the next one is begun (the model's error from finish_greedy drops both):
 // the requests of the step end with the error, nothing is leaked, and the engine serves the next
 // requests with the oracle's tokens.

@@ -26,7 +26,9 @@ struct Outcome {
 
 // Two waves of greedy requests; request 2 of the first wave is cancelled after six steps. stop:
 // per request of the first wave, a token that ends it (-1: none).
-Outcome run(int32_t ahead, const std::vector<int32_t>& stop) {
+// budget > 0: the step's token budget (EngineConfig::max_num_batched_tokens), and prompts long
+// enough to run in chunks of it.
+Outcome run(int32_t ahead, const std::vector<int32_t>& stop, int32_t budget = 0) {
   const ModelConfig cfg =
       pagedattn::testing::tiny_config("llama", pagedattn::testing::TinySize::gpu);
   EngineConfig c;
@@ -34,6 +36,7 @@ Outcome run(int32_t ahead, const std::vector<int32_t>& stop) {
   c.page_size = 16;
   c.log_startup = false;
   c.schedule_ahead = ahead;
+  if (budget > 0) c.max_num_batched_tokens = budget;
   Engine e(std::make_unique<LlamaModelCuda>(cfg, 9), c);
   Outcome r;
   r.ahead = e.schedules_ahead();
@@ -41,7 +44,8 @@ Outcome run(int32_t ahead, const std::vector<int32_t>& stop) {
   std::vector<RequestId> ids;
   for (int32_t i = 0; i < 6; ++i) {
     Request q;
-    for (int32_t j = 0; j < 5 + 9 * i; ++j) q.prompt.push_back((j * 31 + i * 7 + 3) % 300);
+    const int32_t len = budget > 0 ? 40 + 37 * i : 5 + 9 * i;
+    for (int32_t j = 0; j < len; ++j) q.prompt.push_back((j * 31 + i * 7 + 3) % 300);
     q.sampling.temperature = 0.f;
     if (i % 2 == 1) {  // sampled on the device (the mix), seeded
       q.sampling.temperature = 0.8f;
@@ -98,6 +102,19 @@ TEST(ScheduleAheadCuda, SameTokensAsWithout) {
   EXPECT_EQ(on.pages_used, 0);
   EXPECT_EQ(off.finish.at(3), FinishReason::cancelled);
   EXPECT_EQ(off.finish.at(2), FinishReason::stop);
+  EXPECT_EQ(off.tokens.size(), 12u);
+}
+
+// Prompts of 40-225 tokens in chunks of at most 48 tokens a step: each chunk before a prompt's
+// last is begun while the step before runs (beside other requests' decode rows). The same tokens.
+TEST(ScheduleAheadCuda, PromptChunksSameTokensAsWithout) {
+  PA_SKIP_WITHOUT_GPU();
+  const std::vector<int32_t> none(6, -1);
+  const Outcome off = run(0, none, 48), on = run(-1, none, 48);
+  EXPECT_TRUE(on.ahead);
+  EXPECT_EQ(on.tokens, off.tokens);
+  EXPECT_EQ(on.finish, off.finish);
+  EXPECT_EQ(on.pages_used, 0);
   EXPECT_EQ(off.tokens.size(), 12u);
 }
 
