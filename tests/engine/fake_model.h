@@ -147,25 +147,24 @@ class FakeModel : public Model {
       ++num_chained_sampled_passes;
     }
   }
-  std::vector<int32_t> finish_greedy() override {
+  // A call that finishes the oldest open pass, counted (an error drops every open pass: Model's
+  // contract).
+  template <class F>
+  auto closing_pass(F&& finish) {
     try {
-      std::vector<int32_t> ids = Model::finish_greedy();
+      auto out = finish();
       --open_passes;
-      return ids;
-    } catch (...) {
-      open_passes = 0;  // an error drops every open pass (Model's contract)
-      throw;
-    }
-  }
-  std::vector<TokenLogprobs> take_sampled() override {
-    try {
-      std::vector<TokenLogprobs> picks = Model::take_sampled();
-      --open_passes;
-      return picks;
+      return out;
     } catch (...) {
       open_passes = 0;
       throw;
     }
+  }
+  std::vector<int32_t> finish_greedy() override {
+    return closing_pass([this] { return Model::finish_greedy(); });
+  }
+  std::vector<TokenLogprobs> take_sampled() override {
+    return closing_pass([this] { return Model::take_sampled(); });
   }
   void pick_sampled(const SamplePlan& plan) override {
     try {
