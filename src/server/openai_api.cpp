@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <utility>
 
@@ -46,6 +47,13 @@ int64_t get_int(const json& j, const char* name, int64_t def, int64_t lo, int64_
   return x;
 }
 
+// A bound as a person writes it: 2, 0.5, -2 (not 2.000000).
+std::string bound(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", x);
+  return buf;
+}
+
 double get_number(const json& j, const char* name, double def, double lo, double hi,
                   bool lo_open = false) {
   const json* v = field(j, name);
@@ -55,8 +63,8 @@ double get_number(const json& j, const char* name, double def, double lo, double
   const double x = v->get<double>();
   if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo)) {
     throw ApiError(400,
-                   std::string(name) + " must be in " + (lo_open ? "(" : "[") + std::to_string(lo) +
-                       ", " + std::to_string(hi) + "], got " + v->dump(),
+                   std::string(name) + " must be in " + (lo_open ? "(" : "[") + bound(lo) + ", " +
+                       bound(hi) + "], got " + v->dump(),
                    name, "invalid_value");
   }
   return x;

@@ -106,9 +106,13 @@ TEST_P(ParamsTest, ValuesAreCheckedForTypeAndRange) {
   expect_error(s.post("/v1/completions", cmpl + R"("echo": "yes"})"), 400, "echo", "boolean");
   expect_error(s.post("/v1/completions", cmpl + R"("stream_options": {"include_usage": true}})"),
                400, "stream_options", "only allowed when stream");
-  expect_error(s.post("/v1/completions", cmpl + R"("top_p": 1.5})"), 400, "top_p", "top_p");
+  // The range as a person writes it (not 2.000000).
+  expect_error(s.post("/v1/completions", cmpl + R"("top_p": 1.5})"), 400, "top_p",
+               "top_p must be in (0, 1], got 1.5");
   expect_error(s.post("/v1/completions", cmpl + R"("temperature": -0.1})"), 400, "temperature",
-               "temperature");
+               "temperature must be in [0, 2], got -0.1");
+  expect_error(s.post("/v1/completions", cmpl + R"("presence_penalty": 2.5})"), 400,
+               "presence_penalty", "presence_penalty must be in [-2, 2], got 2.5");
 }
 
 TEST_P(ParamsTest, LogitBiasForcesAndBans) {
