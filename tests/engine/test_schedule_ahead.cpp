@@ -321,6 +321,43 @@ TEST(ScheduleAhead, PromptChunksAreBegunAhead) {
   for (const auto& [id, a] : res[0]) EXPECT_EQ(res[1][id].tokens, a.tokens) << "request " << id;
 }
 
+// Long prompts in a cache that holds about two of them, admitted on the pages they need now: chunks
+// begun ahead only where the rest of their prompt fits (else the step is read first), preemptions
+// in between. The same tokens as without, the oracle's, and nothing leaked.
+TEST(ScheduleAhead, PromptChunksInATightCacheGiveTheSameTokens) {
+  std::map<RequestId, Out> res[2];
+  std::map<RequestId, std::vector<int32_t>> asked;
+  int64_t preemptions[2] = {0, 0};
+  int32_t chunks_ahead = 0;
+  for (int32_t ahead : {0, 1}) {
+    auto model = std::make_unique<FakeModel>(128);
+    const FakeModel& fake = *model;
+    EngineConfig c = config(ahead, 256);
+    c.admission = AdmissionPolicy::immediate;  // admitted on today's pages: preemptions follow
+    Engine e(std::move(model), c);
+    for (int32_t i = 0; i < 5; ++i) {
+      const std::vector<int32_t> p = prompt(60 + 17 * i, 70 + i);
+      const RequestId id = e.add_request(greedy(p, 24));
+      if (ahead == 1) asked[id] = p;
+      gather(res[ahead], e.step());
+    }
+    res[ahead] = run(e, res[ahead]);
+    preemptions[ahead] = e.metrics().preemptions;
+    EXPECT_EQ(e.cache().stats().pages_used, 0) << "ahead " << ahead;
+    if (ahead == 1) {
+      for (const auto& [id, p] : asked)
+        EXPECT_EQ(res[1][id].tokens, fake.greedy_oracle(p, 24)) << "request " << id;
+      for (const FakeModel::BegunPass& b : fake.begun)
+        chunks_ahead += b.ahead && b.rows_without_logits > 0;
+    }
+  }
+  EXPECT_GT(preemptions[0], 0);  // the cache is tight
+  EXPECT_GT(preemptions[1], 0);
+  EXPECT_GT(chunks_ahead, 0);
+  ASSERT_EQ(res[0].size(), 5u);
+  for (const auto& [id, a] : res[0]) EXPECT_EQ(res[1][id].tokens, a.tokens) << "request " << id;
+}
+
 // A pass that fails while the next one is begun (the model's error from finish_greedy drops both):
 // the requests of the step end with the error, nothing is leaked, and the engine serves the next
 // requests with the oracle's tokens.
