@@ -615,8 +615,9 @@ bool Engine::can_schedule_next(const SchedulerOutput& out, bool sampled) const {
     if (s.logit_row < 0) {
       // A prompt chunk before its last: the next chunks' tokens are known. Their pages are
       // counted as the whole rest of the prompt (the next step takes at most that).
-      // NOTE: each chunk of a long prompt was read before the next was scheduled and planned:
-      // about 1.2 ms with the GPU idle at every 2048-token chunk of Llama-3-8B on an H100.
+      // NOTE: each chunk of a long prompt was read before the next was scheduled and planned,
+      // the GPU idle meanwhile. Serving 2048-token prompts in 1024-token steps beside decode rows
+      // (Llama-3-8B shapes, H100): device idle 0.73-0.88% -> 0.31-0.43% of the run, +1.1% output.
       if (s.first_logit_row >= 0) return false;  // its rows are wanted (not a greedy step anyway)
       const int32_t rest = q.num_tokens() - (q.num_computed + s.num_tokens);
       if (rest <= 0) return false;
@@ -628,8 +629,9 @@ bool Engine::can_schedule_next(const SchedulerOutput& out, bool sampled) const {
     if (q.num_tokens() + 1 >= q.max_length) return false;
     pages += cache_->pages_needed(q.cache_seq, 1);
   }
-  // Every running sequence decodes next, and their pages fit without a preemption (whose swap
-  // would copy pages that the running pass still writes).
+  // Every running sequence has a row next (a decode row, or its prompt's next chunk), and their
+  // pages fit without a preemption (whose swap would copy pages that the running pass still
+  // writes).
   return rows > 0 && rows == scheduler_->num_running() && pages <= cache_->num_available_pages();
 }
 
