@@ -83,6 +83,13 @@ struct HopperShape {
   static constexpr int kProducerRegs = FP8 && !OVERLAP ? 56 : 40;
   template <bool OVERLAP>
   static constexpr int kConsumerRegs = FP8 && !OVERLAP ? 224 : 232;
+  // NOTE: the split must fit the 168 x 384 registers the launch holds: the consumers' setmaxnreg
+  // waits until the producer's has given back what they take, so a split past it never starts
+  // (seen on an H100: 48 for the producer with 232 for the consumers hung the first launch).
+  template <bool OVERLAP>
+  static constexpr bool kRegsFit =
+      kProducerRegs<OVERLAP> * 128 + kConsumerRegs<OVERLAP> * 256 <= 168 * 384;
+  static_assert(kRegsFit<true> && kRegsFit<false>, "the register split fits the launch's");
   static_assert(kBM == 128, "two consumer warpgroups of 64 rows");
   static_assert(kSmemBytes <= 232448, "fits the 227 KiB a block may have");
 };
