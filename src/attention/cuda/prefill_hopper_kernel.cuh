@@ -80,7 +80,7 @@ struct HopperShape {
   // the serial loop, whose consumers need fewer, they take 56 (with 40, their state across tiles
   // spilled); the overlapped loop's consumers need 232.
   template <bool OVERLAP>
-  static constexpr int kProducerRegs = FP8 && !OVERLAP ? 56 : 40;
+  static constexpr int kProducerRegs = FP8 ? (OVERLAP ? 48 : 56) : 40;
   template <bool OVERLAP>
   static constexpr int kConsumerRegs = FP8 && !OVERLAP ? 224 : 232;
   // NOTE: the split must fit the 168 x 384 registers the launch holds: the consumers' setmaxnreg
@@ -271,7 +271,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   constexpr bool kLazy = HEAD_DIM >= 128;  // the online softmax's lazy maximum (kLazyMax)
   // Whether a CTA runs several works. fp8 pools' producer, which converts K/V in its 40 registers,
   // spilled inside its conversion loop with the works' state: one work a CTA.
-  constexpr bool kPersist = !FP8;
+  constexpr bool kPersist = true;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem);
@@ -308,7 +308,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   // so a work's start overlaps the end of the one before.
   // Work k >= 1 goes through slot (k - 1) % 2, the n-th time for n = (k - 1) / 2; every thread
   // of the consumer warps and of the other producer warps arrives once it has read it.
-  constexpr int kWorkReaders = 32 * (8 + (GATHER ? 3 : 1));
+  constexpr int kWorkReaders = 32 * (8 + (GATHER || FP8 ? 3 : 1));
   auto publish_work = [&](int k) {  // thread 0: this CTA's k-th work
     if (k == 0) return int(blockIdx.x);
     const int s = (k - 1) & 1, n = (k - 1) >> 1;
@@ -372,39 +372,20 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
         tma_load_3d(sQ + b * BM * 64, &tm_q, q_full, b * 64, h.kvh * G, h.q0 + h.it.row_begin / G);
     };
     if constexpr (FP8) {
-      // One work a CTA (kPersist).
-      static_assert(!kPersist, "fp8 pools run one work a CTA");
-      const HopperWork h = hopper_work<BN>(p, int(blockIdx.x));
-      const PrefillItem it = h.it;
-      const int kvh = h.kvh, L = h.L, t_first = h.t_first, ntiles = h.ntiles;
-      if (tid == 0) load_q(0, h);
       // fp8 pools: warps 0-1 bring K, warps 2-3 V. Lanes of warp 0 (2) put a tile's e4m3 rows
       // into a K (V) staging tile with bulk tensor copies, one per page-sized run of rows, NBUF
-      // tiles ahead; the side's 64 threads then convert them to f16 into the swizzled stage
-      // (slots past kv_len zeroed), fence, arrive on the stage's full barrier (64 arrivals), and
-      // free the staging tile for the copy NBUF tiles on.
+      // tiles ahead within a work; the side's 64 threads then convert them to f16 into the
+      // swizzled stage (slots past kv_len zeroed), fence, arrive on the stage's full barrier (64
+      // arrivals), and free the staging tile for the copy NBUF tiles on. The ring's stages and
+      // the staging tiles' phases run on across the CTA's works (`ring`: the tiles before).
       const bool v_side = warp >= 2;
       const int ct = tid % 64;
-      const int32_t* bt = p.block_table + int64_t(it.seq) * p.max_pages_per_seq;
       const int P = p.page_size, PB = p.tma_box_rows, nsub = BN / PB;
       uint8_t* stg = v_side ? sVst : sKst;
       uint64_t* stg_full = v_side ? v_stg : k_stg;
       const CUtensorMap* map = v_side ? &tm_v : &tm_k;
       const bool issuer = warp % 2 == 0;
-      // Tile i goes to staging buffer i % NBUF.
-      auto issue_tile = [&](int i) {
-        const int t = min(t_first + i * BN + lane * PB, L - 1);
-        const int page = lane < nsub ? bt[t / P] : 0, slot = t % P / PB * PB;
-        uint8_t* buf = stg + (i % NBUF) * S::kStagingBytes;
-        if (lane == 0) mbar_arrive_expect_tx(&stg_full[i % NBUF], BN * HEAD_DIM);
-        __syncwarp();
-        if (lane < nsub)
-          tma_load_4d(buf + lane * PB * HEAD_DIM, map, &stg_full[i % NBUF], 0, slot, kvh, page);
-      };
-      if (issuer) {
-        if (lane == 0) prefetch_tensor_map(map);
-        for (int i = 0; i < min(NBUF, ntiles); ++i) issue_tile(i);
-      }
+      if (issuer && lane == 0) prefetch_tensor_map(map);
       // A thread converts 16 values at a time (a piece: chunks c and c + 1 of a row, c even):
       // pieces ct + 64 j, j < J, that is rows r0 + RS j of one piece column. Every offset is
       // fixed for the thread but for the swizzle's r % 8, which RS = 4 (d256) toggles by 4 from
@@ -421,42 +402,69 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       const int dst_even[2] = {chunk_at(r0, c0), chunk_at(r0, c0 + 1)};
       const int dst_odd[2] = {chunk_at(r0 + RS, c0) - RS * 64, chunk_at(r0 + RS, c0 + 1) - RS * 64};
       const int src_at = r0 * HEAD_DIM + c0 * 8;  // bytes into a staging tile
-      for (int i = 0; i < ntiles; ++i) {
-        const int s = i % ST, t0 = t_first + i * BN;
-        const uint32_t ph = (i / ST) & 1;
-        const uint8_t* src = stg + (i % NBUF) * S::kStagingBytes + src_at;
-        mbar_wait(&stg_full[i % NBUF], (i / NBUF) & 1);
-        mbar_wait(v_side ? &v_empty[s] : &k_empty[s], ph ^ 1);
-        uint16_t* dst = (v_side ? sV : sK) + s * BN * HEAD_DIM;
-        // Rows at or past `valid` (slots past kv_len) are written as zeros.
-        const int valid = L - t0 - r0;
-        auto convert = [&](bool full) {
-#pragma unroll
-          for (int j = 0; j < J; j += 2) {
-            uint4 in[2];
-#pragma unroll
-            for (int u = 0; u < 2; ++u) {
-              in[u] = make_uint4(0, 0, 0, 0);
-              if (full || RS * (j + u) < valid)
-                in[u] = *reinterpret_cast<const uint4*>(src + RS * (j + u) * HEAD_DIM);
-            }
-#pragma unroll
-            for (int u = 0; u < 2; ++u) {
-              uint16_t* row = dst + RS * (j + u) * 64;
-              const int* at = u == 0 || RS % 8 == 0 ? dst_even : dst_odd;
-              *reinterpret_cast<uint4*>(row + at[0]) = e4m3x8_to_f16(make_uint2(in[u].x, in[u].y));
-              *reinterpret_cast<uint4*>(row + at[1]) = e4m3x8_to_f16(make_uint2(in[u].z, in[u].w));
-            }
-          }
+      int ring = 0;
+      for (int k = 0; kPersist || k == 0; ++k) {
+        const int w = warp == 0 ? warp0_work(k) : read_work(k);
+        if (w < 0) break;
+        const HopperWork h = hopper_work<BN>(p, w);
+        const int kvh = h.kvh, L = h.L, t_first = h.t_first, ntiles = h.ntiles;
+        if (tid == 0) load_q(k, h);
+        const int32_t* bt = p.block_table + int64_t(h.it.seq) * p.max_pages_per_seq;
+        // The work's tile i (the ring's g = ring + i) goes to staging buffer g % NBUF.
+        auto issue_tile = [&](int i) {
+          const int g = ring + i;
+          const int t = min(t_first + i * BN + lane * PB, L - 1);
+          const int page = lane < nsub ? bt[t / P] : 0, slot = t % P / PB * PB;
+          uint8_t* buf = stg + (g % NBUF) * S::kStagingBytes;
+          if (lane == 0) mbar_arrive_expect_tx(&stg_full[g % NBUF], BN * HEAD_DIM);
+          __syncwarp();
+          if (lane < nsub)
+            tma_load_4d(buf + lane * PB * HEAD_DIM, map, &stg_full[g % NBUF], 0, slot, kvh, page);
         };
-        if (t0 + BN <= L)
-          convert(true);
-        else
-          convert(false);
-        fence_proxy_async();
-        mbar_arrive(v_side ? &v_full[s] : &k_full[s]);
-        named_bar_sync(3 + int(v_side), 64);  // the side is done reading the staging tile
-        if (issuer && i + NBUF < ntiles) issue_tile(i + NBUF);
+        // (The staging tiles are free: the side's threads finished reading them before the
+        // barrier that ended the work before.)
+        if (issuer)
+          for (int i = 0; i < min(NBUF, ntiles); ++i) issue_tile(i);
+        for (int i = 0; i < ntiles; ++i) {
+          const int g = ring + i, s = g % ST, t0 = t_first + i * BN;
+          const uint32_t ph = (g / ST) & 1;
+          const uint8_t* src = stg + (g % NBUF) * S::kStagingBytes + src_at;
+          mbar_wait(&stg_full[g % NBUF], (g / NBUF) & 1);
+          mbar_wait(v_side ? &v_empty[s] : &k_empty[s], ph ^ 1);
+          uint16_t* dst = (v_side ? sV : sK) + s * BN * HEAD_DIM;
+          // Rows at or past `valid` (slots past kv_len) are written as zeros.
+          const int valid = L - t0 - r0;
+          auto convert = [&](bool full) {
+#pragma unroll
+            for (int j = 0; j < J; j += 2) {
+              uint4 in[2];
+#pragma unroll
+              for (int u = 0; u < 2; ++u) {
+                in[u] = make_uint4(0, 0, 0, 0);
+                if (full || RS * (j + u) < valid)
+                  in[u] = *reinterpret_cast<const uint4*>(src + RS * (j + u) * HEAD_DIM);
+              }
+#pragma unroll
+              for (int u = 0; u < 2; ++u) {
+                uint16_t* row = dst + RS * (j + u) * 64;
+                const int* at = u == 0 || RS % 8 == 0 ? dst_even : dst_odd;
+                *reinterpret_cast<uint4*>(row + at[0]) =
+                    e4m3x8_to_f16(make_uint2(in[u].x, in[u].y));
+                *reinterpret_cast<uint4*>(row + at[1]) =
+                    e4m3x8_to_f16(make_uint2(in[u].z, in[u].w));
+              }
+            }
+          };
+          if (t0 + BN <= L)
+            convert(true);
+          else
+            convert(false);
+          fence_proxy_async();
+          mbar_arrive(v_side ? &v_full[s] : &k_full[s]);
+          named_bar_sync(3 + int(v_side), 64);  // the side is done reading the staging tile
+          if (issuer && i + NBUF < ntiles) issue_tile(i + NBUF);
+        }
+        ring += ntiles;
       }
       return;
     }
@@ -940,7 +948,7 @@ void launch_prefill_hopper_g(const AttentionParams& p, const HopperMaps& m, cuda
                                 int(S::kSmemBytes), configured,
                                 "paged_attention_cuda: Hopper prefill shared memory attribute");
   const int64_t works = int64_t(p.num_prefill_items) * p.num_kv_heads;
-  const bool persist = !FP8 && p.hopper_ctas > 0;  // the kernel's kPersist
+  const bool persist = p.hopper_ctas > 0;  // the kernel's kPersist
   const dim3 grid(unsigned(persist ? std::min<int64_t>(works, p.hopper_ctas) : works));
   prefill_hopper_kernel<Q, HEAD_DIM, OVERLAP, GATHER, FP8>
       <<<grid, kHopperThreads, S::kSmemBytes, s>>>(p, m.q, m.k, m.v);
