@@ -80,7 +80,7 @@ struct HopperShape {
   // the serial loop, whose consumers need fewer, they take 56 (with 40, their state across tiles
   // spilled); the overlapped loop's consumers need 232.
   template <bool OVERLAP>
-  static constexpr int kProducerRegs = FP8 ? (OVERLAP ? 48 : 56) : 40;
+  static constexpr int kProducerRegs = FP8 && !OVERLAP ? 56 : 40;
   template <bool OVERLAP>
   static constexpr int kConsumerRegs = FP8 && !OVERLAP ? 224 : 232;
   // NOTE: the split must fit the 168 x 384 registers the launch holds: the consumers' setmaxnreg
