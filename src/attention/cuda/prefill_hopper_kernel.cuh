@@ -387,15 +387,25 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       const bool issuer = warp % 2 == 0;
       if (issuer && lane == 0) prefetch_tensor_map(map);
       // A thread converts 16 values at a time (a piece: chunks c and c + 1 of a row, c even):
-      // pieces ct + 64 j, j < J, that is rows r0 + RS j of one piece column. Every offset is
-      // fixed for the thread but for the swizzle's r % 8, which RS = 4 (d256) toggles by 4 from
-      // one piece to the next (adding 4 modulo 8 flips bit 2): two sets of offsets, even and
-      // odd j, hoisted out of the tiles.
+      // the side's 64 threads take rows 0 to RS - 1 and the thread rows r0 + RS j, j < J, of one
+      // piece column. Every offset is fixed for the thread but for the swizzle's r % 8, which
+      // RS = 4 (d256) toggles by 4 from one piece to the next (adding 4 modulo 8 flips bit 2):
+      // two sets of offsets, even and odd j, hoisted out of the tiles.
+      // Which thread takes which piece keeps shared memory free of bank conflicts: the 8 lanes
+      // of a quarter-warp (one 128-bit access's wavefront) take rows r and r ^ 1, four pieces
+      // (one 64-column block) of each: reading, row r's from the staging row's one 64-byte half
+      // and row r ^ 1's from the other; writing chunk c, (c ^ r % 8) and (c' ^ (r ^ 1) % 8) lie
+      // in different 16-byte slots of the 128-byte bank line. (Lanes with one row's 8 pieces
+      // wrote their even chunks to four slots, two lanes each: twice the wavefronts.)
       constexpr int HPR = HEAD_DIM / 16;  // pieces per row: 4, 8, 16
+      constexpr int GPR = HEAD_DIM / 64;  // 64-column blocks per row: 1, 2, 4
       constexpr int RS = 64 / HPR;        // rows between a thread's pieces: 16, 8, 4
       constexpr int J = BN / RS;          // pieces per thread and tile: 8, 16, 16
       static_assert(J % 2 == 0 && RS % 4 == 0, "pieces go in even/odd pairs");
-      const int r0 = ct / HPR, c0 = 2 * (ct % HPR);
+      // h: the thread's 4-lane group within its row pair; b: its block, the pair's second row
+      // taking the other parity of block (one block at d64, where the rows' halves differ).
+      const int h = ct % (8 * GPR) / 4, b = ((h / 2) ^ (h % 2)) % GPR;
+      const int r0 = 2 * (ct / (8 * GPR)) + h % 2, c0 = 2 * (4 * b + ct % 4);
       auto chunk_at = [&](int r, int c) {  // element offset of 16-byte chunk c of row r
         return ((c / 8) * BN + r) * 64 + ((c % 8) ^ (r % 8)) * 8;
       };
