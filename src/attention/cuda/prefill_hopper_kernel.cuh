@@ -294,7 +294,8 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   uint64_t* work_full = q_empty + 1;     // [2] a work index published
   uint64_t* work_empty = work_full + 2;  // [2] read by every warp that takes it from there
   int* work_slot = reinterpret_cast<int*>(work_empty + 2);  // [2]
-  static_assert(8 * (3 + 4 * S::kStages + 2 * S::kStagingBufs + 4) + 2 * sizeof(int) <= 1024,
+  int* issue_geo = work_slot + 2;  // [2][2]: fp8 pools, each side's issuing warp: kvh, seq
+  static_assert(8 * (3 + 4 * S::kStages + 2 * S::kStagingBufs + 4) + 6 * sizeof(int) <= 1024,
                 "the barriers and the work slots fit their 1 KiB");
 
   // A CTA runs its works one after the other: thread 0 (the producer's first lane) takes each
@@ -380,7 +381,6 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       // the staging tiles' phases run on across the CTA's works (`ring`: the tiles before).
       const bool v_side = warp >= 2;
       const int ct = tid % 64;
-      const int P = p.page_size, PB = p.tma_box_rows, nsub = BN / PB;
       uint8_t* stg = v_side ? sVst : sKst;
       uint64_t* stg_full = v_side ? v_stg : k_stg;
       const CUtensorMap* map = v_side ? &tm_v : &tm_k;
@@ -417,26 +417,39 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
         const int w = warp == 0 ? warp0_work(k) : read_work(k);
         if (w < 0) break;
         const HopperWork h = hopper_work<BN>(p, w);
-        const int kvh = h.kvh, L = h.L, t_first = h.t_first, ntiles = h.ntiles;
+        const int L = h.L, g_end = ring + h.ntiles;
         if (tid == 0) load_q(k, h);
-        const int32_t* bt = p.block_table + int64_t(h.it.seq) * p.max_pages_per_seq;
-        // The work's tile i (the ring's g = ring + i) goes to staging buffer g % NBUF.
-        auto issue_tile = [&](int i) {
-          const int g = ring + i;
-          const int t = min(t_first + i * BN + lane * PB, L - 1);
-          const int page = lane < nsub ? bt[t / P] : 0, slot = t % P / PB * PB;
+        // The issuing warp's lanes read the work's head and sequence from shared memory when
+        // they issue, not from registers held through the tiles: the converting loop's 40
+        // registers spilled with them.
+        int* geo = issue_geo + 2 * int(v_side);
+        if (issuer && lane == 0) {
+          geo[0] = h.kvh;
+          geo[1] = h.it.seq;
+        }
+        __syncwarp();
+        // The ring's tile g, the work's rows from t, goes to staging buffer g % NBUF.
+        auto issue_tile = [&](int g, int t) {
+          const int P = p.page_size, PB = p.tma_box_rows;
+          const int32_t* bt = p.block_table + int64_t(geo[1]) * p.max_pages_per_seq;
+          t = min(t + lane * PB, L - 1);
+          const bool copies = lane < BN / PB;
+          const int page = copies ? bt[t / P] : 0, slot = t % P / PB * PB;
           uint8_t* buf = stg + (g % NBUF) * S::kStagingBytes;
           if (lane == 0) mbar_arrive_expect_tx(&stg_full[g % NBUF], BN * HEAD_DIM);
           __syncwarp();
-          if (lane < nsub)
-            tma_load_4d(buf + lane * PB * HEAD_DIM, map, &stg_full[g % NBUF], 0, slot, kvh, page);
+          if (copies)
+            tma_load_4d(buf + lane * PB * HEAD_DIM, map, &stg_full[g % NBUF], 0, slot, geo[0],
+                        page);
         };
         // (The staging tiles are free: the side's threads finished reading them before the
         // barrier that ended the work before.)
         if (issuer)
-          for (int i = 0; i < min(NBUF, ntiles); ++i) issue_tile(i);
-        for (int i = 0; i < ntiles; ++i) {
-          const int g = ring + i, s = g % ST, t0 = t_first + i * BN;
+          for (int g = ring; g < min(ring + NBUF, g_end); ++g)
+            issue_tile(g, h.t_first + (g - ring) * BN);
+        int t0 = h.t_first;
+        for (int g = ring; g < g_end; ++g, t0 += BN) {
+          const int s = g % ST;
           const uint32_t ph = (g / ST) & 1;
           const uint8_t* src = stg + (g % NBUF) * S::kStagingBytes + src_at;
           mbar_wait(&stg_full[g % NBUF], (g / NBUF) & 1);
@@ -472,9 +485,10 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
           fence_proxy_async();
           mbar_arrive(v_side ? &v_full[s] : &k_full[s]);
           named_bar_sync(3 + int(v_side), 64);  // the side is done reading the staging tile
-          if (issuer && i + NBUF < ntiles) issue_tile(i + NBUF);
+          if (issuer && g + NBUF < g_end) issue_tile(g + NBUF, t0 + NBUF * BN);
         }
-        ring += ntiles;
+        __syncwarp();  // the issuing lanes read geo before lane 0 writes the next work's
+        ring = g_end;
       }
       return;
     }
