@@ -404,14 +404,29 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       static_assert(J % 2 == 0 && RS % 4 == 0, "pieces go in even/odd pairs");
       // h: the thread's 4-lane group within its row pair; b: its block, the pair's second row
       // taking the other parity of block (one block at d64, where the rows' halves differ).
-      const int h = ct % (8 * GPR) / 4, b = ((h / 2) ^ (h % 2)) % GPR;
-      const int r0 = 2 * (ct / (8 * GPR)) + h % 2, c0 = 2 * (4 * b + ct % 4);
-      auto chunk_at = [&](int r, int c) {  // element offset of 16-byte chunk c of row r
-        return ((c / 8) * BN + r) * 64 + ((c % 8) ^ (r % 8)) * 8;
+      // The thread's offsets, computed again at every tile from the thread index (read anew, so
+      // that the compiler does not keep them): held through the tiles, they spilled.
+      struct Pieces {
+        int r0, src_at, dst_even[2], dst_odd[2];
       };
-      const int dst_even[2] = {chunk_at(r0, c0), chunk_at(r0, c0 + 1)};
-      const int dst_odd[2] = {chunk_at(r0 + RS, c0) - RS * 64, chunk_at(r0 + RS, c0 + 1) - RS * 64};
-      const int src_at = r0 * HEAD_DIM + c0 * 8;  // bytes into a staging tile
+      auto pieces = [&]() {
+        uint32_t t;
+        asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+        const int c = int(t % 64u);
+        const int hq = c % (8 * GPR) / 4, b = ((hq / 2) ^ (hq % 2)) % GPR;
+        Pieces q;
+        q.r0 = 2 * (c / (8 * GPR)) + hq % 2;
+        const int c0 = 2 * (4 * b + c % 4);
+        auto chunk_at = [&](int r, int cc) {  // element offset of 16-byte chunk cc of row r
+          return ((cc / 8) * BN + r) * 64 + ((cc % 8) ^ (r % 8)) * 8;
+        };
+        q.dst_even[0] = chunk_at(q.r0, c0);
+        q.dst_even[1] = chunk_at(q.r0, c0 + 1);
+        q.dst_odd[0] = chunk_at(q.r0 + RS, c0) - RS * 64;
+        q.dst_odd[1] = chunk_at(q.r0 + RS, c0 + 1) - RS * 64;
+        q.src_at = q.r0 * HEAD_DIM + c0 * 8;  // bytes into a staging tile
+        return q;
+      };
       int ring = 0;
       for (int k = 0; kPersist || k == 0; ++k) {
         const int w = warp == 0 ? warp0_work(k) : read_work(k);
@@ -451,31 +466,34 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
         for (int g = ring; g < g_end; ++g, t0 += BN) {
           const int s = g % ST;
           const uint32_t ph = (g / ST) & 1;
-          const uint8_t* src = stg + (g % NBUF) * S::kStagingBytes + src_at;
           mbar_wait(&stg_full[g % NBUF], (g / NBUF) & 1);
           mbar_wait(v_side ? &v_empty[s] : &k_empty[s], ph ^ 1);
+          const Pieces q = pieces();
+          const int r0 = q.r0;
+          const int* dst_even = q.dst_even;
+          const int* dst_odd = q.dst_odd;
+          const uint8_t* src = stg + (g % NBUF) * S::kStagingBytes + q.src_at;
           uint16_t* dst = (v_side ? sV : sK) + s * BN * HEAD_DIM;
           // Rows at or past `valid` (slots past kv_len) are written as zeros.
           const int valid = L - t0 - r0;
           auto convert = [&](bool full) {
+            auto load = [&](int j) {
+              uint4 in = make_uint4(0, 0, 0, 0);
+              if (full || RS * j < valid)
+                in = *reinterpret_cast<const uint4*>(src + RS * j * HEAD_DIM);
+              return in;
+            };
+            // Piece j + 1 is read before piece j is converted, so that the read's latency
+            // overlaps the conversion (one piece at a time, read ahead: the loop's registers).
+            uint4 in = load(0);
 #pragma unroll
-            for (int j = 0; j < J; j += 2) {
-              uint4 in[2];
-#pragma unroll
-              for (int u = 0; u < 2; ++u) {
-                in[u] = make_uint4(0, 0, 0, 0);
-                if (full || RS * (j + u) < valid)
-                  in[u] = *reinterpret_cast<const uint4*>(src + RS * (j + u) * HEAD_DIM);
-              }
-#pragma unroll
-              for (int u = 0; u < 2; ++u) {
-                uint16_t* row = dst + RS * (j + u) * 64;
-                const int* at = u == 0 || RS % 8 == 0 ? dst_even : dst_odd;
-                *reinterpret_cast<uint4*>(row + at[0]) =
-                    e4m3x8_to_f16(make_uint2(in[u].x, in[u].y));
-                *reinterpret_cast<uint4*>(row + at[1]) =
-                    e4m3x8_to_f16(make_uint2(in[u].z, in[u].w));
-              }
+            for (int j = 0; j < J; ++j) {
+              const uint4 next = j + 1 < J ? load(j + 1) : make_uint4(0, 0, 0, 0);
+              uint16_t* row = dst + RS * j * 64;
+              const int* at = j % 2 == 0 || RS % 8 == 0 ? dst_even : dst_odd;
+              *reinterpret_cast<uint4*>(row + at[0]) = e4m3x8_to_f16(make_uint2(in.x, in.y));
+              *reinterpret_cast<uint4*>(row + at[1]) = e4m3x8_to_f16(make_uint2(in.z, in.w));
+              in = next;
             }
           };
           if (t0 + BN <= L)
