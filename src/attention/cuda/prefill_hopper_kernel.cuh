@@ -269,9 +269,6 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   using M = std::conditional_t<FP8, F16, Q>;
   constexpr int BM = S::kBM, BN = S::kBN, ST = S::kStages, NB = S::kBlocks;
   constexpr bool kLazy = HEAD_DIM >= 128;  // the online softmax's lazy maximum (kLazyMax)
-  // Whether a CTA runs several works. fp8 pools' producer, which converts K/V in its 40 registers,
-  // spilled inside its conversion loop with the works' state: one work a CTA.
-  constexpr bool kPersist = true;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem);
@@ -380,7 +377,6 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       // arrivals), and free the staging tile for the copy NBUF tiles on. The ring's stages and
       // the staging tiles' phases run on across the CTA's works (`ring`: the tiles before).
       const bool v_side = warp >= 2;
-      const int ct = tid % 64;
       uint8_t* stg = v_side ? sVst : sKst;
       uint64_t* stg_full = v_side ? v_stg : k_stg;
       const CUtensorMap* map = v_side ? &tm_v : &tm_k;
@@ -388,24 +384,24 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       if (issuer && lane == 0) prefetch_tensor_map(map);
       // A thread converts 16 values at a time (a piece: chunks c and c + 1 of a row, c even):
       // the side's 64 threads take rows 0 to RS - 1 and the thread rows r0 + RS j, j < J, of one
-      // piece column. Every offset is fixed for the thread but for the swizzle's r % 8, which
-      // RS = 4 (d256) toggles by 4 from one piece to the next (adding 4 modulo 8 flips bit 2):
-      // two sets of offsets, even and odd j, hoisted out of the tiles.
+      // piece column. Its offsets are fixed but for the swizzle's r % 8, which RS = 4 (d256)
+      // toggles by 4 from one piece to the next (adding 4 modulo 8 flips bit 2): two sets,
+      // even and odd j. They are computed again at every tile from the thread index, read anew
+      // so that the compiler does not keep them: held through the tiles (with the work's state,
+      // in the producer's 40 registers), they spilled.
       // Which thread takes which piece keeps shared memory free of bank conflicts: the 8 lanes
       // of a quarter-warp (one 128-bit access's wavefront) take rows r and r ^ 1, four pieces
       // (one 64-column block) of each: reading, row r's from the staging row's one 64-byte half
       // and row r ^ 1's from the other; writing chunk c, (c ^ r % 8) and (c' ^ (r ^ 1) % 8) lie
       // in different 16-byte slots of the 128-byte bank line. (Lanes with one row's 8 pieces
       // wrote their even chunks to four slots, two lanes each: twice the wavefronts.)
+      // hq: the thread's 4-lane group within its row pair; b: its block, the pair's second row
+      // taking the other parity of block (one block at d64, where the rows' halves differ).
       constexpr int HPR = HEAD_DIM / 16;  // pieces per row: 4, 8, 16
       constexpr int GPR = HEAD_DIM / 64;  // 64-column blocks per row: 1, 2, 4
       constexpr int RS = 64 / HPR;        // rows between a thread's pieces: 16, 8, 4
       constexpr int J = BN / RS;          // pieces per thread and tile: 8, 16, 16
-      static_assert(J % 2 == 0 && RS % 4 == 0, "pieces go in even/odd pairs");
-      // h: the thread's 4-lane group within its row pair; b: its block, the pair's second row
-      // taking the other parity of block (one block at d64, where the rows' halves differ).
-      // The thread's offsets, computed again at every tile from the thread index (read anew, so
-      // that the compiler does not keep them): held through the tiles, they spilled.
+      static_assert(RS % 4 == 0, "a thread's rows keep r % 8 or toggle its bit 2");
       struct Pieces {
         int r0, src_at, dst_even[2], dst_odd[2];
       };
@@ -428,7 +424,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
         return q;
       };
       int ring = 0;
-      for (int k = 0; kPersist || k == 0; ++k) {
+      for (int k = 0;; ++k) {  // the CTA's works
         const int w = warp == 0 ? warp0_work(k) : read_work(k);
         if (w < 0) break;
         const HopperWork h = hopper_work<BN>(p, w);
@@ -512,7 +508,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     }
     if constexpr (GATHER) {
       int ring = 0;
-      for (int k = 0; kPersist || k == 0; ++k) {
+      for (int k = 0;; ++k) {  // the CTA's works
         const int w = warp == 0 ? warp0_work(k) : read_work(k);
         if (w < 0) break;
         const HopperWork h = hopper_work<BN>(p, w);
@@ -536,7 +532,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     const int P = p.page_size, PB = p.tma_box_rows, nsub = BN / PB;  // nsub <= 16
     if (lane == 0) prefetch_tensor_map(v_warp ? &tm_v : &tm_k);
     int ring = 0, zeroed = 0;  // zeroed: V tiles that crossed kv_len so far (v_zero's phase)
-    for (int k = 0; kPersist || k == 0; ++k) {
+    for (int k = 0;; ++k) {  // the CTA's works
       const int w = v_warp ? read_work(k) : warp0_work(k);
       if (w < 0) break;
       const HopperWork h = hopper_work<BN>(p, w);
@@ -930,8 +926,8 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       for (int i = u_lo <= u_hi ? u_hi + 1 : ntiles; i < ntiles; ++i) skip(i);
     }
 
-    // The next work (kPersist) and its geometry, their reads issued before the stores.
-    const int w_next = kPersist ? read_work(k + 1) : -1;
+    // The next work and its geometry, their reads issued before the stores.
+    const int w_next = read_work(k + 1);
     HopperWork wk_next{};
     if (w_next >= 0) wk_next = hopper_work<BN>(p, w_next);
     if (tid == 128) prefill_trace_mark(p, w, 5);
@@ -990,7 +986,7 @@ void launch_prefill_hopper_g(const AttentionParams& p, const HopperMaps& m, cuda
                                 int(S::kSmemBytes), configured,
                                 "paged_attention_cuda: Hopper prefill shared memory attribute");
   const int64_t works = int64_t(p.num_prefill_items) * p.num_kv_heads;
-  const bool persist = p.hopper_ctas > 0;  // the kernel's kPersist
+  const bool persist = p.hopper_ctas > 0;  // else one CTA per work (each finds none left)
   const dim3 grid(unsigned(persist ? std::min<int64_t>(works, p.hopper_ctas) : works));
   prefill_hopper_kernel<Q, HEAD_DIM, OVERLAP, GATHER, FP8>
       <<<grid, kHopperThreads, S::kSmemBytes, s>>>(p, m.q, m.k, m.v);
