@@ -33,7 +33,8 @@
 //       counter in the plan's order as it nears the end of the one before (the order the
 //       hardware gives a grid of one CTA per work), the next work's Q brought in once both
 //       consumer warpgroups have issued their last S, the K/V ring running on across works.
-//       16-bit pools only (fp8 pools' converting producer spilled with the works' state).
+//       fp8 pools joined it later that day, once their converting producer's loop held fewer
+//       registers (it had spilled with the works' state).
 //       Since the same day every version's wgmma descriptors are one add past a base built once
 //       (a third of the consumers' stall samples had been on integer instructions): batch 1 /
 //       8192 / d128 545 -> 563-567 TFLOP/s in the attention benchmark.

@@ -282,10 +282,11 @@ TEST(HopperPrefill, RefusesBadScheduleOptions) {
 // phases, Q's reuse, the published work indices and the ping-pong turns run on from work to work
 // (works of different lengths, tiles crossing kv_len, windows, a decode row beside them), against
 // the reference and against one CTA per work, bit for bit, launch after launch of one plan. One
-// test per head dim (a racecheck run takes one).
+// test per head dim (a racecheck run takes one), and fp8 pools (whose producer converts K/V).
 namespace {
-void check_few_ctas(int d) {
+void check_few_ctas(int d, DType kv = DType::bf16) {
   Spec s;
+  s.kv_dtype = kv;
   s.num_q_heads = 8;
   s.num_kv_heads = 2;
   s.head_dim = d;
@@ -294,7 +295,7 @@ void check_few_ctas(int d) {
   s.kv_len = {1333, 700, 77, 900};
   for (int window : {0, 250}) {
     s.opt.window = window;
-    Problem pr(s, 60 + uint64_t(d) + uint64_t(window));
+    Problem pr(s, 60 + uint64_t(d) + uint64_t(window) + (kv == DType::bf16 ? 0 : 7));
     const std::vector<float> ref = pr.reference();
     for (Variant v : {Variant::automatic, Variant::gather, Variant::serial, Variant::no_pingpong}) {
       CudaPlanOptions one_each = options(v);
@@ -328,6 +329,21 @@ TEST(HopperPrefill, FewCtasRunEveryWork128) {
 TEST(HopperPrefill, FewCtasRunEveryWork256) {
   PA_SKIP_WITHOUT_HOPPER();
   check_few_ctas(256);
+}
+
+TEST(HopperPrefill, FewCtasRunEveryWorkFp8x64) {
+  PA_SKIP_WITHOUT_HOPPER();
+  check_few_ctas(64, DType::fp8_e4m3);
+}
+
+TEST(HopperPrefill, FewCtasRunEveryWorkFp8x128) {
+  PA_SKIP_WITHOUT_HOPPER();
+  check_few_ctas(128, DType::fp8_e4m3);
+}
+
+TEST(HopperPrefill, FewCtasRunEveryWorkFp8x256) {
+  PA_SKIP_WITHOUT_HOPPER();
+  check_few_ctas(256, DType::fp8_e4m3);
 }
 
 // Shapes the Hopper kernel does not take run on the mma.sync kernel, correctly.

@@ -269,9 +269,6 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   using M = std::conditional_t<FP8, F16, Q>;
   constexpr int BM = S::kBM, BN = S::kBN, ST = S::kStages, NB = S::kBlocks;
   constexpr bool kLazy = HEAD_DIM >= 128;  // the online softmax's lazy maximum (kLazyMax)
-  // Whether a CTA runs several works. fp8 pools' producer, which converts K/V in its 40 registers,
-  // spilled inside its conversion loop with the works' state: one work a CTA.
-  constexpr bool kPersist = !FP8;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem);
@@ -294,7 +291,8 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   uint64_t* work_full = q_empty + 1;     // [2] a work index published
   uint64_t* work_empty = work_full + 2;  // [2] read by every warp that takes it from there
   int* work_slot = reinterpret_cast<int*>(work_empty + 2);  // [2]
-  static_assert(8 * (3 + 4 * S::kStages + 2 * S::kStagingBufs + 4) + 2 * sizeof(int) <= 1024,
+  int* issue_geo = work_slot + 2;  // [2][2]: fp8 pools, each side's issuing warp: kvh, seq
+  static_assert(8 * (3 + 4 * S::kStages + 2 * S::kStagingBufs + 4) + 6 * sizeof(int) <= 1024,
                 "the barriers and the work slots fit their 1 KiB");
 
   // A CTA runs its works one after the other: thread 0 (the producer's first lane) takes each
@@ -308,7 +306,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   // so a work's start overlaps the end of the one before.
   // Work k >= 1 goes through slot (k - 1) % 2, the n-th time for n = (k - 1) / 2; every thread
   // of the consumer warps and of the other producer warps arrives once it has read it.
-  constexpr int kWorkReaders = 32 * (8 + (GATHER ? 3 : 1));
+  constexpr int kWorkReaders = 32 * (8 + (GATHER || FP8 ? 3 : 1));
   auto publish_work = [&](int k) {  // thread 0: this CTA's k-th work
     if (k == 0) return int(blockIdx.x);
     const int s = (k - 1) & 1, n = (k - 1) >> 1;
@@ -372,97 +370,145 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
         tma_load_3d(sQ + b * BM * 64, &tm_q, q_full, b * 64, h.kvh * G, h.q0 + h.it.row_begin / G);
     };
     if constexpr (FP8) {
-      // One work a CTA (kPersist).
-      static_assert(!kPersist, "fp8 pools run one work a CTA");
-      const HopperWork h = hopper_work<BN>(p, int(blockIdx.x));
-      const PrefillItem it = h.it;
-      const int kvh = h.kvh, L = h.L, t_first = h.t_first, ntiles = h.ntiles;
-      if (tid == 0) load_q(0, h);
       // fp8 pools: warps 0-1 bring K, warps 2-3 V. Lanes of warp 0 (2) put a tile's e4m3 rows
       // into a K (V) staging tile with bulk tensor copies, one per page-sized run of rows, NBUF
-      // tiles ahead; the side's 64 threads then convert them to f16 into the swizzled stage
-      // (slots past kv_len zeroed), fence, arrive on the stage's full barrier (64 arrivals), and
-      // free the staging tile for the copy NBUF tiles on.
+      // tiles ahead within a work; the side's 64 threads then convert them to f16 into the
+      // swizzled stage (slots past kv_len zeroed), fence, arrive on the stage's full barrier (64
+      // arrivals), and free the staging tile for the copy NBUF tiles on. The ring's stages and
+      // the staging tiles' phases run on across the CTA's works (`ring`: the tiles before).
       const bool v_side = warp >= 2;
-      const int ct = tid % 64;
-      const int32_t* bt = p.block_table + int64_t(it.seq) * p.max_pages_per_seq;
-      const int P = p.page_size, PB = p.tma_box_rows, nsub = BN / PB;
       uint8_t* stg = v_side ? sVst : sKst;
       uint64_t* stg_full = v_side ? v_stg : k_stg;
       const CUtensorMap* map = v_side ? &tm_v : &tm_k;
       const bool issuer = warp % 2 == 0;
-      // Tile i goes to staging buffer i % NBUF.
-      auto issue_tile = [&](int i) {
-        const int t = min(t_first + i * BN + lane * PB, L - 1);
-        const int page = lane < nsub ? bt[t / P] : 0, slot = t % P / PB * PB;
-        uint8_t* buf = stg + (i % NBUF) * S::kStagingBytes;
-        if (lane == 0) mbar_arrive_expect_tx(&stg_full[i % NBUF], BN * HEAD_DIM);
-        __syncwarp();
-        if (lane < nsub)
-          tma_load_4d(buf + lane * PB * HEAD_DIM, map, &stg_full[i % NBUF], 0, slot, kvh, page);
-      };
-      if (issuer) {
-        if (lane == 0) prefetch_tensor_map(map);
-        for (int i = 0; i < min(NBUF, ntiles); ++i) issue_tile(i);
-      }
+      if (issuer && lane == 0) prefetch_tensor_map(map);
       // A thread converts 16 values at a time (a piece: chunks c and c + 1 of a row, c even):
-      // pieces ct + 64 j, j < J, that is rows r0 + RS j of one piece column. Every offset is
-      // fixed for the thread but for the swizzle's r % 8, which RS = 4 (d256) toggles by 4 from
-      // one piece to the next (adding 4 modulo 8 flips bit 2): two sets of offsets, even and
-      // odd j, hoisted out of the tiles.
+      // the side's 64 threads take rows 0 to RS - 1 and the thread rows r0 + RS j, j < J, of one
+      // piece column. Its offsets are fixed but for the swizzle's r % 8, which RS = 4 (d256)
+      // toggles by 4 from one piece to the next (adding 4 modulo 8 flips bit 2): two sets,
+      // even and odd j. They are computed again at every tile from the thread index, read anew
+      // so that the compiler does not keep them: held through the tiles (with the work's state,
+      // in the producer's 40 registers), they spilled.
+      // Which thread takes which piece keeps shared memory free of bank conflicts: the 8 lanes
+      // of a quarter-warp (one 128-bit access's wavefront) take rows r and r ^ 1, four pieces
+      // (one 64-column block) of each: reading, row r's from the staging row's one 64-byte half
+      // and row r ^ 1's from the other; writing chunk c, (c ^ r % 8) and (c' ^ (r ^ 1) % 8) lie
+      // in different 16-byte slots of the 128-byte bank line. (Lanes with one row's 8 pieces
+      // wrote their even chunks to four slots, two lanes each: twice the wavefronts.)
+      // hq: the thread's 4-lane group within its row pair; b: its block, the pair's second row
+      // taking the other parity of block (one block at d64, where the rows' halves differ).
       constexpr int HPR = HEAD_DIM / 16;  // pieces per row: 4, 8, 16
+      constexpr int GPR = HEAD_DIM / 64;  // 64-column blocks per row: 1, 2, 4
       constexpr int RS = 64 / HPR;        // rows between a thread's pieces: 16, 8, 4
       constexpr int J = BN / RS;          // pieces per thread and tile: 8, 16, 16
-      static_assert(J % 2 == 0 && RS % 4 == 0, "pieces go in even/odd pairs");
-      const int r0 = ct / HPR, c0 = 2 * (ct % HPR);
-      auto chunk_at = [&](int r, int c) {  // element offset of 16-byte chunk c of row r
-        return ((c / 8) * BN + r) * 64 + ((c % 8) ^ (r % 8)) * 8;
+      static_assert(RS % 4 == 0, "a thread's rows keep r % 8 or toggle its bit 2");
+      struct Pieces {
+        int r0, src_at, dst_even[2], dst_odd[2];
       };
-      const int dst_even[2] = {chunk_at(r0, c0), chunk_at(r0, c0 + 1)};
-      const int dst_odd[2] = {chunk_at(r0 + RS, c0) - RS * 64, chunk_at(r0 + RS, c0 + 1) - RS * 64};
-      const int src_at = r0 * HEAD_DIM + c0 * 8;  // bytes into a staging tile
-      for (int i = 0; i < ntiles; ++i) {
-        const int s = i % ST, t0 = t_first + i * BN;
-        const uint32_t ph = (i / ST) & 1;
-        const uint8_t* src = stg + (i % NBUF) * S::kStagingBytes + src_at;
-        mbar_wait(&stg_full[i % NBUF], (i / NBUF) & 1);
-        mbar_wait(v_side ? &v_empty[s] : &k_empty[s], ph ^ 1);
-        uint16_t* dst = (v_side ? sV : sK) + s * BN * HEAD_DIM;
-        // Rows at or past `valid` (slots past kv_len) are written as zeros.
-        const int valid = L - t0 - r0;
-        auto convert = [&](bool full) {
-#pragma unroll
-          for (int j = 0; j < J; j += 2) {
-            uint4 in[2];
-#pragma unroll
-            for (int u = 0; u < 2; ++u) {
-              in[u] = make_uint4(0, 0, 0, 0);
-              if (full || RS * (j + u) < valid)
-                in[u] = *reinterpret_cast<const uint4*>(src + RS * (j + u) * HEAD_DIM);
-            }
-#pragma unroll
-            for (int u = 0; u < 2; ++u) {
-              uint16_t* row = dst + RS * (j + u) * 64;
-              const int* at = u == 0 || RS % 8 == 0 ? dst_even : dst_odd;
-              *reinterpret_cast<uint4*>(row + at[0]) = e4m3x8_to_f16(make_uint2(in[u].x, in[u].y));
-              *reinterpret_cast<uint4*>(row + at[1]) = e4m3x8_to_f16(make_uint2(in[u].z, in[u].w));
-            }
-          }
+      auto pieces = [&]() {
+        uint32_t t;
+        asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+        const int c = int(t % 64u);
+        const int hq = c % (8 * GPR) / 4, b = ((hq / 2) ^ (hq % 2)) % GPR;
+        Pieces q;
+        q.r0 = 2 * (c / (8 * GPR)) + hq % 2;
+        const int c0 = 2 * (4 * b + c % 4);
+        auto chunk_at = [&](int r, int cc) {  // element offset of 16-byte chunk cc of row r
+          return ((cc / 8) * BN + r) * 64 + ((cc % 8) ^ (r % 8)) * 8;
         };
-        if (t0 + BN <= L)
-          convert(true);
-        else
-          convert(false);
-        fence_proxy_async();
-        mbar_arrive(v_side ? &v_full[s] : &k_full[s]);
-        named_bar_sync(3 + int(v_side), 64);  // the side is done reading the staging tile
-        if (issuer && i + NBUF < ntiles) issue_tile(i + NBUF);
+        q.dst_even[0] = chunk_at(q.r0, c0);
+        q.dst_even[1] = chunk_at(q.r0, c0 + 1);
+        q.dst_odd[0] = chunk_at(q.r0 + RS, c0) - RS * 64;
+        q.dst_odd[1] = chunk_at(q.r0 + RS, c0 + 1) - RS * 64;
+        q.src_at = q.r0 * HEAD_DIM + c0 * 8;  // bytes into a staging tile
+        return q;
+      };
+      int ring = 0;
+      for (int k = 0;; ++k) {  // the CTA's works
+        const int w = warp == 0 ? warp0_work(k) : read_work(k);
+        if (w < 0) break;
+        const HopperWork h = hopper_work<BN>(p, w);
+        const int L = h.L, g_end = ring + h.ntiles;
+        if (tid == 0) load_q(k, h);
+        // The issuing warp's lanes read the work's head and sequence from shared memory when
+        // they issue, not from registers held through the tiles: the converting loop's 40
+        // registers spilled with them.
+        int* geo = issue_geo + 2 * int(v_side);
+        if (issuer && lane == 0) {
+          geo[0] = h.kvh;
+          geo[1] = h.it.seq;
+        }
+        __syncwarp();
+        // The ring's tile g, the work's rows from t, goes to staging buffer g % NBUF.
+        auto issue_tile = [&](int g, int t) {
+          const int P = p.page_size, PB = p.tma_box_rows;
+          const int32_t* bt = p.block_table + int64_t(geo[1]) * p.max_pages_per_seq;
+          t = min(t + lane * PB, L - 1);
+          const bool copies = lane < BN / PB;
+          const int page = copies ? bt[t / P] : 0, slot = t % P / PB * PB;
+          uint8_t* buf = stg + (g % NBUF) * S::kStagingBytes;
+          if (lane == 0) mbar_arrive_expect_tx(&stg_full[g % NBUF], BN * HEAD_DIM);
+          __syncwarp();
+          if (copies)
+            tma_load_4d(buf + lane * PB * HEAD_DIM, map, &stg_full[g % NBUF], 0, slot, geo[0],
+                        page);
+        };
+        // (The staging tiles are free: the side's threads finished reading them before the
+        // barrier that ended the work before.)
+        if (issuer)
+          for (int g = ring; g < min(ring + NBUF, g_end); ++g)
+            issue_tile(g, h.t_first + (g - ring) * BN);
+        int t0 = h.t_first;
+        for (int g = ring; g < g_end; ++g, t0 += BN) {
+          const int s = g % ST;
+          const uint32_t ph = (g / ST) & 1;
+          mbar_wait(&stg_full[g % NBUF], (g / NBUF) & 1);
+          mbar_wait(v_side ? &v_empty[s] : &k_empty[s], ph ^ 1);
+          const Pieces q = pieces();
+          const int r0 = q.r0;
+          const int* dst_even = q.dst_even;
+          const int* dst_odd = q.dst_odd;
+          const uint8_t* src = stg + (g % NBUF) * S::kStagingBytes + q.src_at;
+          uint16_t* dst = (v_side ? sV : sK) + s * BN * HEAD_DIM;
+          // Rows at or past `valid` (slots past kv_len) are written as zeros.
+          const int valid = L - t0 - r0;
+          auto convert = [&](bool full) {
+            auto load = [&](int j) {
+              uint4 in = make_uint4(0, 0, 0, 0);
+              if (full || RS * j < valid)
+                in = *reinterpret_cast<const uint4*>(src + RS * j * HEAD_DIM);
+              return in;
+            };
+            // Piece j + 1 is read before piece j is converted, so that the read's latency
+            // overlaps the conversion (one piece at a time, read ahead: the loop's registers).
+            uint4 in = load(0);
+#pragma unroll
+            for (int j = 0; j < J; ++j) {
+              const uint4 next = j + 1 < J ? load(j + 1) : make_uint4(0, 0, 0, 0);
+              uint16_t* row = dst + RS * j * 64;
+              const int* at = j % 2 == 0 || RS % 8 == 0 ? dst_even : dst_odd;
+              *reinterpret_cast<uint4*>(row + at[0]) = e4m3x8_to_f16(make_uint2(in.x, in.y));
+              *reinterpret_cast<uint4*>(row + at[1]) = e4m3x8_to_f16(make_uint2(in.z, in.w));
+              in = next;
+            }
+          };
+          if (t0 + BN <= L)
+            convert(true);
+          else
+            convert(false);
+          fence_proxy_async();
+          mbar_arrive(v_side ? &v_full[s] : &k_full[s]);
+          named_bar_sync(3 + int(v_side), 64);  // the side is done reading the staging tile
+          if (issuer && g + NBUF < g_end) issue_tile(g + NBUF, t0 + NBUF * BN);
+        }
+        __syncwarp();  // the issuing lanes read geo before lane 0 writes the next work's
+        ring = g_end;
       }
       return;
     }
     if constexpr (GATHER) {
       int ring = 0;
-      for (int k = 0; kPersist || k == 0; ++k) {
+      for (int k = 0;; ++k) {  // the CTA's works
         const int w = warp == 0 ? warp0_work(k) : read_work(k);
         if (w < 0) break;
         const HopperWork h = hopper_work<BN>(p, w);
@@ -486,7 +532,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     const int P = p.page_size, PB = p.tma_box_rows, nsub = BN / PB;  // nsub <= 16
     if (lane == 0) prefetch_tensor_map(v_warp ? &tm_v : &tm_k);
     int ring = 0, zeroed = 0;  // zeroed: V tiles that crossed kv_len so far (v_zero's phase)
-    for (int k = 0; kPersist || k == 0; ++k) {
+    for (int k = 0;; ++k) {  // the CTA's works
       const int w = v_warp ? read_work(k) : warp0_work(k);
       if (w < 0) break;
       const HopperWork h = hopper_work<BN>(p, w);
@@ -880,8 +926,8 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       for (int i = u_lo <= u_hi ? u_hi + 1 : ntiles; i < ntiles; ++i) skip(i);
     }
 
-    // The next work (kPersist) and its geometry, their reads issued before the stores.
-    const int w_next = kPersist ? read_work(k + 1) : -1;
+    // The next work and its geometry, their reads issued before the stores.
+    const int w_next = read_work(k + 1);
     HopperWork wk_next{};
     if (w_next >= 0) wk_next = hopper_work<BN>(p, w_next);
     if (tid == 128) prefill_trace_mark(p, w, 5);
@@ -940,7 +986,7 @@ void launch_prefill_hopper_g(const AttentionParams& p, const HopperMaps& m, cuda
                                 int(S::kSmemBytes), configured,
                                 "paged_attention_cuda: Hopper prefill shared memory attribute");
   const int64_t works = int64_t(p.num_prefill_items) * p.num_kv_heads;
-  const bool persist = !FP8 && p.hopper_ctas > 0;  // the kernel's kPersist
+  const bool persist = p.hopper_ctas > 0;  // else one CTA per work (each finds none left)
   const dim3 grid(unsigned(persist ? std::min<int64_t>(works, p.hopper_ctas) : works));
   prefill_hopper_kernel<Q, HEAD_DIM, OVERLAP, GATHER, FP8>
       <<<grid, kHopperThreads, S::kSmemBytes, s>>>(p, m.q, m.k, m.v);
