@@ -153,6 +153,41 @@ TEST_P(HostileTest, NonStreamedRequestIsCancelledWhenTheClientLeaves) {
   EXPECT_LT(s.metric("pagedattn_generation_tokens_total"), 300);
 }
 
+// The same when the client resets its connection (a close with SO_LINGER 0: the server's socket
+// then polls as an error, not as readable with nothing to read).
+TEST_P(HostileTest, NonStreamedRequestIsCancelledWhenTheClientResets) {
+  FakeServer s(GetParam());
+  s.fake->step_delay = std::chrono::milliseconds(20);  // 400 tokens: 8 s
+  const double cancelled = s.metric("pagedattn_request_cancelled_total");
+  const int fd = connect_raw(s.port);
+  ASSERT_GE(fd, 0);
+  const std::string body =
+      R"({"model": "fake", "prompt": "long", "max_tokens": 400, "ignore_eos": true})";
+  send_raw(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               "Content-Length: " +
+                   std::to_string(body.size()) + "\r\n\r\n" + body);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (s.metric("pagedattn_num_requests_active") < 1 &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3))
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(s.metric("pagedattn_num_requests_active"), 1);
+  const linger reset{1, 0};
+  ASSERT_EQ(::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset)), 0);
+  ::close(fd);
+  bool seen = false;
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3)) {
+    if (s.metric("pagedattn_request_cancelled_total") >= cancelled + 1) {
+      seen = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(seen) << "the reset request was not cancelled within 3 s";
+  EXPECT_EQ(s.metric("pagedattn_num_requests_active"), 0);
+  EXPECT_EQ(s.metric("pagedattn_kv_pages_used"), 0);
+  EXPECT_LT(s.metric("pagedattn_generation_tokens_total"), 300);
+}
+
 TEST_P(HostileTest, WrongMethodOnAKnownRouteIs405) {
   FakeServer s(GetParam());
   auto c = s.client();
