@@ -3,7 +3,10 @@
 
 #include <httplib.h>
 
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <chrono>
 #include <condition_variable>
@@ -614,6 +617,12 @@ Server::Server(AsyncEngine& engine, TextCodec codec, ServerConfig config)
   PA_CHECK(c.default_chat_max_tokens >= 1, "Server: default_chat_max_tokens must be >= 1, got ",
            c.default_chat_max_tokens);
   impl_->http.set_payload_max_length(c.max_body_bytes);
+  // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, with which a second server on
+  // the same port started without an error and took half of the first one's connections.
+  impl_->http.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   impl_->routes();
 }
 
@@ -623,12 +632,14 @@ int Server::start() {
   PA_CHECK(!impl_->thread.joinable(), "Server::start: already started");
   const ServerConfig& c = impl_->config;
   int port = c.port;
+  errno = 0;
   if (port == 0) {
     port = impl_->http.bind_to_any_port(c.host);
   } else if (!impl_->http.bind_to_port(c.host, port)) {
     port = -1;
   }
-  PA_CHECK(port > 0, "Server::start: cannot listen on ", c.host, ":", c.port);
+  PA_CHECK(port > 0, "Server::start: cannot listen on ", c.host, ":", c.port,
+           errno == EADDRINUSE ? " (the address is in use: another server on that port?)" : "");
   impl_->http.widen_backlog();
   port_ = port;
   impl_->thread = std::thread([this] { impl_->http.listen_after_bind(); });

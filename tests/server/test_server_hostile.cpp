@@ -188,6 +188,21 @@ TEST_P(HostileTest, NonStreamedRequestIsCancelledWhenTheClientResets) {
   EXPECT_LT(s.metric("pagedattn_generation_tokens_total"), 300);
 }
 
+// A second server on a port that one already listens on fails to start, saying why (with
+// SO_REUSEPORT it started, and the kernel split the connections between the two).
+TEST(HostilePort, ASecondServerOnTheSamePortFailsToStart) {
+  FakeServer first(false);
+  try {
+    FakeServer second(false, [&](ServerConfig& c) { c.port = first.port; });
+    ADD_FAILURE() << "a second server started on port " << first.port;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("in use"), std::string::npos) << e.what();
+  }
+  auto r = first.client()->Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+}
+
 TEST_P(HostileTest, WrongMethodOnAKnownRouteIs405) {
   FakeServer s(GetParam());
   auto c = s.client();
