@@ -23,6 +23,11 @@ json error_body(const std::string& message, const std::string& type, const std::
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
+std::string quote(const std::string& text) {
+  constexpr size_t kMax = 64;
+  return "'" + (text.size() <= kMax ? text : text.substr(0, kMax) + "...") + "'";
+}
+
 namespace {
 
 // Request bodies nest at most this deep (arrays and objects): the parser itself loops, but
@@ -50,12 +55,6 @@ bool nests_deeper_than(const std::string& body, int limit) {
     }
   }
   return false;
-}
-
-// A client's text quoted in an error message, at most 64 bytes of it.
-std::string quote(const std::string& text) {
-  constexpr size_t kMax = 64;
-  return "'" + (text.size() <= kMax ? text : text.substr(0, kMax) + "...") + "'";
 }
 
 // A client's value named in an error message: a number as written, anything else by its type.
@@ -320,6 +319,10 @@ bool json_object_format(const json& j) {
 
 ParsedRequest parse_request(const std::string& body, bool chat, const ServerConfig& config,
                             const TextCodec& codec, const Engine& engine) {
+  // NOTE: nlohmann's parser stops at a NUL byte, taking what follows for the end of the input;
+  // JSON has no raw NUL anywhere (a string holds it escaped).
+  if (body.find('\0') != std::string::npos)
+    throw ApiError(400, "the request body is not valid JSON (a NUL byte)", "", "invalid_json");
   if (nests_deeper_than(body, kMaxJsonDepth))
     throw ApiError(400,
                    "the request body nests arrays and objects deeper than " +

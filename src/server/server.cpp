@@ -214,7 +214,21 @@ httplib::Server::HandlerResponse Server::Impl::guard(const httplib::Request& req
   const Route* route = find_route(req.path);
   const std::string method = req.method == "HEAD" ? "GET" : req.method;
   std::optional<ApiError> err;
-  if (!route) {
+  // Framing that a proxy in front could read otherwise than httplib does (request smuggling):
+  // both a length and a transfer coding, or Content-Lengths that differ, are refused; a chunked
+  // body's end is only as sure as httplib's parser (which takes a malformed chunk terminator for
+  // the end of the body), so its connection closes after the answer.
+  bool lengths_differ = false;
+  for (size_t i = 1; i < req.get_header_value_count("Content-Length"); ++i)
+    lengths_differ |= req.get_header_value("Content-Length", i) !=
+                      req.get_header_value("Content-Length", 0);
+  if (req.has_header("Transfer-Encoding")) GuardedHttpServer::close_after_response(res);
+  if (req.has_header("Transfer-Encoding") && req.has_header("Content-Length")) {
+    err = ApiError(400, "the request has both Content-Length and Transfer-Encoding", "",
+                   "invalid_body");
+  } else if (lengths_differ) {
+    err = ApiError(400, "the request has Content-Length headers that differ", "", "invalid_body");
+  } else if (!route) {
     err = ApiError(404, "no route " + req.method + " " + req.path, "", "not_found");
   } else if (method != route->method) {
     err = ApiError(
@@ -311,9 +325,8 @@ void Server::Impl::routes() {
              const std::string id = req.matches[1];
              if (id != config.model_name) {
                send_error(res, ApiError(404,
-                                        "The model '" + id +
-                                            "' does not exist; this server "
-                                            "serves '" +
+                                        "The model " + api::quote(id) +
+                                            " does not exist; this server serves '" +
                                             config.model_name + "'",
                                         "model", "model_not_found"));
                return;

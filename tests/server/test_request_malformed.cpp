@@ -131,3 +131,20 @@ TEST(RequestMalformed, ErrorMessagesQuoteABoundedPartOfTheRequest) {
     EXPECT_NE(std::string(e.what()).find("xxx..."), std::string::npos) << e.what();
   }
 }
+
+// A raw NUL byte is not JSON anywhere in a body; the parser took it for the end of the input and
+// accepted what came before it.
+TEST(RequestMalformed, NulBytesAreNotJson) {
+  Parser p;
+  const std::string ok = R"({"model":"fuzz","max_tokens":1,"prompt":"hi"})";
+  EXPECT_EQ(p.error_of(ok).status, 0);
+  for (const std::string& body : {ok + std::string(2, '\0'), ok + std::string(1, '\0') + "{}",
+                                  R"({"model":"fuzz","max_tokens":1,"prompt":"h)" +
+                                      std::string(1, '\0') + R"(i"})"}) {
+    const api::ApiError e = p.error_of(body);
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.code, "invalid_json") << e.what();
+  }
+  // An escaped NUL inside a string is JSON.
+  EXPECT_EQ(p.error_of(R"({"model":"fuzz","max_tokens":1,"prompt":"h\u0000i"})").status, 0);
+}

@@ -188,6 +188,43 @@ TEST_P(HostileTest, NonStreamedRequestIsCancelledWhenTheClientResets) {
   EXPECT_LT(s.metric("pagedattn_generation_tokens_total"), 300);
 }
 
+// Framing a proxy could read otherwise (request smuggling): bytes after a malformed chunk are
+// never served as a request of their own, and both lengths or two different lengths are a 400.
+TEST_P(HostileTest, AmbiguousFramingIsNeverReadAsAnotherRequest) {
+  FakeServer s(GetParam());
+  const std::string completions = "POST /v1/completions HTTP/1.1\r\nHost: x\r\n";
+  const std::string smuggled = "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  const std::string body = R"({"model": "fake", "prompt": "hi", "max_tokens": 1})";
+  const std::string len = "Content-Length: " + std::to_string(body.size()) + "\r\n";
+  const std::vector<std::string> requests = {
+      completions + "Transfer-Encoding: chunked\r\n\r\n3\r\nabcX\r\n" + smuggled,
+      completions + len + "Transfer-Encoding: chunked\r\n\r\n" + body + smuggled,
+      completions + len + "Content-Length: 5\r\n\r\n" + body + smuggled,
+  };
+  for (const std::string& raw : requests) {
+    const int fd = connect_raw(s.port);
+    ASSERT_GE(fd, 0);
+    send_raw(fd, raw);
+    const std::string r = recv_raw(fd);  // until the server closes
+    ::close(fd);
+    EXPECT_EQ(raw_status(r), 400) << r.substr(0, 300);
+    EXPECT_EQ(r.find("\"object\":\"list\""), std::string::npos) << "the smuggled request ran: " << r;
+    EXPECT_EQ(r.find("HTTP/1.1 ", 1), std::string::npos) << "a second response: " << r;
+  }
+  // Equal lengths twice, and a well-formed chunked body, are fine.
+  for (const std::string& raw :
+       {completions + len + len + "Connection: close\r\n\r\n" + body,
+        completions + "Transfer-Encoding: chunked\r\n\r\n" + chunked(body, 7)}) {
+    const int fd = connect_raw(s.port);
+    ASSERT_GE(fd, 0);
+    send_raw(fd, raw);
+    const std::string r = recv_raw(fd);
+    ::close(fd);
+    EXPECT_EQ(raw_status(r), 200) << r.substr(0, 300);
+  }
+  EXPECT_TRUE(s.pages_released());
+}
+
 // A second server on a port that one already listens on fails to start, saying why (with
 // SO_REUSEPORT it started, and the kernel split the connections between the two).
 TEST(HostilePort, ASecondServerOnTheSamePortFailsToStart) {
