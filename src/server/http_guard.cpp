@@ -41,9 +41,12 @@ int poll_one(int sock, short events, int timeout_ms) {
   }
 }
 
-// The peer has closed or reset its end: readable with nothing to read.
+// The peer has closed or reset its end: readable with nothing to read, or an error pending (a
+// reset socket polls as POLLERR, which poll_one reports as < 0).
 bool peer_closed(int sock) {
-  if (poll_one(sock, POLLIN, 0) <= 0) return false;
+  const int r = poll_one(sock, POLLIN, 0);
+  if (r < 0) return true;
+  if (r == 0) return false;
   char c;
   const ssize_t n = ::recv(sock, &c, 1, MSG_PEEK | MSG_DONTWAIT);
   return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);

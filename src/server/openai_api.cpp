@@ -23,7 +23,46 @@ json error_body(const std::string& message, const std::string& type, const std::
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
+std::string quote(const std::string& text) {
+  constexpr size_t kMax = 64;
+  return "'" + (text.size() <= kMax ? text : text.substr(0, kMax) + "...") + "'";
+}
+
 namespace {
+
+// Request bodies nest at most this deep (arrays and objects): the parser itself loops, but
+// printing or walking a value recurses, and a body of 1 MiB can nest 500k levels.
+constexpr int kMaxJsonDepth = 64;
+
+// Whether the body's arrays and objects, counted outside strings, nest deeper than `limit`.
+bool nests_deeper_than(const std::string& body, int limit) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : body) {
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
+// A client's value named in an error message: a number as written, anything else by its type.
+std::string describe(const json& v) {
+  if (v.is_number()) return dump(v);
+  if (v.is_string()) return "the string " + quote(v.get<std::string>());
+  return std::string(v.is_array() ? "an " : "a ") + v.type_name();
+}
 
 const json* field(const json& j, const char* name) {
   auto it = j.find(name);
@@ -64,7 +103,7 @@ double get_number(const json& j, const char* name, double def, double lo, double
   if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo)) {
     throw ApiError(400,
                    std::string(name) + " must be in " + (lo_open ? "(" : "[") + bound(lo) + ", " +
-                       bound(hi) + "], got " + v->dump(),
+                       bound(hi) + "], got " + dump(*v),
                    name, "invalid_value");
   }
   return x;
@@ -143,7 +182,7 @@ std::vector<int32_t> chat_prompt(const json& j, const TextCodec& codec) {
       throw ApiError(400, at + ".role must be a string", "messages", "invalid_type");
     const std::string r = role->get<std::string>();
     if (r != "system" && r != "user" && r != "assistant" && r != "developer")
-      throw ApiError(400, at + ".role '" + r + "' is not one of system, user, assistant",
+      throw ApiError(400, at + ".role " + quote(r) + " is not one of system, user, assistant",
                      "messages", "invalid_value");
     const json* content = field(e, "content");
     std::string text;
@@ -247,11 +286,11 @@ std::vector<std::pair<int32_t, float>> logit_bias(const json& j, int32_t vocab) 
     if (id < 0 || id >= vocab)
       throw ApiError(400,
                      "logit_bias keys must be token ids in [0, " + std::to_string(vocab) +
-                         "), got '" + key + "'",
+                         "), got " + quote(key),
                      "logit_bias", "invalid_value");
     if (!bias.is_number() || !std::isfinite(bias.get<double>()) ||
         std::abs(bias.get<double>()) > 100.0)
-      throw ApiError(400, "logit_bias values must be numbers in [-100, 100], got " + bias.dump(),
+      throw ApiError(400, "logit_bias values must be numbers in [-100, 100], got " + describe(bias),
                      "logit_bias", "invalid_value");
     out.emplace_back(int32_t(id), float(bias.get<double>()));
   }
@@ -272,7 +311,7 @@ bool json_object_format(const json& j) {
     throw ApiError(400,
                    "response_format json_schema is not supported by this server (json_object is)",
                    "response_format", "unsupported");
-  throw ApiError(400, "response_format type must be text or json_object, got '" + type + "'",
+  throw ApiError(400, "response_format type must be text or json_object, got " + quote(type),
                  "response_format", "invalid_value");
 }
 
@@ -280,6 +319,15 @@ bool json_object_format(const json& j) {
 
 ParsedRequest parse_request(const std::string& body, bool chat, const ServerConfig& config,
                             const TextCodec& codec, const Engine& engine) {
+  // NOTE: nlohmann's parser stops at a NUL byte, taking what follows for the end of the input;
+  // JSON has no raw NUL anywhere (a string holds it escaped).
+  if (body.find('\0') != std::string::npos)
+    throw ApiError(400, "the request body is not valid JSON (a NUL byte)", "", "invalid_json");
+  if (nests_deeper_than(body, kMaxJsonDepth))
+    throw ApiError(400,
+                   "the request body nests arrays and objects deeper than " +
+                       std::to_string(kMaxJsonDepth) + " levels",
+                   "", "invalid_json");
   json j = json::parse(body, nullptr, false);
   if (j.is_discarded())
     throw ApiError(400, "the request body is not valid JSON", "", "invalid_json");
@@ -291,10 +339,8 @@ ParsedRequest parse_request(const std::string& body, bool chat, const ServerConf
   if (!model->is_string()) throw ApiError(400, "model must be a string", "model", "invalid_type");
   if (model->get<std::string>() != config.model_name)
     throw ApiError(404,
-                   "The model '" + model->get<std::string>() +
-                       "' does not exist; this server "
-                       "serves '" +
-                       config.model_name + "'",
+                   "The model " + quote(model->get<std::string>()) +
+                       " does not exist; this server serves '" + config.model_name + "'",
                    "model", "model_not_found");
 
   check_unsupported(j, chat);

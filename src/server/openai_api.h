@@ -31,6 +31,8 @@ inline nlohmann::json error_body(const ApiError& e) {
 }
 // JSON text with invalid UTF-8 replaced (never throws on model output).
 std::string dump(const nlohmann::json& j);
+// A client's text quoted in an error message: at most 64 bytes of it, in single quotes.
+std::string quote(const std::string& text);
 
 struct ParsedRequest {
   bool chat = false;

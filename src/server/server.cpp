@@ -3,7 +3,10 @@
 
 #include <httplib.h>
 
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <chrono>
 #include <condition_variable>
@@ -211,7 +214,21 @@ httplib::Server::HandlerResponse Server::Impl::guard(const httplib::Request& req
   const Route* route = find_route(req.path);
   const std::string method = req.method == "HEAD" ? "GET" : req.method;
   std::optional<ApiError> err;
-  if (!route) {
+  // Framing that a proxy in front could read otherwise than httplib does (request smuggling):
+  // both a length and a transfer coding, or Content-Lengths that differ, are refused; a chunked
+  // body's end is only as sure as httplib's parser (which takes a malformed chunk terminator for
+  // the end of the body), so its connection closes after the answer.
+  bool lengths_differ = false;
+  for (size_t i = 1; i < req.get_header_value_count("Content-Length"); ++i)
+    lengths_differ |= req.get_header_value("Content-Length", i) !=
+                      req.get_header_value("Content-Length", 0);
+  if (req.has_header("Transfer-Encoding")) GuardedHttpServer::close_after_response(res);
+  if (req.has_header("Transfer-Encoding") && req.has_header("Content-Length")) {
+    err = ApiError(400, "the request has both Content-Length and Transfer-Encoding", "",
+                   "invalid_body");
+  } else if (lengths_differ) {
+    err = ApiError(400, "the request has Content-Length headers that differ", "", "invalid_body");
+  } else if (!route) {
     err = ApiError(404, "no route " + req.method + " " + req.path, "", "not_found");
   } else if (method != route->method) {
     err = ApiError(
@@ -308,9 +325,8 @@ void Server::Impl::routes() {
              const std::string id = req.matches[1];
              if (id != config.model_name) {
                send_error(res, ApiError(404,
-                                        "The model '" + id +
-                                            "' does not exist; this server "
-                                            "serves '" +
+                                        "The model " + api::quote(id) +
+                                            " does not exist; this server serves '" +
                                             config.model_name + "'",
                                         "model", "model_not_found"));
                return;
@@ -614,6 +630,12 @@ Server::Server(AsyncEngine& engine, TextCodec codec, ServerConfig config)
   PA_CHECK(c.default_chat_max_tokens >= 1, "Server: default_chat_max_tokens must be >= 1, got ",
            c.default_chat_max_tokens);
   impl_->http.set_payload_max_length(c.max_body_bytes);
+  // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, with which a second server on
+  // the same port started without an error and took half of the first one's connections.
+  impl_->http.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   impl_->routes();
 }
 
@@ -623,12 +645,14 @@ int Server::start() {
   PA_CHECK(!impl_->thread.joinable(), "Server::start: already started");
   const ServerConfig& c = impl_->config;
   int port = c.port;
+  errno = 0;
   if (port == 0) {
     port = impl_->http.bind_to_any_port(c.host);
   } else if (!impl_->http.bind_to_port(c.host, port)) {
     port = -1;
   }
-  PA_CHECK(port > 0, "Server::start: cannot listen on ", c.host, ":", c.port);
+  PA_CHECK(port > 0, "Server::start: cannot listen on ", c.host, ":", c.port,
+           errno == EADDRINUSE ? " (the address is in use: another server on that port?)" : "");
   impl_->http.widen_backlog();
   port_ = port;
   impl_->thread = std::thread([this] { impl_->http.listen_after_bind(); });

@@ -57,3 +57,94 @@ TEST(RequestMalformed, ContentPartTypeOfTheWrongTypeIsA400) {
     ADD_FAILURE() << "not an ApiError: " << e.what();
   }
 }
+
+namespace {
+
+struct Parser {
+  Engine engine;
+  TextCodec codec;
+  ServerConfig sc;
+  Parser()
+      : engine(std::make_unique<fakes::FakeModel>(128, std::vector<int32_t>{0}, 512),
+               [] {
+                 EngineConfig ec;
+                 ec.kv_cache_tokens = 1024;
+                 ec.log_startup = false;
+                 return ec;
+               }(),
+               fakes::fake_decode),
+        codec{[](const std::string& t) { return fakes::fake_encode(t); },
+              [](const std::vector<ChatMessage>& m) { return fakes::fake_encode(m[0].content); }} {
+    sc.model_name = "fuzz";
+  }
+  // The ApiError a completion body raises (status 0 when it is accepted).
+  api::ApiError error_of(const std::string& body) {
+    try {
+      api::parse_request(body, false, sc, codec, engine);
+    } catch (const api::ApiError& e) {
+      return e;
+    }
+    return api::ApiError(0, "accepted", "", "");
+  }
+};
+
+std::string nested(int depth) { return std::string(size_t(depth), '[') + std::string(size_t(depth), ']'); }
+
+}  // namespace
+
+// A body of 1 MiB can nest half a million arrays; naming such a value in an error message printed
+// it recursively and overflowed the handler's stack (the server died). Bodies nesting deeper than
+// 64 levels are refused before they are parsed; brackets inside strings do not count.
+TEST(RequestMalformed, DeeplyNestedBodiesAreRefusedBeforeParsing) {
+  Parser p;
+  const std::string head = R"({"model":"fuzz","max_tokens":1,"prompt":"hi",)";
+  for (int depth : {65, 300000}) {
+    const api::ApiError e = p.error_of(head + R"("logit_bias":{"1":)" + nested(depth) + "}}");
+    EXPECT_EQ(e.status, 400) << depth;
+    EXPECT_EQ(e.code, "invalid_json") << depth;
+    EXPECT_NE(std::string(e.what()).find("deeper than 64"), std::string::npos) << e.what();
+  }
+  // 64 levels in all (the body's object, logit_bias's, 62 arrays) are parsed and checked.
+  const api::ApiError at_limit = p.error_of(head + R"("logit_bias":{"1":)" + nested(62) + "}}");
+  EXPECT_EQ(at_limit.status, 400);
+  EXPECT_EQ(at_limit.param, "logit_bias");
+  EXPECT_NE(std::string(at_limit.what()).find("got an array"), std::string::npos)
+      << at_limit.what();
+  const std::string brackets(5000, '[');
+  EXPECT_EQ(p.error_of(R"({"model":"fuzz","max_tokens":1,"prompt":")" + brackets + R"(\"["})")
+                .status,
+            0);
+}
+
+// Error messages quote at most 64 bytes of what the client sent.
+TEST(RequestMalformed, ErrorMessagesQuoteABoundedPartOfTheRequest) {
+  Parser p;
+  const std::string big(100000, 'x');
+  for (const std::string& body :
+       {R"({"model":")" + big + R"(","prompt":"hi"})",
+        R"({"model":"fuzz","prompt":"hi","logit_bias":{")" + big + R"(":1}})",
+        R"({"model":"fuzz","prompt":"hi","logit_bias":{"1":")" + big + R"("}})",
+        R"({"model":"fuzz","prompt":"hi","response_format":{"type":")" + big + R"("}})"}) {
+    const api::ApiError e = p.error_of(body);
+    EXPECT_GE(e.status, 400);
+    EXPECT_LT(std::string(e.what()).size(), 300u) << std::string(e.what()).substr(0, 200);
+    EXPECT_NE(std::string(e.what()).find("xxx..."), std::string::npos) << e.what();
+  }
+}
+
+// A raw NUL byte is not JSON anywhere in a body; the parser took it for the end of the input and
+// accepted what came before it.
+TEST(RequestMalformed, NulBytesAreNotJson) {
+  Parser p;
+  const std::string ok = R"({"model":"fuzz","max_tokens":1,"prompt":"hi"})";
+  EXPECT_EQ(p.error_of(ok).status, 0);
+  for (const std::string& body : {ok + std::string(2, '\0'), ok + std::string(1, '\0') + "{}",
+                                  R"({"model":"fuzz","max_tokens":1,"prompt":"h)" +
+                                      std::string(1, '\0') + R"(i"})"}) {
+    const api::ApiError e = p.error_of(body);
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.code, "invalid_json") << e.what();
+  }
+  // An escaped NUL inside a string is JSON.
+  EXPECT_EQ(p.error_of(R"({"model":"fuzz","max_tokens":1,"prompt":"h\u0000i"})").status, 0);
+}

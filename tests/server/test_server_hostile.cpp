@@ -153,6 +153,93 @@ TEST_P(HostileTest, NonStreamedRequestIsCancelledWhenTheClientLeaves) {
   EXPECT_LT(s.metric("pagedattn_generation_tokens_total"), 300);
 }
 
+// The same when the client resets its connection (a close with SO_LINGER 0: the server's socket
+// then polls as an error, not as readable with nothing to read).
+TEST_P(HostileTest, NonStreamedRequestIsCancelledWhenTheClientResets) {
+  FakeServer s(GetParam());
+  s.fake->step_delay = std::chrono::milliseconds(20);  // 400 tokens: 8 s
+  const double cancelled = s.metric("pagedattn_request_cancelled_total");
+  const int fd = connect_raw(s.port);
+  ASSERT_GE(fd, 0);
+  const std::string body =
+      R"({"model": "fake", "prompt": "long", "max_tokens": 400, "ignore_eos": true})";
+  send_raw(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               "Content-Length: " +
+                   std::to_string(body.size()) + "\r\n\r\n" + body);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (s.metric("pagedattn_num_requests_active") < 1 &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3))
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(s.metric("pagedattn_num_requests_active"), 1);
+  const linger reset{1, 0};
+  ASSERT_EQ(::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset)), 0);
+  ::close(fd);
+  bool seen = false;
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3)) {
+    if (s.metric("pagedattn_request_cancelled_total") >= cancelled + 1) {
+      seen = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(seen) << "the reset request was not cancelled within 3 s";
+  EXPECT_EQ(s.metric("pagedattn_num_requests_active"), 0);
+  EXPECT_EQ(s.metric("pagedattn_kv_pages_used"), 0);
+  EXPECT_LT(s.metric("pagedattn_generation_tokens_total"), 300);
+}
+
+// Framing a proxy could read otherwise (request smuggling): bytes after a malformed chunk are
+// never served as a request of their own, and both lengths or two different lengths are a 400.
+TEST_P(HostileTest, AmbiguousFramingIsNeverReadAsAnotherRequest) {
+  FakeServer s(GetParam());
+  const std::string completions = "POST /v1/completions HTTP/1.1\r\nHost: x\r\n";
+  const std::string smuggled = "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  const std::string body = R"({"model": "fake", "prompt": "hi", "max_tokens": 1})";
+  const std::string len = "Content-Length: " + std::to_string(body.size()) + "\r\n";
+  const std::vector<std::string> requests = {
+      completions + "Transfer-Encoding: chunked\r\n\r\n3\r\nabcX\r\n" + smuggled,
+      completions + len + "Transfer-Encoding: chunked\r\n\r\n" + body + smuggled,
+      completions + len + "Content-Length: 5\r\n\r\n" + body + smuggled,
+  };
+  for (const std::string& raw : requests) {
+    const int fd = connect_raw(s.port);
+    ASSERT_GE(fd, 0);
+    send_raw(fd, raw);
+    const std::string r = recv_raw(fd);  // until the server closes
+    ::close(fd);
+    EXPECT_EQ(raw_status(r), 400) << r.substr(0, 300);
+    EXPECT_EQ(r.find("\"object\":\"list\""), std::string::npos) << "the smuggled request ran: " << r;
+    EXPECT_EQ(r.find("HTTP/1.1 ", 1), std::string::npos) << "a second response: " << r;
+  }
+  // Equal lengths twice, and a well-formed chunked body, are fine.
+  for (const std::string& raw :
+       {completions + len + len + "Connection: close\r\n\r\n" + body,
+        completions + "Transfer-Encoding: chunked\r\n\r\n" + chunked(body, 7)}) {
+    const int fd = connect_raw(s.port);
+    ASSERT_GE(fd, 0);
+    send_raw(fd, raw);
+    const std::string r = recv_raw(fd);
+    ::close(fd);
+    EXPECT_EQ(raw_status(r), 200) << r.substr(0, 300);
+  }
+  EXPECT_TRUE(s.pages_released());
+}
+
+// A second server on a port that one already listens on fails to start, saying why (with
+// SO_REUSEPORT it started, and the kernel split the connections between the two).
+TEST(HostilePort, ASecondServerOnTheSamePortFailsToStart) {
+  FakeServer first(false);
+  try {
+    FakeServer second(false, [&](ServerConfig& c) { c.port = first.port; });
+    ADD_FAILURE() << "a second server started on port " << first.port;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("in use"), std::string::npos) << e.what();
+  }
+  auto r = first.client()->Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+}
+
 TEST_P(HostileTest, WrongMethodOnAKnownRouteIs405) {
   FakeServer s(GetParam());
   auto c = s.client();
