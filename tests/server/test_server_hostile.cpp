@@ -127,6 +127,24 @@ TEST_P(HostileTest, StalledConnectionsLeaveHealthAnswering) {
   EXPECT_TRUE(s.pages_released());
 }
 
+// The request of 400 tokens (8 s) sent at t0 is cancelled within 3 s of it (the count of
+// cancelled requests past `before`), its pages and batch slot freed.
+void expect_cancelled_soon(FakeServer& s, double before,
+                           std::chrono::steady_clock::time_point t0) {
+  bool seen = false;
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3)) {
+    if (s.metric("pagedattn_request_cancelled_total") >= before + 1) {
+      seen = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(seen) << "the abandoned request was not cancelled within 3 s";
+  EXPECT_EQ(s.metric("pagedattn_num_requests_active"), 0);
+  EXPECT_EQ(s.metric("pagedattn_kv_pages_used"), 0);
+  EXPECT_LT(s.metric("pagedattn_generation_tokens_total"), 300);
+}
+
 // A client that gives up on a non-streamed request cancels it: its pages and batch slot are freed
 // soon after, not when the generation would have ended.
 TEST_P(HostileTest, NonStreamedRequestIsCancelledWhenTheClientLeaves) {
@@ -139,18 +157,7 @@ TEST_P(HostileTest, NonStreamedRequestIsCancelledWhenTheClientLeaves) {
       R"({"model": "fake", "prompt": "long", "max_tokens": 400, "ignore_eos": true})",
       "application/json");
   EXPECT_FALSE(r);  // the client timed out and closed its connection
-  bool seen = false;
-  while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3)) {
-    if (s.metric("pagedattn_request_cancelled_total") >= cancelled + 1) {
-      seen = true;
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  EXPECT_TRUE(seen) << "the abandoned request was not cancelled within 3 s";
-  EXPECT_EQ(s.metric("pagedattn_num_requests_active"), 0);
-  EXPECT_EQ(s.metric("pagedattn_kv_pages_used"), 0);
-  EXPECT_LT(s.metric("pagedattn_generation_tokens_total"), 300);
+  expect_cancelled_soon(s, cancelled, t0);
 }
 
 // The same when the client resets its connection (a close with SO_LINGER 0: the server's socket
@@ -174,18 +181,7 @@ TEST_P(HostileTest, NonStreamedRequestIsCancelledWhenTheClientResets) {
   const linger reset{1, 0};
   ASSERT_EQ(::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset)), 0);
   ::close(fd);
-  bool seen = false;
-  while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3)) {
-    if (s.metric("pagedattn_request_cancelled_total") >= cancelled + 1) {
-      seen = true;
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  EXPECT_TRUE(seen) << "the reset request was not cancelled within 3 s";
-  EXPECT_EQ(s.metric("pagedattn_num_requests_active"), 0);
-  EXPECT_EQ(s.metric("pagedattn_kv_pages_used"), 0);
-  EXPECT_LT(s.metric("pagedattn_generation_tokens_total"), 300);
+  expect_cancelled_soon(s, cancelled, t0);
 }
 
 // Framing a proxy could read otherwise (request smuggling): bytes after a malformed chunk are
