@@ -81,7 +81,7 @@ int64_t get_int(const json& j, const char* name, int64_t def, int64_t lo, int64_
   if (x < lo || x > hi)
     throw ApiError(400,
                    std::string(name) + " must be in [" + std::to_string(lo) + ", " +
-                       std::to_string(hi) + "], got " + std::to_string(x),
+                       std::to_string(hi) + "], got " + dump(*v),
                    name, "invalid_value");
   return x;
 }

@@ -113,6 +113,9 @@ TEST_P(ParamsTest, ValuesAreCheckedForTypeAndRange) {
                "temperature must be in [0, 2], got -0.1");
   expect_error(s.post("/v1/completions", cmpl + R"("presence_penalty": 2.5})"), 400,
                "presence_penalty", "presence_penalty must be in [-2, 2], got 2.5");
+  // An integer past int64's range is named as sent (it was clamped to 2^63 - 1 in the message).
+  expect_error(s.post("/v1/completions", cmpl + R"("n": 18446744073709551615})"), 400, "n",
+               "got 18446744073709551615");
 }
 
 TEST_P(ParamsTest, LogitBiasForcesAndBans) {
