@@ -29,37 +29,6 @@ std::string regression(const std::string& name) {
   return {std::istreambuf_iterator<char>(in), {}};
 }
 
-}  // namespace
-
-TEST(RequestMalformed, ContentPartTypeOfTheWrongTypeIsA400) {
-  EngineConfig ec;
-  ec.kv_cache_tokens = 1024;
-  ec.log_startup = false;
-  Engine engine(std::make_unique<fakes::FakeModel>(128, std::vector<int32_t>{0}, 512), ec,
-                fakes::fake_decode);
-  TextCodec codec{
-      [](const std::string& t) { return fakes::fake_encode(t); },
-      [](const std::vector<ChatMessage>& m) { return fakes::fake_encode(m[0].content); }};
-  ServerConfig sc;
-  sc.model_name = "fuzz";
-  // The fuzz input: byte 0 picks chat, the rest is the body.
-  const std::string input = regression("content_part_type_number");
-  ASSERT_FALSE(input.empty());
-  ASSERT_EQ(input[0], '\x01');
-  try {
-    api::parse_request(input.substr(1), true, sc, codec, engine);
-    ADD_FAILURE() << "accepted";
-  } catch (const api::ApiError& e) {
-    EXPECT_EQ(e.status, 400);
-    EXPECT_EQ(e.param, "messages");
-    EXPECT_NE(std::string(e.what()).find("content parts"), std::string::npos) << e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "not an ApiError: " << e.what();
-  }
-}
-
-namespace {
-
 struct Parser {
   Engine engine;
   TextCodec codec;
@@ -88,9 +57,30 @@ struct Parser {
   }
 };
 
-std::string nested(int depth) { return std::string(size_t(depth), '[') + std::string(size_t(depth), ']'); }
+std::string nested(int depth) {
+  return std::string(size_t(depth), '[') + std::string(size_t(depth), ']');
+}
 
 }  // namespace
+
+TEST(RequestMalformed, ContentPartTypeOfTheWrongTypeIsA400) {
+  Parser p;
+  // The fuzz input: byte 0 picks chat, the rest is the body.
+  const std::string input = regression("content_part_type_number");
+  ASSERT_FALSE(input.empty());
+  ASSERT_EQ(input[0], '\x01');
+  try {
+    api::parse_request(input.substr(1), true, p.sc, p.codec, p.engine);
+    ADD_FAILURE() << "accepted";
+  } catch (const api::ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.param, "messages");
+    EXPECT_NE(std::string(e.what()).find("content parts"), std::string::npos) << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not an ApiError: " << e.what();
+  }
+}
+
 
 // A body of 1 MiB can nest half a million arrays; naming such a value in an error message printed
 // it recursively and overflowed the handler's stack (the server died). Bodies nesting deeper than

@@ -204,7 +204,8 @@ TEST_P(HostileTest, AmbiguousFramingIsNeverReadAsAnotherRequest) {
     const std::string r = recv_raw(fd);  // until the server closes
     ::close(fd);
     EXPECT_EQ(raw_status(r), 400) << r.substr(0, 300);
-    EXPECT_EQ(r.find("\"object\":\"list\""), std::string::npos) << "the smuggled request ran: " << r;
+    EXPECT_EQ(r.find("\"object\":\"list\""), std::string::npos)
+        << "the smuggled request ran: " << r;
     EXPECT_EQ(r.find("HTTP/1.1 ", 1), std::string::npos) << "a second response: " << r;
   }
   // Equal lengths twice, and a well-formed chunked body, are fine.
