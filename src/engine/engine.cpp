@@ -596,6 +596,19 @@ RequestOutput Engine::collect(RequestState& rs) {
   const bool unforked_end = rs.seqs.size() == 1 && !rs.seqs[0]->forked;
   o.finished = all_finished &&
                (rs.cancelled || unforked_end || int32_t(rs.seqs.size()) == rs.req.num_sequences());
+  // A request that ends before it forks (cancelled while queued or prefilling, or a prompt the
+  // cache cannot hold) ends its other sequences too, with the first one's reason and no tokens:
+  // every index of the request is reported finished once.
+  if (o.finished && rs.seqs.size() == 1 && rs.req.num_sequences() > 1) {
+    for (int32_t i = 0; i < rs.req.num_sequences(); ++i) {
+      if (i == rs.seqs[0]->index || rs.finish_sent[size_t(i)]) continue;
+      SequenceOutput so;
+      so.index = i;
+      so.finish = rs.seqs[0]->finish;
+      rs.finish_sent[size_t(i)] = true;
+      o.seqs.push_back(std::move(so));
+    }
+  }
   o.error = rs.error;
   return o;
 }

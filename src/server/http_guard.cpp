@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -201,6 +203,37 @@ void reject_busy(int sock) {
   lingering_close(sock);
 }
 
+// Whether a connection over the bound asks for GET (or HEAD) /health, from its first bytes, peeked
+// at for at most kHealthPeekMs: health checks are answered while stalled connections fill the
+// bound, anything else over it gets the 503.
+bool asks_for_health(int sock) {
+  constexpr int kHealthPeekMs = 250;
+  static const std::string kAsks[] = {"GET /health", "HEAD /health"};
+  const auto until = Clock::now() + std::chrono::milliseconds(kHealthPeekMs);
+  for (;;) {
+    char buf[16];
+    const ssize_t n = ::recv(sock, buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) return false;
+    bool prefix = n < 0;  // nothing yet
+    if (n > 0) {
+      const std::string got(buf, size_t(n));
+      for (const std::string& a : kAsks) {
+        if (got.size() > a.size() && got.compare(0, a.size(), a) == 0)
+          return got[a.size()] == ' ' || got[a.size()] == '?';
+        if (got.size() <= a.size() && a.compare(0, got.size(), got) == 0) prefix = true;
+      }
+    }
+    if (!prefix || ms_until(until) <= 0) return false;
+    // More bytes may come: wait for the first, or a little for the rest (a peek leaves the bytes
+    // there, so a poll would return at once).
+    if (n < 0) {
+      if (poll_one(sock, POLLIN, ms_until(until)) <= 0) return false;
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+}
+
 struct QueueState {
   std::mutex mu;
   std::condition_variable cv, done_cv;
@@ -303,14 +336,17 @@ void GuardedHttpServer::shutdown_connections() {
 }
 
 bool GuardedHttpServer::process_and_close_socket(socket_t sock) {
-  if (!track(sock)) {
+  // Over the bound, one health check is still answered (on one of the threads past the bound).
+  const bool tracked = track(sock);
+  if (!tracked && !asks_for_health(sock)) {
     reject_busy(sock);
     return false;
   }
   GuardedStream strm(sock, to_ms(limits_.io_timeout_s));
   tl_socket = sock;
   bool ret = false;
-  for (size_t left = keep_alive_max_count_; left > 0 && svr_sock_ != INVALID_SOCKET; --left) {
+  for (size_t left = tracked ? keep_alive_max_count_ : 1; left > 0 && svr_sock_ != INVALID_SOCKET;
+       --left) {
     // A request must start within the idle timeout (a pipelined one may be buffered already).
     if (!strm.has_buffered() &&
         (poll_one(sock, POLLIN, to_ms(limits_.idle_timeout_s)) <= 0 || peer_closed(sock)))
@@ -329,7 +365,7 @@ bool GuardedHttpServer::process_and_close_socket(socket_t sock) {
   tl_socket = -1;
   tl_close = false;
   // Untracked before the close: shutdown_connections() never touches a closed (reused) number.
-  untrack(sock);
+  if (tracked) untrack(sock);
   lingering_close(sock);
   return ret;
 }

@@ -25,7 +25,23 @@ std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 
 std::string quote(const std::string& text) {
   constexpr size_t kMax = 64;
-  return "'" + (text.size() <= kMax ? text : text.substr(0, kMax) + "...") + "'";
+  // At most kMax bytes, cut where a character starts; control bytes written as \xNN (a NUL
+  // would end the message where it is read as a C string).
+  size_t end = std::min(text.size(), kMax);
+  if (end < text.size())
+    while (end > 0 && (uint8_t(text[end]) & 0xc0) == 0x80) --end;
+  std::string out = "'";
+  for (size_t i = 0; i < end; ++i) {
+    const uint8_t c = uint8_t(text[i]);
+    if (c < 0x20 || c == 0x7f) {
+      char esc[8];
+      std::snprintf(esc, sizeof(esc), "\\x%02x", c);
+      out += esc;
+    } else {
+      out += char(c);
+    }
+  }
+  return out + (end < text.size() ? "...'" : "'");
 }
 
 namespace {
@@ -73,6 +89,12 @@ const json* field(const json& j, const char* name) {
 int64_t get_int(const json& j, const char* name, int64_t def, int64_t lo, int64_t hi) {
   const json* v = field(j, name);
   if (!v) return def;
+  if (v->is_number_float() && std::isfinite(v->get<double>()) &&
+      std::floor(v->get<double>()) == v->get<double>() && std::fabs(v->get<double>()) >= 9.2e18)
+    throw ApiError(400,
+                   std::string(name) + " must be in [" + std::to_string(lo) + ", " +
+                       std::to_string(hi) + "], got " + dump(*v),
+                   name, "invalid_value");  // an integer past int64's range (read as a float)
   if (!v->is_number_integer())
     throw ApiError(400, std::string(name) + " must be an integer", name, "invalid_type");
   const int64_t x = v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)
@@ -107,6 +129,16 @@ double get_number(const json& j, const char* name, double def, double lo, double
                    name, "invalid_value");
   }
   return x;
+}
+
+// get_number for a parameter kept in single precision: a value inside an open lower bound that
+// single precision would round onto the bound (1e-300 for top_p) becomes the nearest float inside.
+float get_float(const json& j, const char* name, double def, double lo, double hi,
+                bool lo_open = false) {
+  const double x = get_number(j, name, def, lo, hi, lo_open);
+  float f = float(x);
+  if (lo_open && double(f) <= lo) f = std::nextafter(float(lo), 1.f);
+  return f;
 }
 
 bool get_bool(const json& j, const char* name, bool def) {
@@ -387,10 +419,10 @@ ParsedRequest parse_request(const std::string& body, bool chat, const ServerConf
                                      : "best_of > n cannot be used with stream",
                    r.use_beam_search ? "use_beam_search" : "best_of", "invalid_value");
   r.sampling.temperature = float(get_number(j, "temperature", 1.0, 0.0, 2.0));
-  r.sampling.top_p = float(get_number(j, "top_p", 1.0, 0.0, 1.0, true));
+  r.sampling.top_p = get_float(j, "top_p", 1.0, 0.0, 1.0, true);
   r.sampling.top_k = int32_t(get_int(j, "top_k", 0, -1, 1 << 30));
   r.sampling.min_p = float(get_number(j, "min_p", 0.0, 0.0, 1.0));
-  r.sampling.repetition_penalty = float(get_number(j, "repetition_penalty", 1.0, 0.0, 10.0, true));
+  r.sampling.repetition_penalty = get_float(j, "repetition_penalty", 1.0, 0.0, 10.0, true);
   r.sampling.presence_penalty = float(get_number(j, "presence_penalty", 0.0, -2.0, 2.0));
   r.sampling.frequency_penalty = float(get_number(j, "frequency_penalty", 0.0, -2.0, 2.0));
   const int32_t vocab = engine.model().config().vocab_size;

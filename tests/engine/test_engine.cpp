@@ -530,6 +530,37 @@ TEST_P(EngineTest, CancelFreesPagesAtOnce) {
   EXPECT_EQ(e.metrics().requests_cancelled, 2);
 }
 
+// A request of n sequences cancelled before it forks (queued, or in its prefill) reports every
+// index finished, once: its siblings do not exist yet, and a client waits for each index.
+TEST_P(EngineTest, CancelBeforeTheForkFinishesEveryIndex) {
+  Engine e(std::make_unique<FakeModel>(), small_config(2048));
+  Request r = greedy(make_prompt(40, 3), 50);
+  r.n = 4;
+  r.sampling.temperature = 1.f;
+  RequestId prefilling = e.add_request(r);
+  RequestId queued = e.add_request(r);
+  RequestId forked = e.add_request(greedy(make_prompt(8, 4), 50));
+  e.step();  // the 32-token budget: 32 of the first prompt's 40, the others still waiting
+  e.cancel(prefilling);
+  e.cancel(queued);
+  std::map<RequestId, Result> res;
+  std::map<RequestId, int> finishes;  // finish reports, counted over the outputs
+  while (e.has_work()) {
+    const std::vector<RequestOutput> outs = e.step();
+    for (const RequestOutput& o : outs)
+      for (const SequenceOutput& so : o.seqs) finishes[o.id] += so.finish != FinishReason::none;
+    gather(res, outs);
+    e.cancel(forked);
+  }
+  for (RequestId id : {prefilling, queued}) {
+    ASSERT_EQ(res[id].finish.size(), 4u) << id;
+    for (FinishReason f : res[id].finish) EXPECT_EQ(f, FinishReason::cancelled) << id;
+    EXPECT_EQ(finishes[id], 4) << id;
+    EXPECT_TRUE(res[id].last.finished);
+  }
+  EXPECT_EQ(e.cache().stats().pages_used, 0);
+}
+
 TEST_P(EngineTest, BadRequestsThrowAndQueueNothing) {
   Engine e(std::make_unique<FakeModel>(64, std::vector<int32_t>{}, 64), small_config(2048));
   auto expect_error = [&](Request r, const std::string& what) {

@@ -138,3 +138,43 @@ TEST(RequestMalformed, NulBytesAreNotJson) {
   // An escaped NUL inside a string is JSON.
   EXPECT_EQ(p.error_of(R"({"model":"fuzz","max_tokens":1,"prompt":"h\u0000i"})").status, 0);
 }
+
+// A quoted value keeps its escaped NULs and other control bytes visible (\xNN): the message was
+// cut at the first NUL where it was read as a C string, and a cut never splits a character.
+TEST(RequestMalformed, QuotedValuesShowControlBytesAndWholeCharacters) {
+  Parser p;
+  api::ApiError e = p.error_of(R"({"model":"fuzz\u0000x","prompt":"hi"})");
+  EXPECT_EQ(e.status, 404);
+  EXPECT_NE(std::string(e.what()).find("'fuzz\\x00x'"), std::string::npos) << e.what();
+  try {
+    api::parse_request(R"({"model":"fuzz","messages":[{"role":"user\u0000","content":"hi"}]})",
+                       true, p.sc, p.codec, p.engine);
+    ADD_FAILURE() << "a role with a NUL was accepted";
+  } catch (const api::ApiError& c) {
+    EXPECT_NE(std::string(c.what()).find("'user\\x00' is not one of"), std::string::npos)
+        << c.what();
+  }
+  // 63 ASCII bytes and a 3-byte character: the cut at 64 bytes falls inside it, so it goes whole.
+  e = p.error_of(R"({"model":")" + std::string(63, 'a') + "\xe2\x82\xac" + R"(zz","prompt":"hi"})");
+  const std::string m = e.what();
+  EXPECT_NE(m.find("'" + std::string(63, 'a') + "...'"), std::string::npos) << m;
+}
+
+// Numbers inside a documented range that single precision or int64 cannot hold: an open bound's
+// tiny value is kept inside it, an integer past int64 is named out of range (not "not an
+// integer").
+TEST(RequestMalformed, NumbersPastTheTypesRanges) {
+  Parser p;
+  for (const char* f : {"top_p", "repetition_penalty"})
+    EXPECT_EQ(
+        p.error_of(std::string(R"({"model":"fuzz","max_tokens":1,"prompt":"hi",")") + f +
+                   R"(":1e-300})")
+            .status,
+        0)
+        << f;
+  const api::ApiError e =
+      p.error_of(R"({"model":"fuzz","max_tokens":1,"prompt":"hi","seed":18446744073709551616})");
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.code, "invalid_value") << e.what();
+  EXPECT_NE(std::string(e.what()).find("seed must be in ["), std::string::npos) << e.what();
+}
