@@ -336,8 +336,8 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   if (tid == 0) {
     mbar_init(q_full, 1);
     for (int s = 0; s < ST; ++s) {
-      mbar_init(&k_full[s], GATHER ? 128 : FP8 ? 64 : 1);
-      mbar_init(&v_full[s], GATHER ? 128 : FP8 ? 64 : 1);
+      mbar_init(&k_full[s], GATHER ? 128 : 1);
+      mbar_init(&v_full[s], GATHER ? 128 : 1);
       mbar_init(&k_empty[s], 2 * 128);
       mbar_init(&v_empty[s], 2 * 128);
     }
@@ -496,10 +496,14 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
             convert(true);
           else
             convert(false);
+          // The side's stage written and its staging tile read: one barrier, then the issuing
+          // warp's lane 0 fills the stage (one arrival) and the lanes free the staging tile.
           fence_proxy_async();
-          mbar_arrive(v_side ? &v_full[s] : &k_full[s]);
-          named_bar_sync(3 + int(v_side), 64);  // the side is done reading the staging tile
-          if (issuer && g + NBUF < g_end) issue_tile(g + NBUF, t0 + NBUF * BN);
+          named_bar_sync(3 + int(v_side), 64);
+          if (issuer) {
+            if (lane == 0) mbar_arrive(v_side ? &v_full[s] : &k_full[s]);
+            if (g + NBUF < g_end) issue_tile(g + NBUF, t0 + NBUF * BN);
+          }
         }
         __syncwarp();  // the issuing lanes read geo before lane 0 writes the next work's
         ring = g_end;
