@@ -142,23 +142,18 @@ TEST(ServerLimits, ConnectionBound) {
   EXPECT_LT(since(t0), 1.0);
   EXPECT_EQ(raw_json_body(r)["error"]["code"], "too_many_connections") << r;
   // A health check over the bound is still answered; any other request over it is not.
-  for (const char* ask : {"GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
-                          "HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n"}) {
-    const int health = connect_raw(s.port, 4);
-    ASSERT_GE(health, 0);
-    send_raw(health, ask);
-    const std::string hr = recv_raw(health);
-    ::close(health);
-    EXPECT_EQ(raw_status(hr), 200) << ask << hr;
-  }
-  for (const char* ask : {"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
-                          "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"}) {
-    const int other = connect_raw(s.port, 4);
-    ASSERT_GE(other, 0);
-    send_raw(other, ask);
-    const std::string orr = recv_raw(other);
-    ::close(other);
-    EXPECT_EQ(raw_status(orr), 503) << ask << orr;
+  const std::pair<const char*, int> asks[] = {
+      {"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", 200},
+      {"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n", 200},
+      {"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 503},
+      {"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", 503}};
+  for (const auto& [ask, status] : asks) {
+    const int fd = connect_raw(s.port, 4);
+    ASSERT_GE(fd, 0);
+    send_raw(fd, ask);
+    const std::string answer = recv_raw(fd);
+    ::close(fd);
+    EXPECT_EQ(raw_status(answer), status) << ask << answer;
   }
   for (int fd : fds) ::close(fd);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
