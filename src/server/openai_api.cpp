@@ -461,6 +461,24 @@ ParsedRequest parse_request(const std::string& body, bool chat, const ServerConf
     for (const std::string& s : r.sampling.stop)
       if (s.empty()) throw ApiError(400, "stop strings must not be empty", "stop", "invalid_value");
   }
+  // vLLM's stop_token_ids: generation ends after one of these tokens (not shown); the engine checks
+  // that each is in the vocabulary.
+  if (const json* ids = field(j, "stop_token_ids")) {
+    constexpr size_t kMaxStopTokenIds = 1024;
+    if (!ids->is_array() || ids->size() > kMaxStopTokenIds)
+      throw ApiError(400,
+                     "stop_token_ids must be an array of at most " +
+                         std::to_string(kMaxStopTokenIds) + " token ids",
+                     "stop_token_ids", "invalid_type");
+    for (const json& t : *ids) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab)
+        throw ApiError(400,
+                       "stop_token_ids entries must be token ids in [0, " +
+                           std::to_string(vocab) + "), got " + dump(t),
+                       "stop_token_ids", "invalid_value");
+      r.sampling.stop_token_ids.push_back(int32_t(t.get<int64_t>()));
+    }
+  }
 
   if (chat)
     p.prompts.push_back(chat_prompt(j, codec));

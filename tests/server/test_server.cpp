@@ -195,6 +195,31 @@ TEST_P(ServerTest, ChatMatchesOracleAndStopStringCuts) {
   expect_pages_released();
 }
 
+// vLLM's stop_token_ids: the output ends at the first of them (not shown), finish_reason "stop";
+// what is not an array of vocabulary ids is a 400 that names the field.
+TEST_P(ServerTest, StopTokenIdsEndTheOutput) {
+  const std::vector<int32_t> oracle = fake_->greedy_oracle(fakes::fake_encode("stop ids"), 12);
+  size_t k = 3;  // the first token from the 4th on that did not come before
+  while (k < oracle.size() && std::find(oracle.begin(), oracle.begin() + int64_t(k), oracle[k]) !=
+                                  oracle.begin() + int64_t(k))
+    ++k;
+  ASSERT_LT(k, oracle.size());
+  const json b = {{"model", "fake"}, {"prompt", "stop ids"}, {"max_tokens", 12},
+                  {"temperature", 0}, {"stop_token_ids", {oracle[k]}}};
+  auto r = post("/v1/completions", b.dump());
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json j = json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["text"],
+            fakes::fake_decode({oracle.begin(), oracle.begin() + int64_t(k)}));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  for (const char* bad : {R"("x")", "[-1]", "[1.5]", "[100000000]", "[[1]]"})
+    expect_error(post("/v1/completions",
+                      std::string(R"({"model": "fake", "prompt": "x", "stop_token_ids": )") + bad +
+                          "}"),
+                 400, "stop_token_ids", "stop_token_ids");
+  expect_pages_released();
+}
+
 TEST_P(ServerTest, StreamingEqualsNonStreaming) {
   auto r = post("/v1/completions",
                 R"({"model": "fake", "prompt": "stream me", "max_tokens": 20, "temperature": 0,
