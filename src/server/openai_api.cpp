@@ -265,6 +265,20 @@ void check_unsupported(const json& j, bool chat) {
     }
   }
   if (chat && field(j, "echo")) refuse("echo", " for chat completions (use /v1/completions)");
+  // vLLM's extra parameters that would change the output (those it shares with this server, e.g.
+  // top_k, min_p, ignore_eos, stop_token_ids, use_beam_search, are implemented).
+  for (const char* name : {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                           "structured_outputs", "allowed_token_ids", "bad_words",
+                           "prompt_logprobs", "truncate_prompt_tokens", "logits_processors"})
+    if (field(j, name)) refuse(name, "");
+  if (const json* v = field(j, "min_tokens"); v && !(v->is_number_integer() && v->get<int64_t>() == 0))
+    refuse("min_tokens", " (only 0)");
+  for (const char* name : {"include_stop_str_in_output"})
+    if (const json* v = field(j, name); v && !(v->is_boolean() && !v->get<bool>()))
+      refuse(name, " (only false)");
+  for (const char* name : {"skip_special_tokens", "spaces_between_special_tokens"})
+    if (const json* v = field(j, name); v && !(v->is_boolean() && v->get<bool>()))
+      refuse(name, " (only true)");
   // Accepted, and nothing to do here: still the right type.
   if (const json* v = field(j, "user"); v && !v->is_string())
     throw ApiError(400, "user must be a string", "user", "invalid_type");

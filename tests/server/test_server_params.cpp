@@ -72,10 +72,22 @@ TEST_P(ParamsTest, UnsupportedParametersAreRefusedByName) {
                "logprobs must be in");
   expect_error(s.post("/v1/chat/completions", chat + R"("echo": true})"), 400, "echo",
                "not supported");
-  // What changes nothing is accepted: tool_choice none, modalities text, response_format text.
+  // vLLM's extras that would change the output and are not implemented here.
+  for (const char* extra :
+       {R"("guided_json": {"type": "object"})", R"("guided_choice": ["a", "b"])",
+        R"("guided_regex": "a+")", R"("allowed_token_ids": [1, 2])", R"("bad_words": ["x"])",
+        R"("prompt_logprobs": 1)", R"("truncate_prompt_tokens": 8)", R"("min_tokens": 4)",
+        R"("include_stop_str_in_output": true)", R"("skip_special_tokens": false)"}) {
+    const std::string name = json::parse("{" + std::string(extra) + "}").begin().key();
+    expect_error(s.post("/v1/completions", cmpl + extra + "}"), 400, name, "not supported");
+  }
+  // What changes nothing is accepted: tool_choice none, modalities text, response_format text,
+  // vLLM's defaults.
   completion(s, json::parse(chat + R"("tool_choice": "none", "modalities": ["text"],
                                       "response_format": {"type": "text"}, "max_tokens": 2,
-                                      "user": "u1", "store": false})"),
+                                      "user": "u1", "store": false, "min_tokens": 0,
+                                      "skip_special_tokens": true,
+                                      "include_stop_str_in_output": false})"),
              "/v1/chat/completions");
 }
 
