@@ -155,6 +155,14 @@ TEST(ServerLimits, ConnectionBound) {
     ::close(fd);
     EXPECT_EQ(raw_status(answer), status) << ask << answer;
   }
+  // One that stalls in its headers is cut off after a second (the header timeout is 10 s).
+  const int stall = connect_raw(s.port, 4);
+  ASSERT_GE(stall, 0);
+  send_raw(stall, "GET /health HTTP/1.1\r\nHost: x\r\n");
+  const auto t1 = Clock::now();
+  recv_raw(stall);
+  ::close(stall);
+  EXPECT_LT(since(t1), 2.5);
   for (int fd : fds) ::close(fd);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   auto h = s.client()->Get("/health");
