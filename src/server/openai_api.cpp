@@ -149,12 +149,16 @@ bool get_bool(const json& j, const char* name, bool def) {
   return v->get<bool>();
 }
 
-std::vector<int32_t> token_prompt(const json& p, int32_t vocab) {
+// Token ids of an array, each in the vocabulary (`what` names them in the error, `param` is the
+// field).
+std::vector<int32_t> token_ids(const json& p, int32_t vocab,
+                               const std::string& what = "prompt token ids",
+                               const char* param = "prompt") {
   std::vector<int32_t> ids;
   for (const json& t : p) {
     if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab)
-      throw ApiError(400, "prompt token ids must be integers in [0, " + std::to_string(vocab) + ")",
-                     "prompt", "invalid_value");
+      throw ApiError(400, what + " must be integers in [0, " + std::to_string(vocab) + ")", param,
+                     "invalid_value");
     ids.push_back(int32_t(t.get<int64_t>()));
   }
   return ids;
@@ -189,7 +193,7 @@ void completion_prompts(const json& j, const TextCodec& codec, int32_t vocab, Pa
       p.prompts.push_back(codec.encode(e->get<std::string>()));
       if (p.echo) p.echo_text.push_back(e->get<std::string>());
     } else {
-      p.prompts.push_back(token_prompt(*e, vocab));
+      p.prompts.push_back(token_ids(*e, vocab));
       if (p.echo) {
         if (!codec.decode)
           throw ApiError(400, "echo of a token-id prompt needs a tokenizer", "echo", "unsupported");
@@ -271,11 +275,12 @@ void check_unsupported(const json& j, bool chat) {
                            "structured_outputs", "allowed_token_ids", "bad_words",
                            "prompt_logprobs", "truncate_prompt_tokens", "logits_processors"})
     if (field(j, name)) refuse(name, "");
-  if (const json* v = field(j, "min_tokens"); v && !(v->is_number_integer() && v->get<int64_t>() == 0))
+  if (const json* v = field(j, "min_tokens");
+      v && !(v->is_number_integer() && v->get<int64_t>() == 0))
     refuse("min_tokens", " (only 0)");
-  for (const char* name : {"include_stop_str_in_output"})
-    if (const json* v = field(j, name); v && !(v->is_boolean() && !v->get<bool>()))
-      refuse(name, " (only false)");
+  if (const json* v = field(j, "include_stop_str_in_output");
+      v && !(v->is_boolean() && !v->get<bool>()))
+    refuse("include_stop_str_in_output", " (only false)");
   for (const char* name : {"skip_special_tokens", "spaces_between_special_tokens"})
     if (const json* v = field(j, name); v && !(v->is_boolean() && v->get<bool>()))
       refuse(name, " (only true)");
@@ -475,8 +480,7 @@ ParsedRequest parse_request(const std::string& body, bool chat, const ServerConf
     for (const std::string& s : r.sampling.stop)
       if (s.empty()) throw ApiError(400, "stop strings must not be empty", "stop", "invalid_value");
   }
-  // vLLM's stop_token_ids: generation ends after one of these tokens (not shown); the engine checks
-  // that each is in the vocabulary.
+  // vLLM's stop_token_ids: generation ends after one of these tokens (not shown).
   if (const json* ids = field(j, "stop_token_ids")) {
     constexpr size_t kMaxStopTokenIds = 1024;
     if (!ids->is_array() || ids->size() > kMaxStopTokenIds)
@@ -484,14 +488,7 @@ ParsedRequest parse_request(const std::string& body, bool chat, const ServerConf
                      "stop_token_ids must be an array of at most " +
                          std::to_string(kMaxStopTokenIds) + " token ids",
                      "stop_token_ids", "invalid_type");
-    for (const json& t : *ids) {
-      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab)
-        throw ApiError(400,
-                       "stop_token_ids entries must be token ids in [0, " +
-                           std::to_string(vocab) + "), got " + dump(t),
-                       "stop_token_ids", "invalid_value");
-      r.sampling.stop_token_ids.push_back(int32_t(t.get<int64_t>()));
-    }
+    r.sampling.stop_token_ids = token_ids(*ids, vocab, "stop_token_ids entries", "stop_token_ids");
   }
 
   if (chat)
