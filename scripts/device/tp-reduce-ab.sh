@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One call on a machine with 2 GPUs: the tensor-parallel decode step of this tree against another
+# tree's (BASE_DIR, e.g. `git archive main | tar -x -C out/ab-base`), rounds alternating, with the
+# one-GPU step of this tree as the ratio's denominator; before them the peer all-reduce and
+# tensor-parallel tests and the logits over two GPUs against one. Builds are incremental, so a
+# second call on the same machine goes straight to what the first had no time for.
+# Output under $OUT (default out/tp-reduce-ab): bench.log (JSON lines, each preceded by its
+# variant), tests.log, parity.log, build.log.
+#   BASE_DIR=out/ab-base scripts/device/tp-reduce-ab.sh
+#   SKIP_TESTS=1 BASE_DIR=out/ab-base ROUNDS=3 scripts/device/tp-reduce-ab.sh
+# Environment: BASE_DIR, ROUNDS (2), BATCHES (1,32,64), PROMPT_LEN (512), SKIP_TESTS, BUDGET (560).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source scripts/device/steps.sh
+begin_call tp-reduce-ab 560
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}  # NVLink multicast stays off on shared machines
+build_cli_and_gpu_tests
+bin=$BUILD_DIR/pagedattn
+if [[ -z "${SKIP_TESTS:-}" ]]; then
+  step tests 150 tests.log "$BUILD_DIR/tests/test_gpu" \
+    --gtest_filter='PeerAllReduce*:TensorParallel*:LlamaCudaSynthetic.*Argmax*'
+  tail -3 "$OUT/tests.log"
+  grep -E "^\[  FAILED|Failure" "$OUT/tests.log" | head -10
+  step parity 120 parity.log python3 scripts/device/tp_parity.py "$bin" --tp 2
+  tail -3 "$OUT/parity.log"
+fi
+base=
+if [[ -n "${BASE_DIR:-}" ]]; then
+  base_tree=/tmp/pagedattn-base
+  if [[ ! -x "$base_tree/build-gpu/pagedattn" ]]; then
+    rm -rf "$base_tree" && cp -r "$BASE_DIR" "$base_tree"
+    step build-base 300 build.log env BUILD_DIR="$base_tree/build-gpu" \
+      DEPS_DIR="$(realpath "${DEPS_DIR:-build-cuda-deps}")" \
+      bash "$base_tree/scripts/device/build.sh" pagedattn || tail -30 "$OUT/build.log"
+  fi
+  [[ -x "$base_tree/build-gpu/pagedattn" ]] && base=$base_tree/build-gpu/pagedattn
+fi
+run() {  # run VARIANT BINARY TP
+  echo "## $1 tp$3" >>"$OUT/bench.log"
+  step "$1-tp$3" 100 bench.log "$2" bench model --model synthetic:llama3-8b --device cuda \
+    --batch "${BATCHES:-1,32,64}" --prompt-len "${PROMPT_LEN:-512}" --decode-steps 32 \
+    --tensor-parallel "$3" --json
+}
+for round in $(seq 1 "${ROUNDS:-2}"); do
+  run new "$bin" 2
+  [[ -n "$base" ]] && run base "$base" 2
+  run new "$bin" 1
+done
+python3 - "$OUT/bench.log" <<'PY' | tee "$OUT/summary.txt"
+import json, sys
+name = ""
+for line in open(sys.argv[1]):
+    if line.startswith("##"):
+        name = line[3:].strip()
+    elif line.startswith("{"):
+        j = json.loads(line)
+        print(f"{name:8s} batch {j['batch']:3d}: {j['decode_ms_per_step']:.3f} ms a step, "
+              f"collectives alone {j.get('collective_ms_per_step', '-')}")
+PY
+print_summary
