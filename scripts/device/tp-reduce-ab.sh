@@ -27,11 +27,15 @@ fi
 base=
 if [[ -n "${BASE_DIR:-}" ]]; then
   base_tree=/tmp/pagedattn-base
-  if [[ ! -x "$base_tree/build-gpu/pagedattn" ]]; then
+  # Rebuilt only when BASE_DIR's files differ from those of the last build on this machine.
+  from=$(cd "$BASE_DIR" && find . -type f -not -path './build*' -exec md5sum {} + | sort | md5sum)
+  if ! [[ -x "$base_tree/build-gpu/pagedattn" && "$(cat "$base_tree/.from" 2>/dev/null)" == \
+    "$from" ]]; then
     rm -rf "$base_tree" && cp -r "$BASE_DIR" "$base_tree"
     step build-base 300 build.log env BUILD_DIR="$base_tree/build-gpu" \
       DEPS_DIR="$(realpath "${DEPS_DIR:-build-cuda-deps}")" \
       bash "$base_tree/scripts/device/build.sh" pagedattn || tail -30 "$OUT/build.log"
+    echo "$from" >"$base_tree/.from"
   fi
   [[ -x "$base_tree/build-gpu/pagedattn" ]] && base=$base_tree/build-gpu/pagedattn
 fi
