@@ -8,9 +8,12 @@
 //            m64nNTk16) and x [NT][64] (the B operand; token rows past T are zeros, filled by the
 //            copy), 128-byte swizzled.
 //   result:  the accumulators -> shared [NT][BM + 4] f32 of each CTA; CTA s of the cluster sums
-//            every CTA's shared copy, in split order, for its share of the [T][BM] outputs (16
-//            bytes a read), and writes y (+ y when accumulating; bf16 or f32; GLU: the gate half
-//            and the up half of the rows -> silu(gate) * up).
+//            every CTA's shared copy, in split order, for its share of the tokens (16 bytes a
+//            read), and writes y (+ y when accumulating; bf16 or f32; GLU: the gate half and the
+//            up half of the rows -> silu(gate) * up). A folded norm (NormFold): the consumer
+//            scales its tokens' outputs by r [NT] (shared, after the stages), computed while the
+//            first stages stream; the producer sums the squares of its new y per 64 rows, first
+//            per group of 4 (shared, after the reduction buffer), then in order.
 // The splits are chosen so that every cluster fits the GPU at once (splits_for).
 #include <cooperative_groups.h>
 
@@ -54,8 +57,10 @@ struct Cfg {
   static constexpr int kXBox = NT * kBox * 2;   // a multiple of 1024 (NT % 8 == 0)
   static constexpr int kWBytes = BOXES * kWBox;
   static constexpr int kStageBytes = kWBytes + BOXES * kXBox;
-  static constexpr int kSmem = 1024 + kStages * kStageBytes + 2 * kStages * 8;
-  static_assert(NT * kRedStride * 4 <= kStages * kStageBytes, "reduction buffer fits the stages");
+  static constexpr int kSmem = 1024 + kStages * kStageBytes + 2 * kStages * 8 + NT * 4;
+  // The reduction buffer and a folded norm's sums of squares (a float per group of 4 outputs).
+  static_assert(NT * kRedStride * 4 + NT * (kBM / 4) * 4 <= kStages * kStageBytes,
+                "reduction buffers fit the stages");
 };
 
 // The sum over the cluster's CTAs, in rank order, of the 4 floats at `mine` in each one's shared
@@ -85,7 +90,8 @@ __device__ __forceinline__ float4 cluster_sum(cg::cluster_group& cluster, const 
 template <int NT, int ST, int BOXES, int WG, int AC, bool GLU>
 __global__ void __launch_bounds__(128 * WG + 32, 1)
     wgmma_gemm_kernel(const __grid_constant__ CUtensorMap tw,
-                      const __grid_constant__ CUtensorMap tx, const GemvArgs a) {
+                      const __grid_constant__ CUtensorMap tx, const GemvArgs a,
+                      const NormFold nf) {
   using C = Cfg<NT, ST, BOXES, WG, AC>;
   constexpr int kBK = C::kBK, kBM = C::kBM, kHalf = C::kBM / 2, kRedStride = C::kRedStride;
   extern __shared__ uint8_t smem_raw[];
@@ -93,6 +99,7 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* full = reinterpret_cast<uint64_t*>(base + ST * C::kStageBytes);
   uint64_t* empty = full + ST;
+  float* rs = reinterpret_cast<float*>(empty + ST);  // [NT] a folded norm's r per token
   auto w_tile = [&](int s) { return base + s * C::kStageBytes; };
   auto x_tile = [&](int s) { return base + s * C::kStageBytes + C::kWBytes; };
 
@@ -159,6 +166,17 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
       }
     }
   } else {
+    if (nf.mode == NormFold::kConsume) {
+      // r per token from the producer's sums of squares (in order), while W streams in.
+      wait_for_dependency();
+      const int parts = (a.K + 63) / 64;
+      for (int t = int(threadIdx.x); t < a.T; t += 128 * WG) {
+        const float* p = nf.sq + int64_t(t) * nf.sq_ld;
+        float sum = 0.f;
+        for (int q = 0; q < parts; ++q) sum += p[q];
+        rs[t] = rsqrtf(sum / float(a.K) + nf.eps);
+      }
+    }
     for (int i = 0; i < n; ++i) {
       const int s = i % ST;
       mbar_wait(&full[s], (i / ST) & 1);
@@ -203,24 +221,30 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
   wait_for_dependency();  // y may be the output of the kernels before this one
-  // Groups of 4 outputs (token t, rows r .. r + 3), split evenly over the cluster's CTAs; every
-  // CTA's 16-byte copy of a group is requested before any is added (remote reads take hundreds
-  // of cycles), then they are added in split order. GLU: a group is 4 gate sums and their 4 up
-  // sums (kHalf rows on).
+  // Groups of 4 outputs (token t, rows r .. r + 3), the tokens split evenly over the cluster's
+  // CTAs; every CTA's 16-byte copy of a group is requested before any is added (remote reads take
+  // hundreds of cycles), then they are added in split order. GLU: a group is 4 gate sums and
+  // their 4 up sums (kHalf rows on).
   constexpr int kOutRows = GLU ? kHalf : kBM;
   constexpr int kGroupsPerToken = kOutRows / 4;
-  const int groups = a.T * kGroupsPerToken;
-  const int g0 = split * groups / splits, g1 = (split + 1) * groups / splits;
+  const int t0 = split * a.T / splits, t1 = (split + 1) * a.T / splits;
+  const int g0 = t0 * kGroupsPerToken, g1 = t1 * kGroupsPerToken;
+  float* sq4 = red + NT * kRedStride;  // [t - t0][group]: a folded norm's squares of 4 outputs
   for (int g = g0 + int(threadIdx.x); g < g1; g += C::kThreads) {
     const int t = g / kGroupsPerToken, r = (g % kGroupsPerToken) * 4;
     const float* mine = red + t * kRedStride + r;
     const float4 sum = cluster_sum(cluster, mine, splits);
     float v[4] = {sum.x, sum.y, sum.z, sum.w};
+    const float scale = nf.mode == NormFold::kConsume ? rs[t] : 1.f;
+    if (nf.mode == NormFold::kConsume) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[j] *= scale;
+    }
     if constexpr (GLU) {
       // As the unfused path computes it: gate and up rounded to bf16 (the product's output),
       // then silu(g) * u in f32 (llama_kernels.cu's swiglu).
       const float4 up = cluster_sum(cluster, mine + kHalf, splits);
-      const float u[4] = {up.x, up.y, up.z, up.w};
+      const float u[4] = {up.x * scale, up.y * scale, up.z * scale, up.w * scale};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const float gb = bf16_to_f32(f32_to_bf16(v[j])), ub = bf16_to_f32(f32_to_bf16(u[j]));
@@ -228,6 +252,7 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
       }
     }
     const int row0 = row_block * kOutRows + r;
+    float squares = 0.f;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       if (row0 + j >= a.N) break;
@@ -236,8 +261,28 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
         static_cast<uint16_t*>(a.y)[at] = f32_to_bf16(v[j]);
       } else {
         float* y = static_cast<float*>(a.y) + at;
-        *y = a.accumulate ? *y + v[j] : v[j];
+        const float out = a.accumulate ? *y + v[j] : v[j];
+        *y = out;
+        if (nf.mode == NormFold::kProduce) {
+          nf.out[int64_t(t) * a.N + row0 + j] = f32_to_bf16(out * nf.weight[row0 + j]);
+          squares += out * out;
+        }
       }
+    }
+    if (nf.mode == NormFold::kProduce) sq4[g - g0] = squares;
+  }
+  if (!GLU && nf.mode == NormFold::kProduce) {
+    // The squares of each token's 64-row parts, the 16 groups of a part added in order.
+    __syncthreads();
+    constexpr int kParts = kOutRows >= 64 ? kOutRows / 64 : 1;  // (GLU never produces)
+    for (int j = int(threadIdx.x); j < (t1 - t0) * kParts; j += C::kThreads) {
+      const int t = t0 + j / kParts, part = j % kParts;
+      const int first_row = row_block * kOutRows + 64 * part;
+      if (first_row >= a.N) continue;
+      const float* p = sq4 + (t - t0) * kGroupsPerToken + 16 * part;
+      float sum = 0.f;
+      for (int q = 0; q < 16; ++q) sum += p[q];
+      nf.sq[int64_t(t) * nf.sq_ld + first_row / 64] = sum;
     }
   }
   cluster.sync();  // no CTA leaves while another still reads its shared memory
@@ -323,7 +368,7 @@ int splits_for(int blocks, int kblocks, int ctas_per_sm) {
 }
 
 template <int NT, int ST, int BOXES, int WG = 1, int AC = 2, bool GLU = false>
-cudaError_t launch(const GemvArgs& a, int ctas_per_sm, cudaStream_t stream) {
+cudaError_t launch(const GemvArgs& a, const NormFold& nf, int ctas_per_sm, cudaStream_t stream) {
   using C = Cfg<NT, ST, BOXES, WG, AC>;
   // NOTE: per device: every rank of a tensor-parallel process sets it on its own GPU.
   static std::atomic<uint64_t> smem_set{0};
@@ -342,7 +387,7 @@ cudaError_t launch(const GemvArgs& a, int ctas_per_sm, cudaStream_t stream) {
   cudaLaunchAttribute at[2] = {cluster_attribute(unsigned(splits)), pdl_attribute()};
   cfg.attrs = at;
   cfg.numAttrs = 2;
-  return cudaLaunchKernelEx(&cfg, wgmma_gemm_kernel<NT, ST, BOXES, WG, AC, GLU>, tw, tx, a);
+  return cudaLaunchKernelEx(&cfg, wgmma_gemm_kernel<NT, ST, BOXES, WG, AC, GLU>, tw, tx, a, nf);
 }
 
 // Version v at NT tokens: 1, 128 rows a CTA, five (NT 64: four) stages of one copy, two CTAs
@@ -352,31 +397,31 @@ cudaError_t launch(const GemvArgs& a, int ctas_per_sm, cudaStream_t stream) {
 // fewer K slices: longer streams, a smaller sum), a ring of about 200 KiB, one CTA per SM; 6, 64
 // rows, about 100 KiB, two CTAs per SM.
 template <int NT, bool GLU>
-cudaError_t launch_version(const GemvArgs& a, int v, cudaStream_t stream) {
+cudaError_t launch_version(const GemvArgs& a, const NormFold& nf, int v, cudaStream_t stream) {
   constexpr bool wide = NT > 32;
   constexpr int kStage64 = 64 * kBox * 2 + NT * kBox * 2;  // a stage of 64 rows and NT tokens
   switch (v) {
     case 1:
-      return launch<NT, wide ? 4 : 5, 1, 1, 2, GLU>(a, 2, stream);
+      return launch<NT, wide ? 4 : 5, 1, 1, 2, GLU>(a, nf, 2, stream);
     case 2:
-      return launch<NT, wide ? 8 : 10, 1, 1, 2, GLU>(a, 1, stream);
+      return launch<NT, wide ? 8 : 10, 1, 1, 2, GLU>(a, nf, 1, stream);
     case 3:
-      return launch<NT, 2, 2, 1, 2, GLU>(a, 2, stream);
+      return launch<NT, 2, 2, 1, 2, GLU>(a, nf, 2, stream);
     case 4:
-      return launch<NT, 5, 1, 2, 2, GLU>(a, 1, stream);
+      return launch<NT, 5, 1, 2, 2, GLU>(a, nf, 1, stream);
     case 5:
-      return launch<NT, 200 * 1024 / kStage64, 1, 1, 1, GLU>(a, 1, stream);
+      return launch<NT, 200 * 1024 / kStage64, 1, 1, 1, GLU>(a, nf, 1, stream);
     default:
-      return launch<NT, 100 * 1024 / kStage64, 1, 1, 1, GLU>(a, 2, stream);
+      return launch<NT, 100 * 1024 / kStage64, 1, 1, 1, GLU>(a, nf, 2, stream);
   }
 }
 
 template <bool GLU>
-cudaError_t launch_tokens(const GemvArgs& a, int v, cudaStream_t stream) {
-  return a.T <= 8    ? launch_version<8, GLU>(a, v, stream)
-         : a.T <= 16 ? launch_version<16, GLU>(a, v, stream)
-         : a.T <= 32 ? launch_version<32, GLU>(a, v, stream)
-                     : launch_version<64, GLU>(a, v, stream);
+cudaError_t launch_tokens(const GemvArgs& a, const NormFold& nf, int v, cudaStream_t stream) {
+  return a.T <= 8    ? launch_version<8, GLU>(a, nf, v, stream)
+         : a.T <= 16 ? launch_version<16, GLU>(a, nf, v, stream)
+         : a.T <= 32 ? launch_version<32, GLU>(a, nf, v, stream)
+                     : launch_version<64, GLU>(a, nf, v, stream);
 }
 
 }  // namespace
@@ -408,10 +453,12 @@ int wgmma_gemm_version_for(int32_t T, int32_t N, int32_t K) {
     return n >= 1 && n <= kWgmmaGemmVersions ? n : 0;
   }();
   if (forced) return forced;
-  (void)T;
   // Small weights (SmolLM2's): the product is mostly launch and latency, and two 128-row CTAs
-  // an SM start sooner than one with a 200 KiB ring.
-  return int64_t(N) * K <= kWgmmaGemmSmallElements ? 1 : kWgmmaGemmDefaultVersion;
+  // an SM start sooner than one with a 200 KiB ring. Wide ones (lm_head) from 32 tokens: 128-row
+  // CTAs are faster there (the lab, an H100, 2026-11-27: Llama-3-8B's lm_head at 64 tokens 373
+  // against 389 us, one tensor-parallel rank's 190 against 204).
+  if (int64_t(N) * K <= kWgmmaGemmSmallElements) return 1;
+  return T > 16 && N >= kWgmmaGemmWideRows ? 1 : kWgmmaGemmDefaultVersion;
 }
 
 bool wgmma_gemm_swiglu_takes(int32_t T, int32_t inter, int32_t K) {
@@ -426,23 +473,43 @@ static int version_of(const GemvArgs& a, int version, int32_t rows, const char* 
   return v;
 }
 
-void wgmma_gemm_swiglu(const GemvArgs& a, cudaStream_t stream, int version) {
+bool norm_fold_ok(const GemvArgs& a, const NormFold& f) {
+  switch (f.mode) {
+    case NormFold::kNone:
+      return true;
+    case NormFold::kProduce:
+      return a.accumulate && !a.y_bf16 && f.weight && f.out && f.sq &&
+             int64_t(f.sq_ld) * 64 >= int64_t(a.N);
+    case NormFold::kConsume:
+      return !a.accumulate && f.sq && int64_t(f.sq_ld) * 64 >= int64_t(a.K) && f.eps >= 0.f;
+  }
+  return false;
+}
+
+void wgmma_gemm_swiglu(const GemvArgs& a, cudaStream_t stream, int version,
+                       const NormFold* fold) {
   PA_CHECK(wgmma_gemm_supported(a) && a.y_bf16 && !a.accumulate,
            "wgmma_gemm_swiglu: ", "unsupported arguments (T ", a.T, ", N ", a.N, ", K ", a.K,
            ", ldy ", a.ldy, ")");
+  const NormFold nf = fold ? *fold : NormFold{};
+  PA_CHECK(nf.mode != NormFold::kProduce && norm_fold_ok(a, nf),
+           "wgmma_gemm_swiglu: a folded norm it cannot take (mode ", int(nf.mode), ")");
   PA_CHECK(wgmma_gemm_available(), "wgmma_gemm_swiglu: this device cannot run it (sm_90 only)");
   const int v = version == 0 ? kWgmmaGemmSwigluVersion
                              : version_of(a, version, 2 * a.N, "wgmma_gemm_swiglu");
-  const cudaError_t e = launch_tokens<true>(a, v, stream);
+  const cudaError_t e = launch_tokens<true>(a, nf, v, stream);
   PA_CHECK(e == cudaSuccess, "wgmma_gemm_swiglu: launch failed: ", cudaGetErrorString(e));
 }
 
-void wgmma_gemm(const GemvArgs& a, cudaStream_t stream, int version) {
+void wgmma_gemm(const GemvArgs& a, cudaStream_t stream, int version, const NormFold* fold) {
   PA_CHECK(wgmma_gemm_supported(a), "wgmma_gemm: unsupported arguments (T ", a.T, ", N ", a.N,
            ", K ", a.K, ", ldy ", a.ldy, ")");
+  const NormFold nf = fold ? *fold : NormFold{};
+  PA_CHECK(norm_fold_ok(a, nf), "wgmma_gemm: a folded norm it cannot take (mode ", int(nf.mode),
+           ", sq_ld ", nf.sq_ld, ")");
   PA_CHECK(wgmma_gemm_available(), "wgmma_gemm: this device cannot run it (sm_90 only)");
   const int v = version_of(a, version, a.N, "wgmma_gemm");
-  const cudaError_t e = launch_tokens<false>(a, v, stream);
+  const cudaError_t e = launch_tokens<false>(a, nf, v, stream);
   PA_CHECK(e == cudaSuccess, "wgmma_gemm: launch failed: ", cudaGetErrorString(e));
 }
 

@@ -29,9 +29,36 @@ constexpr int32_t kWgmmaGemmMaxTokens = 64;
 constexpr int kWgmmaGemmVersions = 6, kWgmmaGemmDefaultVersion = 5;
 // The version of the products of weights of at most this many elements (wgmma_gemm_version_for).
 constexpr int64_t kWgmmaGemmSmallElements = int64_t(1) << 22;
+// ... and of weights of at least this many rows at more than 16 tokens.
+constexpr int32_t kWgmmaGemmWideRows = 16384;
 // The version of the gate/up product with SwiGLU: its 64-row version (32 gate and 32 up rows a
 // CTA) made Llama-3-8B's step 4-5% longer at 8-64 sequences than this one (an H100, 2026-11-26).
 constexpr int kWgmmaGemmSwigluVersion = 1;
+
+// An RMSNorm folded into the products on either side of it (a decode step's norms at 3-64 tokens:
+// one launch a norm fewer). rms_norm(h) W^T, with out = bf16(h * r * g) and r = rsqrt(mean(h^2) +
+// eps) per token, becomes r * (bf16(h * g) W^T): the product that writes h (an f32 product
+// accumulated into the residual stream) also writes bf16(h * g) and the sums of squares of h over
+// each 64 of its rows; the product that reads bf16(h * g) sums those and scales its output rows
+// by r. The roundings differ from the norm kernel's (g * h rounded before r is applied), by as
+// much as one bf16 rounding of the product's input.
+struct NormFold {
+  enum Mode { kNone, kProduce, kConsume };
+  Mode mode = kNone;
+  // kProduce: weight [N] (the norm's g), out [T, N] bf16 = bf16(y * weight) after the
+  // accumulation, sq[t * sq_ld + i] = sum of y[t, 64 i .. 64 i + 63]^2 (sq_ld >= ceil(N / 64)).
+  const float* weight = nullptr;
+  uint16_t* out = nullptr;
+  // kConsume: y[t] = rsqrt(sum over i < ceil(K / 64) of sq[t * sq_ld + i] / K + eps) * x[t] W^T
+  // (SwiGLU: gate and up both scaled before their rounding).
+  float* sq = nullptr;
+  int32_t sq_ld = 0;
+  float eps = 0.f;
+};
+// Whether `f` fits the product `a`: kProduce on an accumulated f32 product with its buffers given
+// and sq_ld >= ceil(N / 64); kConsume on a product that does not accumulate, sq given and sq_ld >=
+// ceil(K / 64).
+bool norm_fold_ok(const GemvArgs& a, const NormFold& f);
 
 // Whether this process can run it: an sm_90 device, a kernel image built for sm_90a and the
 // driver's tensor-map encoder (false without a device).
@@ -53,13 +80,17 @@ bool wgmma_gemm_pick(int32_t T, int32_t N, int32_t K);
 bool wgmma_gemm_swiglu_takes(int32_t T, int32_t inter, int32_t K);
 // a.N = inter, a.w [2 * inter, K], a.y bf16 [T, ldy]; version 0: kWgmmaGemmSwigluVersion.
 // Throws Error on what it does not take.
-void wgmma_gemm_swiglu(const GemvArgs& a, cudaStream_t stream, int version = 0);
-// The version the model runs at this shape: 1 on weights of at most kWgmmaGemmSmallElements,
-// kWgmmaGemmDefaultVersion on the others (PAGEDATTN_WGMMA_GEMM_VERSION=v: v everywhere).
+// `fold`: kConsume only (or null).
+void wgmma_gemm_swiglu(const GemvArgs& a, cudaStream_t stream, int version = 0,
+                       const NormFold* fold = nullptr);
+// The version the model runs at this shape: 1 on weights of at most kWgmmaGemmSmallElements and
+// on kWgmmaGemmWideRows rows or more past 16 tokens, kWgmmaGemmDefaultVersion on the others
+// (PAGEDATTN_WGMMA_GEMM_VERSION=v: v everywhere).
 int wgmma_gemm_version_for(int32_t T, int32_t N, int32_t K);
 // Enqueues the product with `version` (0: wgmma_gemm_version_for's). Throws Error on arguments
 // wgmma_gemm_supported refuses, an unknown version, a device that cannot run it, a tensor map
-// the driver refuses or a failed launch.
-void wgmma_gemm(const GemvArgs& a, cudaStream_t stream, int version = 0);
+// the driver refuses or a failed launch; `fold` (or null) where norm_fold_ok refuses it.
+void wgmma_gemm(const GemvArgs& a, cudaStream_t stream, int version = 0,
+                const NormFold* fold = nullptr);
 
 }  // namespace pagedattn::cuda
