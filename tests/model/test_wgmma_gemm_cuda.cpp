@@ -82,7 +82,7 @@ TEST(WgmmaGemmCuda, FoldedNormMatchesDoublePrecision) {
     const bool glu = trial % 2 == 1;
     SCOPED_TRACE(::testing::Message() << "T " << T << " H " << H << " K1 " << K1 << " N2 " << N2
                                       << " versions " << v1 << ", " << v2 << " glu " << glu);
-    const int ld_sq = (H + 63) / 64 + int(g() % 3);
+    const int ld_sq = ((H + 63) / 64 + 3) / 4 * 4 + 4 * int(g() % 2);
     test::DeviceOperands p1(g, T, H, K1, size_t(T) * H);  // x [T, K1], W1 [H, K1], h [T, H]
     std::vector<float> h0(size_t(T) * H), gw(H);
     for (auto& v : h0) v = nd(g);
@@ -228,19 +228,23 @@ TEST(WgmmaGemmCuda, RefusesWhatItCannotTake) {
   cuda::GemvArgs acc = a;
   acc.accumulate = true;
   acc.y_bf16 = false;
-  float sq = 0.f;
+  alignas(16) float sq[4] = {};
   uint16_t out = 0;
-  f.weight = &sq;
+  f.weight = sq;
   f.out = &out;
-  f.sq = &sq;
-  f.sq_ld = (acc.N + 63) / 64;
+  f.sq = sq;
+  f.sq_ld = 4;  // a.N = 4: one part, rounded up to a vector
   EXPECT_TRUE(cuda::norm_fold_ok(acc, f));
-  f.sq_ld -= 1;
+  f.sq_ld = 1;  // not whole vectors
   EXPECT_FALSE(cuda::norm_fold_ok(acc, f));
+  f.sq_ld = 4;
+  f.sq = sq + 1;  // misaligned
+  EXPECT_FALSE(cuda::norm_fold_ok(acc, f));
+  f.sq = sq;
   cuda::NormFold c;
   c.mode = cuda::NormFold::kConsume;
-  c.sq = &sq;
-  c.sq_ld = (a.K + 63) / 64;
+  c.sq = sq;
+  c.sq_ld = 4;
   EXPECT_EQ(cuda::norm_fold_ok(a, c), !a.accumulate);
   EXPECT_FALSE(cuda::norm_fold_ok(acc, c));  // a consumer does not accumulate
   c.sq_ld = 0;

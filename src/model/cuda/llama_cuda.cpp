@@ -185,7 +185,7 @@ struct LlamaModelCuda::Impl {
   Tensor meta;  // tokens [T], slots [T], logit rows [R], positions [T] (int32)
   Tensor rope_step;  // the tokens' RoPE rows: cos [T, D/2], then sin [T, D/2] (f32)
   Tensor x;     // [T, hidden] f32, the residual stream
-  Tensor norm_sq;  // [T, ceil(hidden / 64)] f32: a folded norm's sums of squares (fold_norms)
+  Tensor norm_sq;  // [T, sums_ld(hidden)] f32: a folded norm's sums of squares (fold_norms)
   Tensor h;     // [T, max(hidden, Hq * D)] bf16
   Tensor qkv;   // [T, (Hq + 2 Hkv) * D] f32
   Tensor q, k, v;  // [T, Hq, D], [T, Hkv, D] bf16
@@ -425,6 +425,10 @@ struct LlamaModelCuda::Impl {
   // (kernels_dev/gemv.cu and wgmma_gemm.cu measure them; the lab's older skinny GEMM,
   // kernels_dev/skinny_gemm.cu, and cuBLASLt's other algorithms, kernels_dev/cublaslt_algos.cu,
   // are not faster). ldy: y's row stride in elements (0: out).
+  // A folded norm's sums of squares a token (NormFold::sq_ld): one per 64 of `hidden`, rounded
+  // up to whole 16-byte vectors.
+  static int32_t sums_ld(int32_t hidden) { return ((hidden + 63) / 64 + 3) / 4 * 4; }
+
   // Whether a step of T tokens folds its RMSNorms into the products around them
   // (wgmma_gemm.h's NormFold: all four products of a layer through wgmma_gemm, one GPU; the first
   // layer's first norm and the final one stay kernels).
@@ -723,7 +727,7 @@ struct LlamaModelCuda::Impl::Step {
   float* cos = nullptr;                // [T, D/2] the tokens' rows (the embedding kernel's copy)
   float* sin = nullptr;                // [T, D/2]
   float* x = nullptr;               // [T, hidden] f32
-  float* norm_sq = nullptr;         // [T, ceil(hidden / 64)] f32 where `fold` (fold_norms)
+  float* norm_sq = nullptr;         // [T, sums_ld(hidden)] f32 where `fold` (fold_norms)
   bool fold = false;
   void* h = nullptr;                // [T, max(hidden, q_dim)] bf16
   float* qkv = nullptr;             // [T, qkv_dim] f32
@@ -800,7 +804,7 @@ LlamaModelCuda::Impl::Step LlamaModelCuda::Impl::prepare_step(const ForwardBatch
   s.x = static_cast<float*>(ensure(x, int64_t(T) * hidden, DType::f32));
   s.fold = fold_norms(T);
   if (s.fold)
-    s.norm_sq = static_cast<float*>(ensure(norm_sq, int64_t(T) * ((hidden + 63) / 64), DType::f32));
+    s.norm_sq = static_cast<float*>(ensure(norm_sq, int64_t(T) * sums_ld(hidden), DType::f32));
   s.h = ensure(h, int64_t(T) * std::max(hidden, q_dim), DType::bf16);
   s.qkv = static_cast<float*>(ensure(qkv, int64_t(T) * qkv_dim, DType::f32));
   s.q = ensure(q, int64_t(T) * q_dim, DType::bf16);
@@ -890,7 +894,7 @@ bool LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView
   if (s.fold) {
     consume.mode = cuda::NormFold::kConsume;
     consume.sq = s.norm_sq;
-    consume.sq_ld = (hidden + 63) / 64;
+    consume.sq_ld = sums_ld(hidden);
     consume.eps = c.rms_norm_eps;
     produce_mlp.mode = cuda::NormFold::kProduce;
     produce_mlp.weight = L.mlp_norm.data_as<float>();

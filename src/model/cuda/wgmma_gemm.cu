@@ -169,11 +169,20 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
     if (nf.mode == NormFold::kConsume) {
       // r per token from the producer's sums of squares (in order), while W streams in.
       wait_for_dependency();
-      const int parts = (a.K + 63) / 64;
+      // 16 vectors of 4 in flight at once (a loop of dependent loads here cost more than the
+      // norm kernel it replaces); the zeros past the parts add nothing.
+      const int vecs = ((a.K + 63) / 64 + 3) / 4;
       for (int t = int(threadIdx.x); t < a.T; t += 128 * WG) {
-        const float* p = nf.sq + int64_t(t) * nf.sq_ld;
+        const float4* p = reinterpret_cast<const float4*>(nf.sq + int64_t(t) * nf.sq_ld);
         float sum = 0.f;
-        for (int q = 0; q < parts; ++q) sum += p[q];
+        for (int q0 = 0; q0 < vecs; q0 += 16) {
+          float4 v[16];
+#pragma unroll
+          for (int j = 0; j < 16; ++j)
+            v[j] = q0 + j < vecs ? p[q0 + j] : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+          for (int j = 0; j < 16; ++j) sum += v[j].x + v[j].y + v[j].z + v[j].w;
+        }
         rs[t] = rsqrtf(sum / float(a.K) + nf.eps);
       }
     }
@@ -251,25 +260,33 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
         v[j] = gb / (1.f + __expf(-gb)) * ub;
       }
     }
-    const int row0 = row_block * kOutRows + r;
-    float squares = 0.f;
+    const int row0 = row_block * kOutRows + r, rows = min(4, a.N - row0);
+    if (GLU || a.y_bf16) {
+      uint16_t* y = static_cast<uint16_t*>(a.y) + int64_t(t) * a.ldy + row0;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if (row0 + j >= a.N) break;
-      const int64_t at = int64_t(t) * a.ldy + row0 + j;
-      if (GLU || a.y_bf16) {
-        static_cast<uint16_t*>(a.y)[at] = f32_to_bf16(v[j]);
-      } else {
-        float* y = static_cast<float*>(a.y) + at;
-        const float out = a.accumulate ? *y + v[j] : v[j];
-        *y = out;
+      for (int j = 0; j < 4; ++j)
+        if (j < rows) y[j] = f32_to_bf16(v[j]);
+    } else {
+      // Every load before the first store (a store through y could alias them otherwise).
+      float* y = static_cast<float*>(a.y) + int64_t(t) * a.ldy + row0;
+      float out[4], gw[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        out[j] = j < rows && a.accumulate ? y[j] + v[j] : v[j];
+        if (j < rows && nf.mode == NormFold::kProduce) gw[j] = __ldg(nf.weight + row0 + j);
+      }
+      float squares = 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (j >= rows) break;
+        y[j] = out[j];
         if (nf.mode == NormFold::kProduce) {
-          nf.out[int64_t(t) * a.N + row0 + j] = f32_to_bf16(out * nf.weight[row0 + j]);
-          squares += out * out;
+          nf.out[int64_t(t) * a.N + row0 + j] = f32_to_bf16(out[j] * gw[j]);
+          squares += out[j] * out[j];
         }
       }
+      if (nf.mode == NormFold::kProduce) sq4[g - g0] = squares;
     }
-    if (nf.mode == NormFold::kProduce) sq4[g - g0] = squares;
   }
   if (!GLU && nf.mode == NormFold::kProduce) {
     // The squares of each token's 64-row parts, the 16 groups of a part added in order.
@@ -454,11 +471,11 @@ int wgmma_gemm_version_for(int32_t T, int32_t N, int32_t K) {
   }();
   if (forced) return forced;
   // Small weights (SmolLM2's): the product is mostly launch and latency, and two 128-row CTAs
-  // an SM start sooner than one with a 200 KiB ring. Wide ones (lm_head) from 32 tokens: 128-row
-  // CTAs are faster there (the lab, an H100, 2026-11-27: Llama-3-8B's lm_head at 64 tokens 373
-  // against 389 us, one tensor-parallel rank's 190 against 204).
-  if (int64_t(N) * K <= kWgmmaGemmSmallElements) return 1;
-  return T > 16 && N >= kWgmmaGemmWideRows ? 1 : kWgmmaGemmDefaultVersion;
+  // an SM start sooner than one with a 200 KiB ring. (Version 1 on the lm_head from 32 tokens,
+  // faster alone in the lab, made Llama-3-8B's step 0.3-0.5% longer at 32 and 64 sequences: an
+  // H100, 2026-11-27.)
+  (void)T;
+  return int64_t(N) * K <= kWgmmaGemmSmallElements ? 1 : kWgmmaGemmDefaultVersion;
 }
 
 bool wgmma_gemm_swiglu_takes(int32_t T, int32_t inter, int32_t K) {
@@ -473,15 +490,20 @@ static int version_of(const GemvArgs& a, int version, int32_t rows, const char* 
   return v;
 }
 
+// The sums of squares of `width` values a token: a part per 64 of them, whole 16-byte vectors.
+static bool sums_ok(const NormFold& f, int32_t width) {
+  return f.sq && reinterpret_cast<uintptr_t>(f.sq) % 16 == 0 && f.sq_ld % 4 == 0 &&
+         int64_t(f.sq_ld) * 64 >= int64_t(width);
+}
+
 bool norm_fold_ok(const GemvArgs& a, const NormFold& f) {
   switch (f.mode) {
     case NormFold::kNone:
       return true;
     case NormFold::kProduce:
-      return a.accumulate && !a.y_bf16 && f.weight && f.out && f.sq &&
-             int64_t(f.sq_ld) * 64 >= int64_t(a.N);
+      return a.accumulate && !a.y_bf16 && f.weight && f.out && sums_ok(f, a.N);
     case NormFold::kConsume:
-      return !a.accumulate && f.sq && int64_t(f.sq_ld) * 64 >= int64_t(a.K) && f.eps >= 0.f;
+      return !a.accumulate && sums_ok(f, a.K) && f.eps >= 0.f;
   }
   return false;
 }

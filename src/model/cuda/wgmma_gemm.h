@@ -29,8 +29,6 @@ constexpr int32_t kWgmmaGemmMaxTokens = 64;
 constexpr int kWgmmaGemmVersions = 6, kWgmmaGemmDefaultVersion = 5;
 // The version of the products of weights of at most this many elements (wgmma_gemm_version_for).
 constexpr int64_t kWgmmaGemmSmallElements = int64_t(1) << 22;
-// ... and of weights of at least this many rows at more than 16 tokens.
-constexpr int32_t kWgmmaGemmWideRows = 16384;
 // The version of the gate/up product with SwiGLU: its 64-row version (32 gate and 32 up rows a
 // CTA) made Llama-3-8B's step 4-5% longer at 8-64 sequences than this one (an H100, 2026-11-26).
 constexpr int kWgmmaGemmSwigluVersion = 1;
@@ -46,7 +44,8 @@ struct NormFold {
   enum Mode { kNone, kProduce, kConsume };
   Mode mode = kNone;
   // kProduce: weight [N] (the norm's g), out [T, N] bf16 = bf16(y * weight) after the
-  // accumulation, sq[t * sq_ld + i] = sum of y[t, 64 i .. 64 i + 63]^2 (sq_ld >= ceil(N / 64)).
+  // accumulation, sq[t * sq_ld + i] = sum of y[t, 64 i .. 64 i + 63]^2 (sq 16-byte aligned,
+  // sq_ld a multiple of 4, at least ceil(N / 64)).
   const float* weight = nullptr;
   uint16_t* out = nullptr;
   // kConsume: y[t] = rsqrt(sum over i < ceil(K / 64) of sq[t * sq_ld + i] / K + eps) * x[t] W^T
@@ -56,8 +55,8 @@ struct NormFold {
   float eps = 0.f;
 };
 // Whether `f` fits the product `a`: kProduce on an accumulated f32 product with its buffers given
-// and sq_ld >= ceil(N / 64); kConsume on a product that does not accumulate, sq given and sq_ld >=
-// ceil(K / 64).
+// and sq as above for N values a token; kConsume on a product that does not accumulate, sq as
+// above for K.
 bool norm_fold_ok(const GemvArgs& a, const NormFold& f);
 
 // Whether this process can run it: an sm_90 device, a kernel image built for sm_90a and the
@@ -83,9 +82,8 @@ bool wgmma_gemm_swiglu_takes(int32_t T, int32_t inter, int32_t K);
 // `fold`: kConsume only (or null).
 void wgmma_gemm_swiglu(const GemvArgs& a, cudaStream_t stream, int version = 0,
                        const NormFold* fold = nullptr);
-// The version the model runs at this shape: 1 on weights of at most kWgmmaGemmSmallElements and
-// on kWgmmaGemmWideRows rows or more past 16 tokens, kWgmmaGemmDefaultVersion on the others
-// (PAGEDATTN_WGMMA_GEMM_VERSION=v: v everywhere).
+// The version the model runs at this shape: 1 on weights of at most kWgmmaGemmSmallElements,
+// kWgmmaGemmDefaultVersion on the others (PAGEDATTN_WGMMA_GEMM_VERSION=v: v everywhere).
 int wgmma_gemm_version_for(int32_t T, int32_t N, int32_t K);
 // Enqueues the product with `version` (0: wgmma_gemm_version_for's). Throws Error on arguments
 // wgmma_gemm_supported refuses, an unknown version, a device that cannot run it, a tensor map
