@@ -170,8 +170,9 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
       // r per token from the producer's sums of squares (in order), while W streams in.
       wait_for_dependency();
       // 16 vectors of 4 in flight at once (a loop of dependent loads here cost more than the
-      // norm kernel it replaces); the zeros past the parts add nothing.
-      const int vecs = ((a.K + 63) / 64 + 3) / 4;
+      // norm kernel it replaces); the last vector's values past the parts are not the
+      // producer's (zeros in their place add nothing).
+      const int parts = (a.K + 63) / 64, vecs = (parts + 3) / 4;
       for (int t = int(threadIdx.x); t < a.T; t += 128 * WG) {
         const float4* p = reinterpret_cast<const float4*>(nf.sq + int64_t(t) * nf.sq_ld);
         float sum = 0.f;
@@ -181,7 +182,11 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
           for (int j = 0; j < 16; ++j)
             v[j] = q0 + j < vecs ? p[q0 + j] : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-          for (int j = 0; j < 16; ++j) sum += v[j].x + v[j].y + v[j].z + v[j].w;
+          for (int j = 0; j < 16; ++j) {
+            const int q = 4 * (q0 + j);
+            sum += (q < parts ? v[j].x : 0.f) + (q + 1 < parts ? v[j].y : 0.f) +
+                   (q + 2 < parts ? v[j].z : 0.f) + (q + 3 < parts ? v[j].w : 0.f);
+          }
         }
         rs[t] = rsqrtf(sum / float(a.K) + nf.eps);
       }
