@@ -11,9 +11,10 @@
 //            every CTA's shared copy, in split order, for its share of the tokens (16 bytes a
 //            read), and writes y (+ y when accumulating; bf16 or f32; GLU: the gate half and the
 //            up half of the rows -> silu(gate) * up). A folded norm (NormFold): the consumer
-//            scales its tokens' outputs by r [NT] (shared, after the stages), computed while the
-//            first stages stream; the producer sums the squares of its new y per 64 rows, first
-//            per group of 4 (shared, after the reduction buffer), then in order.
+//            scales its tokens' outputs by r, computed while the first stages stream (consumer
+//            thread t, token t's, kept in a register through the products: no shared memory
+//            taken from the ring); the producer sums the squares of its new y per 64 rows, first
+//            per group of 4, then in order. Both in shared memory after the reduction buffer.
 // The splits are chosen so that every cluster fits the GPU at once (splits_for).
 #include <cooperative_groups.h>
 
@@ -57,9 +58,10 @@ struct Cfg {
   static constexpr int kXBox = NT * kBox * 2;   // a multiple of 1024 (NT % 8 == 0)
   static constexpr int kWBytes = BOXES * kWBox;
   static constexpr int kStageBytes = kWBytes + BOXES * kXBox;
-  static constexpr int kSmem = 1024 + kStages * kStageBytes + 2 * kStages * 8 + NT * 4;
-  // The reduction buffer and a folded norm's sums of squares (a float per group of 4 outputs).
-  static_assert(NT * kRedStride * 4 + NT * (kBM / 4) * 4 <= kStages * kStageBytes,
+  static constexpr int kSmem = 1024 + kStages * kStageBytes + 2 * kStages * 8;
+  // The reduction buffer and a folded norm's sums of squares (a float per group of 4 outputs)
+  // and r (a float per token).
+  static_assert(NT * kRedStride * 4 + NT * (kBM / 4) * 4 + NT * 4 <= kStages * kStageBytes,
                 "reduction buffers fit the stages");
 };
 
@@ -99,7 +101,6 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* full = reinterpret_cast<uint64_t*>(base + ST * C::kStageBytes);
   uint64_t* empty = full + ST;
-  float* rs = reinterpret_cast<float*>(empty + ST);  // [NT] a folded norm's r per token
   auto w_tile = [&](int s) { return base + s * C::kStageBytes; };
   auto x_tile = [&](int s) { return base + s * C::kStageBytes + C::kWBytes; };
 
@@ -144,6 +145,7 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
 #pragma unroll
     for (int j = 0; j < NT / 2; ++j) acc[c][j] = 0.f;
 
+  float r_mine = 1.f;  // a folded norm's consumer: r of token threadIdx.x (T <= 64 < 128 WG)
   if (warp == 4 * WG) {
     if (lane == 0) {
       prefetch_tensor_map(&tw);
@@ -173,7 +175,7 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
       // norm kernel it replaces); the last vector's values past the parts are not the
       // producer's (zeros in their place add nothing).
       const int parts = (a.K + 63) / 64, vecs = (parts + 3) / 4;
-      for (int t = int(threadIdx.x); t < a.T; t += 128 * WG) {
+      if (const int t = int(threadIdx.x); t < a.T) {
         const float4* p = reinterpret_cast<const float4*>(nf.sq + int64_t(t) * nf.sq_ld);
         float sum = 0.f;
         for (int q0 = 0; q0 < vecs; q0 += 16) {
@@ -188,7 +190,7 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
                    (q + 2 < parts ? v[j].z : 0.f) + (q + 3 < parts ? v[j].w : 0.f);
           }
         }
-        rs[t] = rsqrtf(sum / float(a.K) + nf.eps);
+        r_mine = rsqrtf(sum / float(a.K) + nf.eps);
       }
     }
     for (int i = 0; i < n; ++i) {
@@ -232,6 +234,11 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
       for (int c = 0; c < AC; ++c) red[t * kRedStride + 64 * c + row] = acc[c][j];
     }
   }
+  constexpr int kOutRows = GLU ? kHalf : kBM;
+  constexpr int kGroupsPerToken = kOutRows / 4;
+  float* sq4 = red + NT * kRedStride;  // [t - t0][group]: a folded norm's squares of 4 outputs
+  float* rs = sq4 + NT * (kBM / 4);    // [NT] a folded norm's r per token
+  if (nf.mode == NormFold::kConsume && int(threadIdx.x) < a.T) rs[threadIdx.x] = r_mine;
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
   wait_for_dependency();  // y may be the output of the kernels before this one
@@ -239,11 +246,8 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
   // CTAs; every CTA's 16-byte copy of a group is requested before any is added (remote reads take
   // hundreds of cycles), then they are added in split order. GLU: a group is 4 gate sums and
   // their 4 up sums (kHalf rows on).
-  constexpr int kOutRows = GLU ? kHalf : kBM;
-  constexpr int kGroupsPerToken = kOutRows / 4;
   const int t0 = split * a.T / splits, t1 = (split + 1) * a.T / splits;
   const int g0 = t0 * kGroupsPerToken, g1 = t1 * kGroupsPerToken;
-  float* sq4 = red + NT * kRedStride;  // [t - t0][group]: a folded norm's squares of 4 outputs
   for (int g = g0 + int(threadIdx.x); g < g1; g += C::kThreads) {
     const int t = g / kGroupsPerToken, r = (g % kGroupsPerToken) * 4;
     const float* mine = red + t * kRedStride + r;
