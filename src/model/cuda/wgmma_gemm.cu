@@ -246,8 +246,12 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
   // CTAs; every CTA's 16-byte copy of a group is requested before any is added (remote reads take
   // hundreds of cycles), then they are added in split order. GLU: a group is 4 gate sums and
   // their 4 up sums (kHalf rows on).
+  // (A producer of a folded norm splits whole tokens, whose squares it then sums.)
+  const bool produce = !GLU && nf.mode == NormFold::kProduce;
   const int t0 = split * a.T / splits, t1 = (split + 1) * a.T / splits;
-  const int g0 = t0 * kGroupsPerToken, g1 = t1 * kGroupsPerToken;
+  const int groups = a.T * kGroupsPerToken;
+  const int g0 = produce ? t0 * kGroupsPerToken : split * groups / splits;
+  const int g1 = produce ? t1 * kGroupsPerToken : (split + 1) * groups / splits;
   for (int g = g0 + int(threadIdx.x); g < g1; g += C::kThreads) {
     const int t = g / kGroupsPerToken, r = (g % kGroupsPerToken) * 4;
     const float* mine = red + t * kRedStride + r;
@@ -270,34 +274,39 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
       }
     }
     const int row0 = row_block * kOutRows + r, rows = min(4, a.N - row0);
-    if (GLU || a.y_bf16) {
-      uint16_t* y = static_cast<uint16_t*>(a.y) + int64_t(t) * a.ldy + row0;
+    if (!produce) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
-        if (j < rows) y[j] = f32_to_bf16(v[j]);
+      for (int j = 0; j < 4; ++j) {
+        if (row0 + j >= a.N) break;
+        const int64_t at = int64_t(t) * a.ldy + row0 + j;
+        if (GLU || a.y_bf16) {
+          static_cast<uint16_t*>(a.y)[at] = f32_to_bf16(v[j]);
+        } else {
+          float* y = static_cast<float*>(a.y) + at;
+          *y = a.accumulate ? *y + v[j] : v[j];
+        }
+      }
     } else {
       // Every load before the first store (a store through y could alias them otherwise).
       float* y = static_cast<float*>(a.y) + int64_t(t) * a.ldy + row0;
       float out[4], gw[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        out[j] = j < rows && a.accumulate ? y[j] + v[j] : v[j];
-        if (j < rows && nf.mode == NormFold::kProduce) gw[j] = __ldg(nf.weight + row0 + j);
+        out[j] = j < rows ? y[j] + v[j] : 0.f;  // (a producer accumulates)
+        if (j < rows) gw[j] = __ldg(nf.weight + row0 + j);
       }
       float squares = 0.f;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         if (j >= rows) break;
         y[j] = out[j];
-        if (nf.mode == NormFold::kProduce) {
-          nf.out[int64_t(t) * a.N + row0 + j] = f32_to_bf16(out[j] * gw[j]);
-          squares += out[j] * out[j];
-        }
+        nf.out[int64_t(t) * a.N + row0 + j] = f32_to_bf16(out[j] * gw[j]);
+        squares += out[j] * out[j];
       }
-      if (nf.mode == NormFold::kProduce) sq4[g - g0] = squares;
+      sq4[g - g0] = squares;
     }
   }
-  if (!GLU && nf.mode == NormFold::kProduce) {
+  if (produce) {
     // The squares of each token's 64-row parts, the 16 groups of a part added in order.
     __syncthreads();
     constexpr int kParts = kOutRows >= 64 ? kOutRows / 64 : 1;  // (GLU never produces)
