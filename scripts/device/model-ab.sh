@@ -7,8 +7,8 @@
 # bench.log (JSON lines, each preceded by its variant), summary.txt, test_gpu.log, build.log.
 #   BASE_DIR=out/ab-base VARIANT_ENV=PAGEDATTN_FOLD_NORM=0 GPU_FILTER='WgmmaGemm*:LlamaCuda*' \
 #     scripts/device/model-ab.sh
-# Environment: BASE_DIR, VARIANT_ENV, ROUNDS (2), BATCHES (1,32,64), SMOL_BATCHES (1; empty: none),
-# GPU_FILTER (empty: no tests), BUDGET (560).
+# Environment: BASE_DIR, VARIANT_ENV, ROUNDS (2), ORDER (the runs of a round: "base new variant"),
+# BATCHES (1,32,64), SMOL_BATCHES (1; empty: none), GPU_FILTER (empty: no tests), BUDGET (560).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/device/steps.sh
@@ -39,9 +39,13 @@ run() {  # run VARIANT BINARY [ENV=VALUE]
   fi
 }
 for round in $(seq 1 "${ROUNDS:-2}"); do
-  [[ -n "$base" ]] && run base "$base"
-  run new "$bin"
-  [[ -n "${VARIANT_ENV:-}" ]] && run "${VARIANT_ENV}" "$bin" "$VARIANT_ENV"
+  for who in ${ORDER:-base new variant}; do
+    case $who in
+      base) [[ -n "$base" ]] && run base "$base" ;;
+      new) run new "$bin" ;;
+      variant) [[ -n "${VARIANT_ENV:-}" ]] && run "${VARIANT_ENV}" "$bin" "$VARIANT_ENV" ;;
+    esac
+  done
 done
 python3 - "$OUT/bench.log" <<'PY' | tee "$OUT/summary.txt"
 import json, sys
