@@ -12,8 +12,8 @@
 //            read), and writes y (+ y when accumulating; bf16 or f32; GLU: the gate half and the
 //            up half of the rows -> silu(gate) * up). A folded norm (NormFold): the consumer
 //            scales its tokens' outputs by r, computed while the first stages stream (consumer
-//            thread t, token t's, kept in a register through the products: no shared memory
-//            taken from the ring); the producer sums the squares of its new y per 64 rows, first
+//            threads 2 t and 2 t + 1, token t's, kept in a register through the products: no
+//            shared memory taken from the ring); the producer sums the squares of its new y per 64 rows, first
 //            per group of 4, then in order. Both in shared memory after the reduction buffer.
 // The splits are chosen so that every cluster fits the GPU at once (splits_for).
 #include <cooperative_groups.h>
@@ -89,7 +89,9 @@ __device__ __forceinline__ float4 cluster_sum(cg::cluster_group& cluster, const 
 // GLU: the gate/up product with SwiGLU (W [2 N, K]: a CTA's first half of rows are gate rows
 // [H b, H b + H), H = half its rows, its second half the matching up rows N + H b ...; y [T, N]
 // bf16).
-template <int NT, int ST, int BOXES, int WG, int AC, bool GLU>
+// FOLD: a NormFold::Mode, the norm's part in this launch (a template argument, so that a product
+// without one compiles to the same code and registers as before).
+template <int NT, int ST, int BOXES, int WG, int AC, bool GLU, int FOLD>
 __global__ void __launch_bounds__(128 * WG + 32, 1)
     wgmma_gemm_kernel(const __grid_constant__ CUtensorMap tw,
                       const __grid_constant__ CUtensorMap tx, const GemvArgs a,
@@ -145,7 +147,7 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
 #pragma unroll
     for (int j = 0; j < NT / 2; ++j) acc[c][j] = 0.f;
 
-  float r_mine = 1.f;  // a folded norm's consumer: r of token threadIdx.x (T <= 64 < 128 WG)
+  float r_mine = 1.f;  // a folded norm's consumer: r of token threadIdx.x / 2 (T <= 64 = 128 / 2)
   if (warp == 4 * WG) {
     if (lane == 0) {
       prefetch_tensor_map(&tw);
@@ -168,30 +170,34 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
       }
     }
   } else {
-    if (nf.mode == NormFold::kConsume) {
+    if constexpr (FOLD == NormFold::kConsume) {
       // r per token from the producer's sums of squares (in order), while W streams in.
       wait_for_dependency();
-      // 16 vectors of 4 in flight at once (a loop of dependent loads here cost more than the
-      // norm kernel it replaces); the last vector's values past the parts are not the
+      // Two threads a token, each summing every other group of 4 vectors, 4 vectors in flight at
+      // once (a loop of dependent loads cost more than the norm kernel; 16 at once raised the
+      // kernel's registers from 54-64 to 85-90, which kept it from starting beside the kernel
+      // ahead), the halves added in order. The last vector's values past the parts are not the
       // producer's (zeros in their place add nothing).
       const int parts = (a.K + 63) / 64, vecs = (parts + 3) / 4;
-      if (const int t = int(threadIdx.x); t < a.T) {
+      const int t = int(threadIdx.x) / 2, half = int(threadIdx.x) % 2;
+      float sum = 0.f;
+      if (t < a.T) {
         const float4* p = reinterpret_cast<const float4*>(nf.sq + int64_t(t) * nf.sq_ld);
-        float sum = 0.f;
-        for (int q0 = 0; q0 < vecs; q0 += 16) {
-          float4 v[16];
+        for (int q0 = 4 * half; q0 < vecs; q0 += 8) {
+          float4 v[4];
 #pragma unroll
-          for (int j = 0; j < 16; ++j)
+          for (int j = 0; j < 4; ++j)
             v[j] = q0 + j < vecs ? p[q0 + j] : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-          for (int j = 0; j < 16; ++j) {
+          for (int j = 0; j < 4; ++j) {
             const int q = 4 * (q0 + j);
             sum += (q < parts ? v[j].x : 0.f) + (q + 1 < parts ? v[j].y : 0.f) +
                    (q + 2 < parts ? v[j].z : 0.f) + (q + 3 < parts ? v[j].w : 0.f);
           }
         }
-        r_mine = rsqrtf(sum / float(a.K) + nf.eps);
       }
+      const float other = __shfl_xor_sync(0xffffffffu, sum, 1);
+      if (t < a.T) r_mine = rsqrtf((half ? other + sum : sum + other) / float(a.K) + nf.eps);
     }
     for (int i = 0; i < n; ++i) {
       const int s = i % ST;
@@ -238,7 +244,9 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
   constexpr int kGroupsPerToken = kOutRows / 4;
   float* sq4 = red + NT * kRedStride;  // [t - t0][group]: a folded norm's squares of 4 outputs
   float* rs = sq4 + NT * (kBM / 4);    // [NT] a folded norm's r per token
-  if (nf.mode == NormFold::kConsume && int(threadIdx.x) < a.T) rs[threadIdx.x] = r_mine;
+  if constexpr (FOLD == NormFold::kConsume) {
+    if (int(threadIdx.x) % 2 == 0 && int(threadIdx.x) / 2 < a.T) rs[threadIdx.x / 2] = r_mine;
+  }
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
   wait_for_dependency();  // y may be the output of the kernels before this one
@@ -247,7 +255,7 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
   // hundreds of cycles), then they are added in split order. GLU: a group is 4 gate sums and
   // their 4 up sums (kHalf rows on).
   // (A producer of a folded norm splits whole tokens, whose squares it then sums.)
-  const bool produce = !GLU && nf.mode == NormFold::kProduce;
+  constexpr bool produce = !GLU && FOLD == NormFold::kProduce;
   const int t0 = split * a.T / splits, t1 = (split + 1) * a.T / splits;
   const int groups = a.T * kGroupsPerToken;
   const int g0 = produce ? t0 * kGroupsPerToken : split * groups / splits;
@@ -257,8 +265,8 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
     const float* mine = red + t * kRedStride + r;
     const float4 sum = cluster_sum(cluster, mine, splits);
     float v[4] = {sum.x, sum.y, sum.z, sum.w};
-    const float scale = nf.mode == NormFold::kConsume ? rs[t] : 1.f;
-    if (nf.mode == NormFold::kConsume) {
+    const float scale = FOLD == NormFold::kConsume ? rs[t] : 1.f;
+    if constexpr (FOLD == NormFold::kConsume) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) v[j] *= scale;
     }
@@ -274,7 +282,7 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
       }
     }
     const int row0 = row_block * kOutRows + r, rows = min(4, a.N - row0);
-    if (!produce) {
+    if constexpr (!produce) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         if (row0 + j >= a.N) break;
@@ -306,7 +314,7 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
       sq4[g - g0] = squares;
     }
   }
-  if (produce) {
+  if constexpr (produce) {
     // The squares of each token's 64-row parts, the 16 groups of a part added in order.
     __syncthreads();
     constexpr int kParts = kOutRows >= 64 ? kOutRows / 64 : 1;  // (GLU never produces)
@@ -362,7 +370,7 @@ CUtensorMap map_of(const void* ptr, int64_t rows, int64_t cols, int box_rows) {
 // clusters all fit the GPU at once (a second wave of a few clusters would double the time); 1
 // where the row blocks alone fill it. A cluster's CTAs must share a GPC, so fewer clusters fit
 // than SMs * CTAs per SM / size: the runtime says how many.
-template <int NT, int ST, int BOXES, int WG, int AC, bool GLU>
+template <int NT, int ST, int BOXES, int WG, int AC, bool GLU, int FOLD>
 int splits_for(int blocks, int kblocks, int ctas_per_sm) {
   struct Fit {
     int sms = 1;
@@ -388,7 +396,7 @@ int splits_for(int blocks, int kblocks, int ctas_per_sm) {
         cfg.attrs = at;
         cfg.numAttrs = 1;
         int n = 0;
-        const auto kernel = wgmma_gemm_kernel<NT, ST, BOXES, WG, AC, GLU>;
+        const auto kernel = wgmma_gemm_kernel<NT, ST, BOXES, WG, AC, GLU, FOLD>;
         if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) == cudaSuccess)
           f.clusters[size_t(s)] = n;
       }
@@ -402,16 +410,17 @@ int splits_for(int blocks, int kblocks, int ctas_per_sm) {
   return 1;
 }
 
-template <int NT, int ST, int BOXES, int WG = 1, int AC = 2, bool GLU = false>
+template <int NT, int ST, int BOXES, int WG, int AC, bool GLU, int FOLD>
 cudaError_t launch(const GemvArgs& a, const NormFold& nf, int ctas_per_sm, cudaStream_t stream) {
   using C = Cfg<NT, ST, BOXES, WG, AC>;
   // NOTE: per device: every rank of a tensor-parallel process sets it on its own GPU.
   static std::atomic<uint64_t> smem_set{0};
-  set_smem_limit_on_this_device(wgmma_gemm_kernel<NT, ST, BOXES, WG, AC, GLU>, C::kSmem, smem_set,
+  set_smem_limit_on_this_device(wgmma_gemm_kernel<NT, ST, BOXES, WG, AC, GLU, FOLD>, C::kSmem,
+                                smem_set,
                                 "wgmma_gemm: shared memory limit");
   const int out_rows = GLU ? C::kBM / 2 : C::kBM;  // outputs per row block
   const int blocks = (a.N + out_rows - 1) / out_rows, kblocks = (a.K + C::kBK - 1) / C::kBK;
-  const int splits = splits_for<NT, ST, BOXES, WG, AC, GLU>(blocks, kblocks, ctas_per_sm);
+  const int splits = splits_for<NT, ST, BOXES, WG, AC, GLU, FOLD>(blocks, kblocks, ctas_per_sm);
   const CUtensorMap tw = map_of(a.w, GLU ? 2 * int64_t(a.N) : a.N, a.K, out_rows);
   const CUtensorMap tx = map_of(a.x, a.T, a.K, NT);
   cudaLaunchConfig_t cfg = {};
@@ -422,7 +431,8 @@ cudaError_t launch(const GemvArgs& a, const NormFold& nf, int ctas_per_sm, cudaS
   cudaLaunchAttribute at[2] = {cluster_attribute(unsigned(splits)), pdl_attribute()};
   cfg.attrs = at;
   cfg.numAttrs = 2;
-  return cudaLaunchKernelEx(&cfg, wgmma_gemm_kernel<NT, ST, BOXES, WG, AC, GLU>, tw, tx, a, nf);
+  return cudaLaunchKernelEx(&cfg, wgmma_gemm_kernel<NT, ST, BOXES, WG, AC, GLU, FOLD>, tw, tx, a,
+                            nf);
 }
 
 // Version v at NT tokens: 1, 128 rows a CTA, five (NT 64: four) stages of one copy, two CTAs
@@ -431,32 +441,45 @@ cudaError_t launch(const GemvArgs& a, const NormFold& nf, int ctas_per_sm, cudaS
 // half the x reads), five stages, one CTA per SM; 5, 64 rows a CTA (twice the row blocks, so
 // fewer K slices: longer streams, a smaller sum), a ring of about 200 KiB, one CTA per SM; 6, 64
 // rows, about 100 KiB, two CTAs per SM.
-template <int NT, bool GLU>
+template <int NT, bool GLU, int FOLD>
 cudaError_t launch_version(const GemvArgs& a, const NormFold& nf, int v, cudaStream_t stream) {
   constexpr bool wide = NT > 32;
   constexpr int kStage64 = 64 * kBox * 2 + NT * kBox * 2;  // a stage of 64 rows and NT tokens
   switch (v) {
     case 1:
-      return launch<NT, wide ? 4 : 5, 1, 1, 2, GLU>(a, nf, 2, stream);
+      return launch<NT, wide ? 4 : 5, 1, 1, 2, GLU, FOLD>(a, nf, 2, stream);
     case 2:
-      return launch<NT, wide ? 8 : 10, 1, 1, 2, GLU>(a, nf, 1, stream);
+      return launch<NT, wide ? 8 : 10, 1, 1, 2, GLU, FOLD>(a, nf, 1, stream);
     case 3:
-      return launch<NT, 2, 2, 1, 2, GLU>(a, nf, 2, stream);
+      return launch<NT, 2, 2, 1, 2, GLU, FOLD>(a, nf, 2, stream);
     case 4:
-      return launch<NT, 5, 1, 2, 2, GLU>(a, nf, 1, stream);
+      return launch<NT, 5, 1, 2, 2, GLU, FOLD>(a, nf, 1, stream);
     case 5:
-      return launch<NT, 200 * 1024 / kStage64, 1, 1, 1, GLU>(a, nf, 1, stream);
+      return launch<NT, 200 * 1024 / kStage64, 1, 1, 1, GLU, FOLD>(a, nf, 1, stream);
     default:
-      return launch<NT, 100 * 1024 / kStage64, 1, 1, 1, GLU>(a, nf, 2, stream);
+      return launch<NT, 100 * 1024 / kStage64, 1, 1, 1, GLU, FOLD>(a, nf, 2, stream);
   }
 }
 
-template <bool GLU>
+template <bool GLU, int FOLD>
 cudaError_t launch_tokens(const GemvArgs& a, const NormFold& nf, int v, cudaStream_t stream) {
-  return a.T <= 8    ? launch_version<8, GLU>(a, nf, v, stream)
-         : a.T <= 16 ? launch_version<16, GLU>(a, nf, v, stream)
-         : a.T <= 32 ? launch_version<32, GLU>(a, nf, v, stream)
-                     : launch_version<64, GLU>(a, nf, v, stream);
+  return a.T <= 8    ? launch_version<8, GLU, FOLD>(a, nf, v, stream)
+         : a.T <= 16 ? launch_version<16, GLU, FOLD>(a, nf, v, stream)
+         : a.T <= 32 ? launch_version<32, GLU, FOLD>(a, nf, v, stream)
+                     : launch_version<64, GLU, FOLD>(a, nf, v, stream);
+}
+
+template <bool GLU>
+cudaError_t launch_folded(const GemvArgs& a, const NormFold& nf, int v, cudaStream_t stream) {
+  switch (nf.mode) {
+    case NormFold::kConsume:
+      return launch_tokens<GLU, NormFold::kConsume>(a, nf, v, stream);
+    case NormFold::kProduce:
+      if constexpr (!GLU) return launch_tokens<GLU, NormFold::kProduce>(a, nf, v, stream);
+      return cudaErrorInvalidValue;  // (refused before: a SwiGLU product never produces)
+    default:
+      return launch_tokens<GLU, NormFold::kNone>(a, nf, v, stream);
+  }
 }
 
 }  // namespace
@@ -464,7 +487,7 @@ cudaError_t launch_tokens(const GemvArgs& a, const NormFold& nf, int v, cudaStre
 bool wgmma_gemm_available() {
   static PerDeviceAnswers answers;
   return hopper_kernel_runs_here(answers, [](cudaFuncAttributes* fa) {
-    return cudaFuncGetAttributes(fa, wgmma_gemm_kernel<8, 5, 1, 1, 2, false>);
+    return cudaFuncGetAttributes(fa, wgmma_gemm_kernel<8, 5, 1, 1, 2, false, NormFold::kNone>);
   });
 }
 
@@ -537,7 +560,7 @@ void wgmma_gemm_swiglu(const GemvArgs& a, cudaStream_t stream, int version,
   PA_CHECK(wgmma_gemm_available(), "wgmma_gemm_swiglu: this device cannot run it (sm_90 only)");
   const int v = version == 0 ? kWgmmaGemmSwigluVersion
                              : version_of(a, version, 2 * a.N, "wgmma_gemm_swiglu");
-  const cudaError_t e = launch_tokens<true>(a, nf, v, stream);
+  const cudaError_t e = launch_folded<true>(a, nf, v, stream);
   PA_CHECK(e == cudaSuccess, "wgmma_gemm_swiglu: launch failed: ", cudaGetErrorString(e));
 }
 
@@ -549,7 +572,7 @@ void wgmma_gemm(const GemvArgs& a, cudaStream_t stream, int version, const NormF
            ", sq_ld ", nf.sq_ld, ")");
   PA_CHECK(wgmma_gemm_available(), "wgmma_gemm: this device cannot run it (sm_90 only)");
   const int v = version_of(a, version, a.N, "wgmma_gemm");
-  const cudaError_t e = launch_tokens<false>(a, nf, v, stream);
+  const cudaError_t e = launch_folded<false>(a, nf, v, stream);
   PA_CHECK(e == cudaSuccess, "wgmma_gemm: launch failed: ", cudaGetErrorString(e));
 }
 
