@@ -419,13 +419,6 @@ struct LlamaModelCuda::Impl {
   // A host f32 tensor [rows, cols] for the logits: page-locked and reused where it can be.
   Tensor host_logits(int64_t rows, int64_t cols);
 
-  // y [T, out] (ytype: f32 or bf16) = beta * y + x [T, in] (bf16) W^T, W [out, in] bf16, fp32
-  // accumulation; beta is 0 or 1 (1: f32 y only). At the shapes where gemv_pick says it is
-  // faster (one or two tokens), the CUDA-core stream of gemv.h; where wgmma_gemm_pick says so (a
-  // few dozen tokens on Hopper), the tensor-core stream of wgmma_gemm.h; cuBLAS everywhere else
-  // (kernels_dev/gemv.cu and wgmma_gemm.cu measure them; the lab's older skinny GEMM,
-  // kernels_dev/skinny_gemm.cu, and cuBLASLt's other algorithms, kernels_dev/cublaslt_algos.cu,
-  // are not faster). ldy: y's row stride in elements (0: out).
   // A folded norm's sums of squares a token (NormFold::sq_ld): one per 64 of `hidden`, rounded
   // up to whole 16-byte vectors.
   static int32_t sums_ld(int32_t hidden) { return ((hidden + 63) / 64 + 3) / 4 * 4; }
@@ -451,6 +444,14 @@ struct LlamaModelCuda::Impl {
            cuda::wgmma_gemm_swiglu_takes(T, inter, hidden);
   }
 
+  // y [T, out] (ytype: f32 or bf16) = beta * y + x [T, in] (bf16) W^T, W [out, in] bf16, fp32
+  // accumulation; beta is 0 or 1 (1: f32 y only). At the shapes where gemv_pick says it is
+  // faster (one or two tokens), the CUDA-core stream of gemv.h; where wgmma_gemm_pick says so (a
+  // few dozen tokens on Hopper), the tensor-core stream of wgmma_gemm.h; cuBLAS everywhere else
+  // (kernels_dev/gemv.cu and wgmma_gemm.cu measure them; the lab's older skinny GEMM,
+  // kernels_dev/skinny_gemm.cu, and cuBLASLt's other algorithms, kernels_dev/cublaslt_algos.cu,
+  // are not faster). ldy: y's row stride in elements (0: out). fold: the product's part in a
+  // folded norm (fold_norms chose wgmma_gemm for it), or null.
   void gemm(const void* x_, int32_t T, int32_t in, const Tensor& w, int32_t out, void* y,
             cudaDataType_t ytype, float beta, const char* what, int32_t ldy = 0,
             const cuda::NormFold* fold = nullptr) {
