@@ -99,13 +99,7 @@ TEST(WgmmaGemmCuda, FoldedNormMatchesDoublePrecision) {
     cudaMemset(dhn, 0xff, size_t(T) * H * 2);
     cudaMemset(dy, 0xff, size_t(T) * N2 * 4);
 
-    cuda::GemvArgs a1;
-    a1.x = p1.dx;
-    a1.w = p1.dw;
-    a1.y = p1.dy;
-    a1.T = T;
-    a1.N = a1.ldy = H;
-    a1.K = K1;
+    cuda::GemvArgs a1 = test::product_args(p1.dx, p1.dw, p1.dy, T, H, K1, H);
     a1.accumulate = true;
     cuda::NormFold produce;
     produce.mode = cuda::NormFold::kProduce;
@@ -122,13 +116,7 @@ TEST(WgmmaGemmCuda, FoldedNormMatchesDoublePrecision) {
     uint16_t* dw2 = nullptr;
     ASSERT_EQ(cudaMalloc(&dw2, w2.size() * 2), cudaSuccess);
     cudaMemcpy(dw2, w2.data(), w2.size() * 2, cudaMemcpyHostToDevice);
-    cuda::GemvArgs a2;
-    a2.x = dhn;
-    a2.w = dw2;
-    a2.y = dy;
-    a2.T = T;
-    a2.N = a2.ldy = N2;
-    a2.K = H;
+    cuda::GemvArgs a2 = test::product_args(dhn, dw2, dy, T, N2, H, N2);
     a2.y_bf16 = glu;
     cuda::NormFold consume;
     consume.mode = cuda::NormFold::kConsume;
