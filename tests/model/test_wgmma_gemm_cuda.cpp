@@ -63,6 +63,131 @@ TEST(WgmmaGemmCuda, SwigluMatchesDoublePrecision) {
   }
 }
 
+// A folded RMSNorm (NormFold) through two products, as a decode step runs it: the producer
+// h = h0 + x W1^T also writes bf16(h * g) and h's sums of squares per 64 rows; the consumer
+// y = r (bf16(h * g) W2^T), r = rsqrt(mean(h^2) + eps), as f32 and through SwiGLU. Each checked
+// against double precision on the host from the device's own intermediate values (poisoned
+// first), for random versions, token counts and widths not a multiple of 64.
+TEST(WgmmaGemmCuda, FoldedNormMatchesDoublePrecision) {
+  PA_SKIP_WITHOUT_GPU();
+  if (!cuda::wgmma_gemm_available()) GTEST_SKIP() << "not an sm_90 device";
+  std::mt19937 g(29);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int trial = 0; trial < 30; ++trial) {
+    const int T = 1 + int(g() % uint32_t(cuda::kWgmmaGemmMaxTokens));
+    const int H = 8 * (1 + int(g() % (trial % 3 == 0 ? 600 : 100)));  // hidden: N1 = K2
+    const int K1 = 8 * (1 + int(g() % 200)), N2 = 1 + int(g() % 700);
+    const int v1 = 1 + int(g() % uint32_t(cuda::kWgmmaGemmVersions));
+    const int v2 = 1 + int(g() % uint32_t(cuda::kWgmmaGemmVersions));
+    const bool glu = trial % 2 == 1;
+    SCOPED_TRACE(::testing::Message() << "T " << T << " H " << H << " K1 " << K1 << " N2 " << N2
+                                      << " versions " << v1 << ", " << v2 << " glu " << glu);
+    const int ld_sq = ((H + 63) / 64 + 3) / 4 * 4 + 4 * int(g() % 2);
+    test::DeviceOperands p1(g, T, H, K1, size_t(T) * H);  // x [T, K1], W1 [H, K1], h [T, H]
+    std::vector<float> h0(size_t(T) * H), gw(H);
+    for (auto& v : h0) v = nd(g);
+    for (auto& v : gw) v = 1.f + 0.2f * nd(g);
+    float *dg = nullptr, *dsq = nullptr, *dy = nullptr;
+    uint16_t* dhn = nullptr;
+    ASSERT_EQ(cudaMalloc(&dg, size_t(H) * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dsq, size_t(T) * ld_sq * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dhn, size_t(T) * H * 2), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dy, size_t(T) * N2 * 4), cudaSuccess);  // f32 or bf16 [T, N2]
+    cudaMemcpy(p1.dy, h0.data(), h0.size() * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(dg, gw.data(), gw.size() * 4, cudaMemcpyHostToDevice);
+    cudaMemset(dsq, 0xff, size_t(T) * ld_sq * 4);  // NaN
+    cudaMemset(dhn, 0xff, size_t(T) * H * 2);
+    cudaMemset(dy, 0xff, size_t(T) * N2 * 4);
+
+    cuda::GemvArgs a1 = test::product_args(p1.dx, p1.dw, p1.dy, T, H, K1, H);
+    a1.accumulate = true;
+    cuda::NormFold produce;
+    produce.mode = cuda::NormFold::kProduce;
+    produce.weight = dg;
+    produce.out = dhn;
+    produce.sq = dsq;
+    produce.sq_ld = ld_sq;
+    cuda::wgmma_gemm(a1, nullptr, v1, &produce);
+
+    // The second product's weights: [N2, H] (GLU: [2 N2, H]).
+    const int rows2 = glu ? 2 * N2 : N2;
+    std::vector<uint16_t> w2(size_t(rows2) * H);
+    for (auto& v : w2) v = f32_to_bf16(0.1f * nd(g));
+    uint16_t* dw2 = nullptr;
+    ASSERT_EQ(cudaMalloc(&dw2, w2.size() * 2), cudaSuccess);
+    cudaMemcpy(dw2, w2.data(), w2.size() * 2, cudaMemcpyHostToDevice);
+    cuda::GemvArgs a2 = test::product_args(dhn, dw2, dy, T, N2, H, N2);
+    a2.y_bf16 = glu;
+    cuda::NormFold consume;
+    consume.mode = cuda::NormFold::kConsume;
+    consume.sq = dsq;
+    consume.sq_ld = ld_sq;
+    consume.eps = 1e-5f;
+    if (glu) {
+      cuda::wgmma_gemm_swiglu(a2, nullptr, v2, &consume);
+    } else {
+      cuda::wgmma_gemm(a2, nullptr, v2, &consume);
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+    std::vector<float> h(size_t(T) * H), sq(size_t(T) * ld_sq), y(size_t(T) * N2);
+    std::vector<uint16_t> hn(size_t(T) * H);
+    cudaMemcpy(h.data(), p1.dy, h.size() * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(sq.data(), dsq, sq.size() * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(hn.data(), dhn, hn.size() * 2, cudaMemcpyDeviceToHost);
+    cudaMemcpy(y.data(), dy, y.size() * 4, cudaMemcpyDeviceToHost);
+    int bad = 0;
+    auto near = [&](double got, double want, double tol) {
+      if (!(std::fabs(got - want) <= tol)) ++bad;
+    };
+    for (int t = 0; t < T && bad < 10; ++t) {
+      double total = 0;
+      for (int i = 0; i < (H + 63) / 64; ++i) {
+        double part = 0;
+        for (int n = 64 * i; n < std::min(H, 64 * i + 64); ++n) {
+          const size_t at = size_t(t) * H + n;
+          const double want = h0[at] + p1.dot(t, n, K1);
+          near(h[at], want, 1e-4 * (1 + std::fabs(want)));
+          // bf16(h * g) from the device's own h: one rounding (2^-8 relative).
+          const double hg = double(h[at]) * gw[n];
+          near(bf16_to_f32(hn[at]), hg, std::fabs(hg) / 256 + 1e-30);
+          part += double(h[at]) * h[at];
+        }
+        near(sq[size_t(t) * ld_sq + i], part, 1e-5 * (1 + part));
+        total += sq[size_t(t) * ld_sq + i];
+      }
+      const double r = 1 / std::sqrt(total / H + 1e-5);
+      for (int n = 0; n < N2; ++n) {
+        auto dot2 = [&](int row) {
+          double d = 0;
+          for (int k = 0; k < H; ++k)
+            d += double(bf16_to_f32(hn[size_t(t) * H + k])) * bf16_to_f32(w2[size_t(row) * H + k]);
+          return r * d;
+        };
+        double want, got;
+        if (glu) {
+          const double gate = bf16_to_f32(f32_to_bf16(float(dot2(n))));
+          const double up = bf16_to_f32(f32_to_bf16(float(dot2(N2 + n))));
+          want = gate / (1 + std::exp(-gate)) * up;
+          got = bf16_to_f32(reinterpret_cast<const uint16_t*>(y.data())[size_t(t) * N2 + n]);
+          // The gate's and up's bf16 roundings may fall either side: 2^-7 relative.
+          near(got, want, std::fabs(want) / 64 + 1e-3);
+        } else {
+          want = dot2(n);
+          got = y[size_t(t) * N2 + n];
+          near(got, want, 1e-4 * (1 + std::fabs(want)));
+        }
+      }
+    }
+    EXPECT_EQ(bad, 0);
+    cudaFree(dg);
+    cudaFree(dsq);
+    cudaFree(dhn);
+    cudaFree(dy);
+    cudaFree(dw2);
+  }
+}
+
 // Host checks only: no device needed.
 TEST(WgmmaGemmCuda, RefusesWhatItCannotTake) {
   cuda::GemvArgs b;
@@ -82,6 +207,38 @@ TEST(WgmmaGemmCuda, RefusesWhatItCannotTake) {
   }
   EXPECT_FALSE(cuda::wgmma_gemm_pick(8, 4096, 12));
   test::expect_error_naming([&] { cuda::wgmma_gemm(b, nullptr); }, "wgmma_gemm", "a misaligned x");
+  // A folded norm: the producer must accumulate into f32 and have its buffers, the consumer's
+  // sums must cover K.
+  cuda::NormFold f;
+  EXPECT_TRUE(cuda::norm_fold_ok(a, f));
+  f.mode = cuda::NormFold::kProduce;
+  EXPECT_FALSE(cuda::norm_fold_ok(a, f));  // a does not accumulate; no buffers
+  cuda::GemvArgs acc = a;
+  acc.accumulate = true;
+  acc.y_bf16 = false;
+  alignas(16) float sq[4] = {};
+  uint16_t out = 0;
+  f.weight = sq;
+  f.out = &out;
+  f.sq = sq;
+  f.sq_ld = 4;  // a.N = 4: one part, rounded up to a vector
+  EXPECT_TRUE(cuda::norm_fold_ok(acc, f));
+  f.sq_ld = 1;  // not whole vectors
+  EXPECT_FALSE(cuda::norm_fold_ok(acc, f));
+  f.sq_ld = 4;
+  f.sq = sq + 1;  // misaligned
+  EXPECT_FALSE(cuda::norm_fold_ok(acc, f));
+  f.sq = sq;
+  cuda::NormFold c;
+  c.mode = cuda::NormFold::kConsume;
+  c.sq = sq;
+  c.sq_ld = 4;
+  EXPECT_EQ(cuda::norm_fold_ok(a, c), !a.accumulate);
+  EXPECT_FALSE(cuda::norm_fold_ok(acc, c));  // a consumer does not accumulate
+  c.sq_ld = 0;
+  EXPECT_FALSE(cuda::norm_fold_ok(a, c));
+  test::expect_error_naming([&] { cuda::wgmma_gemm(a, nullptr, 0, &c); }, "wgmma_gemm",
+                            "a consumer whose sums do not cover K");
   test::expect_error_naming([&] { cuda::wgmma_gemm(a, nullptr, cuda::kWgmmaGemmVersions + 1); },
                             "wgmma_gemm", "an unknown version");
 }

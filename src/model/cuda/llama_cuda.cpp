@@ -175,6 +175,9 @@ struct LlamaModelCuda::Impl {
   bool use_gemv = true;  // PAGEDATTN_GEMV=0: cuBLAS for every product (a comparison)
   // PAGEDATTN_FUSE=0: K/V through write_kv and SwiGLU as its own kernel (a comparison).
   bool fuse = true;
+  // PAGEDATTN_FOLD_NORM=0: every RMSNorm its own kernel (the default on large layers); =1: folded
+  // wherever the products allow it (fold_norms; comparisons).
+  int fold_norm = -1;
   bool overlap_passes = true;  // Model::overlaps_passes (PAGEDATTN_SCHEDULE_AHEAD=0: false)
   std::unique_ptr<CudaAttentionPlan> plan;
   Tensor staging;  // f32 weights on their way to bf16 (load from a file only)
@@ -183,6 +186,7 @@ struct LlamaModelCuda::Impl {
   Tensor meta;  // tokens [T], slots [T], logit rows [R], positions [T] (int32)
   Tensor rope_step;  // the tokens' RoPE rows: cos [T, D/2], then sin [T, D/2] (f32)
   Tensor x;     // [T, hidden] f32, the residual stream
+  Tensor norm_sq;  // [T, sums_ld(hidden)] f32: a folded norm's sums of squares (fold_norms)
   Tensor h;     // [T, max(hidden, Hq * D)] bf16
   Tensor qkv;   // [T, (Hq + 2 Hkv) * D] f32
   Tensor q, k, v;  // [T, Hq, D], [T, Hkv, D] bf16
@@ -415,15 +419,42 @@ struct LlamaModelCuda::Impl {
   // A host f32 tensor [rows, cols] for the logits: page-locked and reused where it can be.
   Tensor host_logits(int64_t rows, int64_t cols);
 
+  // A folded norm's sums of squares a token (NormFold::sq_ld): one per 64 of `hidden`, rounded
+  // up to whole 16-byte vectors.
+  static int32_t sums_ld(int32_t hidden) { return ((hidden + 63) / 64 + 3) / 4 * 4; }
+
+  // Whether a step of T tokens folds its RMSNorms into the products around them
+  // (wgmma_gemm.h's NormFold: all four products of a layer through wgmma_gemm, one GPU; the first
+  // layer's first norm and the final one stay kernels). By default only on layers whose products
+  // are all small (gate/up of at most kWgmmaGemmSmallElements), where a step is launches and
+  // latency: SmolLM2-135M's step at batch 8 8% shorter; on Llama-3-8B's the products' weights
+  // stream in while a norm kernel runs, and without it the step was 0.3% longer (an H200,
+  // 2026-11-27).
+  bool fold_norms(int32_t T) const {
+    if (fold_norm == 0 || !fuse || comm || peer) return false;
+    const ModelConfig& c = config;
+    const int32_t hidden = c.hidden_size, D = c.head_dim, inter = tp.inter;
+    if (fold_norm < 0 && int64_t(2) * inter * hidden > cuda::kWgmmaGemmSmallElements) return false;
+    const int32_t q_dim = tp.q_heads * D, qkv_dim = (tp.q_heads + 2 * tp.kv_heads) * D;
+    auto wgmma = [&](int32_t N, int32_t K) {
+      return !(use_gemv && cuda::gemv_pick(T, N, K)) && cuda::wgmma_gemm_pick(T, N, K);
+    };
+    return wgmma(qkv_dim, hidden) && wgmma(hidden, q_dim) && wgmma(hidden, inter) &&
+           wgmma(2 * inter, hidden) && !(use_gemv && cuda::gemv_swiglu_takes(T, inter, hidden)) &&
+           cuda::wgmma_gemm_swiglu_takes(T, inter, hidden);
+  }
+
   // y [T, out] (ytype: f32 or bf16) = beta * y + x [T, in] (bf16) W^T, W [out, in] bf16, fp32
   // accumulation; beta is 0 or 1 (1: f32 y only). At the shapes where gemv_pick says it is
   // faster (one or two tokens), the CUDA-core stream of gemv.h; where wgmma_gemm_pick says so (a
   // few dozen tokens on Hopper), the tensor-core stream of wgmma_gemm.h; cuBLAS everywhere else
   // (kernels_dev/gemv.cu and wgmma_gemm.cu measure them; the lab's older skinny GEMM,
   // kernels_dev/skinny_gemm.cu, and cuBLASLt's other algorithms, kernels_dev/cublaslt_algos.cu,
-  // are not faster). ldy: y's row stride in elements (0: out).
+  // are not faster). ldy: y's row stride in elements (0: out). fold: the product's part in a
+  // folded norm (fold_norms chose wgmma_gemm for it), or null.
   void gemm(const void* x_, int32_t T, int32_t in, const Tensor& w, int32_t out, void* y,
-            cudaDataType_t ytype, float beta, const char* what, int32_t ldy = 0) {
+            cudaDataType_t ytype, float beta, const char* what, int32_t ldy = 0,
+            const cuda::NormFold* fold = nullptr) {
     cuda::GemvArgs a;
     a.x = static_cast<const uint16_t*>(x_);
     a.w = w.data_as<uint16_t>();
@@ -434,6 +465,10 @@ struct LlamaModelCuda::Impl {
     a.ldy = ldy > 0 ? ldy : out;
     a.y_bf16 = ytype == CUDA_R_16BF;
     a.accumulate = beta != 0.f;
+    if (fold && fold->mode != cuda::NormFold::kNone) {  // fold_norms chose wgmma_gemm
+      cuda::wgmma_gemm(a, stream, 0, fold);
+      return;
+    }
     if (const int v = use_gemv ? cuda::gemv_pick(T, out, in) : 0) {
       if (cuda::gemv_supported(a)) {
         cuda::gemv(a, stream, v);
@@ -477,6 +512,8 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
     pad_decode = false;
   if (const char* g = std::getenv("PAGEDATTN_GEMV"); g && std::string(g) == "0") use_gemv = false;
   if (const char* f = std::getenv("PAGEDATTN_FUSE"); f && std::string(f) == "0") fuse = false;
+  if (const char* f = std::getenv("PAGEDATTN_FOLD_NORM"); f && (*f == '0' || *f == '1'))
+    fold_norm = *f - '0';
   // PAGEDATTN_SCHEDULE_AHEAD=0: the engine reads each greedy step's ids before it schedules the
   // next one, as on the CPU (a comparison).
   if (const char* a = std::getenv("PAGEDATTN_SCHEDULE_AHEAD"); a && std::string(a) == "0")
@@ -697,6 +734,8 @@ struct LlamaModelCuda::Impl::Step {
   float* cos = nullptr;                // [T, D/2] the tokens' rows (the embedding kernel's copy)
   float* sin = nullptr;                // [T, D/2]
   float* x = nullptr;               // [T, hidden] f32
+  float* norm_sq = nullptr;         // [T, sums_ld(hidden)] f32 where `fold` (fold_norms)
+  bool fold = false;
   void* h = nullptr;                // [T, max(hidden, q_dim)] bf16
   float* qkv = nullptr;             // [T, qkv_dim] f32
   void *q = nullptr, *k = nullptr, *v = nullptr, *attn = nullptr;  // bf16
@@ -770,6 +809,9 @@ LlamaModelCuda::Impl::Step LlamaModelCuda::Impl::prepare_step(const ForwardBatch
   s.sin = s.cos + int64_t(T) * half;
 
   s.x = static_cast<float*>(ensure(x, int64_t(T) * hidden, DType::f32));
+  s.fold = fold_norms(T);
+  if (s.fold)
+    s.norm_sq = static_cast<float*>(ensure(norm_sq, int64_t(T) * sums_ld(hidden), DType::f32));
   s.h = ensure(h, int64_t(T) * std::max(hidden, q_dim), DType::bf16);
   s.qkv = static_cast<float*>(ensure(qkv, int64_t(T) * qkv_dim, DType::f32));
   s.q = ensure(q, int64_t(T) * q_dim, DType::bf16);
@@ -852,8 +894,28 @@ bool LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView
   qp.head_dim = D;
   qp.eps = c.rms_norm_eps;
   const bool fused = peer_step(T);  // all-reduce + residual add + next norm in one kernel
+  // A folded norm (fold_norms): o and down write h = bf16(x * g) of the next norm and x's sums of
+  // squares, qkv (from the second layer on) and gate/up scale their outputs by its r.
+  const bool last = i + 1 == c.num_layers;
+  cuda::NormFold consume, produce_mlp, produce_next;
+  if (s.fold) {
+    consume.mode = cuda::NormFold::kConsume;
+    consume.sq = s.norm_sq;
+    consume.sq_ld = sums_ld(hidden);
+    consume.eps = c.rms_norm_eps;
+    produce_mlp.mode = cuda::NormFold::kProduce;
+    produce_mlp.weight = L.mlp_norm.data_as<float>();
+    produce_mlp.out = hb;
+    produce_mlp.sq = s.norm_sq;
+    produce_mlp.sq_ld = consume.sq_ld;
+    if (!last) {
+      produce_next = produce_mlp;
+      produce_next.weight = layers[size_t(i) + 1].attn_norm.data_as<float>();
+    }
+  }
+  const bool qkv_folded = s.fold && i > 0;  // the first layer's norm follows the embedding
   // Attention block.
-  if (!normed) {
+  if (!normed && !qkv_folded) {
     cuda::rms_norm_bf16(s.x, L.attn_norm.data_as<float>(), nullptr, T, hidden, c.rms_norm_eps, hb,
                         st);
   }
@@ -867,7 +929,8 @@ bool LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView
     qp.page_size = view.page_size;
     qp.num_pages = view.num_pages;
   }
-  gemm(s.h, T, hidden, L.wqkv, qkv_dim, s.qkv, CUDA_R_32F, 0.f, "qkv projection");
+  gemm(s.h, T, hidden, L.wqkv, qkv_dim, s.qkv, CUDA_R_32F, 0.f, "qkv projection", 0,
+       qkv_folded ? &consume : nullptr);
   cuda::qkv_post(s.qkv, opt_f32(L.bqkv), opt_f32(L.q_norm), opt_f32(L.k_norm), s.cos, s.sin, qp,
                  static_cast<uint16_t*>(s.q), static_cast<uint16_t*>(s.k),
                  static_cast<uint16_t*>(s.v), st);
@@ -878,11 +941,14 @@ bool LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView
     gemm(s.attn, T, q_dim, L.wo, hidden, peer->input(kSlotO), CUDA_R_32F, 0.f, "o projection");
     peer->reduce(kSlotO, s.x, true, T, L.mlp_norm.data_as<float>(), c.rms_norm_eps, hb, st);
   } else {
-    gemm(s.attn, T, q_dim, L.wo, hidden, s.x, CUDA_R_32F, residual_beta, "o projection");
+    gemm(s.attn, T, q_dim, L.wo, hidden, s.x, CUDA_R_32F, residual_beta, "o projection", 0,
+         s.fold ? &produce_mlp : nullptr);
     all_reduce(s.x, int64_t(T) * hidden, st);
     // MLP block.
-    cuda::rms_norm_bf16(s.x, L.mlp_norm.data_as<float>(), nullptr, T, hidden, c.rms_norm_eps, hb,
-                        st);
+    if (!s.fold) {
+      cuda::rms_norm_bf16(s.x, L.mlp_norm.data_as<float>(), nullptr, T, hidden, c.rms_norm_eps,
+                          hb, st);
+    }
   }
   cuda::GemvArgs glu;  // gate/up and SwiGLU in one launch where gemv takes the product
   glu.x = static_cast<const uint16_t*>(s.h);
@@ -892,8 +958,10 @@ bool LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView
   glu.N = glu.ldy = inter;
   glu.K = hidden;
   glu.y_bf16 = true;
-  if (fuse && use_gemv && cuda::gemv_swiglu_takes(T, inter, hidden) &&
-      cuda::gemv_supported(glu)) {
+  if (s.fold) {
+    cuda::wgmma_gemm_swiglu(glu, st, 0, &consume);
+  } else if (fuse && use_gemv && cuda::gemv_swiglu_takes(T, inter, hidden) &&
+             cuda::gemv_supported(glu)) {
     cuda::gemv_swiglu(glu, st);
   } else if (fuse && !(use_gemv && cuda::gemv_pick(T, 2 * inter, hidden)) &&
              cuda::wgmma_gemm_swiglu_takes(T, inter, hidden) && cuda::wgmma_gemm_supported(glu)) {
@@ -905,14 +973,14 @@ bool LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView
     cuda::swiglu(s.gu, T, inter, static_cast<uint16_t*>(s.act), st);
   }
   if (fused) {
-    const bool last = i + 1 == c.num_layers;
     gemm(s.act, T, inter, L.wd, hidden, peer->input(kSlotDown), CUDA_R_32F, 0.f,
          "down projection");
     const float* next_norm = last ? nullptr : layers[size_t(i) + 1].attn_norm.data_as<float>();
     peer->reduce(kSlotDown, s.x, true, T, next_norm, c.rms_norm_eps, hb, st);
     return !last;
   }
-  gemm(s.act, T, inter, L.wd, hidden, s.x, CUDA_R_32F, residual_beta, "down projection");
+  gemm(s.act, T, inter, L.wd, hidden, s.x, CUDA_R_32F, residual_beta, "down projection", 0,
+       s.fold && !last ? &produce_next : nullptr);
   all_reduce(s.x, int64_t(T) * hidden, st);
   return false;
 }
@@ -1036,7 +1104,8 @@ const float* LlamaModelCuda::run_pass(const ForwardBatch& batch, KvCache& cache,
     std::string sig;
     auto put = [&sig](const auto& v) { sig.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
     for (int64_t v : {int64_t(s.T), int64_t(s.R)}) put(v);
-    const void* scratch[] = {s.tokens, s.chained_ids, s.cos_table, s.sin_table, s.cos, s.x, s.h,
+    const void* scratch[] = {s.tokens, s.chained_ids, s.cos_table, s.sin_table, s.cos, s.x,
+                             s.norm_sq, s.h,
                              s.qkv, s.q, s.k, s.v, s.attn, s.gu, s.act, s.logits,
                              s.shard_logits, s.gathered, s.ids, s.pairs, s.pairs_all};
     for (const void* ptr : scratch) put(ptr);

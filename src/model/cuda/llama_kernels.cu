@@ -183,9 +183,10 @@ __global__ void __launch_bounds__(256)
                     uint16_t* __restrict__ v) {             // [T, Hkv, D]
   // The attention kernel after this one may start now: it waits for this one before it reads q
   // and this step's K/V, and before that copies only positions written in earlier steps
-  // (CudaPlanOptions::decode_early_cached_kv), which every kernel ahead of the projection
-  // before this one has finished with (that projection starts when the kernel ahead of it lets
-  // it, after its own wait).
+  // (CudaPlanOptions::decode_early_cached_kv), which every earlier step has finished with: a
+  // step's first RMSNorm (or peer all-reduce), ahead of all its attention kernels, lets its
+  // dependents start only after its own wait (the later norms may be folded into the products,
+  // which let them start at once).
   allow_dependent_launch();
   constexpr int D = 64 * V, half = D / 2;
   const int Hq = p.num_q_heads, Hkv = p.num_kv_heads, heads = Hq + 2 * Hkv;

@@ -8,9 +8,13 @@
 //            m64nNTk16) and x [NT][64] (the B operand; token rows past T are zeros, filled by the
 //            copy), 128-byte swizzled.
 //   result:  the accumulators -> shared [NT][BM + 4] f32 of each CTA; CTA s of the cluster sums
-//            every CTA's shared copy, in split order, for its share of the [T][BM] outputs (16
-//            bytes a read), and writes y (+ y when accumulating; bf16 or f32; GLU: the gate half
-//            and the up half of the rows -> silu(gate) * up).
+//            every CTA's shared copy, in split order, for its share of the tokens (16 bytes a
+//            read), and writes y (+ y when accumulating; bf16 or f32; GLU: the gate half and the
+//            up half of the rows -> silu(gate) * up). A folded norm (NormFold): the consumer
+//            scales its tokens' outputs by r, computed while the first stages stream (consumer
+//            threads 2 t and 2 t + 1, token t's, kept in a register through the products: no
+//            shared memory taken from the ring); the producer sums the squares of its new y per 64 rows, first
+//            per group of 4, then in order. Both in shared memory after the reduction buffer.
 // The splits are chosen so that every cluster fits the GPU at once (splits_for).
 #include <cooperative_groups.h>
 
@@ -55,7 +59,10 @@ struct Cfg {
   static constexpr int kWBytes = BOXES * kWBox;
   static constexpr int kStageBytes = kWBytes + BOXES * kXBox;
   static constexpr int kSmem = 1024 + kStages * kStageBytes + 2 * kStages * 8;
-  static_assert(NT * kRedStride * 4 <= kStages * kStageBytes, "reduction buffer fits the stages");
+  // The reduction buffer and a folded norm's sums of squares (a float per group of 4 outputs)
+  // and r (a float per token).
+  static_assert(NT * kRedStride * 4 + NT * (kBM / 4) * 4 + NT * 4 <= kStages * kStageBytes,
+                "reduction buffers fit the stages");
 };
 
 // The sum over the cluster's CTAs, in rank order, of the 4 floats at `mine` in each one's shared
@@ -82,10 +89,13 @@ __device__ __forceinline__ float4 cluster_sum(cg::cluster_group& cluster, const 
 // GLU: the gate/up product with SwiGLU (W [2 N, K]: a CTA's first half of rows are gate rows
 // [H b, H b + H), H = half its rows, its second half the matching up rows N + H b ...; y [T, N]
 // bf16).
-template <int NT, int ST, int BOXES, int WG, int AC, bool GLU>
+// FOLD: a NormFold::Mode, the norm's part in this launch (a template argument, so that a product
+// without one compiles to the same code and registers as before).
+template <int NT, int ST, int BOXES, int WG, int AC, bool GLU, int FOLD>
 __global__ void __launch_bounds__(128 * WG + 32, 1)
     wgmma_gemm_kernel(const __grid_constant__ CUtensorMap tw,
-                      const __grid_constant__ CUtensorMap tx, const GemvArgs a) {
+                      const __grid_constant__ CUtensorMap tx, const GemvArgs a,
+                      const NormFold nf) {
   using C = Cfg<NT, ST, BOXES, WG, AC>;
   constexpr int kBK = C::kBK, kBM = C::kBM, kHalf = C::kBM / 2, kRedStride = C::kRedStride;
   extern __shared__ uint8_t smem_raw[];
@@ -137,6 +147,7 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
 #pragma unroll
     for (int j = 0; j < NT / 2; ++j) acc[c][j] = 0.f;
 
+  float r_mine = 1.f;  // a folded norm's consumer: r of token threadIdx.x / 2 (T <= 64 = 128 / 2)
   if (warp == 4 * WG) {
     if (lane == 0) {
       prefetch_tensor_map(&tw);
@@ -159,6 +170,35 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
       }
     }
   } else {
+    if constexpr (FOLD == NormFold::kConsume) {
+      // r per token from the producer's sums of squares (in order), while W streams in.
+      wait_for_dependency();
+      // Two threads a token, each summing every other group of 4 vectors, 4 vectors in flight at
+      // once (a loop of dependent loads cost more than the norm kernel; 16 at once raised the
+      // kernel's registers from 54-64 to 85-90, which kept it from starting beside the kernel
+      // ahead), the halves added in order. The last vector's values past the parts are not the
+      // producer's (zeros in their place add nothing).
+      const int parts = (a.K + 63) / 64, vecs = (parts + 3) / 4;
+      const int t = int(threadIdx.x) / 2, half = int(threadIdx.x) % 2;
+      float sum = 0.f;
+      if (t < a.T) {
+        const float4* p = reinterpret_cast<const float4*>(nf.sq + int64_t(t) * nf.sq_ld);
+        for (int q0 = 4 * half; q0 < vecs; q0 += 8) {
+          float4 v[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            v[j] = q0 + j < vecs ? p[q0 + j] : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int q = 4 * (q0 + j);
+            sum += (q < parts ? v[j].x : 0.f) + (q + 1 < parts ? v[j].y : 0.f) +
+                   (q + 2 < parts ? v[j].z : 0.f) + (q + 3 < parts ? v[j].w : 0.f);
+          }
+        }
+      }
+      const float other = __shfl_xor_sync(0xffffffffu, sum, 1);
+      if (t < a.T) r_mine = rsqrtf((half ? other + sum : sum + other) / float(a.K) + nf.eps);
+    }
     for (int i = 0; i < n; ++i) {
       const int s = i % ST;
       mbar_wait(&full[s], (i / ST) & 1);
@@ -200,44 +240,92 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
       for (int c = 0; c < AC; ++c) red[t * kRedStride + 64 * c + row] = acc[c][j];
     }
   }
+  constexpr int kOutRows = GLU ? kHalf : kBM;
+  constexpr int kGroupsPerToken = kOutRows / 4;
+  float* sq4 = red + NT * kRedStride;  // [t - t0][group]: a folded norm's squares of 4 outputs
+  float* rs = sq4 + NT * (kBM / 4);    // [NT] a folded norm's r per token
+  if constexpr (FOLD == NormFold::kConsume) {
+    if (int(threadIdx.x) % 2 == 0 && int(threadIdx.x) / 2 < a.T) rs[threadIdx.x / 2] = r_mine;
+  }
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
   wait_for_dependency();  // y may be the output of the kernels before this one
-  // Groups of 4 outputs (token t, rows r .. r + 3), split evenly over the cluster's CTAs; every
-  // CTA's 16-byte copy of a group is requested before any is added (remote reads take hundreds
-  // of cycles), then they are added in split order. GLU: a group is 4 gate sums and their 4 up
-  // sums (kHalf rows on).
-  constexpr int kOutRows = GLU ? kHalf : kBM;
-  constexpr int kGroupsPerToken = kOutRows / 4;
+  // Groups of 4 outputs (token t, rows r .. r + 3), the tokens split evenly over the cluster's
+  // CTAs; every CTA's 16-byte copy of a group is requested before any is added (remote reads take
+  // hundreds of cycles), then they are added in split order. GLU: a group is 4 gate sums and
+  // their 4 up sums (kHalf rows on).
+  // (A producer of a folded norm splits whole tokens, whose squares it then sums.)
+  constexpr bool produce = !GLU && FOLD == NormFold::kProduce;
+  const int t0 = split * a.T / splits, t1 = (split + 1) * a.T / splits;
   const int groups = a.T * kGroupsPerToken;
-  const int g0 = split * groups / splits, g1 = (split + 1) * groups / splits;
+  const int g0 = produce ? t0 * kGroupsPerToken : split * groups / splits;
+  const int g1 = produce ? t1 * kGroupsPerToken : (split + 1) * groups / splits;
   for (int g = g0 + int(threadIdx.x); g < g1; g += C::kThreads) {
     const int t = g / kGroupsPerToken, r = (g % kGroupsPerToken) * 4;
     const float* mine = red + t * kRedStride + r;
     const float4 sum = cluster_sum(cluster, mine, splits);
     float v[4] = {sum.x, sum.y, sum.z, sum.w};
+    const float scale = FOLD == NormFold::kConsume ? rs[t] : 1.f;
+    if constexpr (FOLD == NormFold::kConsume) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[j] *= scale;
+    }
     if constexpr (GLU) {
       // As the unfused path computes it: gate and up rounded to bf16 (the product's output),
       // then silu(g) * u in f32 (llama_kernels.cu's swiglu).
       const float4 up = cluster_sum(cluster, mine + kHalf, splits);
-      const float u[4] = {up.x, up.y, up.z, up.w};
+      const float u[4] = {up.x * scale, up.y * scale, up.z * scale, up.w * scale};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const float gb = bf16_to_f32(f32_to_bf16(v[j])), ub = bf16_to_f32(f32_to_bf16(u[j]));
         v[j] = gb / (1.f + __expf(-gb)) * ub;
       }
     }
-    const int row0 = row_block * kOutRows + r;
+    const int row0 = row_block * kOutRows + r, rows = min(4, a.N - row0);
+    if constexpr (!produce) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if (row0 + j >= a.N) break;
-      const int64_t at = int64_t(t) * a.ldy + row0 + j;
-      if (GLU || a.y_bf16) {
-        static_cast<uint16_t*>(a.y)[at] = f32_to_bf16(v[j]);
-      } else {
-        float* y = static_cast<float*>(a.y) + at;
-        *y = a.accumulate ? *y + v[j] : v[j];
+      for (int j = 0; j < 4; ++j) {
+        if (row0 + j >= a.N) break;
+        const int64_t at = int64_t(t) * a.ldy + row0 + j;
+        if (GLU || a.y_bf16) {
+          static_cast<uint16_t*>(a.y)[at] = f32_to_bf16(v[j]);
+        } else {
+          float* y = static_cast<float*>(a.y) + at;
+          *y = a.accumulate ? *y + v[j] : v[j];
+        }
       }
+    } else {
+      // Every load before the first store (a store through y could alias them otherwise).
+      float* y = static_cast<float*>(a.y) + int64_t(t) * a.ldy + row0;
+      float out[4], gw[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        out[j] = j < rows ? y[j] + v[j] : 0.f;  // (a producer accumulates)
+        if (j < rows) gw[j] = __ldg(nf.weight + row0 + j);
+      }
+      float squares = 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (j >= rows) break;
+        y[j] = out[j];
+        nf.out[int64_t(t) * a.N + row0 + j] = f32_to_bf16(out[j] * gw[j]);
+        squares += out[j] * out[j];
+      }
+      sq4[g - g0] = squares;
+    }
+  }
+  if constexpr (produce) {
+    // The squares of each token's 64-row parts, the 16 groups of a part added in order.
+    __syncthreads();
+    constexpr int kParts = kOutRows >= 64 ? kOutRows / 64 : 1;  // (GLU never produces)
+    for (int j = int(threadIdx.x); j < (t1 - t0) * kParts; j += C::kThreads) {
+      const int t = t0 + j / kParts, part = j % kParts;
+      const int first_row = row_block * kOutRows + 64 * part;
+      if (first_row >= a.N) continue;
+      const float* p = sq4 + (t - t0) * kGroupsPerToken + 16 * part;
+      float sum = 0.f;
+      for (int q = 0; q < 16; ++q) sum += p[q];
+      nf.sq[int64_t(t) * nf.sq_ld + first_row / 64] = sum;
     }
   }
   cluster.sync();  // no CTA leaves while another still reads its shared memory
@@ -282,7 +370,7 @@ CUtensorMap map_of(const void* ptr, int64_t rows, int64_t cols, int box_rows) {
 // clusters all fit the GPU at once (a second wave of a few clusters would double the time); 1
 // where the row blocks alone fill it. A cluster's CTAs must share a GPC, so fewer clusters fit
 // than SMs * CTAs per SM / size: the runtime says how many.
-template <int NT, int ST, int BOXES, int WG, int AC, bool GLU>
+template <int NT, int ST, int BOXES, int WG, int AC, bool GLU, int FOLD>
 int splits_for(int blocks, int kblocks, int ctas_per_sm) {
   struct Fit {
     int sms = 1;
@@ -308,7 +396,7 @@ int splits_for(int blocks, int kblocks, int ctas_per_sm) {
         cfg.attrs = at;
         cfg.numAttrs = 1;
         int n = 0;
-        const auto kernel = wgmma_gemm_kernel<NT, ST, BOXES, WG, AC, GLU>;
+        const auto kernel = wgmma_gemm_kernel<NT, ST, BOXES, WG, AC, GLU, FOLD>;
         if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) == cudaSuccess)
           f.clusters[size_t(s)] = n;
       }
@@ -322,16 +410,17 @@ int splits_for(int blocks, int kblocks, int ctas_per_sm) {
   return 1;
 }
 
-template <int NT, int ST, int BOXES, int WG = 1, int AC = 2, bool GLU = false>
-cudaError_t launch(const GemvArgs& a, int ctas_per_sm, cudaStream_t stream) {
+template <int NT, int ST, int BOXES, int WG, int AC, bool GLU, int FOLD>
+cudaError_t launch(const GemvArgs& a, const NormFold& nf, int ctas_per_sm, cudaStream_t stream) {
   using C = Cfg<NT, ST, BOXES, WG, AC>;
   // NOTE: per device: every rank of a tensor-parallel process sets it on its own GPU.
   static std::atomic<uint64_t> smem_set{0};
-  set_smem_limit_on_this_device(wgmma_gemm_kernel<NT, ST, BOXES, WG, AC, GLU>, C::kSmem, smem_set,
+  set_smem_limit_on_this_device(wgmma_gemm_kernel<NT, ST, BOXES, WG, AC, GLU, FOLD>, C::kSmem,
+                                smem_set,
                                 "wgmma_gemm: shared memory limit");
   const int out_rows = GLU ? C::kBM / 2 : C::kBM;  // outputs per row block
   const int blocks = (a.N + out_rows - 1) / out_rows, kblocks = (a.K + C::kBK - 1) / C::kBK;
-  const int splits = splits_for<NT, ST, BOXES, WG, AC, GLU>(blocks, kblocks, ctas_per_sm);
+  const int splits = splits_for<NT, ST, BOXES, WG, AC, GLU, FOLD>(blocks, kblocks, ctas_per_sm);
   const CUtensorMap tw = map_of(a.w, GLU ? 2 * int64_t(a.N) : a.N, a.K, out_rows);
   const CUtensorMap tx = map_of(a.x, a.T, a.K, NT);
   cudaLaunchConfig_t cfg = {};
@@ -342,7 +431,8 @@ cudaError_t launch(const GemvArgs& a, int ctas_per_sm, cudaStream_t stream) {
   cudaLaunchAttribute at[2] = {cluster_attribute(unsigned(splits)), pdl_attribute()};
   cfg.attrs = at;
   cfg.numAttrs = 2;
-  return cudaLaunchKernelEx(&cfg, wgmma_gemm_kernel<NT, ST, BOXES, WG, AC, GLU>, tw, tx, a);
+  return cudaLaunchKernelEx(&cfg, wgmma_gemm_kernel<NT, ST, BOXES, WG, AC, GLU, FOLD>, tw, tx, a,
+                            nf);
 }
 
 // Version v at NT tokens: 1, 128 rows a CTA, five (NT 64: four) stages of one copy, two CTAs
@@ -351,32 +441,45 @@ cudaError_t launch(const GemvArgs& a, int ctas_per_sm, cudaStream_t stream) {
 // half the x reads), five stages, one CTA per SM; 5, 64 rows a CTA (twice the row blocks, so
 // fewer K slices: longer streams, a smaller sum), a ring of about 200 KiB, one CTA per SM; 6, 64
 // rows, about 100 KiB, two CTAs per SM.
-template <int NT, bool GLU>
-cudaError_t launch_version(const GemvArgs& a, int v, cudaStream_t stream) {
+template <int NT, bool GLU, int FOLD>
+cudaError_t launch_version(const GemvArgs& a, const NormFold& nf, int v, cudaStream_t stream) {
   constexpr bool wide = NT > 32;
   constexpr int kStage64 = 64 * kBox * 2 + NT * kBox * 2;  // a stage of 64 rows and NT tokens
   switch (v) {
     case 1:
-      return launch<NT, wide ? 4 : 5, 1, 1, 2, GLU>(a, 2, stream);
+      return launch<NT, wide ? 4 : 5, 1, 1, 2, GLU, FOLD>(a, nf, 2, stream);
     case 2:
-      return launch<NT, wide ? 8 : 10, 1, 1, 2, GLU>(a, 1, stream);
+      return launch<NT, wide ? 8 : 10, 1, 1, 2, GLU, FOLD>(a, nf, 1, stream);
     case 3:
-      return launch<NT, 2, 2, 1, 2, GLU>(a, 2, stream);
+      return launch<NT, 2, 2, 1, 2, GLU, FOLD>(a, nf, 2, stream);
     case 4:
-      return launch<NT, 5, 1, 2, 2, GLU>(a, 1, stream);
+      return launch<NT, 5, 1, 2, 2, GLU, FOLD>(a, nf, 1, stream);
     case 5:
-      return launch<NT, 200 * 1024 / kStage64, 1, 1, 1, GLU>(a, 1, stream);
+      return launch<NT, 200 * 1024 / kStage64, 1, 1, 1, GLU, FOLD>(a, nf, 1, stream);
     default:
-      return launch<NT, 100 * 1024 / kStage64, 1, 1, 1, GLU>(a, 2, stream);
+      return launch<NT, 100 * 1024 / kStage64, 1, 1, 1, GLU, FOLD>(a, nf, 2, stream);
   }
 }
 
+template <bool GLU, int FOLD>
+cudaError_t launch_tokens(const GemvArgs& a, const NormFold& nf, int v, cudaStream_t stream) {
+  return a.T <= 8    ? launch_version<8, GLU, FOLD>(a, nf, v, stream)
+         : a.T <= 16 ? launch_version<16, GLU, FOLD>(a, nf, v, stream)
+         : a.T <= 32 ? launch_version<32, GLU, FOLD>(a, nf, v, stream)
+                     : launch_version<64, GLU, FOLD>(a, nf, v, stream);
+}
+
 template <bool GLU>
-cudaError_t launch_tokens(const GemvArgs& a, int v, cudaStream_t stream) {
-  return a.T <= 8    ? launch_version<8, GLU>(a, v, stream)
-         : a.T <= 16 ? launch_version<16, GLU>(a, v, stream)
-         : a.T <= 32 ? launch_version<32, GLU>(a, v, stream)
-                     : launch_version<64, GLU>(a, v, stream);
+cudaError_t launch_folded(const GemvArgs& a, const NormFold& nf, int v, cudaStream_t stream) {
+  switch (nf.mode) {
+    case NormFold::kConsume:
+      return launch_tokens<GLU, NormFold::kConsume>(a, nf, v, stream);
+    case NormFold::kProduce:
+      if constexpr (!GLU) return launch_tokens<GLU, NormFold::kProduce>(a, nf, v, stream);
+      return cudaErrorInvalidValue;  // (refused before: a SwiGLU product never produces)
+    default:
+      return launch_tokens<GLU, NormFold::kNone>(a, nf, v, stream);
+  }
 }
 
 }  // namespace
@@ -384,7 +487,7 @@ cudaError_t launch_tokens(const GemvArgs& a, int v, cudaStream_t stream) {
 bool wgmma_gemm_available() {
   static PerDeviceAnswers answers;
   return hopper_kernel_runs_here(answers, [](cudaFuncAttributes* fa) {
-    return cudaFuncGetAttributes(fa, wgmma_gemm_kernel<8, 5, 1, 1, 2, false>);
+    return cudaFuncGetAttributes(fa, wgmma_gemm_kernel<8, 5, 1, 1, 2, false, NormFold::kNone>);
   });
 }
 
@@ -408,9 +511,11 @@ int wgmma_gemm_version_for(int32_t T, int32_t N, int32_t K) {
     return n >= 1 && n <= kWgmmaGemmVersions ? n : 0;
   }();
   if (forced) return forced;
-  (void)T;
   // Small weights (SmolLM2's): the product is mostly launch and latency, and two 128-row CTAs
-  // an SM start sooner than one with a 200 KiB ring.
+  // an SM start sooner than one with a 200 KiB ring. (Version 1 on the lm_head from 32 tokens,
+  // faster alone in the lab, made Llama-3-8B's step 0.3-0.5% longer at 32 and 64 sequences: an
+  // H100, 2026-11-27.)
+  (void)T;
   return int64_t(N) * K <= kWgmmaGemmSmallElements ? 1 : kWgmmaGemmDefaultVersion;
 }
 
@@ -426,23 +531,48 @@ static int version_of(const GemvArgs& a, int version, int32_t rows, const char* 
   return v;
 }
 
-void wgmma_gemm_swiglu(const GemvArgs& a, cudaStream_t stream, int version) {
+// The sums of squares of `width` values a token: a part per 64 of them, whole 16-byte vectors.
+static bool sums_ok(const NormFold& f, int32_t width) {
+  return f.sq && reinterpret_cast<uintptr_t>(f.sq) % 16 == 0 && f.sq_ld % 4 == 0 &&
+         int64_t(f.sq_ld) * 64 >= int64_t(width);
+}
+
+bool norm_fold_ok(const GemvArgs& a, const NormFold& f) {
+  switch (f.mode) {
+    case NormFold::kNone:
+      return true;
+    case NormFold::kProduce:
+      return a.accumulate && !a.y_bf16 && f.weight && f.out && sums_ok(f, a.N);
+    case NormFold::kConsume:
+      return !a.accumulate && sums_ok(f, a.K) && f.eps >= 0.f;
+  }
+  return false;
+}
+
+void wgmma_gemm_swiglu(const GemvArgs& a, cudaStream_t stream, int version,
+                       const NormFold* fold) {
   PA_CHECK(wgmma_gemm_supported(a) && a.y_bf16 && !a.accumulate,
            "wgmma_gemm_swiglu: ", "unsupported arguments (T ", a.T, ", N ", a.N, ", K ", a.K,
            ", ldy ", a.ldy, ")");
+  const NormFold nf = fold ? *fold : NormFold{};
+  PA_CHECK(nf.mode != NormFold::kProduce && norm_fold_ok(a, nf),
+           "wgmma_gemm_swiglu: a folded norm it cannot take (mode ", int(nf.mode), ")");
   PA_CHECK(wgmma_gemm_available(), "wgmma_gemm_swiglu: this device cannot run it (sm_90 only)");
   const int v = version == 0 ? kWgmmaGemmSwigluVersion
                              : version_of(a, version, 2 * a.N, "wgmma_gemm_swiglu");
-  const cudaError_t e = launch_tokens<true>(a, v, stream);
+  const cudaError_t e = launch_folded<true>(a, nf, v, stream);
   PA_CHECK(e == cudaSuccess, "wgmma_gemm_swiglu: launch failed: ", cudaGetErrorString(e));
 }
 
-void wgmma_gemm(const GemvArgs& a, cudaStream_t stream, int version) {
+void wgmma_gemm(const GemvArgs& a, cudaStream_t stream, int version, const NormFold* fold) {
   PA_CHECK(wgmma_gemm_supported(a), "wgmma_gemm: unsupported arguments (T ", a.T, ", N ", a.N,
            ", K ", a.K, ", ldy ", a.ldy, ")");
+  const NormFold nf = fold ? *fold : NormFold{};
+  PA_CHECK(norm_fold_ok(a, nf), "wgmma_gemm: a folded norm it cannot take (mode ", int(nf.mode),
+           ", sq_ld ", nf.sq_ld, ")");
   PA_CHECK(wgmma_gemm_available(), "wgmma_gemm: this device cannot run it (sm_90 only)");
   const int v = version_of(a, version, a.N, "wgmma_gemm");
-  const cudaError_t e = launch_tokens<false>(a, v, stream);
+  const cudaError_t e = launch_folded<false>(a, nf, v, stream);
   PA_CHECK(e == cudaSuccess, "wgmma_gemm: launch failed: ", cudaGetErrorString(e));
 }
 

@@ -33,6 +33,32 @@ constexpr int64_t kWgmmaGemmSmallElements = int64_t(1) << 22;
 // CTA) made Llama-3-8B's step 4-5% longer at 8-64 sequences than this one (an H100, 2026-11-26).
 constexpr int kWgmmaGemmSwigluVersion = 1;
 
+// An RMSNorm folded into the products on either side of it (a decode step's norms at 3-64 tokens:
+// one launch a norm fewer). rms_norm(h) W^T, with out = bf16(h * r * g) and r = rsqrt(mean(h^2) +
+// eps) per token, becomes r * (bf16(h * g) W^T): the product that writes h (an f32 product
+// accumulated into the residual stream) also writes bf16(h * g) and the sums of squares of h over
+// each 64 of its rows; the product that reads bf16(h * g) sums those and scales its output rows
+// by r. The roundings differ from the norm kernel's (g * h rounded before r is applied), by as
+// much as one bf16 rounding of the product's input.
+struct NormFold {
+  enum Mode { kNone, kProduce, kConsume };
+  Mode mode = kNone;
+  // kProduce: weight [N] (the norm's g), out [T, N] bf16 = bf16(y * weight) after the
+  // accumulation, sq[t * sq_ld + i] = sum of y[t, 64 i .. 64 i + 63]^2 (sq 16-byte aligned,
+  // sq_ld a multiple of 4, at least ceil(N / 64)).
+  const float* weight = nullptr;
+  uint16_t* out = nullptr;
+  // kConsume: y[t] = rsqrt(sum over i < ceil(K / 64) of sq[t * sq_ld + i] / K + eps) * x[t] W^T
+  // (SwiGLU: gate and up both scaled before their rounding).
+  float* sq = nullptr;
+  int32_t sq_ld = 0;
+  float eps = 0.f;
+};
+// Whether `f` fits the product `a`: kProduce on an accumulated f32 product with its buffers given
+// and sq as above for N values a token; kConsume on a product that does not accumulate, sq as
+// above for K.
+bool norm_fold_ok(const GemvArgs& a, const NormFold& f);
+
 // Whether this process can run it: an sm_90 device, a kernel image built for sm_90a and the
 // driver's tensor-map encoder (false without a device).
 bool wgmma_gemm_available();
@@ -53,13 +79,16 @@ bool wgmma_gemm_pick(int32_t T, int32_t N, int32_t K);
 bool wgmma_gemm_swiglu_takes(int32_t T, int32_t inter, int32_t K);
 // a.N = inter, a.w [2 * inter, K], a.y bf16 [T, ldy]; version 0: kWgmmaGemmSwigluVersion.
 // Throws Error on what it does not take.
-void wgmma_gemm_swiglu(const GemvArgs& a, cudaStream_t stream, int version = 0);
+// `fold`: kConsume only (or null).
+void wgmma_gemm_swiglu(const GemvArgs& a, cudaStream_t stream, int version = 0,
+                       const NormFold* fold = nullptr);
 // The version the model runs at this shape: 1 on weights of at most kWgmmaGemmSmallElements,
 // kWgmmaGemmDefaultVersion on the others (PAGEDATTN_WGMMA_GEMM_VERSION=v: v everywhere).
 int wgmma_gemm_version_for(int32_t T, int32_t N, int32_t K);
 // Enqueues the product with `version` (0: wgmma_gemm_version_for's). Throws Error on arguments
 // wgmma_gemm_supported refuses, an unknown version, a device that cannot run it, a tensor map
-// the driver refuses or a failed launch.
-void wgmma_gemm(const GemvArgs& a, cudaStream_t stream, int version = 0);
+// the driver refuses or a failed launch; `fold` (or null) where norm_fold_ok refuses it.
+void wgmma_gemm(const GemvArgs& a, cudaStream_t stream, int version = 0,
+                const NormFold* fold = nullptr);
 
 }  // namespace pagedattn::cuda
