@@ -13,8 +13,9 @@
 //            up half of the rows -> silu(gate) * up). A folded norm (NormFold): the consumer
 //            scales its tokens' outputs by r, computed while the first stages stream (consumer
 //            threads 2 t and 2 t + 1, token t's, kept in a register through the products: no
-//            shared memory taken from the ring); the producer sums the squares of its new y per 64 rows, first
-//            per group of 4, then in order. Both in shared memory after the reduction buffer.
+//            shared memory taken from the ring); the producer sums the squares of its new y per
+//            64 rows, first per group of 4, then in order. Both in shared memory after the
+//            reduction buffer.
 // The splits are chosen so that every cluster fits the GPU at once (splits_for).
 #include <cooperative_groups.h>
 
