@@ -439,9 +439,9 @@ struct LlamaModelCuda::Impl {
     auto wgmma = [&](int32_t N, int32_t K) {
       return !(use_gemv && cuda::gemv_pick(T, N, K)) && cuda::wgmma_gemm_pick(T, N, K);
     };
+    // (gate/up: wgmma(2 inter, hidden) is wgmma_gemm_swiglu_takes where gemv does not take it.)
     return wgmma(qkv_dim, hidden) && wgmma(hidden, q_dim) && wgmma(hidden, inter) &&
-           wgmma(2 * inter, hidden) && !(use_gemv && cuda::gemv_swiglu_takes(T, inter, hidden)) &&
-           cuda::wgmma_gemm_swiglu_takes(T, inter, hidden);
+           wgmma(2 * inter, hidden) && !(use_gemv && cuda::gemv_swiglu_takes(T, inter, hidden));
   }
 
   // y [T, out] (ytype: f32 or bf16) = beta * y + x [T, in] (bf16) W^T, W [out, in] bf16, fp32
