@@ -20,6 +20,7 @@
 namespace lab {
 
 using pagedattn::cuda::GemvArgs;
+using pagedattn::cuda::product_args;
 
 // x [T, K] (normal) and W [N, K] (1 Mi fresh values, tiled) on the device, y [T, N] f32.
 struct Mats {
@@ -48,14 +49,7 @@ struct Mats {
     cudaFree(dy);
   }
   GemvArgs args(bool bf16_out, bool accumulate) const {
-    GemvArgs a;
-    a.x = dx;
-    a.w = dw;
-    a.y = dy;
-    a.T = T;
-    a.N = N;
-    a.K = K;
-    a.ldy = N;
+    GemvArgs a = product_args(dx, dw, dy, T, N, K, N);
     a.y_bf16 = bf16_out;
     a.accumulate = accumulate;
     return a;

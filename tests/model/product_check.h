@@ -53,20 +53,6 @@ struct DeviceOperands {
   }
 };
 
-// The arguments of y [T, ldy] = x [T, K] W [N, K]^T (f32 y, not accumulated).
-inline cuda::GemvArgs product_args(const uint16_t* x, const uint16_t* w, void* y, int T, int N,
-                                   int K, int ldy) {
-  cuda::GemvArgs a;
-  a.x = x;
-  a.w = w;
-  a.y = y;
-  a.T = T;
-  a.N = N;
-  a.K = K;
-  a.ldy = ldy;
-  return a;
-}
-
 // y [T, ldy] = x W^T (mode 0: f32, poisoned with NaN first; 1: f32 added onto random values; 2:
 // bf16), run `runs` times through launch(args). Returns the outputs off the double product, plus
 // any element of the stride's gap past N that was touched; *same_bits says whether every run gave
@@ -78,7 +64,7 @@ inline int check_product(std::mt19937& g, int T, int N, int K, int ldy, int mode
   std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<float> y0(size_t(T) * ldy);
   for (auto& v : y0) v = nd(g);
-  cuda::GemvArgs a = product_args(d.dx, d.dw, d.dy, T, N, K, ldy);
+  cuda::GemvArgs a = cuda::product_args(d.dx, d.dw, d.dy, T, N, K, ldy);
   a.y_bf16 = mode == 2;
   a.accumulate = mode == 1;
   std::vector<float> got(y0.size()), first;
@@ -124,13 +110,7 @@ inline int check_swiglu(std::mt19937& g, int T, int inter, int K,
                         const std::function<void(const cuda::GemvArgs&)>& launch) {
   DeviceOperands d(g, T, 2 * inter, K, size_t(T) * inter / 2 + 1);
   cudaMemset(d.dy, 0xff, size_t(T) * inter * 2);  // NaN: an element never written fails
-  cuda::GemvArgs a;
-  a.x = d.dx;
-  a.w = d.dw;
-  a.y = d.dy;
-  a.T = T;
-  a.N = a.ldy = inter;
-  a.K = K;
+  cuda::GemvArgs a = cuda::product_args(d.dx, d.dw, d.dy, T, inter, K, inter);
   a.y_bf16 = true;
   launch(a);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -168,14 +148,7 @@ inline cuda::GemvArgs expect_common_refusals(
     const std::function<bool(const cuda::GemvArgs&)>& takes, int max_tokens,
     cuda::GemvArgs* misaligned) {
   alignas(16) static uint16_t buf[64];
-  cuda::GemvArgs a;
-  a.x = buf;
-  a.w = buf;
-  a.y = buf;
-  a.T = 1;
-  a.N = 4;
-  a.K = 8;
-  a.ldy = 4;
+  const cuda::GemvArgs a = cuda::product_args(buf, buf, buf, 1, 4, 8, 4);
   EXPECT_TRUE(takes(a));
   auto refused = [&](auto edit, const char* what) {
     cuda::GemvArgs b = a;

@@ -99,7 +99,7 @@ TEST(WgmmaGemmCuda, FoldedNormMatchesDoublePrecision) {
     cudaMemset(dhn, 0xff, size_t(T) * H * 2);
     cudaMemset(dy, 0xff, size_t(T) * N2 * 4);
 
-    cuda::GemvArgs a1 = test::product_args(p1.dx, p1.dw, p1.dy, T, H, K1, H);
+    cuda::GemvArgs a1 = cuda::product_args(p1.dx, p1.dw, p1.dy, T, H, K1, H);
     a1.accumulate = true;
     cuda::NormFold produce;
     produce.mode = cuda::NormFold::kProduce;
@@ -116,7 +116,7 @@ TEST(WgmmaGemmCuda, FoldedNormMatchesDoublePrecision) {
     uint16_t* dw2 = nullptr;
     ASSERT_EQ(cudaMalloc(&dw2, w2.size() * 2), cudaSuccess);
     cudaMemcpy(dw2, w2.data(), w2.size() * 2, cudaMemcpyHostToDevice);
-    cuda::GemvArgs a2 = test::product_args(dhn, dw2, dy, T, N2, H, N2);
+    cuda::GemvArgs a2 = cuda::product_args(dhn, dw2, dy, T, N2, H, N2);
     a2.y_bf16 = glu;
     cuda::NormFold consume;
     consume.mode = cuda::NormFold::kConsume;

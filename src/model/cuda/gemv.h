@@ -35,6 +35,21 @@ struct GemvArgs {
   bool accumulate = false;  // y += x W^T (f32 y only)
 };
 
+// The arguments of y [T, ldy] = x [T, K] W [N, K]^T (f32 y, not accumulated; set y_bf16 or
+// accumulate after).
+inline GemvArgs product_args(const uint16_t* x, const uint16_t* w, void* y, int32_t T, int32_t N,
+                             int32_t K, int32_t ldy) {
+  GemvArgs a;
+  a.x = x;
+  a.w = w;
+  a.y = y;
+  a.T = T;
+  a.N = N;
+  a.K = K;
+  a.ldy = ldy;
+  return a;
+}
+
 // The arguments both decode products (gemv, wgmma_gemm.h) take: 1 <= T <= max_tokens, N >= 1, K a
 // positive multiple of 8, x, w and y given, x and w 16-byte aligned, ldy >= N, accumulate only
 // into f32.

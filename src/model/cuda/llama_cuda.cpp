@@ -439,9 +439,9 @@ struct LlamaModelCuda::Impl {
     auto wgmma = [&](int32_t N, int32_t K) {
       return !(use_gemv && cuda::gemv_pick(T, N, K)) && cuda::wgmma_gemm_pick(T, N, K);
     };
+    // (gate/up: wgmma(2 inter, hidden) is wgmma_gemm_swiglu_takes where gemv does not take it.)
     return wgmma(qkv_dim, hidden) && wgmma(hidden, q_dim) && wgmma(hidden, inter) &&
-           wgmma(2 * inter, hidden) && !(use_gemv && cuda::gemv_swiglu_takes(T, inter, hidden)) &&
-           cuda::wgmma_gemm_swiglu_takes(T, inter, hidden);
+           wgmma(2 * inter, hidden) && !(use_gemv && cuda::gemv_swiglu_takes(T, inter, hidden));
   }
 
   // y [T, out] (ytype: f32 or bf16) = beta * y + x [T, in] (bf16) W^T, W [out, in] bf16, fp32
@@ -455,14 +455,8 @@ struct LlamaModelCuda::Impl {
   void gemm(const void* x_, int32_t T, int32_t in, const Tensor& w, int32_t out, void* y,
             cudaDataType_t ytype, float beta, const char* what, int32_t ldy = 0,
             const cuda::NormFold* fold = nullptr) {
-    cuda::GemvArgs a;
-    a.x = static_cast<const uint16_t*>(x_);
-    a.w = w.data_as<uint16_t>();
-    a.y = y;
-    a.T = T;
-    a.N = out;
-    a.K = in;
-    a.ldy = ldy > 0 ? ldy : out;
+    cuda::GemvArgs a = cuda::product_args(static_cast<const uint16_t*>(x_), w.data_as<uint16_t>(),
+                                          y, T, out, in, ldy > 0 ? ldy : out);
     a.y_bf16 = ytype == CUDA_R_16BF;
     a.accumulate = beta != 0.f;
     if (fold && fold->mode != cuda::NormFold::kNone) {  // fold_norms chose wgmma_gemm
@@ -950,13 +944,10 @@ bool LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView
                           hb, st);
     }
   }
-  cuda::GemvArgs glu;  // gate/up and SwiGLU in one launch where gemv takes the product
-  glu.x = static_cast<const uint16_t*>(s.h);
-  glu.w = L.wgu.data_as<uint16_t>();
-  glu.y = s.act;
-  glu.T = T;
-  glu.N = glu.ldy = inter;
-  glu.K = hidden;
+  // gate/up and SwiGLU in one launch where gemv takes the product
+  cuda::GemvArgs glu = cuda::product_args(static_cast<const uint16_t*>(s.h),
+                                          L.wgu.data_as<uint16_t>(), s.act, T, inter, hidden,
+                                          inter);
   glu.y_bf16 = true;
   if (s.fold) {
     cuda::wgmma_gemm_swiglu(glu, st, 0, &consume);
