@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -343,6 +344,61 @@ std::string write_quantized_gguf(const ModelConfig& c, const std::string& name) 
   return path;
 }
 
+// Folded RMSNorms (wgmma_gemm.h's NormFold, PAGEDATTN_FOLD_NORM=1) against the norm kernels
+// (=0) on one GPU: logits within bf16's step and the same greedy tokens, a ragged prefill and
+// decode steps of 3 rows (gemv takes 1 and 2 rows, which do not fold).
+void expect_fold_matches(const ModelConfig& c, const ModelFile* file) {
+  auto run = [&](const char* fold) {
+    setenv("PAGEDATTN_FOLD_NORM", fold, 1);
+    std::unique_ptr<LlamaModelCuda> m =
+        file ? std::make_unique<LlamaModelCuda>(*file) : std::make_unique<LlamaModelCuda>(c, 11);
+    unsetenv("PAGEDATTN_FOLD_NORM");
+    KvCache cache(cache_for(c, c.num_kv_heads));
+    Script s = make_script(c.vocab_size, 9);
+    s.prompts.push_back(std::vector<int32_t>(s.prompts[1].begin(), s.prompts[1].begin() + 5));
+    return play(s, cache, [&](const ForwardBatch& b) { return m->forward(b, cache); });
+  };
+  const auto want = run("0");
+  const auto got = run("1");
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i].size(), want[i].size());
+    for (size_t r = 0; r < got[i].size(); ++r) {
+      const auto& g = got[i][r];
+      const auto& w = want[i][r];
+      float scale = 1.f, diff = 0.f;
+      for (size_t v = 0; v < w.size(); ++v) {
+        scale = std::max(scale, std::abs(w[v]));
+        diff = std::max(diff, std::abs(g[v] - w[v]));
+      }
+      EXPECT_LE(diff / scale, 1e-2f) << "step " << i << " row " << r;
+      EXPECT_EQ(std::max_element(g.begin(), g.end()) - g.begin(),
+                std::max_element(w.begin(), w.end()) - w.begin())
+          << "greedy token of step " << i << " row " << r;
+    }
+  }
+}
+
+TEST(LlamaCudaFold, FoldedNormsMatchTheNormKernels) {
+  PA_SKIP_WITHOUT_GPU();
+  for (const char* variant : {"llama", "qwen2", "qwen3", "mistral"}) {
+    SCOPED_TRACE(variant);
+    expect_fold_matches(gpu_config(variant), nullptr);
+  }
+}
+
+// NOTE: disabled: the open fault that keeps the fold off by default (llama_cuda.cpp, fold_norm).
+// On an H100 (2026-11-27) this file's model gave decode logits 0.6 of the largest logit away
+// from the norm kernels' from step 1 (and once at the prefill), by amounts that changed from run
+// to run, while its K/V after the prefill matched. Run it with --gtest_also_run_disabled_tests.
+TEST(LlamaCudaFold, DISABLED_FoldedNormsMatchOnAQuantizedGguf) {
+  PA_SKIP_WITHOUT_GPU();
+  const std::string path = write_quantized_gguf(gpu_config("llama"), "fold_quantized.gguf");
+  const ModelFile file = load_model_file(path, WeightFormat::f32);
+  std::filesystem::remove(path);
+  expect_fold_matches(file.config, &file);
+}
+
 TEST(TensorParallelCuda, TwoRanksMatchOneGpu) {
   PA_SKIP_WITHOUT_GPU();
   SKIP_WITHOUT_NCCL();
@@ -435,3 +491,4 @@ TEST(TensorParallelCuda, WorldOfOneIsBitIdentical) { GTEST_SKIP() << "built with
 #endif
 
 }  // namespace
+
