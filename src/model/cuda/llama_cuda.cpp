@@ -175,13 +175,9 @@ struct LlamaModelCuda::Impl {
   bool use_gemv = true;  // PAGEDATTN_GEMV=0: cuBLAS for every product (a comparison)
   // PAGEDATTN_FUSE=0: K/V through write_kv and SwiGLU as its own kernel (a comparison).
   bool fuse = true;
-  // PAGEDATTN_FOLD_NORM=1: folded wherever the products allow it (fold_norms); otherwise every
-  // RMSNorm is its own kernel.
-  // NOTE: off by default: on a quantised GGUF file's tiny model (the LlamaCudaFold test) a folded
-  // prefill's logits differed from the norm kernels' by up to 0.6 of the largest logit, by
-  // different amounts from run to run of the same process image (an H100, 2026-11-27), while
-  // the synthetic models matched. Until that is found, the fold runs only when asked for.
-  int fold_norm = 0;
+  // PAGEDATTN_FOLD_NORM=0: every RMSNorm its own kernel (the default on large layers); =1: folded
+  // wherever the products allow it (fold_norms; comparisons).
+  int fold_norm = -1;
   bool overlap_passes = true;  // Model::overlaps_passes (PAGEDATTN_SCHEDULE_AHEAD=0: false)
   std::unique_ptr<CudaAttentionPlan> plan;
   Tensor staging;  // f32 weights on their way to bf16 (load from a file only)
@@ -429,16 +425,18 @@ struct LlamaModelCuda::Impl {
 
   // Whether a step of T tokens folds its RMSNorms into the products around them
   // (wgmma_gemm.h's NormFold: all four products of a layer through wgmma_gemm, one GPU; the first
-  // layer's first norm and the final one stay kernels). Only under PAGEDATTN_FOLD_NORM=1 (see
-  // fold_norm's NOTE). Measured: on layers whose products are all small (SmolLM2-135M's) a step
-  // at batch 8 8% shorter; on Llama-3-8B's nothing (the products' weights stream in while a norm
-  // kernel runs; an H200, 2026-11-27).
+  // layer's first norm and the final one stay kernels). By default only on layers whose products
+  // are all small (gate/up of at most kWgmmaGemmSmallElements), where a step is launches and
+  // latency: SmolLM2-135M's step at batch 8 8% shorter; on Llama-3-8B's the products' weights
+  // stream in while a norm kernel runs, and without it the step was 0.3% longer (an H200,
+  // 2026-11-27).
   bool fold_norms(int32_t T) const {
     // (A rank of several sums its products' partials after them, so x is whole only after the
     // all-reduce; a world of one folds as one GPU does and gives its bits.)
-    if (fold_norm != 1 || !fuse || (comm && shard.world > 1) || peer) return false;
+    if (fold_norm == 0 || !fuse || (comm && shard.world > 1) || peer) return false;
     const ModelConfig& c = config;
     const int32_t hidden = c.hidden_size, D = c.head_dim, inter = tp.inter;
+    if (fold_norm < 0 && int64_t(2) * inter * hidden > cuda::kWgmmaGemmSmallElements) return false;
     const int32_t q_dim = tp.q_heads * D, qkv_dim = (tp.q_heads + 2 * tp.kv_heads) * D;
     auto wgmma = [&](int32_t N, int32_t K) {
       return !(use_gemv && cuda::gemv_pick(T, N, K)) && cuda::wgmma_gemm_pick(T, N, K);
