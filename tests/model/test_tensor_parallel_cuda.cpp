@@ -66,7 +66,10 @@ std::vector<std::vector<float>> rows_of(const Tensor& t) {
 class FoldNormEnv {
  public:
   explicit FoldNormEnv(const char* value) {
-    if (const char* v = std::getenv(kName)) old_ = v, had_ = true;
+    if (const char* v = std::getenv(kName)) {
+      old_ = v;
+      had_ = true;
+    }
     setenv(kName, value, 1);
   }
   ~FoldNormEnv() {
@@ -503,4 +506,3 @@ TEST(TensorParallelCuda, WorldOfOneIsBitIdentical) { GTEST_SKIP() << "built with
 #endif
 
 }  // namespace
-
