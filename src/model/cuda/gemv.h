@@ -39,15 +39,7 @@ struct GemvArgs {
 // accumulate after).
 inline GemvArgs product_args(const uint16_t* x, const uint16_t* w, void* y, int32_t T, int32_t N,
                              int32_t K, int32_t ldy) {
-  GemvArgs a;
-  a.x = x;
-  a.w = w;
-  a.y = y;
-  a.T = T;
-  a.N = N;
-  a.K = K;
-  a.ldy = ldy;
-  return a;
+  return GemvArgs{x, w, y, T, N, K, ldy};  // (the members in order; y_bf16, accumulate false)
 }
 
 // The arguments both decode products (gemv, wgmma_gemm.h) take: 1 <= T <= max_tokens, N >= 1, K a
