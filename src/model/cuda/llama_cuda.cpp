@@ -453,7 +453,8 @@ struct LlamaModelCuda::Impl {
   // (wgmma_gemm_argmax), where gemm would run the product through wgmma_gemm.
   bool head_argmax(int32_t R) const {
     const int32_t V = config.vocab_size, hidden = config.hidden_size;
-    return !(use_gemv && cuda::gemv_pick(R, V, hidden)) && cuda::wgmma_gemm_argmax_takes(R, V, hidden);
+    return !(use_gemv && cuda::gemv_pick(R, V, hidden)) &&
+           cuda::wgmma_gemm_argmax_takes(R, V, hidden);
   }
 
   // y [T, out] (ytype: f32 or bf16) = beta * y + x [T, in] (bf16) W^T, W [out, in] bf16, fp32
@@ -464,6 +465,31 @@ struct LlamaModelCuda::Impl {
   // kernels_dev/skinny_gemm.cu, and cuBLASLt's other algorithms, kernels_dev/cublaslt_algos.cu,
   // are not faster). ldy: y's row stride in elements (0: out). fold: the product's part in a
   // folded norm (fold_norms chose wgmma_gemm for it), or null.
+  // PAGEDATTN_PRODUCT_VERSIONS="qkv=6,o=1": wgmma_gemm's version for the products whose name
+  // (`what`) starts with that word (a comparison; 0: wgmma_gemm_version_for's).
+  static int product_version(const char* what) {
+    static const std::vector<std::pair<std::string, int>> table = [] {
+      std::vector<std::pair<std::string, int>> t;
+      const char* e = std::getenv("PAGEDATTN_PRODUCT_VERSIONS");
+      std::string v = e ? e : "";
+      size_t at = 0;
+      while (at < v.size()) {
+        size_t end = v.find(',', at);
+        if (end == std::string::npos) end = v.size();
+        const std::string item = v.substr(at, end - at);
+        const size_t eq = item.find('=');
+        if (eq != std::string::npos)
+          t.emplace_back(item.substr(0, eq), std::atoi(item.c_str() + eq + 1));
+        at = end + 1;
+      }
+      return t;
+    }();
+    const std::string w = std::string(what) + ' ';
+    for (const auto& [name, version] : table)
+      if (w.compare(0, name.size() + 1, name + ' ') == 0) return version;
+    return 0;
+  }
+
   void gemm(const void* x_, int32_t T, int32_t in, const Tensor& w, int32_t out, void* y,
             cudaDataType_t ytype, float beta, const char* what, int32_t ldy = 0,
             const cuda::NormFold* fold = nullptr) {
@@ -472,7 +498,7 @@ struct LlamaModelCuda::Impl {
     a.y_bf16 = ytype == CUDA_R_16BF;
     a.accumulate = beta != 0.f;
     if (fold && fold->mode != cuda::NormFold::kNone) {  // fold_norms chose wgmma_gemm
-      cuda::wgmma_gemm(a, stream, 0, fold);
+      cuda::wgmma_gemm(a, stream, product_version(what), fold);
       return;
     }
     if (const int v = use_gemv ? cuda::gemv_pick(T, out, in) : 0) {
@@ -482,7 +508,7 @@ struct LlamaModelCuda::Impl {
       }
     }
     if (cuda::wgmma_gemm_pick(T, out, in) && cuda::wgmma_gemm_supported(a)) {
-      cuda::wgmma_gemm(a, stream);
+      cuda::wgmma_gemm(a, stream, product_version(what));
       return;
     }
     const float alpha = 1.f;
