@@ -6,6 +6,7 @@
 // device-to-device copy bandwidth measured in the same run.
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -205,9 +206,13 @@ void run_bench_model(const BenchModelArgs& a) {
   if (a.prefill_chunk > 0) so.prefill_chunk = a.prefill_chunk;
   const Device device = resolve_device(so.device);
   so.device = device_name(device);
-  const int64_t per_seq =
-      (int64_t(a.prompt_len) + a.warmup_steps + a.decode_steps + so.page_size) / so.page_size *
-      so.page_size;
+  // A sequence's tokens: its prompt, the warm-up and timed steps' tokens and the first one; at
+  // least the warm-up request's below (a 16-token prompt and two tokens).
+  const int64_t seq_tokens =
+      std::max<int64_t>(int64_t(a.prompt_len) + a.warmup_steps + a.decode_steps + 1, 18);
+  PA_CHECK(seq_tokens <= INT32_MAX, "bench model: --prompt-len + --warmup-steps + --decode-steps",
+           " is too long (", seq_tokens, " tokens a sequence)");
+  const int64_t per_seq = (seq_tokens + so.page_size - 1) / so.page_size * so.page_size;
   so.kv_tokens = per_seq * max_batch;
 
   // NOTE: the copy is measured before the model loads, while 2 GiB of device memory are free.
@@ -237,7 +242,7 @@ void run_bench_model(const BenchModelArgs& a) {
   const bool mixed = a.sampling == "mixed";
   // NOTE: the context the benchmark asks for, even past the model's trained length (synthetic
   // weights at --prompt-len 32768): it measures speed, not quality.
-  ec.max_model_len = a.prompt_len + a.warmup_steps + a.decode_steps + 1;
+  ec.max_model_len = int32_t(seq_tokens);
   // NOTE: the runner's knobs are set before the engine is built (its steps use them).
   TensorParallelModel* tp_runner = nullptr;  // owned by the engine below
   auto tune = [&](Model& model) {
