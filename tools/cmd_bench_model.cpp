@@ -6,6 +6,7 @@
 // device-to-device copy bandwidth measured in the same run.
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -31,6 +32,7 @@ struct BenchModelArgs {
   std::vector<int> batch = {1, 32};
   int32_t prompt_len = 128;
   int32_t decode_steps = 32;
+  int32_t warmup_steps = 16;       // decode steps run before the timed ones (not timed)
   bool json = false;
   int32_t prefill_chunk = 0;       // most prompt tokens per forward step; 0: the session's
   bool host_argmax = false;        // decode steps download logits and pick tokens on the host
@@ -71,15 +73,16 @@ struct BatchResult {
   double device_s = -1;  // CUDA: the device's time on the decode steps (Model::device_busy_seconds)
 };
 
-// Prefills `batch` random prompts of prompt_len tokens, then runs decode_steps greedy steps, all
-// through the engine: `batch` greedy requests of decode_steps + 1 tokens that ignore eos. The
+// Prefills `batch` random prompts of prompt_len tokens, then runs warmup_steps untimed and
+// decode_steps timed greedy steps, all through the engine: `batch` greedy requests of
+// warmup_steps + decode_steps + 1 tokens that ignore eos. The
 // engine runs prefills first (EngineConfig::prefill_first), so the prefill phase ends with the step
 // that gives every request its first token (the steps that return host ids are synchronised);
 // each decode step after it computes one token of every request. host_argmax: the engine was built
 // to download logits and pick on the host (EngineConfig::device_sampling off), else the ids come
 // from Model::forward_greedy (greedy) or Model::forward_sample (mixed).
 BatchResult run_batch(Engine& engine, int batch, int32_t prompt_len, int32_t decode_steps,
-                      std::mt19937& gen, bool mixed) {
+                      std::mt19937& gen, bool mixed, int32_t warmup_steps = 0) {
   const int32_t vocab = engine.model().config().vocab_size;
   for (int b = 0; b < batch; ++b) {
     Request r;
@@ -87,7 +90,7 @@ BatchResult run_batch(Engine& engine, int batch, int32_t prompt_len, int32_t dec
     r.sampling.temperature = 0.f;
     if (mixed) r.sampling = bench::mixed_sampling();
     r.seed = gen();
-    r.max_tokens = decode_steps + 1;
+    r.max_tokens = warmup_steps + decode_steps + 1;
     r.ignore_eos = true;
     engine.add_request(std::move(r));
   }
@@ -102,6 +105,14 @@ BatchResult run_batch(Engine& engine, int batch, int32_t prompt_len, int32_t dec
     }
   }
   r.prefill_s = since(t0);
+  // NOTE: measured on an H100 (Llama-3-8B, batch 64, 512-token prompts, a kernel trace): the
+  // same replayed step ran 8.6 ms right after the prefill and 7.8 ms from about the 12th step on,
+  // the device warming to the decode phase; the steps timed are those after it.
+  for (int32_t step = 0; step < warmup_steps; ++step) {
+    PA_CHECK(engine.has_work(), "bench model: the requests ended during the warm-up steps");
+    for (const RequestOutput& o : engine.step())
+      PA_CHECK(o.error.empty(), "bench model: ", o.error);
+  }
   t0 = std::chrono::steady_clock::now();
   const double busy0 = engine.model().device_busy_seconds();
   for (int32_t step = 0; step < decode_steps; ++step) {
@@ -127,12 +138,14 @@ void print_result(const BenchModelArgs& a, const SessionOptions& so, const Engin
     std::printf(
         "{\"bench\":\"model\",\"model\":\"%s\",\"device\":\"%s\",\"kv_dtype\":\"%s\","
         "\"hw_threads\":%u,\"batch\":%d,\"prompt_len\":%d,\"decode_steps\":%d,"
+        "\"warmup_steps\":%d,"
         "\"prefill_s\":%.4f,\"prefill_tokens_per_s\":%.1f,\"decode_s\":%.4f,"
         "\"decode_tokens_per_s\":%.1f,\"decode_ms_per_step\":%.3f,\"prefill_chunk\":%d,"
         "\"host_argmax\":%s,\"sampling\":\"%s\",\"schedule_ahead\":%s",
         so.model.c_str(), device_name(m.model().device()).c_str(),
         std::string(dtype_name(m.cache().config().dtype)).c_str(),
-        std::thread::hardware_concurrency(), B, a.prompt_len, a.decode_steps, r.prefill_s,
+        std::thread::hardware_concurrency(), B, a.prompt_len, a.decode_steps, a.warmup_steps,
+        r.prefill_s,
         prefill_tps, r.decode_s, decode_tps, ms_per_step, so.prefill_chunk,
         a.host_argmax ? "true" : "false", a.sampling.c_str(),
         m.schedules_ahead() ? "true" : "false");
@@ -159,10 +172,10 @@ void print_result(const BenchModelArgs& a, const SessionOptions& so, const Engin
     std::printf("}\n");
   } else {
     std::printf(
-        "batch %3d: prefill %d x %d tokens in %.3f s (%.1f tok/s); decode %d steps in %.3f s "
-        "(%.1f tok/s, %.3f ms/step)",
-        B, B, a.prompt_len, r.prefill_s, prefill_tps, a.decode_steps, r.decode_s, decode_tps,
-        ms_per_step);
+        "batch %3d: prefill %d x %d tokens in %.3f s (%.1f tok/s); decode %d steps (after %d "
+        "untimed) in %.3f s (%.1f tok/s, %.3f ms/step)",
+        B, B, a.prompt_len, r.prefill_s, prefill_tps, a.decode_steps, a.warmup_steps, r.decode_s,
+        decode_tps, ms_per_step);
     if (floor) {
       std::printf("; floor %.3f ms/step (%.2f GB weights + %.3f GB K/V): %.1f%% of floor", floor_ms,
                   double(floor->weight_bytes) / 1e9, r.kv_bytes_mean / 1e9, pct);
@@ -184,6 +197,8 @@ void run_bench_model(const BenchModelArgs& a) {
   for (int b : a.batch) PA_CHECK(b > 0, "bench model: --batch has ", b, ", not positive");
   PA_CHECK(a.prompt_len > 0 && a.decode_steps > 0,
            "bench model: --prompt-len and --decode-steps must be positive");
+  PA_CHECK(a.warmup_steps >= 0, "bench model: --warmup-steps must not be negative, got ",
+           a.warmup_steps);
   const int max_batch = *std::max_element(a.batch.begin(), a.batch.end());
   SessionOptions so = a.session;
   so.quiet = a.json;
@@ -191,8 +206,13 @@ void run_bench_model(const BenchModelArgs& a) {
   if (a.prefill_chunk > 0) so.prefill_chunk = a.prefill_chunk;
   const Device device = resolve_device(so.device);
   so.device = device_name(device);
-  const int64_t per_seq =
-      (int64_t(a.prompt_len) + a.decode_steps + so.page_size) / so.page_size * so.page_size;
+  // A sequence's tokens: its prompt, the warm-up and timed steps' tokens and the first one; at
+  // least the warm-up request's below (a 16-token prompt and two tokens).
+  const int64_t seq_tokens =
+      std::max<int64_t>(int64_t(a.prompt_len) + a.warmup_steps + a.decode_steps + 1, 18);
+  PA_CHECK(seq_tokens <= INT32_MAX, "bench model: --prompt-len + --warmup-steps + --decode-steps",
+           " is too long (", seq_tokens, " tokens a sequence)");
+  const int64_t per_seq = (seq_tokens + so.page_size - 1) / so.page_size * so.page_size;
   so.kv_tokens = per_seq * max_batch;
 
   // NOTE: the copy is measured before the model loads, while 2 GiB of device memory are free.
@@ -222,7 +242,7 @@ void run_bench_model(const BenchModelArgs& a) {
   const bool mixed = a.sampling == "mixed";
   // NOTE: the context the benchmark asks for, even past the model's trained length (synthetic
   // weights at --prompt-len 32768): it measures speed, not quality.
-  ec.max_model_len = a.prompt_len + a.decode_steps + 1;
+  ec.max_model_len = int32_t(seq_tokens);
   // NOTE: the runner's knobs are set before the engine is built (its steps use them).
   TensorParallelModel* tp_runner = nullptr;  // owned by the engine below
   auto tune = [&](Model& model) {
@@ -253,8 +273,11 @@ void run_bench_model(const BenchModelArgs& a) {
       const int32_t warm_len = std::max(1, std::min(a.prompt_len, so.prefill_chunk / B));
       run_batch(m, B, warm_len, 2, gen, mixed);
     }
-    BatchResult r = run_batch(m, B, a.prompt_len, a.decode_steps, gen, mixed);
-    if (floor) r.floor_s = floor->seconds(B, a.prompt_len, a.decode_steps, &r.kv_bytes_mean);
+    BatchResult r = run_batch(m, B, a.prompt_len, a.decode_steps, gen, mixed, a.warmup_steps);
+    // (The timed steps start from contexts of prompt_len + warmup_steps + 1.)
+    if (floor)
+      r.floor_s =
+          floor->seconds(B, a.prompt_len + a.warmup_steps, a.decode_steps, &r.kv_bytes_mean);
     if (tp_runner) r.collective_ms = 1e3 * tp_runner->collective_seconds(B, B, 20);
     print_result(a, so, m, r, floor.get());
   }
@@ -274,6 +297,10 @@ void register_bench_model(CLI::App& bench) {
   cmd->add_option("--prompt-len", args->prompt_len, "Prompt tokens per sequence")
       ->capture_default_str();
   cmd->add_option("--decode-steps", args->decode_steps, "Decode steps timed")
+      ->capture_default_str();
+  cmd->add_option("--warmup-steps", args->warmup_steps,
+                  "Decode steps run after the prefill and before the timed ones (0: time the "
+                  "steps right after the prefill)")
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "One JSON object per batch size");
   cmd->add_flag("--host-argmax", args->host_argmax,

@@ -1,8 +1,8 @@
 // The few-dozen-token product on Hopper (model/cuda/wgmma_gemm.h) against a double-precision
 // product on the host: random shapes (rows not a multiple of its 128-row blocks, K not a multiple
 // of its 64-element stages, every token tile), f32 output, accumulation into f32, bf16 output, a
-// row stride wider than N, the same bits twice; gate/up with SwiGLU in one launch; and the
-// arguments it refuses.
+// row stride wider than N, the same bits twice; gate/up with SwiGLU in one launch; the greedy
+// lm_head's argmax without logits; and the arguments it refuses.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +14,7 @@
 #include "pagedattn/dtype.h"
 #include "pagedattn/error.h"
 #ifdef PAGEDATTN_HAVE_CUDA
+#include "model/cuda/llama_kernels.h"
 #include "model/cuda/wgmma_gemm.h"
 #include "model/product_check.h"
 #endif
@@ -185,6 +186,86 @@ TEST(WgmmaGemmCuda, FoldedNormMatchesDoublePrecision) {
     cudaFree(dhn);
     cudaFree(dy);
     cudaFree(dw2);
+  }
+}
+
+// The greedy lm_head (wgmma_gemm_argmax): each token's id against argmax_rows over the same
+// product's f32 outputs (version 5, the same sums: the same ids), and against the largest of the
+// double-precision products (the id's product within the bf16 operands' error of it). Rows not a
+// multiple of 64, one block (the cluster's CTAs splitting the tokens) to hundreds; ties planted
+// across blocks (the lowest index wins), NaN rows (never win) and a NaN output 0 (id 0, as
+// argmax_rows gives).
+TEST(WgmmaGemmCuda, ArgmaxMatchesTheProductsArgmax) {
+  PA_SKIP_WITHOUT_GPU();
+  if (!cuda::wgmma_gemm_available()) GTEST_SKIP() << "not an sm_90 device";
+  std::mt19937 g(29);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int T = 1 + int(g() % uint32_t(cuda::kWgmmaGemmMaxTokens));
+    const int N = trial % 4 == 0 ? 64 * (1 + int(g() % 300)) : 1 + int(g() % 20000);
+    const int K = 8 * (1 + int(g() % (N > 4096 ? 64 : 200)));
+    const int kind = trial % 5;  // 0 plain, 1 ties, 2 NaN rows, 3 NaN output 0, 4 ties and NaNs
+    SCOPED_TRACE(::testing::Message() << "T " << T << " N " << N << " K " << K << " kind " << kind);
+    test::DeviceOperands d(g, T, N, K, size_t(T) * N);
+    std::vector<int> nan_rows;
+    auto set_row = [&](int row, const std::vector<uint16_t>& v) {
+      std::copy(v.begin(), v.end(), d.w.begin() + int64_t(row) * K);
+    };
+    if ((kind == 1 || kind == 4) && N > 1) {
+      // Token 0's best row by far (x's signs), copied to a few other rows: a tie among them.
+      std::vector<uint16_t> best(static_cast<size_t>(K));
+      for (int k = 0; k < K; ++k)
+        best[size_t(k)] = f32_to_bf16(bf16_to_f32(d.x[size_t(k)]) > 0 ? 1.f : -1.f);
+      for (int c = 0; c < 3; ++c) set_row(int(g() % uint32_t(N)), best);
+    }
+    if ((kind == 2 || kind == 4) && N > 2) {
+      for (int c = 0; c < 3; ++c) nan_rows.push_back(1 + int(g() % uint32_t(N - 1)));
+      for (int r : nan_rows) d.w[size_t(r) * K + size_t(g() % uint32_t(K))] = 0x7fc0;  // NaN
+    }
+    if (kind == 3) d.w[size_t(g() % uint32_t(K))] = 0x7fc0;  // row 0: output 0 NaN for every token
+    cudaMemcpy(d.dw, d.w.data(), d.w.size() * 2, cudaMemcpyHostToDevice);
+
+    cuda::GemvArgs a = cuda::product_args(d.dx, d.dw, d.dy, T, N, K, N);
+    cuda::wgmma_gemm(a, nullptr, 5);
+    int32_t *ids_ref = nullptr, *ids = nullptr;
+    cuda::ArgmaxPair* pairs = nullptr;
+    ASSERT_EQ(cudaMalloc(&ids_ref, size_t(T) * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&ids, size_t(T) * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&pairs, size_t(cuda::wgmma_gemm_argmax_blocks(N)) * T * 8), cudaSuccess);
+    cuda::argmax_rows(static_cast<const float*>(d.dy), T, N, ids_ref, nullptr);
+    cudaMemset(ids, 0x7f, size_t(T) * 4);  // poisoned: an id never written fails
+    cudaMemset(pairs, 0xff, size_t(cuda::wgmma_gemm_argmax_blocks(N)) * T * 8);
+    cuda::wgmma_gemm_argmax(a, pairs, ids, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<int32_t> got(static_cast<size_t>(T)), want(static_cast<size_t>(T));
+    cudaMemcpy(got.data(), ids, size_t(T) * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(want.data(), ids_ref, size_t(T) * 4, cudaMemcpyDeviceToHost);
+    cudaFree(ids_ref);
+    cudaFree(ids);
+    cudaFree(pairs);
+    for (int t = 0; t < T; ++t) {
+      SCOPED_TRACE(::testing::Message() << "token " << t);
+      EXPECT_EQ(got[size_t(t)], want[size_t(t)]);
+      if (kind == 3) {
+        EXPECT_EQ(got[size_t(t)], 0);
+      }
+      // The host's double-precision check on the first and last tokens (and a third).
+      if (kind == 3 || !(t == 0 || t == T - 1 || t == T / 2)) continue;
+      // The double-precision products: the id's is the largest (within the error of bf16
+      // operands summed in fp32), the id no NaN row's, and no row of the same value comes first.
+      const int id = got[size_t(t)];
+      ASSERT_TRUE(id >= 0 && id < N);
+      double best = -INFINITY;
+      for (int r = 0; r < N; ++r) {
+        const double v = d.dot(t, r, K);
+        if (!std::isnan(v)) best = std::max(best, v);
+      }
+      const double mine = d.dot(t, id, K);
+      EXPECT_FALSE(std::isnan(mine));
+      EXPECT_LE(best - mine, 1e-3 * (1.0 + std::fabs(best)));
+      if ((kind == 1 || kind == 4) && t == 0) {  // the planted tie: its first row
+        for (int r = 0; r < id; ++r) EXPECT_NE(d.dot(t, r, K), mine) << "row " << r;
+      }
+    }
   }
 }
 

@@ -1,4 +1,5 @@
-// Small device helpers shared by the model's kernels (llama_kernels.cu, peer_all_reduce.cu).
+// Small device helpers shared by the model's kernels (llama_kernels.cu, peer_all_reduce.cu,
+// wgmma_gemm.cu).
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,16 @@ __device__ __forceinline__ float block_sum(float v) {
 // Two floats -> two bf16 (round to nearest even), the first in the low half.
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return uint32_t(f32_to_bf16(lo)) | (uint32_t(f32_to_bf16(hi)) << 16);
+}
+
+// The argmax fold: (v, i) replaces (best, idx) when v is larger, or equal at a lower index. A NaN v
+// compares false both ways and never replaces anything; the order of the folds cannot change the
+// result (the lowest index of the largest value), so any reduction tree gives the same answer.
+__device__ __forceinline__ void argmax_take(float v, int32_t i, float& best, int32_t& idx) {
+  if (v > best || (v == best && i < idx)) {
+    best = v;
+    idx = i;
+  }
 }
 
 }  // namespace pagedattn::cuda

@@ -175,9 +175,8 @@ struct LlamaModelCuda::Impl {
   bool use_gemv = true;  // PAGEDATTN_GEMV=0: cuBLAS for every product (a comparison)
   // PAGEDATTN_FUSE=0: K/V through write_kv and SwiGLU as its own kernel (a comparison).
   bool fuse = true;
-  // PAGEDATTN_FOLD_NORM=0: every RMSNorm its own kernel (the default on large layers); =1: folded
-  // wherever the products allow it (fold_norms; comparisons).
-  int fold_norm = -1;
+  // PAGEDATTN_FOLD_NORM=0: every RMSNorm its own kernel (fold_norms; a comparison).
+  bool fold_norm = true;
   bool overlap_passes = true;  // Model::overlaps_passes (PAGEDATTN_SCHEDULE_AHEAD=0: false)
   std::unique_ptr<CudaAttentionPlan> plan;
   Tensor staging;  // f32 weights on their way to bf16 (load from a file only)
@@ -199,11 +198,16 @@ struct LlamaModelCuda::Impl {
   // A greedy step of a tensor-parallel rank: its slice's argmax per row, every rank's [world, R]
   // (cuda::ArgmaxPair, two 4-byte values each).
   Tensor argmax_pairs, argmax_pairs_all;
+  // A greedy step's lm_head through wgmma_gemm_argmax: its row blocks' (value, index) per row.
+  Tensor head_pairs;
   bool greedy_step = false;  // the last forward_device took the argmax (download_greedy copies it)
-  // A greedy step of a tensor-parallel group leaves the logits unassembled: only its ids exist.
+  bool ids_only = false;     // ... and wrote no logits (a tensor-parallel rank, or head_pairs)
+  // A greedy step of a tensor-parallel group leaves the logits unassembled, and one whose lm_head
+  // went through wgmma_gemm_argmax leaves them unwritten: only its ids exist.
   void check_logits_assembled(const char* op) {
-    PA_CHECK(!(greedy_step && comm), op, ": the step before took only its argmax (forward_device's",
-             " greedy) on a tensor-parallel rank, whose logits were not gathered");
+    PA_CHECK(!(greedy_step && ids_only), op, ": the step before took only its argmax ",
+             "(forward_device's greedy), whose logits were not ",
+             comm ? "gathered (a tensor-parallel rank)" : "written");
     greedy_step = false;
   }
   // The device sampler's plan in (rows, then edits), its results out (ids [R], logprob [R],
@@ -425,18 +429,17 @@ struct LlamaModelCuda::Impl {
 
   // Whether a step of T tokens folds its RMSNorms into the products around them
   // (wgmma_gemm.h's NormFold: all four products of a layer through wgmma_gemm, one GPU; the first
-  // layer's first norm and the final one stay kernels). By default only on layers whose products
-  // are all small (gate/up of at most kWgmmaGemmSmallElements), where a step is launches and
-  // latency: SmolLM2-135M's step at batch 8 8% shorter; on Llama-3-8B's the products' weights
-  // stream in while a norm kernel runs, and without it the step was 0.3% longer (an H200,
-  // 2026-11-27).
+  // layer's first norm and the final one stay kernels).
+  // NOTE: measured on an H100 (synthetic Llama-3-8B, 512-token prompts, three rounds alternating,
+  // 2026-11-27): the step 3.3% shorter at batch 8, 2.3% at 16, 1.0% at 32, 0.3% at 64; on
+  // SmolLM2-135M 4-12% from batch 4 to 64. On an H200 the Llama-3-8B step was 0.2-0.4% longer at
+  // 32 and 64 (the products' weights stream in while a norm kernel runs): taken everywhere.
   bool fold_norms(int32_t T) const {
     // (A rank of several sums its products' partials after them, so x is whole only after the
     // all-reduce; a world of one folds as one GPU does and gives its bits.)
-    if (fold_norm == 0 || !fuse || (comm && shard.world > 1) || peer) return false;
+    if (!fold_norm || !fuse || (comm && shard.world > 1) || peer) return false;
     const ModelConfig& c = config;
     const int32_t hidden = c.hidden_size, D = c.head_dim, inter = tp.inter;
-    if (fold_norm < 0 && int64_t(2) * inter * hidden > cuda::kWgmmaGemmSmallElements) return false;
     const int32_t q_dim = tp.q_heads * D, qkv_dim = (tp.q_heads + 2 * tp.kv_heads) * D;
     auto wgmma = [&](int32_t N, int32_t K) {
       return !(use_gemv && cuda::gemv_pick(T, N, K)) && cuda::wgmma_gemm_pick(T, N, K);
@@ -444,6 +447,14 @@ struct LlamaModelCuda::Impl {
     // (gate/up: wgmma(2 inter, hidden) is wgmma_gemm_swiglu_takes where gemv does not take it.)
     return wgmma(qkv_dim, hidden) && wgmma(hidden, q_dim) && wgmma(hidden, inter) &&
            wgmma(2 * inter, hidden) && !(use_gemv && cuda::gemv_swiglu_takes(T, inter, hidden));
+  }
+
+  // Whether a greedy step of R rows takes its ids from the lm_head's product without logits
+  // (wgmma_gemm_argmax), where gemm would run the product through wgmma_gemm.
+  bool head_argmax(int32_t R) const {
+    const int32_t V = config.vocab_size, hidden = config.hidden_size;
+    return !(use_gemv && cuda::gemv_pick(R, V, hidden)) &&
+           cuda::wgmma_gemm_argmax_takes(R, V, hidden);
   }
 
   // y [T, out] (ytype: f32 or bf16) = beta * y + x [T, in] (bf16) W^T, W [out, in] bf16, fp32
@@ -454,6 +465,31 @@ struct LlamaModelCuda::Impl {
   // kernels_dev/skinny_gemm.cu, and cuBLASLt's other algorithms, kernels_dev/cublaslt_algos.cu,
   // are not faster). ldy: y's row stride in elements (0: out). fold: the product's part in a
   // folded norm (fold_norms chose wgmma_gemm for it), or null.
+  // PAGEDATTN_PRODUCT_VERSIONS="qkv=6,o=1": wgmma_gemm's version for the products whose name
+  // (`what`) starts with that word (a comparison; 0: wgmma_gemm_version_for's).
+  static int product_version(const char* what) {
+    static const std::vector<std::pair<std::string, int>> table = [] {
+      std::vector<std::pair<std::string, int>> t;
+      const char* e = std::getenv("PAGEDATTN_PRODUCT_VERSIONS");
+      std::string v = e ? e : "";
+      size_t at = 0;
+      while (at < v.size()) {
+        size_t end = v.find(',', at);
+        if (end == std::string::npos) end = v.size();
+        const std::string item = v.substr(at, end - at);
+        const size_t eq = item.find('=');
+        if (eq != std::string::npos)
+          t.emplace_back(item.substr(0, eq), std::atoi(item.c_str() + eq + 1));
+        at = end + 1;
+      }
+      return t;
+    }();
+    const std::string w = std::string(what) + ' ';
+    for (const auto& [name, version] : table)
+      if (w.compare(0, name.size() + 1, name + ' ') == 0) return version;
+    return 0;
+  }
+
   void gemm(const void* x_, int32_t T, int32_t in, const Tensor& w, int32_t out, void* y,
             cudaDataType_t ytype, float beta, const char* what, int32_t ldy = 0,
             const cuda::NormFold* fold = nullptr) {
@@ -462,7 +498,7 @@ struct LlamaModelCuda::Impl {
     a.y_bf16 = ytype == CUDA_R_16BF;
     a.accumulate = beta != 0.f;
     if (fold && fold->mode != cuda::NormFold::kNone) {  // fold_norms chose wgmma_gemm
-      cuda::wgmma_gemm(a, stream, 0, fold);
+      cuda::wgmma_gemm(a, stream, product_version(what), fold);
       return;
     }
     if (const int v = use_gemv ? cuda::gemv_pick(T, out, in) : 0) {
@@ -472,7 +508,7 @@ struct LlamaModelCuda::Impl {
       }
     }
     if (cuda::wgmma_gemm_pick(T, out, in) && cuda::wgmma_gemm_supported(a)) {
-      cuda::wgmma_gemm(a, stream);
+      cuda::wgmma_gemm(a, stream, product_version(what));
       return;
     }
     const float alpha = 1.f;
@@ -508,8 +544,8 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
     pad_decode = false;
   if (const char* g = std::getenv("PAGEDATTN_GEMV"); g && std::string(g) == "0") use_gemv = false;
   if (const char* f = std::getenv("PAGEDATTN_FUSE"); f && std::string(f) == "0") fuse = false;
-  if (const char* f = std::getenv("PAGEDATTN_FOLD_NORM"); f && (*f == '0' || *f == '1'))
-    fold_norm = *f - '0';
+  if (const char* f = std::getenv("PAGEDATTN_FOLD_NORM"); f && std::string(f) == "0")
+    fold_norm = false;
   // PAGEDATTN_SCHEDULE_AHEAD=0: the engine reads each greedy step's ids before it schedules the
   // next one, as on the CPU (a comparison).
   if (const char* a = std::getenv("PAGEDATTN_SCHEDULE_AHEAD"); a && std::string(a) == "0")
@@ -741,6 +777,7 @@ struct LlamaModelCuda::Impl::Step {
   float* shard_logits = nullptr;    // [R, vocab_stride] (tensor parallel)
   float* gathered = nullptr;        // [world, R, vocab_stride] (tensor parallel)
   int32_t* ids = nullptr;           // [R] each row's argmax (greedy steps; else null)
+  cuda::ArgmaxPair* head_pairs = nullptr;  // [blocks, R] (greedy, wgmma_gemm_argmax: no logits)
   cuda::ArgmaxPair* pairs = nullptr;      // [R] this rank's slice's (greedy, tensor parallel)
   cuda::ArgmaxPair* pairs_all = nullptr;  // [world, R]
 };
@@ -832,6 +869,11 @@ LlamaModelCuda::Impl::Step LlamaModelCuda::Impl::prepare_step(const ForwardBatch
     }
   }
   if (greedy && R > 0) s.ids = static_cast<int32_t*>(ensure(ids, R, DType::f32));
+  if (greedy && R > 0 && !comm && head_argmax(R)) {
+    const int64_t blocks = cuda::wgmma_gemm_argmax_blocks(c.vocab_size);
+    s.head_pairs =
+        static_cast<cuda::ArgmaxPair*>(ensure(head_pairs, blocks * R * 2, DType::f32));
+  }
 
   AttentionOptions opt;
   opt.window = c.sliding_window;
@@ -987,6 +1029,13 @@ void LlamaModelCuda::Impl::logits_of_rows(const Step& s, cudaStream_t st) {
                       static_cast<uint16_t*>(s.h), st);
   const Tensor& head = lm_head.data() ? lm_head : embed;
   if (!comm) {
+    if (s.head_pairs) {  // a greedy step: only the ids, s.logits stays unwritten
+      const cuda::GemvArgs a =
+          cuda::product_args(static_cast<const uint16_t*>(s.h), head.data_as<uint16_t>(),
+                             s.logits, R, c.vocab_size, hidden, c.vocab_size);
+      cuda::wgmma_gemm_argmax(a, s.head_pairs, s.ids, st);
+      return;
+    }
     gemm(s.h, R, hidden, head, c.vocab_size, s.logits, CUDA_R_32F, 0.f, "lm_head");
     if (s.ids) cuda::argmax_rows(s.logits, R, c.vocab_size, s.ids, st);
     return;
@@ -1100,7 +1149,8 @@ const float* LlamaModelCuda::run_pass(const ForwardBatch& batch, KvCache& cache,
     const void* scratch[] = {s.tokens, s.chained_ids, s.cos_table, s.sin_table, s.cos, s.x,
                              s.norm_sq, s.h,
                              s.qkv, s.q, s.k, s.v, s.attn, s.gu, s.act, s.logits,
-                             s.shard_logits, s.gathered, s.ids, s.pairs, s.pairs_all};
+                             s.shard_logits, s.gathered, s.ids, s.head_pairs, s.pairs,
+                             s.pairs_all};
     for (const void* ptr : scratch) put(ptr);
     for (int32_t i = 0; i < c.num_layers; ++i) {
       const PagedKVView view = cache.layer_view(i);
@@ -1131,6 +1181,7 @@ const float* LlamaModelCuda::run_pass(const ForwardBatch& batch, KvCache& cache,
     return s.logits;
   }
   m.greedy_step = s.ids != nullptr;
+  m.ids_only = m.greedy_step && (m.comm || s.head_pairs);
   if (m.greedy_step) {  // the ids' download follows the step at once (download_greedy waits)
     check_cuda(cudaMemcpyAsync(m.host_ids.get(size_t(R) * 4), s.ids, size_t(R) * 4,
                                cudaMemcpyDeviceToHost, st),

@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "block_math.cuh"  // block_sum, pack_bf16x2
+#include "block_math.cuh"  // block_sum, pack_bf16x2, argmax_take
 #include "cuda_common.cuh"  // allow_dependent_launch, wait_for_dependency
 #include "pdl.h"
 #include "llama_kernels.h"
@@ -303,16 +303,6 @@ __global__ void swiglu_kernel(const uint16_t* __restrict__ gu,  // [T, 2 * inter
   }
 }
 
-// The argmax fold: (v, i) replaces (best, idx) when v is larger, or equal at a lower index. A NaN v
-// compares false both ways and never replaces anything; the order of the folds cannot change the
-// result (the lowest index of the largest value), so the reduction below is deterministic.
-__device__ __forceinline__ void argmax_take(float v, int32_t i, float& best, int32_t& idx) {
-  if (v > best || (v == best && i < idx)) {
-    best = v;
-    idx = i;
-  }
-}
-
 // grid (rows), block kArgmaxThreads. The row is read in 16-byte vectors, kArgmaxUnroll of them in
 // flight per thread; the scalar head up to the first 16-byte boundary (rows start unaligned when
 // vocab % 4 != 0) and the scalar tail go to the first threads. PAIRS: a slice of the vocabulary
@@ -400,24 +390,53 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   }
 }
 
-// grid (ceil(rows / 128)), block 128: a thread per row folds the slices' pairs in order.
-__global__ void argmax_combine_kernel(const ArgmaxPair* __restrict__ pairs,  // [world, rows]
-                                      int32_t world, int32_t rows,
-                                      int32_t* __restrict__ ids) {  // [rows]
+// grid (rows), block kCombineThreads: a block per row, its threads folding every
+// kCombineThreads-th slice's pair, then the threads' results (the order of the folds does not
+// change the answer). Slice w's pair of row r at pairs[w * w_stride + r * r_stride]: world may be
+// a few ranks ([world, rows]) or thousands of a product's row blocks ([rows, world], so that a
+// row's pairs are read in whole lines: wgmma_gemm_argmax).
+constexpr int kCombineThreads = 256;
+__global__ void __launch_bounds__(kCombineThreads)
+    argmax_combine_kernel(const ArgmaxPair* __restrict__ pairs, int32_t world, int64_t w_stride,
+                          int64_t r_stride, int32_t* __restrict__ ids) {  // [rows]
   wait_for_dependency();
   allow_dependent_launch();
-  const int32_t r = int32_t(blockIdx.x * blockDim.x + threadIdx.x);
-  if (r >= rows) return;
-  if (isnan(pairs[r].value)) {  // the first slice's x[r, 0] is a NaN: 0 (argmax_rows's rule)
-    ids[r] = 0;
+  const int32_t r = int32_t(blockIdx.x);
+  const ArgmaxPair* row = pairs + r * r_stride;
+  // The first slice's x[r, 0] is a NaN: 0 (argmax_rows's rule). Every thread reads it.
+  if (isnan(row[0].value)) {
+    if (threadIdx.x == 0) ids[r] = 0;
     return;
   }
   float best = -INFINITY;
   int32_t idx = INT32_MAX;
-  for (int32_t w = 0; w < world; ++w) {
-    const ArgmaxPair p = pairs[int64_t(w) * rows + r];
+  int32_t w = int32_t(threadIdx.x);
+  for (; w + 3 * kCombineThreads < world; w += 4 * kCombineThreads) {  // 4 loads in flight
+    ArgmaxPair p[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) p[j] = row[(w + j * kCombineThreads) * w_stride];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) argmax_take(p[j].value, p[j].index, best, idx);
+  }
+  for (; w < world; w += kCombineThreads) {
+    const ArgmaxPair p = row[w * w_stride];
     argmax_take(p.value, p.index, best, idx);
   }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+    const int32_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
+    argmax_take(ob, oi, best, idx);
+  }
+  __shared__ float part_best[kCombineThreads / 32];
+  __shared__ int32_t part_idx[kCombineThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) {
+    part_best[warp] = best;
+    part_idx[warp] = idx;
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (int w = 1; w < kCombineThreads / 32; ++w) argmax_take(part_best[w], part_idx[w], best, idx);
   ids[r] = idx;
 }
 
@@ -551,9 +570,17 @@ void argmax_rows_slice(const float* x, int32_t rows, int32_t width, int64_t stri
 void argmax_combine(const ArgmaxPair* pairs, int32_t world, int32_t rows, int32_t* ids,
                     cudaStream_t stream) {
   if (rows == 0) return;
-  check_cuda(launch_pdl(argmax_combine_kernel, dim3((rows + 127) / 128), dim3(128), 0, stream,
-                        pairs, world, rows, ids),
+  check_cuda(launch_pdl(argmax_combine_kernel, dim3(rows), dim3(kCombineThreads), 0, stream,
+                        pairs, world, int64_t(rows), int64_t(1), ids),
              "LlamaModelCuda: argmax of the slices");
+}
+
+void argmax_combine_by_row(const ArgmaxPair* pairs, int32_t world, int32_t rows, int32_t* ids,
+                           cudaStream_t stream) {
+  if (rows == 0) return;
+  check_cuda(launch_pdl(argmax_combine_kernel, dim3(rows), dim3(kCombineThreads), 0, stream,
+                        pairs, world, int64_t(1), int64_t(world), ids),
+             "LlamaModelCuda: argmax of the row blocks");
 }
 
 void f32_to_bf16_device(const float* src, int64_t n, uint16_t* dst, cudaStream_t stream) {

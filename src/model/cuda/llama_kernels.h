@@ -95,6 +95,9 @@ void argmax_rows_slice(const float* x, int32_t rows, int32_t width, int64_t stri
                        ArgmaxPair* pairs, cudaStream_t stream);
 void argmax_combine(const ArgmaxPair* pairs, int32_t world, int32_t rows, int32_t* ids,
                     cudaStream_t stream);
+// The same fold of pairs laid out [rows, world] (each row's slices side by side).
+void argmax_combine_by_row(const ArgmaxPair* pairs, int32_t world, int32_t rows, int32_t* ids,
+                           cudaStream_t stream);
 
 // dst[i] = bf16(src[i]) for n values (weights at load).
 void f32_to_bf16_device(const float* src, int64_t n, uint16_t* dst, cudaStream_t stream);

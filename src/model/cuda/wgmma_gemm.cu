@@ -24,9 +24,12 @@
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 
+#include "block_math.cuh"  // argmax_take
 #include "hopper.cuh"
+#include "llama_kernels.h"  // ArgmaxPair, argmax_combine
 #include "pagedattn/attention_cuda.h"  // cuda_sm_count
 #include "pagedattn/dtype.h"
 #include "pagedattn/error.h"
@@ -43,6 +46,9 @@ namespace cg = cooperative_groups;
 
 constexpr int kBox = 64;       // K per copy: one 128-byte row of the swizzle pattern
 constexpr int kMaxSplits = 8;  // the largest portable cluster
+// The kernel's FOLD argument for the greedy argmax epilogue (wgmma_gemm_argmax): no NormFold, and
+// per token the largest output of the CTA's rows and its lowest index instead of y.
+constexpr int kArgmaxEpilogue = NormFold::kConsume + 1;
 
 // NT tokens (a multiple of 8), ST stages of BOXES copies of 64 K elements, WG consumer warpgroups
 // of 64 AC rows of W each (AC m64 accumulators, 1 or 2).
@@ -91,7 +97,10 @@ __device__ __forceinline__ float4 cluster_sum(cg::cluster_group& cluster, const 
 // [H b, H b + H), H = half its rows, its second half the matching up rows N + H b ...; y [T, N]
 // bf16).
 // FOLD: a NormFold::Mode, the norm's part in this launch (a template argument, so that a product
-// without one compiles to the same code and registers as before).
+// without one compiles to the same code and registers as before), or kArgmaxEpilogue: a.y is
+// ArgmaxPair [T][row blocks], each row block's (largest value, lowest index) of every token, with
+// argmax_rows's rules (NaNs never win; a NaN at output 0 gives (NaN, 0) in block 0; a block of
+// NaNs only gives (-inf, INT32_MAX)).
 template <int NT, int ST, int BOXES, int WG, int AC, bool GLU, int FOLD>
 __global__ void __launch_bounds__(128 * WG + 32, 1)
     wgmma_gemm_kernel(const __grid_constant__ CUtensorMap tw,
@@ -257,11 +266,45 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
   // their 4 up sums (kHalf rows on).
   // (A producer of a folded norm splits whole tokens, whose squares it then sums.)
   constexpr bool produce = !GLU && FOLD == NormFold::kProduce;
+  constexpr bool argmax = !GLU && FOLD == kArgmaxEpilogue;
   const int t0 = split * a.T / splits, t1 = (split + 1) * a.T / splits;
   const int groups = a.T * kGroupsPerToken;
   const int g0 = produce ? t0 * kGroupsPerToken : split * groups / splits;
   const int g1 = produce ? t1 * kGroupsPerToken : (split + 1) * groups / splits;
-  for (int g = g0 + int(threadIdx.x); g < g1; g += C::kThreads) {
+  if constexpr (argmax) {
+    // Whole tokens per CTA (t0 .. t1); each half-warp takes a token, its lanes a group of 4
+    // outputs at a time, then folds the lanes' results.
+    ArgmaxPair* pairs = static_cast<ArgmaxPair*>(a.y) + row_block;  // [T][gridDim.y]
+    const int half = lane / 16, q0 = lane % 16;
+    constexpr int kWarpsAll = C::kThreads / 32;
+    for (int tp = t0 + 2 * warp; tp < t1; tp += 2 * kWarpsAll) {  // the same count in a warp
+      const int t = tp + half;
+      float best = -INFINITY;
+      int32_t idx = INT32_MAX;
+      bool nan0 = false;  // output 0 of token t is a NaN
+      for (int q = q0; t < t1 && q < kGroupsPerToken; q += 16) {
+        const float4 sum = cluster_sum(cluster, red + t * kRedStride + 4 * q, splits);
+        const float v[4] = {sum.x, sum.y, sum.z, sum.w};
+        const int row0 = row_block * kOutRows + 4 * q;
+        nan0 = nan0 || (row0 == 0 && isnan(v[0]));
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          if (row0 + j < a.N) argmax_take(v[j], row0 + j, best, idx);
+      }
+      for (int o = 8; o > 0; o >>= 1) {  // within the half-warp
+        const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+        const int32_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        argmax_take(ob, oi, best, idx);
+      }
+      const unsigned nans = __ballot_sync(0xffffffffu, nan0) >> (16 * half);
+      if (q0 == 0 && t < t1) {
+        pairs[int64_t(t) * gridDim.y] = (nans & 0xffffu) ? ArgmaxPair{NAN, 0}
+                   : idx == INT32_MAX ? ArgmaxPair{-INFINITY, INT32_MAX}
+                                      : ArgmaxPair{best, idx};
+      }
+    }
+  }
+  for (int g = g0 + int(threadIdx.x); !argmax && g < g1; g += C::kThreads) {
     const int t = g / kGroupsPerToken, r = (g % kGroupsPerToken) * 4;
     const float* mine = red + t * kRedStride + r;
     const float4 sum = cluster_sum(cluster, mine, splits);
@@ -483,6 +526,41 @@ cudaError_t launch_folded(const GemvArgs& a, const NormFold& nf, int v, cudaStre
   }
 }
 
+// The argmax epilogue on versions 1, 5 and 6's configurations (launch_version's).
+template <int NT>
+cudaError_t launch_argmax_nt(const GemvArgs& a, int v, cudaStream_t stream) {
+  constexpr int kStage64 = 64 * kBox * 2 + NT * kBox * 2;
+  constexpr int F = kArgmaxEpilogue;
+  switch (v) {
+    case 1:
+      return launch<NT, (NT > 32 ? 4 : 5), 1, 1, 2, false, F>(a, NormFold{}, 2, stream);
+    case 6:
+      return launch<NT, 100 * 1024 / kStage64, 1, 1, 1, false, F>(a, NormFold{}, 2, stream);
+    default:
+      return launch<NT, 200 * 1024 / kStage64, 1, 1, 1, false, F>(a, NormFold{}, 1, stream);
+  }
+}
+
+cudaError_t launch_argmax(const GemvArgs& a, int v, cudaStream_t stream) {
+  return a.T <= 8    ? launch_argmax_nt<8>(a, v, stream)
+         : a.T <= 16 ? launch_argmax_nt<16>(a, v, stream)
+         : a.T <= 32 ? launch_argmax_nt<32>(a, v, stream)
+                     : launch_argmax_nt<64>(a, v, stream);
+}
+
+// The version of the argmax epilogue: PAGEDATTN_LM_HEAD_VERSION=1|5|6 (a comparison), else 1.
+// NOTE: measured on an H100 (Llama-3-8B's lm_head in the step, three rounds alternating): at
+// batch 64 version 1 (two CTAs an SM, each one's start and end under the other's stream) 7.708-
+// 7.715 ms a step against 7.732-7.775 with version 5 and 7.728-7.773 with 6; level at 8 and 32.
+int argmax_version() {
+  static const int v = [] {
+    const char* e = std::getenv("PAGEDATTN_LM_HEAD_VERSION");
+    const int n = e ? std::atoi(e) : 0;
+    return n == 5 || n == 6 ? n : 1;
+  }();
+  return v;
+}
+
 }  // namespace
 
 bool wgmma_gemm_available() {
@@ -575,6 +653,34 @@ void wgmma_gemm(const GemvArgs& a, cudaStream_t stream, int version, const NormF
   const int v = version_of(a, version, a.N, "wgmma_gemm");
   const cudaError_t e = launch_folded<false>(a, nf, v, stream);
   PA_CHECK(e == cudaSuccess, "wgmma_gemm: launch failed: ", cudaGetErrorString(e));
+}
+
+}  // namespace pagedattn::cuda
+
+namespace pagedattn::cuda {
+
+int32_t wgmma_gemm_argmax_blocks(int32_t N) { return (N + 63) / 64; }
+
+bool wgmma_gemm_argmax_takes(int32_t T, int32_t N, int32_t K) {
+  static const bool off = [] {
+    const char* v = std::getenv("PAGEDATTN_LM_HEAD_ARGMAX");
+    return v && std::string(v) == "0";
+  }();
+  return !off && wgmma_gemm_pick(T, N, K);
+}
+
+void wgmma_gemm_argmax(const GemvArgs& a, ArgmaxPair* pairs, int32_t* ids, cudaStream_t stream) {
+  GemvArgs b = a;
+  b.y = pairs;
+  b.ldy = std::max(a.ldy, a.N);
+  PA_CHECK(pairs && ids && !a.accumulate && !a.y_bf16 && wgmma_gemm_supported(b),
+           "wgmma_gemm_argmax: unsupported arguments (T ", a.T, ", N ", a.N, ", K ", a.K, ")");
+  PA_CHECK(wgmma_gemm_available(), "wgmma_gemm_argmax: this device cannot run it (sm_90 only)");
+  const int v = argmax_version();
+  const cudaError_t e = launch_argmax(b, v, stream);
+  PA_CHECK(e == cudaSuccess, "wgmma_gemm_argmax: launch failed: ", cudaGetErrorString(e));
+  const int rows_per_block = v == 1 ? 128 : 64;  // the launch's grid.y: its row blocks
+  argmax_combine_by_row(pairs, (a.N + rows_per_block - 1) / rows_per_block, a.T, ids, stream);
 }
 
 }  // namespace pagedattn::cuda

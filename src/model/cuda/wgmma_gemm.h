@@ -91,4 +91,20 @@ int wgmma_gemm_version_for(int32_t T, int32_t N, int32_t K);
 void wgmma_gemm(const GemvArgs& a, cudaStream_t stream, int version = 0,
                 const NormFold* fold = nullptr);
 
+// The greedy step's lm_head without its logits: ids [T] = each token's argmax over the N outputs
+// of x W^T, with argmax_rows's rules and answer (llama_kernels.h: the lowest index of the largest
+// value; NaNs never win, except that a NaN output 0 gives 0). Each CTA's product goes to its
+// (largest value, lowest index) per token in pairs [T, row blocks] instead of y (a.y is not used:
+// 2 x 16 MB of f32 logits written and read again at 32 tokens with a 128K vocabulary, and the
+// argmax kernel's launch), then argmax_combine_by_row folds the blocks. Version 1's configuration
+// (128 rows a CTA; PAGEDATTN_LM_HEAD_VERSION=5|6 for those), a.accumulate and a.y_bf16 false;
+// throws Error as wgmma_gemm does. pairs holds wgmma_gemm_argmax_blocks(N) x T (enough for any
+// version's row blocks).
+struct ArgmaxPair;
+int32_t wgmma_gemm_argmax_blocks(int32_t N);
+// Whether the model takes it for its lm_head at this shape: wgmma_gemm_pick's answer, unless
+// PAGEDATTN_LM_HEAD_ARGMAX=0 (the product and argmax_rows instead; a comparison).
+bool wgmma_gemm_argmax_takes(int32_t T, int32_t N, int32_t K);
+void wgmma_gemm_argmax(const GemvArgs& a, ArgmaxPair* pairs, int32_t* ids, cudaStream_t stream);
+
 }  // namespace pagedattn::cuda
