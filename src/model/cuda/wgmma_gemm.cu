@@ -11,11 +11,10 @@
 //            every CTA's shared copy, in split order, for its share of the tokens (16 bytes a
 //            read), and writes y (+ y when accumulating; bf16 or f32; GLU: the gate half and the
 //            up half of the rows -> silu(gate) * up). A folded norm (NormFold): the consumer
-//            scales its tokens' outputs by r, computed while the first stages stream (consumer
-//            threads 2 t and 2 t + 1, token t's, kept in a register through the products: no
-//            shared memory taken from the ring); the producer sums the squares of its new y per
-//            64 rows, first per group of 4, then in order. Both in shared memory after the
-//            reduction buffer.
+//            scales its tokens' outputs by r, which lanes 1-31 of the producer warp compute while
+//            the products run (r [NT] after the barriers, a barrier of its own); the producer
+//            sums the squares of its new y per 64 rows, first per group of 4, then in order (in
+//            shared memory after the reduction buffer).
 // The splits are chosen so that every cluster fits the GPU at once (splits_for).
 #include <cooperative_groups.h>
 
@@ -65,10 +64,10 @@ struct Cfg {
   static constexpr int kXBox = NT * kBox * 2;   // a multiple of 1024 (NT % 8 == 0)
   static constexpr int kWBytes = BOXES * kWBox;
   static constexpr int kStageBytes = kWBytes + BOXES * kXBox;
-  static constexpr int kSmem = 1024 + kStages * kStageBytes + 2 * kStages * 8;
-  // The reduction buffer and a folded norm's sums of squares (a float per group of 4 outputs)
-  // and r (a float per token).
-  static_assert(NT * kRedStride * 4 + NT * (kBM / 4) * 4 + NT * 4 <= kStages * kStageBytes,
+  // The stages, their full and empty barriers, a folded norm's r barrier and r [NT].
+  static constexpr int kSmem = 1024 + kStages * kStageBytes + 2 * kStages * 8 + 8 + NT * 4;
+  // The reduction buffer and a folded norm's sums of squares (a float per group of 4 outputs).
+  static_assert(NT * kRedStride * 4 + NT * (kBM / 4) * 4 <= kStages * kStageBytes,
                 "reduction buffers fit the stages");
 };
 
@@ -113,6 +112,8 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* full = reinterpret_cast<uint64_t*>(base + ST * C::kStageBytes);
   uint64_t* empty = full + ST;
+  uint64_t* r_ready = empty + ST;                      // a folded norm's consumer: r is written
+  float* r_tok = reinterpret_cast<float*>(r_ready + 1);  // [NT] its r per token
   auto w_tile = [&](int s) { return base + s * C::kStageBytes; };
   auto x_tile = [&](int s) { return base + s * C::kStageBytes + C::kWBytes; };
 
@@ -142,6 +143,7 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], 4 * WG);  // one arrival per consumer warp
     }
+    mbar_init(r_ready, 31);  // lanes 1-31 of the producer warp
     mbar_fence_init();
   }
   __syncthreads();
@@ -157,7 +159,6 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
 #pragma unroll
     for (int j = 0; j < NT / 2; ++j) acc[c][j] = 0.f;
 
-  float r_mine = 1.f;  // a folded norm's consumer: r of token threadIdx.x / 2 (T <= 64 = 128 / 2)
   if (warp == 4 * WG) {
     if (lane == 0) {
       prefetch_tensor_map(&tw);
@@ -178,37 +179,41 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
         load_w(s, i);
         load_x(s, i);
       }
-    }
-  } else {
-    if constexpr (FOLD == NormFold::kConsume) {
-      // r per token from the producer's sums of squares (in order), while W streams in.
+    } else if constexpr (FOLD == NormFold::kConsume) {
+      // r per token from the producer's sums of squares (in order), by the lanes that issue no
+      // copies, while the products run: the consumers take it in their epilogue.
+      // NOTE: measured on an H100 (Llama-3-8B, batch 64): computed by the consumers before their
+      // first product, it held them back while a ring filled during the kernel ahead waited (the
+      // qkv and gate/up products 1-4 us longer than without the fold).
       wait_for_dependency();
-      // Two threads a token, each summing every other group of 4 vectors, 4 vectors in flight at
-      // once (a loop of dependent loads cost more than the norm kernel; 16 at once raised the
-      // kernel's registers from 54-64 to 85-90, which kept it from starting beside the kernel
-      // ahead), the halves added in order. The last vector's values past the parts are not the
+      // Each token's parts summed as two halves (every other group of 4 vectors, 4 vectors in
+      // flight), then added in order. The last vector's values past the parts are not the
       // producer's (zeros in their place add nothing).
       const int parts = (a.K + 63) / 64, vecs = (parts + 3) / 4;
-      const int t = int(threadIdx.x) / 2, half = int(threadIdx.x) % 2;
-      float sum = 0.f;
-      if (t < a.T) {
+      for (int t = lane - 1; t < a.T; t += 31) {
         const float4* p = reinterpret_cast<const float4*>(nf.sq + int64_t(t) * nf.sq_ld);
-        for (int q0 = 4 * half; q0 < vecs; q0 += 8) {
-          float4 v[4];
+        float halves[2];
+        for (int half = 0; half < 2; ++half) {
+          float sum = 0.f;
+          for (int q0 = 4 * half; q0 < vecs; q0 += 8) {
+            float4 v[4];
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
-            v[j] = q0 + j < vecs ? p[q0 + j] : make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int j = 0; j < 4; ++j)
+              v[j] = q0 + j < vecs ? p[q0 + j] : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int q = 4 * (q0 + j);
-            sum += (q < parts ? v[j].x : 0.f) + (q + 1 < parts ? v[j].y : 0.f) +
-                   (q + 2 < parts ? v[j].z : 0.f) + (q + 3 < parts ? v[j].w : 0.f);
+            for (int j = 0; j < 4; ++j) {
+              const int q = 4 * (q0 + j);
+              sum += (q < parts ? v[j].x : 0.f) + (q + 1 < parts ? v[j].y : 0.f) +
+                     (q + 2 < parts ? v[j].z : 0.f) + (q + 3 < parts ? v[j].w : 0.f);
+            }
           }
+          halves[half] = sum;
         }
+        r_tok[t] = rsqrtf((halves[0] + halves[1]) / float(a.K) + nf.eps);
       }
-      const float other = __shfl_xor_sync(0xffffffffu, sum, 1);
-      if (t < a.T) r_mine = rsqrtf((half ? other + sum : sum + other) / float(a.K) + nf.eps);
+      mbar_arrive(r_ready);
     }
+  } else {
     for (int i = 0; i < n; ++i) {
       const int s = i % ST;
       mbar_wait(&full[s], (i / ST) & 1);
@@ -253,10 +258,7 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
   constexpr int kOutRows = GLU ? kHalf : kBM;
   constexpr int kGroupsPerToken = kOutRows / 4;
   float* sq4 = red + NT * kRedStride;  // [t - t0][group]: a folded norm's squares of 4 outputs
-  float* rs = sq4 + NT * (kBM / 4);    // [NT] a folded norm's r per token
-  if constexpr (FOLD == NormFold::kConsume) {
-    if (int(threadIdx.x) % 2 == 0 && int(threadIdx.x) / 2 < a.T) rs[threadIdx.x / 2] = r_mine;
-  }
+  if constexpr (FOLD == NormFold::kConsume) mbar_wait(r_ready, 0);  // r_tok is written
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
   wait_for_dependency();  // y may be the output of the kernels before this one
@@ -309,7 +311,7 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
     const float* mine = red + t * kRedStride + r;
     const float4 sum = cluster_sum(cluster, mine, splits);
     float v[4] = {sum.x, sum.y, sum.z, sum.w};
-    const float scale = FOLD == NormFold::kConsume ? rs[t] : 1.f;
+    const float scale = FOLD == NormFold::kConsume ? r_tok[t] : 1.f;
     if constexpr (FOLD == NormFold::kConsume) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) v[j] *= scale;
