@@ -1,7 +1,8 @@
 // The decode steps' products on Hopper's tensor cores, fed by bulk tensor copies (wgmma_gemm.h).
 //
-// grid (splits, blocks), cluster (splits, 1, 1), block 128 WG + 32: warps 0 .. 4 WG - 1 are WG
-// consumer warpgroups, the last warp the producer. CTA (s, b) owns rows [BM b, BM b + BM) of W
+// grid (splits, blocks), cluster (splits, 1, 1), block 128 WG + 32 (+ 32: a folded norm's
+// consumer): warps 0 .. 4 WG - 1 are WG consumer warpgroups, warp 4 WG the producer (warp
+// 4 WG + 1 computes a folded norm's r). CTA (s, b) owns rows [BM b, BM b + BM) of W
 // (BM = 64 AC WG; each warpgroup 64 AC of them) and the K blocks [s * KB / splits,
 // (s + 1) * KB / splits) of 64 BOXES elements (KB = ceil(K / (64 BOXES))).
 //   stage i: W [BM][64] per copy (each warpgroup's AC 64-row parts are A operands of
@@ -11,8 +12,8 @@
 //            every CTA's shared copy, in split order, for its share of the tokens (16 bytes a
 //            read), and writes y (+ y when accumulating; bf16 or f32; GLU: the gate half and the
 //            up half of the rows -> silu(gate) * up). A folded norm (NormFold): the consumer
-//            scales its tokens' outputs by r, which lanes 1-31 of the producer warp compute while
-//            the products run (r [NT] after the barriers, a barrier of its own); the producer
+//            scales its tokens' outputs by r, which a warp of its own computes while the products
+//            run (r [NT] after the barriers, a barrier of its own); the producer
 //            sums the squares of its new y per 64 rows, first per group of 4, then in order (in
 //            shared memory after the reduction buffer).
 // The splits are chosen so that every cluster fits the GPU at once (splits_for).
@@ -56,7 +57,6 @@ struct Cfg {
   static_assert(AC == 1 || AC == 2, "one or two m64 accumulators a warpgroup");
   static constexpr int kBM = 64 * AC * WG;        // rows of W per CTA
   static constexpr int kWgRows = 64 * AC;         // rows of W per warpgroup
-  static constexpr int kThreads = 128 * WG + 32;  // the consumer warpgroups, the producer warp
   static constexpr int kRedStride = kBM + 4;      // floats between the reduction's token rows
   static constexpr int kStages = ST;
   static constexpr int kBK = BOXES * kBox;
@@ -70,6 +70,13 @@ struct Cfg {
   static_assert(NT * kRedStride * 4 + NT * (kBM / 4) * 4 <= kStages * kStageBytes,
                 "reduction buffers fit the stages");
 };
+
+// A launch's threads: the consumer warpgroups, the producer warp and, for a folded norm's
+// consumer (FOLD kConsume), the warp that computes its r.
+template <int WG, int FOLD>
+__host__ __device__ constexpr int threads_of() {
+  return 128 * WG + 32 + (FOLD == NormFold::kConsume ? 32 : 0);
+}
 
 // The sum over the cluster's CTAs, in rank order, of the 4 floats at `mine` in each one's shared
 // memory (all reads issued before the first add).
@@ -101,12 +108,13 @@ __device__ __forceinline__ float4 cluster_sum(cg::cluster_group& cluster, const 
 // argmax_rows's rules (NaNs never win; a NaN at output 0 gives (NaN, 0) in block 0; a block of
 // NaNs only gives (-inf, INT32_MAX)).
 template <int NT, int ST, int BOXES, int WG, int AC, bool GLU, int FOLD>
-__global__ void __launch_bounds__(128 * WG + 32, 1)
+__global__ void __launch_bounds__(threads_of<WG, FOLD>(), 1)
     wgmma_gemm_kernel(const __grid_constant__ CUtensorMap tw,
                       const __grid_constant__ CUtensorMap tx, const GemvArgs a,
                       const NormFold nf) {
   using C = Cfg<NT, ST, BOXES, WG, AC>;
   constexpr int kBK = C::kBK, kBM = C::kBM, kHalf = C::kBM / 2, kRedStride = C::kRedStride;
+  constexpr int kThreads = threads_of<WG, FOLD>();
   extern __shared__ uint8_t smem_raw[];
   uint8_t* base =
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -143,7 +151,7 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], 4 * WG);  // one arrival per consumer warp
     }
-    mbar_init(r_ready, 31);  // lanes 1-31 of the producer warp
+    mbar_init(r_ready, 32);  // the r warp's lanes
     mbar_fence_init();
   }
   __syncthreads();
@@ -179,18 +187,21 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
         load_w(s, i);
         load_x(s, i);
       }
-    } else if constexpr (FOLD == NormFold::kConsume) {
-      // r per token from the producer's sums of squares (in order), by the lanes that issue no
-      // copies, while the products run: the consumers take it in their epilogue.
-      // NOTE: measured on an H100 (Llama-3-8B, batch 64): computed by the consumers before their
-      // first product, it held them back while a ring filled during the kernel ahead waited (the
-      // qkv and gate/up products 1-4 us longer than without the fold).
+    }
+  } else if (warp == 4 * WG + 1) {
+    if constexpr (FOLD == NormFold::kConsume) {
+      // The r warp: r per token from the producer's sums of squares (in order) while the
+      // products run; the consumers take it in their epilogue.
+      // NOTE: measured on an H100 (Llama-3-8B, 8-64 sequences): computed by the consumers before
+      // their first product it held them back, the ring having filled during the kernel ahead;
+      // by the producer warp's idle lanes, diverged from the lane that issues the copies, the
+      // step was 1.3-2.9% longer still.
       wait_for_dependency();
       // Each token's parts summed as two halves (every other group of 4 vectors, 4 vectors in
       // flight), then added in order. The last vector's values past the parts are not the
       // producer's (zeros in their place add nothing).
       const int parts = (a.K + 63) / 64, vecs = (parts + 3) / 4;
-      for (int t = lane - 1; t < a.T; t += 31) {
+      for (int t = lane; t < a.T; t += 32) {
         const float4* p = reinterpret_cast<const float4*>(nf.sq + int64_t(t) * nf.sq_ld);
         float halves[2];
         for (int half = 0; half < 2; ++half) {
@@ -278,7 +289,7 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
     // outputs at a time, then folds the lanes' results.
     ArgmaxPair* pairs = static_cast<ArgmaxPair*>(a.y) + row_block;  // [T][gridDim.y]
     const int half = lane / 16, q0 = lane % 16;
-    constexpr int kWarpsAll = C::kThreads / 32;
+    constexpr int kWarpsAll = kThreads / 32;
     for (int tp = t0 + 2 * warp; tp < t1; tp += 2 * kWarpsAll) {  // the same count in a warp
       const int t = tp + half;
       float best = -INFINITY;
@@ -306,7 +317,7 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
       }
     }
   }
-  for (int g = g0 + int(threadIdx.x); !argmax && g < g1; g += C::kThreads) {
+  for (int g = g0 + int(threadIdx.x); !argmax && g < g1; g += kThreads) {
     const int t = g / kGroupsPerToken, r = (g % kGroupsPerToken) * 4;
     const float* mine = red + t * kRedStride + r;
     const float4 sum = cluster_sum(cluster, mine, splits);
@@ -364,7 +375,7 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
     // The squares of each token's 64-row parts, the 16 groups of a part added in order.
     __syncthreads();
     constexpr int kParts = kOutRows >= 64 ? kOutRows / 64 : 1;  // (GLU never produces)
-    for (int j = int(threadIdx.x); j < (t1 - t0) * kParts; j += C::kThreads) {
+    for (int j = int(threadIdx.x); j < (t1 - t0) * kParts; j += kThreads) {
       const int t = t0 + j / kParts, part = j % kParts;
       const int first_row = row_block * kOutRows + 64 * part;
       if (first_row >= a.N) continue;
@@ -436,7 +447,7 @@ int splits_for(int blocks, int kblocks, int ctas_per_sm) {
       for (int s = 1; s <= kMaxSplits; ++s) {
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = dim3(unsigned(s));
-        cfg.blockDim = dim3(Cfg<NT, ST, BOXES, WG, AC>::kThreads);
+        cfg.blockDim = dim3(threads_of<WG, FOLD>());
         cfg.dynamicSmemBytes = size_t(Cfg<NT, ST, BOXES, WG, AC>::kSmem);
         cudaLaunchAttribute at[1] = {cluster_attribute(unsigned(s))};
         cfg.attrs = at;
@@ -471,7 +482,7 @@ cudaError_t launch(const GemvArgs& a, const NormFold& nf, int ctas_per_sm, cudaS
   const CUtensorMap tx = map_of(a.x, a.T, a.K, NT);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(splits), unsigned(blocks));
-  cfg.blockDim = dim3(C::kThreads);
+  cfg.blockDim = dim3(threads_of<WG, FOLD>());
   cfg.dynamicSmemBytes = C::kSmem;
   cfg.stream = stream;
   cudaLaunchAttribute at[2] = {cluster_attribute(unsigned(splits)), pdl_attribute()};
