@@ -388,14 +388,21 @@ std::string write_quantized_gguf(const ModelConfig& c, const std::string& name) 
 
 // Folded RMSNorms (wgmma_gemm.h's NormFold, PAGEDATTN_FOLD_NORM=1) against the norm kernels
 // (=0) on one GPU: logits within bf16's step and the same greedy tokens over a ragged prefill and
-// decode steps of 3 rows (gemv takes 1 and 2 rows, which do not fold), on every test variant.
+// decode steps of 3 rows (gemv takes 1 and 2 rows, which do not fold), on every test variant and
+// on four layers of Llama-3-8B's shapes.
 // (Each run feeds its own greedy tokens: on models whose logits hold near ties, as the quantised
 // GGUF file's, a rounding apart can swap one and part the runs.)
 TEST(LlamaCudaFold, FoldedNormsMatchTheNormKernels) {
   PA_SKIP_WITHOUT_GPU();
-  for (const char* variant : {"llama", "qwen2", "qwen3", "mistral"}) {
+  for (const char* variant : {"llama", "qwen2", "qwen3", "mistral", "llama3-8b"}) {
     SCOPED_TRACE(variant);
-    const ModelConfig c = gpu_config(variant);
+    ModelConfig c;
+    if (std::string(variant) == "llama3-8b") {
+      c = synthetic_model_config("synthetic:llama3-8b");
+      c.num_layers = 4;
+    } else {
+      c = gpu_config(variant);
+    }
     auto run = [&](const char* fold) {
       std::unique_ptr<LlamaModelCuda> m;
       {

@@ -192,7 +192,7 @@ TEST(WgmmaGemmCuda, FoldedNormMatchesDoublePrecision) {
 // The greedy lm_head (wgmma_gemm_argmax): each token's id against argmax_rows over the same
 // product's f32 outputs (version 5, the same sums: the same ids), and against the largest of the
 // double-precision products (the id's product within the bf16 operands' error of it). Rows not a
-// multiple of 64, one block (the cluster's CTAs splitting the tokens) to hundreds; ties planted
+// multiple of 64, one block (the cluster's CTAs splitting the tokens) to a thousand; ties planted
 // across blocks (the lowest index wins), NaN rows (never win) and a NaN output 0 (id 0, as
 // argmax_rows gives).
 TEST(WgmmaGemmCuda, ArgmaxMatchesTheProductsArgmax) {
@@ -201,7 +201,10 @@ TEST(WgmmaGemmCuda, ArgmaxMatchesTheProductsArgmax) {
   std::mt19937 g(29);
   for (int trial = 0; trial < 40; ++trial) {
     const int T = 1 + int(g() % uint32_t(cuda::kWgmmaGemmMaxTokens));
-    const int N = trial % 4 == 0 ? 64 * (1 + int(g() % 300)) : 1 + int(g() % 20000);
+    // (Every eighth a vocabulary's width: a thousand row blocks, the fold's unrolled loop.)
+    const int N = trial % 8 == 7   ? 100000 + int(g() % 40000)
+                  : trial % 4 == 0 ? 64 * (1 + int(g() % 300))
+                                   : 1 + int(g() % 20000);
     const int K = 8 * (1 + int(g() % (N > 4096 ? 64 : 200)));
     const int kind = trial % 5;  // 0 plain, 1 ties, 2 NaN rows, 3 NaN output 0, 4 ties and NaNs
     SCOPED_TRACE(::testing::Message() << "T " << T << " N " << N << " K " << K << " kind " << kind);

@@ -1,7 +1,8 @@
 // The decode steps' products on Hopper's tensor cores, fed by bulk tensor copies (wgmma_gemm.h).
 //
-// grid (splits, blocks), cluster (splits, 1, 1), block 128 WG + 32: warps 0 .. 4 WG - 1 are WG
-// consumer warpgroups, the last warp the producer. CTA (s, b) owns rows [BM b, BM b + BM) of W
+// grid (splits, blocks), cluster (splits, 1, 1), block 128 WG + 32 (+ 32: a folded norm's
+// consumer): warps 0 .. 4 WG - 1 are WG consumer warpgroups, warp 4 WG the producer (warp
+// 4 WG + 1 computes a folded norm's r). CTA (s, b) owns rows [BM b, BM b + BM) of W
 // (BM = 64 AC WG; each warpgroup 64 AC of them) and the K blocks [s * KB / splits,
 // (s + 1) * KB / splits) of 64 BOXES elements (KB = ceil(K / (64 BOXES))).
 //   stage i: W [BM][64] per copy (each warpgroup's AC 64-row parts are A operands of
@@ -11,11 +12,10 @@
 //            every CTA's shared copy, in split order, for its share of the tokens (16 bytes a
 //            read), and writes y (+ y when accumulating; bf16 or f32; GLU: the gate half and the
 //            up half of the rows -> silu(gate) * up). A folded norm (NormFold): the consumer
-//            scales its tokens' outputs by r, computed while the first stages stream (consumer
-//            threads 2 t and 2 t + 1, token t's, kept in a register through the products: no
-//            shared memory taken from the ring); the producer sums the squares of its new y per
-//            64 rows, first per group of 4, then in order. Both in shared memory after the
-//            reduction buffer.
+//            scales its tokens' outputs by r, which a warp of its own computes while the products
+//            run (r [NT] after the barriers, a barrier of its own); the producer
+//            sums the squares of its new y per 64 rows, first per group of 4, then in order (in
+//            shared memory after the reduction buffer).
 // The splits are chosen so that every cluster fits the GPU at once (splits_for).
 #include <cooperative_groups.h>
 
@@ -57,7 +57,6 @@ struct Cfg {
   static_assert(AC == 1 || AC == 2, "one or two m64 accumulators a warpgroup");
   static constexpr int kBM = 64 * AC * WG;        // rows of W per CTA
   static constexpr int kWgRows = 64 * AC;         // rows of W per warpgroup
-  static constexpr int kThreads = 128 * WG + 32;  // the consumer warpgroups, the producer warp
   static constexpr int kRedStride = kBM + 4;      // floats between the reduction's token rows
   static constexpr int kStages = ST;
   static constexpr int kBK = BOXES * kBox;
@@ -65,12 +64,19 @@ struct Cfg {
   static constexpr int kXBox = NT * kBox * 2;   // a multiple of 1024 (NT % 8 == 0)
   static constexpr int kWBytes = BOXES * kWBox;
   static constexpr int kStageBytes = kWBytes + BOXES * kXBox;
-  static constexpr int kSmem = 1024 + kStages * kStageBytes + 2 * kStages * 8;
-  // The reduction buffer and a folded norm's sums of squares (a float per group of 4 outputs)
-  // and r (a float per token).
-  static_assert(NT * kRedStride * 4 + NT * (kBM / 4) * 4 + NT * 4 <= kStages * kStageBytes,
+  // The stages, their full and empty barriers, a folded norm's r barrier and r [NT].
+  static constexpr int kSmem = 1024 + kStages * kStageBytes + 2 * kStages * 8 + 8 + NT * 4;
+  // The reduction buffer and a folded norm's sums of squares (a float per group of 4 outputs).
+  static_assert(NT * kRedStride * 4 + NT * (kBM / 4) * 4 <= kStages * kStageBytes,
                 "reduction buffers fit the stages");
 };
+
+// A launch's threads: the consumer warpgroups, the producer warp and, for a folded norm's
+// consumer (FOLD kConsume), the warp that computes its r.
+template <int WG, int FOLD>
+__host__ __device__ constexpr int threads_of() {
+  return 128 * WG + 32 + (FOLD == NormFold::kConsume ? 32 : 0);
+}
 
 // The sum over the cluster's CTAs, in rank order, of the 4 floats at `mine` in each one's shared
 // memory (all reads issued before the first add).
@@ -102,17 +108,20 @@ __device__ __forceinline__ float4 cluster_sum(cg::cluster_group& cluster, const 
 // argmax_rows's rules (NaNs never win; a NaN at output 0 gives (NaN, 0) in block 0; a block of
 // NaNs only gives (-inf, INT32_MAX)).
 template <int NT, int ST, int BOXES, int WG, int AC, bool GLU, int FOLD>
-__global__ void __launch_bounds__(128 * WG + 32, 1)
+__global__ void __launch_bounds__(threads_of<WG, FOLD>(), 1)
     wgmma_gemm_kernel(const __grid_constant__ CUtensorMap tw,
                       const __grid_constant__ CUtensorMap tx, const GemvArgs a,
                       const NormFold nf) {
   using C = Cfg<NT, ST, BOXES, WG, AC>;
   constexpr int kBK = C::kBK, kBM = C::kBM, kHalf = C::kBM / 2, kRedStride = C::kRedStride;
+  constexpr int kThreads = threads_of<WG, FOLD>();
   extern __shared__ uint8_t smem_raw[];
   uint8_t* base =
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* full = reinterpret_cast<uint64_t*>(base + ST * C::kStageBytes);
   uint64_t* empty = full + ST;
+  uint64_t* r_ready = empty + ST;                      // a folded norm's consumer: r is written
+  float* r_tok = reinterpret_cast<float*>(r_ready + 1);  // [NT] its r per token
   auto w_tile = [&](int s) { return base + s * C::kStageBytes; };
   auto x_tile = [&](int s) { return base + s * C::kStageBytes + C::kWBytes; };
 
@@ -142,6 +151,7 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], 4 * WG);  // one arrival per consumer warp
     }
+    mbar_init(r_ready, 32);  // the r warp's lanes
     mbar_fence_init();
   }
   __syncthreads();
@@ -157,7 +167,6 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
 #pragma unroll
     for (int j = 0; j < NT / 2; ++j) acc[c][j] = 0.f;
 
-  float r_mine = 1.f;  // a folded norm's consumer: r of token threadIdx.x / 2 (T <= 64 = 128 / 2)
   if (warp == 4 * WG) {
     if (lane == 0) {
       prefetch_tensor_map(&tw);
@@ -179,36 +188,43 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
         load_x(s, i);
       }
     }
-  } else {
+  } else if (warp == 4 * WG + 1) {
     if constexpr (FOLD == NormFold::kConsume) {
-      // r per token from the producer's sums of squares (in order), while W streams in.
+      // The r warp: r per token from the producer's sums of squares (in order) while the
+      // products run; the consumers take it in their epilogue.
+      // NOTE: measured on an H100 (Llama-3-8B, 8-64 sequences): computed by the consumers before
+      // their first product it held them back, the ring having filled during the kernel ahead;
+      // by the producer warp's idle lanes, diverged from the lane that issues the copies, the
+      // step was 1.3-2.9% longer still.
       wait_for_dependency();
-      // Two threads a token, each summing every other group of 4 vectors, 4 vectors in flight at
-      // once (a loop of dependent loads cost more than the norm kernel; 16 at once raised the
-      // kernel's registers from 54-64 to 85-90, which kept it from starting beside the kernel
-      // ahead), the halves added in order. The last vector's values past the parts are not the
+      // Each token's parts summed as two halves (every other group of 4 vectors, 4 vectors in
+      // flight), then added in order. The last vector's values past the parts are not the
       // producer's (zeros in their place add nothing).
       const int parts = (a.K + 63) / 64, vecs = (parts + 3) / 4;
-      const int t = int(threadIdx.x) / 2, half = int(threadIdx.x) % 2;
-      float sum = 0.f;
-      if (t < a.T) {
+      for (int t = lane; t < a.T; t += 32) {
         const float4* p = reinterpret_cast<const float4*>(nf.sq + int64_t(t) * nf.sq_ld);
-        for (int q0 = 4 * half; q0 < vecs; q0 += 8) {
-          float4 v[4];
+        float halves[2];
+        for (int half = 0; half < 2; ++half) {
+          float sum = 0.f;
+          for (int q0 = 4 * half; q0 < vecs; q0 += 8) {
+            float4 v[4];
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
-            v[j] = q0 + j < vecs ? p[q0 + j] : make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int j = 0; j < 4; ++j)
+              v[j] = q0 + j < vecs ? p[q0 + j] : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int q = 4 * (q0 + j);
-            sum += (q < parts ? v[j].x : 0.f) + (q + 1 < parts ? v[j].y : 0.f) +
-                   (q + 2 < parts ? v[j].z : 0.f) + (q + 3 < parts ? v[j].w : 0.f);
+            for (int j = 0; j < 4; ++j) {
+              const int q = 4 * (q0 + j);
+              sum += (q < parts ? v[j].x : 0.f) + (q + 1 < parts ? v[j].y : 0.f) +
+                     (q + 2 < parts ? v[j].z : 0.f) + (q + 3 < parts ? v[j].w : 0.f);
+            }
           }
+          halves[half] = sum;
         }
+        r_tok[t] = rsqrtf((halves[0] + halves[1]) / float(a.K) + nf.eps);
       }
-      const float other = __shfl_xor_sync(0xffffffffu, sum, 1);
-      if (t < a.T) r_mine = rsqrtf((half ? other + sum : sum + other) / float(a.K) + nf.eps);
+      mbar_arrive(r_ready);
     }
+  } else {
     for (int i = 0; i < n; ++i) {
       const int s = i % ST;
       mbar_wait(&full[s], (i / ST) & 1);
@@ -253,10 +269,7 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
   constexpr int kOutRows = GLU ? kHalf : kBM;
   constexpr int kGroupsPerToken = kOutRows / 4;
   float* sq4 = red + NT * kRedStride;  // [t - t0][group]: a folded norm's squares of 4 outputs
-  float* rs = sq4 + NT * (kBM / 4);    // [NT] a folded norm's r per token
-  if constexpr (FOLD == NormFold::kConsume) {
-    if (int(threadIdx.x) % 2 == 0 && int(threadIdx.x) / 2 < a.T) rs[threadIdx.x / 2] = r_mine;
-  }
+  if constexpr (FOLD == NormFold::kConsume) mbar_wait(r_ready, 0);  // r_tok is written
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
   wait_for_dependency();  // y may be the output of the kernels before this one
@@ -276,7 +289,7 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
     // outputs at a time, then folds the lanes' results.
     ArgmaxPair* pairs = static_cast<ArgmaxPair*>(a.y) + row_block;  // [T][gridDim.y]
     const int half = lane / 16, q0 = lane % 16;
-    constexpr int kWarpsAll = C::kThreads / 32;
+    constexpr int kWarpsAll = kThreads / 32;
     for (int tp = t0 + 2 * warp; tp < t1; tp += 2 * kWarpsAll) {  // the same count in a warp
       const int t = tp + half;
       float best = -INFINITY;
@@ -304,12 +317,12 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
       }
     }
   }
-  for (int g = g0 + int(threadIdx.x); !argmax && g < g1; g += C::kThreads) {
+  for (int g = g0 + int(threadIdx.x); !argmax && g < g1; g += kThreads) {
     const int t = g / kGroupsPerToken, r = (g % kGroupsPerToken) * 4;
     const float* mine = red + t * kRedStride + r;
     const float4 sum = cluster_sum(cluster, mine, splits);
     float v[4] = {sum.x, sum.y, sum.z, sum.w};
-    const float scale = FOLD == NormFold::kConsume ? rs[t] : 1.f;
+    const float scale = FOLD == NormFold::kConsume ? r_tok[t] : 1.f;
     if constexpr (FOLD == NormFold::kConsume) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) v[j] *= scale;
@@ -362,7 +375,7 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
     // The squares of each token's 64-row parts, the 16 groups of a part added in order.
     __syncthreads();
     constexpr int kParts = kOutRows >= 64 ? kOutRows / 64 : 1;  // (GLU never produces)
-    for (int j = int(threadIdx.x); j < (t1 - t0) * kParts; j += C::kThreads) {
+    for (int j = int(threadIdx.x); j < (t1 - t0) * kParts; j += kThreads) {
       const int t = t0 + j / kParts, part = j % kParts;
       const int first_row = row_block * kOutRows + 64 * part;
       if (first_row >= a.N) continue;
@@ -434,7 +447,7 @@ int splits_for(int blocks, int kblocks, int ctas_per_sm) {
       for (int s = 1; s <= kMaxSplits; ++s) {
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = dim3(unsigned(s));
-        cfg.blockDim = dim3(Cfg<NT, ST, BOXES, WG, AC>::kThreads);
+        cfg.blockDim = dim3(threads_of<WG, FOLD>());
         cfg.dynamicSmemBytes = size_t(Cfg<NT, ST, BOXES, WG, AC>::kSmem);
         cudaLaunchAttribute at[1] = {cluster_attribute(unsigned(s))};
         cfg.attrs = at;
@@ -469,7 +482,7 @@ cudaError_t launch(const GemvArgs& a, const NormFold& nf, int ctas_per_sm, cudaS
   const CUtensorMap tx = map_of(a.x, a.T, a.K, NT);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(splits), unsigned(blocks));
-  cfg.blockDim = dim3(C::kThreads);
+  cfg.blockDim = dim3(threads_of<WG, FOLD>());
   cfg.dynamicSmemBytes = C::kSmem;
   cfg.stream = stream;
   cudaLaunchAttribute at[2] = {cluster_attribute(unsigned(splits)), pdl_attribute()};
