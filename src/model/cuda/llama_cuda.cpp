@@ -457,14 +457,6 @@ struct LlamaModelCuda::Impl {
            cuda::wgmma_gemm_argmax_takes(R, V, hidden);
   }
 
-  // y [T, out] (ytype: f32 or bf16) = beta * y + x [T, in] (bf16) W^T, W [out, in] bf16, fp32
-  // accumulation; beta is 0 or 1 (1: f32 y only). At the shapes where gemv_pick says it is
-  // faster (one or two tokens), the CUDA-core stream of gemv.h; where wgmma_gemm_pick says so (a
-  // few dozen tokens on Hopper), the tensor-core stream of wgmma_gemm.h; cuBLAS everywhere else
-  // (kernels_dev/gemv.cu and wgmma_gemm.cu measure them; the lab's older skinny GEMM,
-  // kernels_dev/skinny_gemm.cu, and cuBLASLt's other algorithms, kernels_dev/cublaslt_algos.cu,
-  // are not faster). ldy: y's row stride in elements (0: out). fold: the product's part in a
-  // folded norm (fold_norms chose wgmma_gemm for it), or null.
   // PAGEDATTN_PRODUCT_VERSIONS="qkv=6,o=1": wgmma_gemm's version for the products whose name
   // (`what`) starts with that word (a comparison; 0: wgmma_gemm_version_for's).
   static int product_version(const char* what) {
@@ -484,12 +476,21 @@ struct LlamaModelCuda::Impl {
       }
       return t;
     }();
+    if (table.empty()) return 0;
     const std::string w = std::string(what) + ' ';
     for (const auto& [name, version] : table)
       if (w.compare(0, name.size() + 1, name + ' ') == 0) return version;
     return 0;
   }
 
+  // y [T, out] (ytype: f32 or bf16) = beta * y + x [T, in] (bf16) W^T, W [out, in] bf16, fp32
+  // accumulation; beta is 0 or 1 (1: f32 y only). At the shapes where gemv_pick says it is
+  // faster (one or two tokens), the CUDA-core stream of gemv.h; where wgmma_gemm_pick says so (a
+  // few dozen tokens on Hopper), the tensor-core stream of wgmma_gemm.h; cuBLAS everywhere else
+  // (kernels_dev/gemv.cu and wgmma_gemm.cu measure them; the lab's older skinny GEMM,
+  // kernels_dev/skinny_gemm.cu, and cuBLASLt's other algorithms, kernels_dev/cublaslt_algos.cu,
+  // are not faster). ldy: y's row stride in elements (0: out). fold: the product's part in a
+  // folded norm (fold_norms chose wgmma_gemm for it), or null.
   void gemm(const void* x_, int32_t T, int32_t in, const Tensor& w, int32_t out, void* y,
             cudaDataType_t ytype, float beta, const char* what, int32_t ldy = 0,
             const cuda::NormFold* fold = nullptr) {
@@ -777,7 +778,7 @@ struct LlamaModelCuda::Impl::Step {
   float* shard_logits = nullptr;    // [R, vocab_stride] (tensor parallel)
   float* gathered = nullptr;        // [world, R, vocab_stride] (tensor parallel)
   int32_t* ids = nullptr;           // [R] each row's argmax (greedy steps; else null)
-  cuda::ArgmaxPair* head_pairs = nullptr;  // [blocks, R] (greedy, wgmma_gemm_argmax: no logits)
+  cuda::ArgmaxPair* head_pairs = nullptr;  // [R, blocks] (greedy, wgmma_gemm_argmax: no logits)
   cuda::ArgmaxPair* pairs = nullptr;      // [R] this rank's slice's (greedy, tensor parallel)
   cuda::ArgmaxPair* pairs_all = nullptr;  // [world, R]
 };
