@@ -190,11 +190,11 @@ TEST(WgmmaGemmCuda, FoldedNormMatchesDoublePrecision) {
 }
 
 // The greedy lm_head (wgmma_gemm_argmax): each token's id against argmax_rows over the same
-// product's f32 outputs (version 5, the same sums: the same ids), and against the largest of the
-// double-precision products (the id's product within the bf16 operands' error of it). Rows not a
-// multiple of 64, one block (the cluster's CTAs splitting the tokens) to a thousand; ties planted
-// across blocks (the lowest index wins), NaN rows (never win) and a NaN output 0 (id 0, as
-// argmax_rows gives).
+// product's f32 outputs (version 1, the configuration it runs: the same sums, the same ids), and
+// against the largest of the double-precision products (the id's product within the bf16
+// operands' error of it). Rows not a multiple of 128, one block (the cluster's CTAs splitting the
+// tokens) to a thousand; ties planted across blocks (the lowest index wins), NaN rows (never win)
+// and a NaN output 0 (id 0, as argmax_rows gives).
 TEST(WgmmaGemmCuda, ArgmaxMatchesTheProductsArgmax) {
   PA_SKIP_WITHOUT_GPU();
   if (!cuda::wgmma_gemm_available()) GTEST_SKIP() << "not an sm_90 device";
@@ -228,7 +228,7 @@ TEST(WgmmaGemmCuda, ArgmaxMatchesTheProductsArgmax) {
     cudaMemcpy(d.dw, d.w.data(), d.w.size() * 2, cudaMemcpyHostToDevice);
 
     cuda::GemvArgs a = cuda::product_args(d.dx, d.dw, d.dy, T, N, K, N);
-    cuda::wgmma_gemm(a, nullptr, 5);
+    cuda::wgmma_gemm(a, nullptr, 1);
     int32_t *ids_ref = nullptr, *ids = nullptr;
     cuda::ArgmaxPair* pairs = nullptr;
     ASSERT_EQ(cudaMalloc(&ids_ref, size_t(T) * 4), cudaSuccess);

@@ -457,32 +457,6 @@ struct LlamaModelCuda::Impl {
            cuda::wgmma_gemm_argmax_takes(R, V, hidden);
   }
 
-  // PAGEDATTN_PRODUCT_VERSIONS="qkv=6,o=1": wgmma_gemm's version for the products whose name
-  // (`what`) starts with that word (a comparison; 0: wgmma_gemm_version_for's).
-  static int product_version(const char* what) {
-    static const std::vector<std::pair<std::string, int>> table = [] {
-      std::vector<std::pair<std::string, int>> t;
-      const char* e = std::getenv("PAGEDATTN_PRODUCT_VERSIONS");
-      std::string v = e ? e : "";
-      size_t at = 0;
-      while (at < v.size()) {
-        size_t end = v.find(',', at);
-        if (end == std::string::npos) end = v.size();
-        const std::string item = v.substr(at, end - at);
-        const size_t eq = item.find('=');
-        if (eq != std::string::npos)
-          t.emplace_back(item.substr(0, eq), std::atoi(item.c_str() + eq + 1));
-        at = end + 1;
-      }
-      return t;
-    }();
-    if (table.empty()) return 0;
-    const std::string w = std::string(what) + ' ';
-    for (const auto& [name, version] : table)
-      if (w.compare(0, name.size() + 1, name + ' ') == 0) return version;
-    return 0;
-  }
-
   // y [T, out] (ytype: f32 or bf16) = beta * y + x [T, in] (bf16) W^T, W [out, in] bf16, fp32
   // accumulation; beta is 0 or 1 (1: f32 y only). At the shapes where gemv_pick says it is
   // faster (one or two tokens), the CUDA-core stream of gemv.h; where wgmma_gemm_pick says so (a
@@ -499,7 +473,7 @@ struct LlamaModelCuda::Impl {
     a.y_bf16 = ytype == CUDA_R_16BF;
     a.accumulate = beta != 0.f;
     if (fold && fold->mode != cuda::NormFold::kNone) {  // fold_norms chose wgmma_gemm
-      cuda::wgmma_gemm(a, stream, product_version(what), fold);
+      cuda::wgmma_gemm(a, stream, 0, fold);
       return;
     }
     if (const int v = use_gemv ? cuda::gemv_pick(T, out, in) : 0) {
@@ -509,7 +483,7 @@ struct LlamaModelCuda::Impl {
       }
     }
     if (cuda::wgmma_gemm_pick(T, out, in) && cuda::wgmma_gemm_supported(a)) {
-      cuda::wgmma_gemm(a, stream, product_version(what));
+      cuda::wgmma_gemm(a, stream);
       return;
     }
     const float alpha = 1.f;

@@ -539,39 +539,20 @@ cudaError_t launch_folded(const GemvArgs& a, const NormFold& nf, int v, cudaStre
   }
 }
 
-// The argmax epilogue on versions 1, 5 and 6's configurations (launch_version's).
-template <int NT>
-cudaError_t launch_argmax_nt(const GemvArgs& a, int v, cudaStream_t stream) {
-  constexpr int kStage64 = 64 * kBox * 2 + NT * kBox * 2;
-  constexpr int F = kArgmaxEpilogue;
-  switch (v) {
-    case 1:
-      return launch<NT, (NT > 32 ? 4 : 5), 1, 1, 2, false, F>(a, NormFold{}, 2, stream);
-    case 6:
-      return launch<NT, 100 * 1024 / kStage64, 1, 1, 1, false, F>(a, NormFold{}, 2, stream);
-    default:
-      return launch<NT, 200 * 1024 / kStage64, 1, 1, 1, false, F>(a, NormFold{}, 1, stream);
-  }
-}
-
-cudaError_t launch_argmax(const GemvArgs& a, int v, cudaStream_t stream) {
-  return a.T <= 8    ? launch_argmax_nt<8>(a, v, stream)
-         : a.T <= 16 ? launch_argmax_nt<16>(a, v, stream)
-         : a.T <= 32 ? launch_argmax_nt<32>(a, v, stream)
-                     : launch_argmax_nt<64>(a, v, stream);
-}
-
-// The version of the argmax epilogue: PAGEDATTN_LM_HEAD_VERSION=1|5|6 (a comparison), else 1.
+// The argmax epilogue on version 1's configuration (launch_version's): 128 rows a CTA, two CTAs
+// an SM, one's start and end under the other's stream.
 // NOTE: measured on an H100 (Llama-3-8B's lm_head in the step, three rounds alternating): at
-// batch 64 version 1 (two CTAs an SM, each one's start and end under the other's stream) 7.708-
-// 7.715 ms a step against 7.732-7.775 with version 5 and 7.728-7.773 with 6; level at 8 and 32.
-int argmax_version() {
-  static const int v = [] {
-    const char* e = std::getenv("PAGEDATTN_LM_HEAD_VERSION");
-    const int n = e ? std::atoi(e) : 0;
-    return n == 5 || n == 6 ? n : 1;
-  }();
-  return v;
+// batch 64 7.708-7.715 ms a step against 7.732-7.775 on version 5's configuration and
+// 7.728-7.773 on version 6's; level at 8 and 32 (the comparison's switch: branch
+// `product-versions-knob`).
+constexpr int kArgmaxRows = 128;
+cudaError_t launch_argmax(const GemvArgs& a, cudaStream_t stream) {
+  constexpr int F = kArgmaxEpilogue;
+  const NormFold none{};
+  return a.T <= 8    ? launch<8, 5, 1, 1, 2, false, F>(a, none, 2, stream)
+         : a.T <= 16 ? launch<16, 5, 1, 1, 2, false, F>(a, none, 2, stream)
+         : a.T <= 32 ? launch<32, 5, 1, 1, 2, false, F>(a, none, 2, stream)
+                     : launch<64, 4, 1, 1, 2, false, F>(a, none, 2, stream);
 }
 
 }  // namespace
@@ -668,11 +649,7 @@ void wgmma_gemm(const GemvArgs& a, cudaStream_t stream, int version, const NormF
   PA_CHECK(e == cudaSuccess, "wgmma_gemm: launch failed: ", cudaGetErrorString(e));
 }
 
-}  // namespace pagedattn::cuda
-
-namespace pagedattn::cuda {
-
-int32_t wgmma_gemm_argmax_blocks(int32_t N) { return (N + 63) / 64; }
+int32_t wgmma_gemm_argmax_blocks(int32_t N) { return (N + kArgmaxRows - 1) / kArgmaxRows; }
 
 bool wgmma_gemm_argmax_takes(int32_t T, int32_t N, int32_t K) {
   static const bool off = [] {
@@ -689,11 +666,9 @@ void wgmma_gemm_argmax(const GemvArgs& a, ArgmaxPair* pairs, int32_t* ids, cudaS
   PA_CHECK(pairs && ids && !a.accumulate && !a.y_bf16 && wgmma_gemm_supported(b),
            "wgmma_gemm_argmax: unsupported arguments (T ", a.T, ", N ", a.N, ", K ", a.K, ")");
   PA_CHECK(wgmma_gemm_available(), "wgmma_gemm_argmax: this device cannot run it (sm_90 only)");
-  const int v = argmax_version();
-  const cudaError_t e = launch_argmax(b, v, stream);
+  const cudaError_t e = launch_argmax(b, stream);
   PA_CHECK(e == cudaSuccess, "wgmma_gemm_argmax: launch failed: ", cudaGetErrorString(e));
-  const int rows_per_block = v == 1 ? 128 : 64;  // the launch's grid.y: its row blocks
-  argmax_combine_by_row(pairs, (a.N + rows_per_block - 1) / rows_per_block, a.T, ids, stream);
+  argmax_combine_by_row(pairs, wgmma_gemm_argmax_blocks(a.N), a.T, ids, stream);
 }
 
 }  // namespace pagedattn::cuda

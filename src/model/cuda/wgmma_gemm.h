@@ -97,9 +97,8 @@ void wgmma_gemm(const GemvArgs& a, cudaStream_t stream, int version = 0,
 // (largest value, lowest index) per token in pairs [T, row blocks] instead of y (a.y is not used:
 // 2 x 16 MB of f32 logits written and read again at 32 tokens with a 128K vocabulary, and the
 // argmax kernel's launch), then argmax_combine_by_row folds the blocks. Version 1's configuration
-// (128 rows a CTA; PAGEDATTN_LM_HEAD_VERSION=5|6 for those), a.accumulate and a.y_bf16 false;
-// throws Error as wgmma_gemm does. pairs holds wgmma_gemm_argmax_blocks(N) x T (enough for any
-// version's row blocks).
+// (128 rows a CTA), a.accumulate and a.y_bf16 false; throws Error as wgmma_gemm does. pairs holds
+// wgmma_gemm_argmax_blocks(N) x T.
 struct ArgmaxPair;
 int32_t wgmma_gemm_argmax_blocks(int32_t N);
 // Whether the model takes it for its lm_head at this shape: wgmma_gemm_pick's answer, unless
