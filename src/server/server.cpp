@@ -191,6 +191,16 @@ bool has_body(const httplib::Request& req) {
          (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
 }
 
+// A Content-Length value as RFC 9110 writes it (1*DIGIT), saturating past 2^63; -1 when it is not
+// one. httplib reads the digits a value starts with (none: 0) and wraps a minus sign: "abc" framed
+// an empty body and its bytes were parsed as the next request.
+int64_t content_length(const std::string& v) {
+  if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos) return -1;
+  int64_t n = 0;
+  for (const char c : v) n = n > (INT64_MAX - 9) / 10 ? INT64_MAX : n * 10 + (c - '0');
+  return n;
+}
+
 // Equal strings, in time that depends on their lengths only.
 bool same_secret(const std::string& a, const std::string& b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
@@ -228,6 +238,13 @@ httplib::Server::HandlerResponse Server::Impl::guard(const httplib::Request& req
                    "invalid_body");
   } else if (lengths_differ) {
     err = ApiError(400, "the request has Content-Length headers that differ", "", "invalid_body");
+  } else if (req.has_header("Content-Length") &&
+             content_length(req.get_header_value("Content-Length")) < 0) {
+    err = ApiError(400,
+                   "the request's Content-Length " +
+                       api::quote(req.get_header_value("Content-Length")) +
+                       " is not a number of bytes",
+                   "", "invalid_body");
   } else if (!route) {
     err = ApiError(404, "no route " + req.method + " " + req.path, "", "not_found");
   } else if (method != route->method) {
@@ -252,6 +269,14 @@ httplib::Server::HandlerResponse Server::Impl::guard(const httplib::Request& req
       err = ApiError(401, "Incorrect API key provided", "", "invalid_api_key");
     }
   }
+  // A declared length past the limit is refused before any of the body is read (httplib would
+  // first read and drop that many bytes, waiting io_timeout for those that never come).
+  if (!err && req.has_header("Content-Length") &&
+      uint64_t(content_length(req.get_header_value("Content-Length"))) > config.max_body_bytes)
+    err = ApiError(413,
+                   "the request body is larger than " + std::to_string(config.max_body_bytes) +
+                       " bytes",
+                   "", "body_too_large");
   if (!err) return HR::Unhandled;
   if (has_body(req)) GuardedHttpServer::close_after_response(res);
   send_error(res, *err);

@@ -2,6 +2,7 @@
 // that stall, clients that leave before their answer, wrong methods, malformed HTTP.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <functional>
 #include <string>
 #include <thread>
@@ -196,6 +197,12 @@ TEST_P(HostileTest, AmbiguousFramingIsNeverReadAsAnotherRequest) {
       completions + "Transfer-Encoding: chunked\r\n\r\n3\r\nabcX\r\n" + smuggled,
       completions + len + "Transfer-Encoding: chunked\r\n\r\n" + body + smuggled,
       completions + len + "Content-Length: 5\r\n\r\n" + body + smuggled,
+      // Lengths that are not 1*DIGIT (httplib read "abc" as 0, "1e3" as 1, "-5" wrapped).
+      completions + "Content-Length: abc\r\n\r\n" + smuggled,
+      completions + "Content-Length: +0\r\n\r\n" + smuggled,
+      completions + "Content-Length: 0x10\r\n\r\n" + smuggled,
+      completions + "Content-Length: 1e3\r\n\r\n" + smuggled,
+      completions + "Content-Length: -5\r\n\r\n" + smuggled,
   };
   for (const std::string& raw : requests) {
     const int fd = connect_raw(s.port);
@@ -219,6 +226,33 @@ TEST_P(HostileTest, AmbiguousFramingIsNeverReadAsAnotherRequest) {
     ::close(fd);
     EXPECT_EQ(raw_status(r), 200) << r.substr(0, 300);
   }
+  EXPECT_TRUE(s.pages_released());
+}
+
+// A declared Content-Length past the limit is a 413 at once, before any of the body is sent (not
+// after io_timeout, waiting for a body the client will not send before its answer).
+TEST_P(HostileTest, DeclaredLengthPastTheLimitIs413AtOnce) {
+  FakeServer s(GetParam(), [](ServerConfig& c) { c.io_timeout_s = 30; });
+  for (const std::string length : {"65537", "1000000000000", "99999999999999999999999"}) {
+    const int fd = connect_raw(s.port, 10);
+    ASSERT_GE(fd, 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    send_raw(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 "Content-Length: " + length + "\r\n\r\n{\"model\"");
+    const std::string r = recv_raw(fd);
+    ::close(fd);
+    EXPECT_EQ(raw_status(r), 413) << length << ": " << r.substr(0, 300);
+    EXPECT_NE(error_message(r).find("larger than 65536 bytes"), std::string::npos) << r;
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5)) << length;
+  }
+  // The limit itself is fine: a body of exactly 65536 bytes is read (and is bad JSON here).
+  const int fd = connect_raw(s.port);
+  ASSERT_GE(fd, 0);
+  send_raw(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+               "Content-Length: 65536\r\n\r\n" + std::string(65536, ' '));
+  const std::string r = recv_raw(fd);
+  ::close(fd);
+  EXPECT_EQ(raw_status(r), 400) << r.substr(0, 300);
   EXPECT_TRUE(s.pages_released());
 }
 
