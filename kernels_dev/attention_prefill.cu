@@ -38,6 +38,13 @@
 //       Since the same day every version's wgmma descriptors are one add past a base built once
 //       (a third of the consumers' stall samples had been on integer instructions): batch 1 /
 //       8192 / d128 545 -> 563-567 TFLOP/s in the attention benchmark.
+//       And since 2026-11-27 (evening) the descriptors live in uniform registers: ptxas had
+//       built them per thread and moved each to uniform registers (an R2UR pair waited on before
+//       every wgmma; Nsight Compute's per-instruction samples put a third of the consumers' time
+//       in the products' issue), because it could not prove the warpgroup index or the stage
+//       warp-uniform; both now come through a shuffle from lane 0. The library's v8, three rounds
+//       against the build before: batch 1 / 8192 / d128 592 -> 622 TFLOP/s, batch 4 / 2048
+//       447 -> 464, d64 and d256 4-9% faster, fp8 pools 2-4%.
 //
 // Measured: H100 80GB HBM3, 2026-11-22/23, 32 query heads, 8 KV heads, head dim 128, page 16,
 // bf16, causal, cold L2, median of 10 (TFLOP/s; torch flash-attention 2: 206-356, cuDNN:

@@ -2,7 +2,9 @@
 # Nsight Compute on one launch of the Hopper prefill kernel per KV dtype (batch 1, length 8192,
 # GQA 32/8, d128, page 16): the details page and the raw metrics of shared memory, the tensor
 # pipe and the issue slots, side by side, to see what bounds fp8 pools against bf16. Then
-# compute-sanitizer racecheck on RACE_FILTER (GPU tests) if set.
+# compute-sanitizer racecheck on RACE_FILTER (GPU tests) if set. SOURCE=1 also writes each
+# kernel's SASS with its warp stall samples per instruction (source_<kv>.csv.gz).
+#   KVS=bf16 SOURCE=1 scripts/device/prefill-profile-kv.sh
 #   RACE_FILTER='HopperPrefill.FewCtasRunEveryWorkFp8x128' scripts/device/prefill-profile-kv.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,6 +21,10 @@ for kv in ${KVS:-bf16 fp8}; do
     --head-dim 128 --page-size 16 --iters 2 --kv-dtype "$kv"
   ncu -i "$OUT/p_$kv.ncu-rep" --page details >"$OUT/details_$kv.txt" 2>&1
   ncu -i "$OUT/p_$kv.ncu-rep" --page raw --csv >"$OUT/raw_$kv.csv" 2>&1
+  if [[ -n "${SOURCE:-}" ]]; then
+    ncu -i "$OUT/p_$kv.ncu-rep" --page source --csv --print-source sass 2>&1 |
+      gzip >"$OUT/source_$kv.csv.gz"
+  fi
   rm -f "$OUT/p_$kv.ncu-rep"
 done
 python3 - "$OUT" ${KVS:-bf16 fp8} <<'PY'

@@ -616,7 +616,9 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
 
   // ================= consumers =================
   regs_alloc<S::template kConsumerRegs<OVERLAP>>();
-  const int cw = wg - 1, wq = warp % 4;
+  // The warpgroup index through a shuffle from lane 0: ptxas then knows it is warp-uniform and
+  // keeps what derives from it (Q's descriptor) in uniform registers.
+  const int cw = __shfl_sync(0xffffffffu, wg - 1, 0), wq = warp % 4;
   // Ping-pong (p.hopper_pingpong, overlapped loop only): the two warpgroups take turns at issuing
   // their products, so that one's softmax runs while the other's products hold the tensor cores.
   // Warpgroup c waits on named barrier 1 + c for its turn and, once its products are issued,
@@ -698,7 +700,11 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     };
     // S = Q K^T (64 x BN per warpgroup), issued and committed, not waited for. Every
     // descriptor is one add past a base (wgmma_desc_add).
+    // NOTE: the stage goes through a shuffle from lane 0 so that ptxas sees it warp-uniform: the
+    // descriptors are then built in uniform registers, not built per thread and moved over (an
+    // R2UR pair before every wgmma; the issue took a third of the consumers' samples).
     auto issue_s = [&](int s) {
+      s = __shfl_sync(0xffffffffu, s, 0);
       const uint64_t k_desc = wgmma_desc_add(k_desc0, uint32_t(s) * S::kTileBytes);
 #pragma unroll
       for (int j = 0; j < BN / 2; ++j) sc[j] = 0.f;
@@ -715,6 +721,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     };
     // O += P V, issued and committed, not waited for.
     auto issue_pv = [&](int s) {
+      s = __shfl_sync(0xffffffffu, s, 0);
       const uint64_t v_desc = wgmma_desc_add(v_desc0, uint32_t(s) * S::kTileBytes);
       fence_regs(o);
       fence_regs(pa);

@@ -225,10 +225,13 @@ __global__ void __launch_bounds__(threads_of<WG, FOLD>(), 1)
       mbar_arrive(r_ready);
     }
   } else {
+    // The warpgroup through a shuffle from lane 0: ptxas then knows it warp-uniform and builds
+    // the descriptors in uniform registers (else an R2UR pair waits before every wgmma).
+    const int wgu = __shfl_sync(0xffffffffu, wg, 0);
     for (int i = 0; i < n; ++i) {
       const int s = i % ST;
       mbar_wait(&full[s], (i / ST) & 1);
-      const uint32_t wa = smem_u32(w_tile(s)) + wg * kWgRows * 128, xa = smem_u32(x_tile(s));
+      const uint32_t wa = smem_u32(w_tile(s)) + wgu * kWgRows * 128, xa = smem_u32(x_tile(s));
 #pragma unroll
       for (int c = 0; c < AC; ++c) fence_regs(acc[c]);
       wgmma_fence();
