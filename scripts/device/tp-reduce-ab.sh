@@ -8,7 +8,9 @@
 # variant), tests.log, parity.log, build.log.
 #   BASE_DIR=out/ab-base scripts/device/tp-reduce-ab.sh
 #   SKIP_TESTS=1 BASE_DIR=out/ab-base ROUNDS=3 scripts/device/tp-reduce-ab.sh
-# Environment: BASE_DIR, ROUNDS (2), BATCHES (1,32,64), PROMPT_LEN (512), SKIP_TESTS, BUDGET (560).
+#   AB_VAR=PAGEDATTN_PEER_EPILOGUE scripts/device/tp-reduce-ab.sh   (this tree with VAR=0 as "off")
+# Environment: BASE_DIR, AB_VAR, ROUNDS (2), BATCHES (1,32,64), PROMPT_LEN (512), SKIP_TESTS,
+# TEST_FILTER, BUDGET (560).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/device/steps.sh
@@ -18,7 +20,7 @@ build_cli_and_gpu_tests
 bin=$BUILD_DIR/pagedattn
 if [[ -z "${SKIP_TESTS:-}" ]]; then
   step tests 150 tests.log "$BUILD_DIR/tests/test_gpu" \
-    --gtest_filter='PeerAllReduce*:TensorParallel*:LlamaCudaSynthetic.*Argmax*'
+    --gtest_filter="${TEST_FILTER:-PeerAllReduce*:TensorParallel*:LlamaCudaSynthetic.*Argmax*}"
   tail -3 "$OUT/tests.log"
   grep -E "^\[  FAILED|Failure" "$OUT/tests.log" | head -10
   step parity 120 parity.log python3 scripts/device/tp_parity.py "$bin" --tp 2
@@ -39,15 +41,16 @@ if [[ -n "${BASE_DIR:-}" ]]; then
   fi
   [[ -x "$base_tree/build-gpu/pagedattn" ]] && base=$base_tree/build-gpu/pagedattn
 fi
-run() {  # run VARIANT BINARY TP
+run() {  # run VARIANT BINARY TP [VAR=VALUE]
   echo "## $1 tp$3" >>"$OUT/bench.log"
-  step "$1-tp$3" 100 bench.log "$2" bench model --model synthetic:llama3-8b --device cuda \
+  step "$1-tp$3" 100 bench.log env ${4:-} "$2" bench model --model synthetic:llama3-8b --device cuda \
     --batch "${BATCHES:-1,32,64}" --prompt-len "${PROMPT_LEN:-512}" --decode-steps 32 \
     --tensor-parallel "$3" --json
 }
 for round in $(seq 1 "${ROUNDS:-2}"); do
   run new "$bin" 2
   [[ -n "$base" ]] && run base "$base" 2
+  [[ -n "${AB_VAR:-}" ]] && run off "$bin" 2 "$AB_VAR=0"
   run new "$bin" 1
 done
 python3 - "$OUT/bench.log" <<'PY' | tee "$OUT/summary.txt"

@@ -87,7 +87,9 @@ class FoldNormEnv {
   bool had_ = false;
 };
 
-// The steps every test runs: a ragged prefill of two sequences, then `decode` greedy steps.
+// The steps every test runs: a ragged prefill of four sequences, then `decode` greedy steps (four
+// rows: the products on the tensor cores, wgmma_gemm, where the device has them; two rows would
+// take gemv).
 struct Script {
   std::vector<std::vector<int32_t>> prompts;
   int32_t decode = 4;
@@ -96,7 +98,7 @@ struct Script {
 Script make_script(int32_t vocab, uint32_t seed) {
   std::mt19937 g(seed);
   Script s;
-  for (int32_t len : {23, 9}) {
+  for (int32_t len : {23, 9, 14, 5}) {
     std::vector<int32_t> p;
     for (int32_t i = 0; i < len; ++i) p.push_back(int32_t(g() % uint32_t(vocab)));
     s.prompts.push_back(p);
