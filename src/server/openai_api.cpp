@@ -218,7 +218,8 @@ std::vector<int32_t> chat_prompt(const json& j, const TextCodec& codec) {
       throw ApiError(400, at + ".role must be a string", "messages", "invalid_type");
     const std::string r = role->get<std::string>();
     if (r != "system" && r != "user" && r != "assistant" && r != "developer")
-      throw ApiError(400, at + ".role " + quote(r) + " is not one of system, developer, user, assistant",
+      throw ApiError(400,
+                     at + ".role " + quote(r) + " is not one of system, developer, user, assistant",
                      "messages", "invalid_value");
     const json* content = field(e, "content");
     std::string text;

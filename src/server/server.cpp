@@ -233,13 +233,14 @@ httplib::Server::HandlerResponse Server::Impl::guard(const httplib::Request& req
     lengths_differ |= req.get_header_value("Content-Length", i) !=
                       req.get_header_value("Content-Length", 0);
   if (req.has_header("Transfer-Encoding")) GuardedHttpServer::close_after_response(res);
-  if (req.has_header("Transfer-Encoding") && req.has_header("Content-Length")) {
+  const bool has_length = req.has_header("Content-Length");
+  const int64_t length = has_length ? content_length(req.get_header_value("Content-Length")) : 0;
+  if (req.has_header("Transfer-Encoding") && has_length) {
     err = ApiError(400, "the request has both Content-Length and Transfer-Encoding", "",
                    "invalid_body");
   } else if (lengths_differ) {
     err = ApiError(400, "the request has Content-Length headers that differ", "", "invalid_body");
-  } else if (req.has_header("Content-Length") &&
-             content_length(req.get_header_value("Content-Length")) < 0) {
+  } else if (length < 0) {
     err = ApiError(400,
                    "the request's Content-Length " +
                        api::quote(req.get_header_value("Content-Length")) +
@@ -271,8 +272,7 @@ httplib::Server::HandlerResponse Server::Impl::guard(const httplib::Request& req
   }
   // A declared length past the limit is refused before any of the body is read (httplib would
   // first read and drop that many bytes, waiting io_timeout for those that never come).
-  if (!err && req.has_header("Content-Length") &&
-      uint64_t(content_length(req.get_header_value("Content-Length"))) > config.max_body_bytes)
+  if (!err && uint64_t(length) > config.max_body_bytes)
     err = ApiError(413,
                    "the request body is larger than " + std::to_string(config.max_body_bytes) +
                        " bytes",
