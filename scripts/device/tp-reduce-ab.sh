@@ -9,7 +9,7 @@
 #   BASE_DIR=out/ab-base scripts/device/tp-reduce-ab.sh
 #   SKIP_TESTS=1 BASE_DIR=out/ab-base ROUNDS=3 scripts/device/tp-reduce-ab.sh
 #   AB_VAR=PAGEDATTN_PEER_EPILOGUE scripts/device/tp-reduce-ab.sh   (this tree with VAR=0 as "off")
-#   AB_ENVS="PAGEDATTN_O_VERSION=6 PAGEDATTN_L2_PREFETCH=1,PAGEDATTN_O_VERSION=6" \
+#   AB_ENVS="PAGEDATTN_O_BESIDE_ATTENTION=0 PAGEDATTN_PEER_ALL_REDUCE=0,PAGEDATTN_FUSE=0" \
 #     scripts/device/tp-reduce-ab.sh   (this tree under each setting too, on two GPUs and one;
 #     commas join the variables of one setting)
 # Environment: BASE_DIR, AB_VAR, AB_ENVS, ROUNDS (2), BATCHES (1,32,64), PROMPT_LEN (512),

@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kThreads)
   // kernel's parameters indexed by a run-time value (a thread's rank, this rank) is copied to
   // every thread's stack first.
   // NOTE: measured on two H100s of one host (Llama-3-8B, batch 32, the same pair): with that
-  // copy (16 stores in every thread, loads from them after) the step took 4.31-4.34 ms, without
+  // copy (16 stores in every thread, loads from them after) the step took 4.29-4.34 ms, without
   // it 3.96-3.98 (kernel_local_bytes: the tests keep it at 0).
   __shared__ const float* input[W];
   __shared__ Flags* flags[W];
