@@ -9,8 +9,11 @@
 #   BASE_DIR=out/ab-base scripts/device/tp-reduce-ab.sh
 #   SKIP_TESTS=1 BASE_DIR=out/ab-base ROUNDS=3 scripts/device/tp-reduce-ab.sh
 #   AB_VAR=PAGEDATTN_PEER_EPILOGUE scripts/device/tp-reduce-ab.sh   (this tree with VAR=0 as "off")
-# Environment: BASE_DIR, AB_VAR, ROUNDS (2), BATCHES (1,32,64), PROMPT_LEN (512), SKIP_TESTS,
-# TEST_FILTER, BUDGET (560).
+#   AB_ENVS="PAGEDATTN_O_BESIDE_ATTENTION=0 PAGEDATTN_PEER_ALL_REDUCE=0,PAGEDATTN_FUSE=0" \
+#     scripts/device/tp-reduce-ab.sh   (this tree under each setting too, on two GPUs and one;
+#     commas join the variables of one setting)
+# Environment: BASE_DIR, AB_VAR, AB_ENVS, ROUNDS (2), BATCHES (1,32,64), PROMPT_LEN (512),
+# SKIP_TESTS, TEST_FILTER, BUDGET (560).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/device/steps.sh
@@ -41,7 +44,7 @@ if [[ -n "${BASE_DIR:-}" ]]; then
   fi
   [[ -x "$base_tree/build-gpu/pagedattn" ]] && base=$base_tree/build-gpu/pagedattn
 fi
-run() {  # run VARIANT BINARY TP [VAR=VALUE]
+run() {  # run VARIANT BINARY TP [VAR=VALUE ...]
   echo "## $1 tp$3" >>"$OUT/bench.log"
   step "$1-tp$3" 100 bench.log env ${4:-} "$2" bench model --model synthetic:llama3-8b --device cuda \
     --batch "${BATCHES:-1,32,64}" --prompt-len "${PROMPT_LEN:-512}" --decode-steps 32 \
@@ -51,7 +54,9 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
   run new "$bin" 2
   [[ -n "$base" ]] && run base "$base" 2
   [[ -n "${AB_VAR:-}" ]] && run off "$bin" 2 "$AB_VAR=0"
+  for e in ${AB_ENVS:-}; do run "$e" "$bin" 2 "${e//,/ }"; done
   run new "$bin" 1
+  for e in ${AB_ENVS:-}; do run "$e" "$bin" 1 "${e//,/ }"; done
 done
 python3 - "$OUT/bench.log" <<'PY' | tee "$OUT/summary.txt"
 import json, sys
@@ -61,7 +66,7 @@ for line in open(sys.argv[1]):
         name = line[3:].strip()
     elif line.startswith("{"):
         j = json.loads(line)
-        print(f"{name:8s} batch {j['batch']:3d}: {j['decode_ms_per_step']:.3f} ms a step, "
+        print(f"{name:40s} batch {j['batch']:3d}: {j['decode_ms_per_step']:.3f} ms a step, "
               f"collectives alone {j.get('collective_ms_per_step', '-')}")
 PY
 print_summary

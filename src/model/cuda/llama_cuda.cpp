@@ -178,6 +178,9 @@ struct LlamaModelCuda::Impl {
   // PAGEDATTN_FOLD_NORM=0: every RMSNorm its own kernel (fold_norms; a comparison).
   bool fold_norm = true;
   bool overlap_passes = true;  // Model::overlaps_passes (PAGEDATTN_SCHEDULE_AHEAD=0: false)
+  // A rank of several runs its o product on kWgmmaGemmBesideAttentionVersion
+  // (PAGEDATTN_O_BESIDE_ATTENTION=0: on the version the shape picks; a comparison).
+  bool o_beside_attention = true;
   std::unique_ptr<CudaAttentionPlan> plan;
   Tensor staging;  // f32 weights on their way to bf16 (load from a file only)
 
@@ -464,16 +467,17 @@ struct LlamaModelCuda::Impl {
   // (kernels_dev/gemv.cu and wgmma_gemm.cu measure them; the lab's older skinny GEMM,
   // kernels_dev/skinny_gemm.cu, and cuBLASLt's other algorithms, kernels_dev/cublaslt_algos.cu,
   // are not faster). ldy: y's row stride in elements (0: out). fold: the product's part in a
-  // folded norm (fold_norms chose wgmma_gemm for it), or null.
+  // folded norm (fold_norms chose wgmma_gemm for it), or null. version: wgmma_gemm's, where it
+  // runs the product (0: the shape's).
   void gemm(const void* x_, int32_t T, int32_t in, const Tensor& w, int32_t out, void* y,
             cudaDataType_t ytype, float beta, const char* what, int32_t ldy = 0,
-            const cuda::NormFold* fold = nullptr) {
+            const cuda::NormFold* fold = nullptr, int version = 0) {
     cuda::GemvArgs a = cuda::product_args(static_cast<const uint16_t*>(x_), w.data_as<uint16_t>(),
                                           y, T, out, in, ldy > 0 ? ldy : out);
     a.y_bf16 = ytype == CUDA_R_16BF;
     a.accumulate = beta != 0.f;
     if (fold && fold->mode != cuda::NormFold::kNone) {  // fold_norms chose wgmma_gemm
-      cuda::wgmma_gemm(a, stream, 0, fold);
+      cuda::wgmma_gemm(a, stream, version, fold);
       return;
     }
     if (const int v = use_gemv ? cuda::gemv_pick(T, out, in) : 0) {
@@ -483,7 +487,7 @@ struct LlamaModelCuda::Impl {
       }
     }
     if (cuda::wgmma_gemm_pick(T, out, in) && cuda::wgmma_gemm_supported(a)) {
-      cuda::wgmma_gemm(a, stream);
+      cuda::wgmma_gemm(a, stream, version);
       return;
     }
     const float alpha = 1.f;
@@ -525,6 +529,8 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
   // next one, as on the CPU (a comparison).
   if (const char* a = std::getenv("PAGEDATTN_SCHEDULE_AHEAD"); a && std::string(a) == "0")
     overlap_passes = false;
+  if (const char* o = std::getenv("PAGEDATTN_O_BESIDE_ATTENTION"); o && std::string(o) == "0")
+    o_beside_attention = false;
   check_cublas(cublasCreate(&cublas), "cublasCreate");
   check_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
   check_cublas(cublasSetStream(cublas, stream), "cublasSetStream");
@@ -950,12 +956,15 @@ bool LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView
   if (!kv_direct) write_kv_cuda(view, s.slots, T, s.k, s.v, DType::bf16, st);
   QKVTensor out_t{s.attn, DType::bf16, T, tp.q_heads, D};
   paged_attention_cuda(*plan, QKVTensor{s.q, DType::bf16, T, tp.q_heads, D}, view, out_t, st);
+  const int o_version =
+      shard.world > 1 && o_beside_attention ? cuda::kWgmmaGemmBesideAttentionVersion : 0;
   if (fused) {
-    gemm(s.attn, T, q_dim, L.wo, hidden, peer->input(kSlotO), CUDA_R_32F, 0.f, "o projection");
+    gemm(s.attn, T, q_dim, L.wo, hidden, peer->input(kSlotO), CUDA_R_32F, 0.f, "o projection",
+         0, nullptr, o_version);
     peer->reduce(kSlotO, s.x, true, T, L.mlp_norm.data_as<float>(), c.rms_norm_eps, hb, st);
   } else {
     gemm(s.attn, T, q_dim, L.wo, hidden, s.x, CUDA_R_32F, residual_beta, "o projection", 0,
-         s.fold ? &produce_mlp : nullptr);
+         s.fold ? &produce_mlp : nullptr, o_version);
     all_reduce(s.x, int64_t(T) * hidden, st);
     // MLP block.
     if (!s.fold) {

@@ -32,6 +32,11 @@ constexpr int64_t kWgmmaGemmSmallElements = int64_t(1) << 22;
 // The version of the gate/up product with SwiGLU: its 64-row version (32 gate and 32 up rows a
 // CTA) made Llama-3-8B's step 4-5% longer at 8-64 sequences than this one (an H100, 2026-11-26).
 constexpr int kWgmmaGemmSwigluVersion = 1;
+// The version of a tensor-parallel rank's o product (64 rows a CTA, a ring of about 100 KiB, two
+// CTAs an SM): its CTAs fit beside the attention kernel's before it (96 KiB, one an SM on a
+// rank's grid) and can start their copies while it runs. Two H100s, Llama-3-8B: batch 32 0.5-1.6%
+// shorter steps, 64 0.4-0.6% (one GPU, with two attention CTAs an SM: 0.7% longer at 64).
+constexpr int kWgmmaGemmBesideAttentionVersion = 6;
 
 // An RMSNorm folded into the products on either side of it (a decode step's norms at 3-64 tokens:
 // one launch a norm fewer). rms_norm(h) W^T, with out = bf16(h * r * g) and r = rsqrt(mean(h^2) +
