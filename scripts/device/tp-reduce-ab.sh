@@ -12,8 +12,8 @@
 #   AB_ENVS="PAGEDATTN_O_BESIDE_ATTENTION=0 PAGEDATTN_PEER_ALL_REDUCE=0,PAGEDATTN_FUSE=0" \
 #     scripts/device/tp-reduce-ab.sh   (this tree under each setting too, on two GPUs and one;
 #     commas join the variables of one setting)
-# Environment: BASE_DIR, AB_VAR, AB_ENVS, ROUNDS (2), BATCHES (1,32,64), PROMPT_LEN (512),
-# SKIP_TESTS, TEST_FILTER, BUDGET (560).
+# Environment: BASE_DIR, BASE_ONE_GPU (1: BASE_DIR's tree on one GPU too), AB_VAR, AB_ENVS,
+# ROUNDS (2), BATCHES (1,32,64), PROMPT_LEN (512), SKIP_TESTS, TEST_FILTER, BUDGET (560).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/device/steps.sh
@@ -56,6 +56,7 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
   [[ -n "${AB_VAR:-}" ]] && run off "$bin" 2 "$AB_VAR=0"
   for e in ${AB_ENVS:-}; do run "$e" "$bin" 2 "${e//,/ }"; done
   run new "$bin" 1
+  [[ -n "$base" && -n "${BASE_ONE_GPU:-}" ]] && run base "$base" 1
   for e in ${AB_ENVS:-}; do run "$e" "$bin" 1 "${e//,/ }"; done
 done
 python3 - "$OUT/bench.log" <<'PY' | tee "$OUT/summary.txt"
