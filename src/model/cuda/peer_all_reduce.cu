@@ -153,6 +153,17 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The kernel for `world` ranks (null outside 2..kMaxRanks): one signature for every W.
+using PeerKernel = decltype(&peer_reduce_kernel<2>);
+PeerKernel peer_kernel(int32_t world) {
+  static_assert(kMaxRanks == 8, "one entry a world size");
+  constexpr PeerKernel kKernels[] = {peer_reduce_kernel<2>, peer_reduce_kernel<3>,
+                                     peer_reduce_kernel<4>, peer_reduce_kernel<5>,
+                                     peer_reduce_kernel<6>, peer_reduce_kernel<7>,
+                                     peer_reduce_kernel<8>};
+  return world >= 2 && world <= kMaxRanks ? kKernels[world - 2] : nullptr;
+}
+
 // What a rank tells the others about itself.
 struct RankInfo {
   char host[64];
@@ -301,24 +312,8 @@ float* PeerAllReduce::input(int32_t slot) const {
 
 int64_t PeerAllReduce::kernel_local_bytes(int32_t world) {
   cudaFuncAttributes fa{};
-  cudaError_t e = cudaErrorInvalidValue;
-  switch (world) {
-#define PA_PEER_ATTR(W)                                     \
-  case W:                                                   \
-    e = cudaFuncGetAttributes(&fa, peer_reduce_kernel<W>); \
-    break;
-    PA_PEER_ATTR(2)
-    PA_PEER_ATTR(3)
-    PA_PEER_ATTR(4)
-    PA_PEER_ATTR(5)
-    PA_PEER_ATTR(6)
-    PA_PEER_ATTR(7)
-    PA_PEER_ATTR(8)
-#undef PA_PEER_ATTR
-    default:
-      break;
-  }
-  if (e != cudaSuccess) {
+  const PeerKernel kernel = peer_kernel(world);
+  if (!kernel || cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
     (void)cudaGetLastError();
     return -1;
   }
@@ -343,24 +338,10 @@ void PeerAllReduce::reduce(int32_t slot, float* x, bool add_x, int32_t rows, con
     peers.flags[r] = reinterpret_cast<Flags*>(base + fo);
   }
   const unsigned grid = unsigned(std::min(rows, kMaxBlocks));
-  cudaError_t e = cudaSuccess;
-  switch (world_) {
-#define PA_PEER_CASE(W)                                                                      \
-  case W:                                                                                    \
-    e = launch_pdl(peer_reduce_kernel<W>, dim3(grid), dim3(kThreads), 0, stream, peers, rank_, \
-                   counters_, x, int(add_x), norm_w, eps, h, rows, hidden_);                  \
-    break;
-    PA_PEER_CASE(2)
-    PA_PEER_CASE(3)
-    PA_PEER_CASE(4)
-    PA_PEER_CASE(5)
-    PA_PEER_CASE(6)
-    PA_PEER_CASE(7)
-    PA_PEER_CASE(8)
-#undef PA_PEER_CASE
-    default:
-      fail(kOp, ": world ", world_);
-  }
+  const PeerKernel kernel = peer_kernel(world_);
+  PA_CHECK(kernel, kOp, ": world ", world_);
+  const cudaError_t e = launch_pdl(kernel, dim3(grid), dim3(kThreads), 0, stream, peers, rank_,
+                                   counters_, x, int(add_x), norm_w, eps, h, rows, hidden_);
   PA_CHECK(e == cudaSuccess, kOp, ": launch failed: ", cudaGetErrorString(e));
 }
 
