@@ -2,7 +2,8 @@
 // product on the host: random shapes (rows not a multiple of its 128-row blocks, K not a multiple
 // of its 64-element stages, every token tile), f32 output, accumulation into f32, bf16 output, a
 // row stride wider than N, the same bits twice; gate/up with SwiGLU in one launch; the greedy
-// lm_head's argmax without logits; and the arguments it refuses.
+// lm_head's argmax without logits, over the whole vocabulary and a rank's slice of it; and the
+// arguments it refuses.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -268,6 +269,64 @@ TEST(WgmmaGemmCuda, ArgmaxMatchesTheProductsArgmax) {
       if ((kind == 1 || kind == 4) && t == 0) {  // the planted tie: its first row
         for (int r = 0; r < id; ++r) EXPECT_NE(d.dot(t, r, K), mine) << "row " << r;
       }
+    }
+  }
+}
+
+// A tensor-parallel rank's greedy lm_head on its vocabulary slice (wgmma_gemm_argmax_slice):
+// each token's pair bit for bit as argmax_rows_slice gives it over the same product's f32 outputs
+// (version 1: the same sums), for slices at id 0 and past it, with ties, NaN rows and a NaN
+// output 0 (which takes the row only in the slice at id 0).
+TEST(WgmmaGemmCuda, ArgmaxSliceMatchesArgmaxRowsSlice) {
+  PA_SKIP_WITHOUT_GPU();
+  if (!cuda::wgmma_gemm_available()) GTEST_SKIP() << "not an sm_90 device";
+  std::mt19937 g(37);
+  for (int trial = 0; trial < 24; ++trial) {
+    const int T = 1 + int(g() % uint32_t(cuda::kWgmmaGemmMaxTokens));
+    const int N = trial % 6 == 5 ? 60000 + int(g() % 8000) : 1 + int(g() % 9000);
+    const int K = 8 * (1 + int(g() % (N > 4096 ? 64 : 200)));
+    const int32_t vocab0 = trial % 2 == 0 ? 0 : 1 + int32_t(g() % 100000);
+    const int kind = trial % 4;  // 0 plain, 1 ties, 2 NaN rows, 3 NaN output 0
+    SCOPED_TRACE(::testing::Message() << "T " << T << " N " << N << " K " << K << " vocab0 "
+                                      << vocab0 << " kind " << kind);
+    test::DeviceOperands d(g, T, N, K, size_t(T) * N);
+    if (kind == 1 && N > 1) {
+      std::vector<uint16_t> best(static_cast<size_t>(K));
+      for (int k = 0; k < K; ++k)
+        best[size_t(k)] = f32_to_bf16(bf16_to_f32(d.x[size_t(k)]) > 0 ? 1.f : -1.f);
+      for (int c = 0; c < 3; ++c)
+        std::copy(best.begin(), best.end(), d.w.begin() + int64_t(g() % uint32_t(N)) * K);
+    }
+    if (kind == 2 && N > 2) {
+      for (int c = 0; c < 3; ++c)
+        d.w[size_t(1 + g() % uint32_t(N - 1)) * K + size_t(g() % uint32_t(K))] = 0x7fc0;
+    }
+    if (kind == 3) d.w[size_t(g() % uint32_t(K))] = 0x7fc0;  // output 0 NaN for every token
+    cudaMemcpy(d.dw, d.w.data(), d.w.size() * 2, cudaMemcpyHostToDevice);
+    cuda::GemvArgs a = cuda::product_args(d.dx, d.dw, d.dy, T, N, K, N);
+    cuda::wgmma_gemm(a, nullptr, 1);
+    const size_t blocks = size_t(cuda::wgmma_gemm_argmax_blocks(N));
+    cuda::ArgmaxPair *want_d = nullptr, *got_d = nullptr, *pairs = nullptr;
+    ASSERT_EQ(cudaMalloc(&want_d, size_t(T) * 8), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&got_d, size_t(T) * 8), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&pairs, blocks * T * 8), cudaSuccess);
+    cuda::argmax_rows_slice(static_cast<const float*>(d.dy), T, N, N, vocab0, want_d, nullptr);
+    cudaMemset(got_d, 0x7f, size_t(T) * 8);  // poisoned: a pair never written fails
+    cuda::wgmma_gemm_argmax_slice(a, vocab0, pairs, got_d, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<cuda::ArgmaxPair> got(static_cast<size_t>(T)), want(static_cast<size_t>(T));
+    cudaMemcpy(got.data(), got_d, size_t(T) * 8, cudaMemcpyDeviceToHost);
+    cudaMemcpy(want.data(), want_d, size_t(T) * 8, cudaMemcpyDeviceToHost);
+    cudaFree(want_d);
+    cudaFree(got_d);
+    cudaFree(pairs);
+    for (int t = 0; t < T; ++t) {
+      SCOPED_TRACE(::testing::Message() << "token " << t);
+      EXPECT_EQ(got[size_t(t)].index, want[size_t(t)].index);
+      const bool both_nan = std::isnan(got[size_t(t)].value) && std::isnan(want[size_t(t)].value);
+      if (!both_nan) EXPECT_EQ(got[size_t(t)].value, want[size_t(t)].value);
+      if (kind == 3 && vocab0 == 0) EXPECT_TRUE(both_nan && got[size_t(t)].index == 0);
+      if (kind == 3 && vocab0 > 0) EXPECT_FALSE(std::isnan(got[size_t(t)].value));
     }
   }
 }

@@ -260,6 +260,9 @@ int32_t hopper_head_section(const BatchLayout& batch, const std::vector<cuda::Pr
   return int32_t(std::clamp<int64_t>(fit, 1, std::max(num_kv_heads, 1)));
 }
 
+// The longest rows a grid of at least 7/8 of the SMs still splits (choose_chunks_per_cta).
+constexpr int32_t kSplitNearFullPositions = 2048;
+
 // Positions of one unit of the split-KV choice (a CTA's slice is a whole number of its row's
 // chunks, at least one, and about k of these units).
 constexpr int64_t kSliceUnit = 64;
@@ -287,7 +290,18 @@ int64_t choose_chunks_per_cta(const std::vector<DecodeQueryRow>& rows, int64_t c
   // positions, 15 rows 3.4-4.0% (level at 2048 and 512 within the runs' spread), while 12 rows
   // (96 CTAs) still gain 1.6% from the split. fp8 pools, bound by their conversions, ran 1.4-1.6x
   // (head dim 128) and 1.05-1.26x (256) slower whole.
-  const bool whole = whole_near_full && base_ctas * 8 >= int64_t(sm_count) * 7;
+  // NOTE: rows of at most kSplitNearFullPositions are split all the same: a tensor-parallel
+  // rank's batch 32 (4 KV heads: 128 CTAs) at 528 positions, one CTA an SM, took the step 1-2%
+  // shorter split (docs/BENCHMARKS.md, "Tensor parallelism: the step's tail"); 16 rows of 8 KV
+  // heads ran level at 512 and 2048. PAGEDATTN_DECODE_SPLIT_NEAR_FULL=0: whole at any length.
+  static const bool split_short = [] {
+    const char* e = std::getenv("PAGEDATTN_DECODE_SPLIT_NEAR_FULL");
+    return !(e && std::string(e) == "0");
+  }();
+  int32_t longest = 0;
+  for (const DecodeQueryRow& r : rows) longest = std::max(longest, r.hi - r.lo);
+  const bool whole = whole_near_full && base_ctas * 8 >= int64_t(sm_count) * 7 &&
+                     !(split_short && longest <= kSplitNearFullPositions);
   if (target <= 0 || base_ctas >= sm_count || whole) return INT_MAX;
   auto ctas = [&](int64_t k) {
     int64_t n = 0;

@@ -455,7 +455,7 @@ struct LlamaModelCuda::Impl {
   // Whether a greedy step of R rows takes its ids from the lm_head's product without logits
   // (wgmma_gemm_argmax), where gemm would run the product through wgmma_gemm.
   bool head_argmax(int32_t R) const {
-    const int32_t V = config.vocab_size, hidden = config.hidden_size;
+    const int32_t V = comm ? tp.vocab : config.vocab_size, hidden = config.hidden_size;
     return !(use_gemv && cuda::gemv_pick(R, V, hidden)) &&
            cuda::wgmma_gemm_argmax_takes(R, V, hidden);
   }
@@ -749,6 +749,9 @@ struct LlamaModelCuda::Impl::Step {
   float* x = nullptr;               // [T, hidden] f32
   float* norm_sq = nullptr;         // [T, sums_ld(hidden)] f32 where `fold` (fold_norms)
   bool fold = false;
+  // The last layer's peer all-reduce also writes the final norm's h: every token is a logit row,
+  // in order (logits_of_rows then has no norm to run).
+  bool final_in_reduce = false;
   void* h = nullptr;                // [T, max(hidden, q_dim)] bf16
   float* qkv = nullptr;             // [T, qkv_dim] f32
   void *q = nullptr, *k = nullptr, *v = nullptr, *attn = nullptr;  // bf16
@@ -824,6 +827,10 @@ LlamaModelCuda::Impl::Step LlamaModelCuda::Impl::prepare_step(const ForwardBatch
 
   s.x = static_cast<float*>(ensure(x, int64_t(T) * hidden, DType::f32));
   s.fold = fold_norms(T);
+  if (peer_step(T) && R <= T) {
+    s.final_in_reduce = true;
+    for (int32_t j = 0; j < R; ++j) s.final_in_reduce &= batch.logit_rows[size_t(j)] == j;
+  }
   if (s.fold)
     s.norm_sq = static_cast<float*>(ensure(norm_sq, int64_t(T) * sums_ld(hidden), DType::f32));
   s.h = ensure(h, int64_t(T) * std::max(hidden, q_dim), DType::bf16);
@@ -850,8 +857,9 @@ LlamaModelCuda::Impl::Step LlamaModelCuda::Impl::prepare_step(const ForwardBatch
     }
   }
   if (greedy && R > 0) s.ids = static_cast<int32_t*>(ensure(ids, R, DType::f32));
-  if (greedy && R > 0 && !comm && head_argmax(R)) {
-    const int64_t blocks = cuda::wgmma_gemm_argmax_blocks(c.vocab_size);
+  // (A tensor-parallel rank's: its slice's pair of each row from the product's blocks.)
+  if (greedy && R > 0 && head_argmax(R)) {
+    const int64_t blocks = cuda::wgmma_gemm_argmax_blocks(comm ? tp.vocab : c.vocab_size);
     s.head_pairs =
         static_cast<cuda::ArgmaxPair*>(ensure(head_pairs, blocks * R * 2, DType::f32));
   }
@@ -994,7 +1002,8 @@ bool LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView
   if (fused) {
     gemm(s.act, T, inter, L.wd, hidden, peer->input(kSlotDown), CUDA_R_32F, 0.f,
          "down projection");
-    const float* next_norm = last ? nullptr : layers[size_t(i) + 1].attn_norm.data_as<float>();
+    const float* next_norm = last ? (s.final_in_reduce ? final_norm.data_as<float>() : nullptr)
+                                  : layers[size_t(i) + 1].attn_norm.data_as<float>();
     peer->reduce(kSlotDown, s.x, true, T, next_norm, c.rms_norm_eps, hb, st);
     return !last;
   }
@@ -1009,8 +1018,10 @@ void LlamaModelCuda::Impl::logits_of_rows(const Step& s, cudaStream_t st) {
   const ModelConfig& c = config;
   const int32_t R = s.R, hidden = c.hidden_size;
   if (R == 0) return;
-  cuda::rms_norm_bf16(s.x, final_norm.data_as<float>(), s.rows, R, hidden, c.rms_norm_eps,
-                      static_cast<uint16_t*>(s.h), st);
+  if (!s.final_in_reduce) {  // (else the last all-reduce wrote it: rows 0 .. R - 1 are the tokens)
+    cuda::rms_norm_bf16(s.x, final_norm.data_as<float>(), s.rows, R, hidden, c.rms_norm_eps,
+                        static_cast<uint16_t*>(s.h), st);
+  }
   const Tensor& head = lm_head.data() ? lm_head : embed;
   if (!comm) {
     if (s.head_pairs) {  // a greedy step: only the ids, s.logits stays unwritten
@@ -1027,6 +1038,16 @@ void LlamaModelCuda::Impl::logits_of_rows(const Step& s, cudaStream_t st) {
   // shard [R, Vs] (the last rank's columns past its rows are never read), gathered
   // [world, R, Vs], then each rank's columns into their place in logits [R, vocab].
   const int32_t Vs = tp.vocab_stride;
+  if (s.ids && s.head_pairs) {  // greedy, the slice's pairs from the product's epilogue
+    const cuda::GemvArgs a =
+        cuda::product_args(static_cast<const uint16_t*>(s.h), head.data_as<uint16_t>(),
+                           s.shard_logits, R, tp.vocab, hidden, Vs);
+    cuda::wgmma_gemm_argmax_slice(a, tp.vocab0, s.head_pairs, s.pairs, st);
+    comm->all_gather(reinterpret_cast<const float*>(s.pairs),
+                     reinterpret_cast<float*>(s.pairs_all), size_t(R) * 2, st);
+    cuda::argmax_combine(s.pairs_all, shard.world, R, s.ids, st);
+    return;
+  }
   gemm(s.h, R, hidden, head, tp.vocab, s.shard_logits, CUDA_R_32F, 0.f, "lm_head", Vs);
   if (s.ids) {
     // A greedy step: every rank's (largest value, its id) per row, 8 bytes a row, instead of
@@ -1129,7 +1150,7 @@ const float* LlamaModelCuda::run_pass(const ForwardBatch& batch, KvCache& cache,
   if (m.use_graphs && decode_step) {
     std::string sig;
     auto put = [&sig](const auto& v) { sig.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
-    for (int64_t v : {int64_t(s.T), int64_t(s.R)}) put(v);
+    for (int64_t v : {int64_t(s.T), int64_t(s.R), int64_t(s.final_in_reduce)}) put(v);
     const void* scratch[] = {s.tokens, s.chained_ids, s.cos_table, s.sin_table, s.cos, s.x,
                              s.norm_sq, s.h,
                              s.qkv, s.q, s.k, s.v, s.attn, s.gu, s.act, s.logits,

@@ -398,14 +398,18 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 constexpr int kCombineThreads = 256;
 __global__ void __launch_bounds__(kCombineThreads)
     argmax_combine_kernel(const ArgmaxPair* __restrict__ pairs, int32_t world, int64_t w_stride,
-                          int64_t r_stride, int32_t* __restrict__ ids) {  // [rows]
+                          int64_t r_stride, int32_t* __restrict__ ids,  // [rows]
+                          ArgmaxPair* __restrict__ out, int32_t vocab0) {  // [rows] (or null)
   wait_for_dependency();
   allow_dependent_launch();
   const int32_t r = int32_t(blockIdx.x);
   const ArgmaxPair* row = pairs + r * r_stride;
   // The first slice's x[r, 0] is a NaN: 0 (argmax_rows's rule). Every thread reads it.
   if (isnan(row[0].value)) {
-    if (threadIdx.x == 0) ids[r] = 0;
+    if (threadIdx.x == 0) {
+      if (out) out[r] = ArgmaxPair{NAN, 0};
+      else ids[r] = 0;
+    }
     return;
   }
   float best = -INFINITY;
@@ -437,7 +441,11 @@ __global__ void __launch_bounds__(kCombineThreads)
   __syncthreads();
   if (threadIdx.x != 0) return;
   for (int w = 1; w < kCombineThreads / 32; ++w) argmax_take(part_best[w], part_idx[w], best, idx);
-  ids[r] = idx;
+  if (out) {
+    out[r] = idx == INT32_MAX ? ArgmaxPair{-INFINITY, INT32_MAX} : ArgmaxPair{best, vocab0 + idx};
+  } else {
+    ids[r] = idx;
+  }
 }
 
 // grid (ceil(n / 256)), block 256
@@ -571,7 +579,8 @@ void argmax_combine(const ArgmaxPair* pairs, int32_t world, int32_t rows, int32_
                     cudaStream_t stream) {
   if (rows == 0) return;
   check_cuda(launch_pdl(argmax_combine_kernel, dim3(rows), dim3(kCombineThreads), 0, stream,
-                        pairs, world, int64_t(rows), int64_t(1), ids),
+                        pairs, world, int64_t(rows), int64_t(1), ids,
+                        static_cast<ArgmaxPair*>(nullptr), int32_t(0)),
              "LlamaModelCuda: argmax of the slices");
 }
 
@@ -579,8 +588,18 @@ void argmax_combine_by_row(const ArgmaxPair* pairs, int32_t world, int32_t rows,
                            cudaStream_t stream) {
   if (rows == 0) return;
   check_cuda(launch_pdl(argmax_combine_kernel, dim3(rows), dim3(kCombineThreads), 0, stream,
-                        pairs, world, int64_t(1), int64_t(world), ids),
+                        pairs, world, int64_t(1), int64_t(world), ids,
+                        static_cast<ArgmaxPair*>(nullptr), int32_t(0)),
              "LlamaModelCuda: argmax of the row blocks");
+}
+
+void argmax_combine_by_row_pairs(const ArgmaxPair* pairs, int32_t world, int32_t rows,
+                                 int32_t vocab0, ArgmaxPair* out, cudaStream_t stream) {
+  if (rows == 0) return;
+  check_cuda(launch_pdl(argmax_combine_kernel, dim3(rows), dim3(kCombineThreads), 0, stream,
+                        pairs, world, int64_t(1), int64_t(world), static_cast<int32_t*>(nullptr),
+                        out, vocab0),
+             "LlamaModelCuda: argmax of a slice's row blocks");
 }
 
 void f32_to_bf16_device(const float* src, int64_t n, uint16_t* dst, cudaStream_t stream) {

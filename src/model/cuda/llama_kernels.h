@@ -98,6 +98,11 @@ void argmax_combine(const ArgmaxPair* pairs, int32_t world, int32_t rows, int32_
 // The same fold of pairs laid out [rows, world] (each row's slices side by side).
 void argmax_combine_by_row(const ArgmaxPair* pairs, int32_t world, int32_t rows, int32_t* ids,
                            cudaStream_t stream);
+// The same fold of one slice's blocks (indices from the slice's start) into the slice's pair of
+// each row, as argmax_rows_slice writes it: out[r] = (value, vocab0 + index), (-inf, INT32_MAX)
+// for blocks of NaNs only, (NaN, 0) where the first block says a NaN output 0 takes the row.
+void argmax_combine_by_row_pairs(const ArgmaxPair* pairs, int32_t world, int32_t rows,
+                                 int32_t vocab0, ArgmaxPair* out, cudaStream_t stream);
 
 // dst[i] = bf16(src[i]) for n values (weights at load).
 void f32_to_bf16_device(const float* src, int64_t n, uint16_t* dst, cudaStream_t stream);

@@ -47,7 +47,9 @@ namespace cg = cooperative_groups;
 constexpr int kBox = 64;       // K per copy: one 128-byte row of the swizzle pattern
 constexpr int kMaxSplits = 8;  // the largest portable cluster
 // The kernel's FOLD argument for the greedy argmax epilogue (wgmma_gemm_argmax): no NormFold, and
-// per token the largest output of the CTA's rows and its lowest index instead of y.
+// per token the largest output of the CTA's rows and its lowest index instead of y. Its nf.sq_ld
+// carries the first id of a vocabulary slice (wgmma_gemm_argmax_slice; 0: the whole vocabulary),
+// which decides whether a NaN output 0 takes the row (only at id 0).
 constexpr int kArgmaxEpilogue = NormFold::kConsume + 1;
 
 // NT tokens (a multiple of 8), ST stages of BOXES copies of 64 K elements, WG consumer warpgroups
@@ -302,7 +304,7 @@ __global__ void __launch_bounds__(threads_of<WG, FOLD>(), 1)
         const float4 sum = cluster_sum(cluster, red + t * kRedStride + 4 * q, splits);
         const float v[4] = {sum.x, sum.y, sum.z, sum.w};
         const int row0 = row_block * kOutRows + 4 * q;
-        nan0 = nan0 || (row0 == 0 && isnan(v[0]));
+        nan0 = nan0 || (row0 == 0 && nf.sq_ld == 0 && isnan(v[0]));
 #pragma unroll
         for (int j = 0; j < 4; ++j)
           if (row0 + j < a.N) argmax_take(v[j], row0 + j, best, idx);
@@ -549,9 +551,10 @@ cudaError_t launch_folded(const GemvArgs& a, const NormFold& nf, int v, cudaStre
 // 7.728-7.773 on version 6's; level at 8 and 32 (the comparison's switch: branch
 // `product-versions-knob`).
 constexpr int kArgmaxRows = 128;
-cudaError_t launch_argmax(const GemvArgs& a, cudaStream_t stream) {
+cudaError_t launch_argmax(const GemvArgs& a, int32_t vocab0, cudaStream_t stream) {
   constexpr int F = kArgmaxEpilogue;
-  const NormFold none{};
+  NormFold none{};
+  none.sq_ld = vocab0;  // (kArgmaxEpilogue's)
   return a.T <= 8    ? launch<8, 5, 1, 1, 2, false, F>(a, none, 2, stream)
          : a.T <= 16 ? launch<16, 5, 1, 1, 2, false, F>(a, none, 2, stream)
          : a.T <= 32 ? launch<32, 5, 1, 1, 2, false, F>(a, none, 2, stream)
@@ -669,9 +672,24 @@ void wgmma_gemm_argmax(const GemvArgs& a, ArgmaxPair* pairs, int32_t* ids, cudaS
   PA_CHECK(pairs && ids && !a.accumulate && !a.y_bf16 && wgmma_gemm_supported(b),
            "wgmma_gemm_argmax: unsupported arguments (T ", a.T, ", N ", a.N, ", K ", a.K, ")");
   PA_CHECK(wgmma_gemm_available(), "wgmma_gemm_argmax: this device cannot run it (sm_90 only)");
-  const cudaError_t e = launch_argmax(b, stream);
+  const cudaError_t e = launch_argmax(b, 0, stream);
   PA_CHECK(e == cudaSuccess, "wgmma_gemm_argmax: launch failed: ", cudaGetErrorString(e));
   argmax_combine_by_row(pairs, wgmma_gemm_argmax_blocks(a.N), a.T, ids, stream);
+}
+
+void wgmma_gemm_argmax_slice(const GemvArgs& a, int32_t vocab0, ArgmaxPair* pairs,
+                             ArgmaxPair* out, cudaStream_t stream) {
+  GemvArgs b = a;
+  b.y = pairs;
+  b.ldy = std::max(a.ldy, a.N);
+  PA_CHECK(pairs && out && vocab0 >= 0 && !a.accumulate && !a.y_bf16 && wgmma_gemm_supported(b),
+           "wgmma_gemm_argmax_slice: unsupported arguments (T ", a.T, ", N ", a.N, ", K ", a.K,
+           ", vocab0 ", vocab0, ")");
+  PA_CHECK(wgmma_gemm_available(),
+           "wgmma_gemm_argmax_slice: this device cannot run it (sm_90 only)");
+  const cudaError_t e = launch_argmax(b, vocab0, stream);
+  PA_CHECK(e == cudaSuccess, "wgmma_gemm_argmax_slice: launch failed: ", cudaGetErrorString(e));
+  argmax_combine_by_row_pairs(pairs, wgmma_gemm_argmax_blocks(a.N), a.T, vocab0, out, stream);
 }
 
 }  // namespace pagedattn::cuda

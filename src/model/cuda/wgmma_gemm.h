@@ -110,5 +110,10 @@ int32_t wgmma_gemm_argmax_blocks(int32_t N);
 // PAGEDATTN_LM_HEAD_ARGMAX=0 (the product and argmax_rows instead; a comparison).
 bool wgmma_gemm_argmax_takes(int32_t T, int32_t N, int32_t K);
 void wgmma_gemm_argmax(const GemvArgs& a, ArgmaxPair* pairs, int32_t* ids, cudaStream_t stream);
+// The same over a tensor-parallel rank's slice of the vocabulary (a.w its rows, ids vocab0 on):
+// out [T] = each token's pair as argmax_rows_slice gives it over the slice's logits (the rule of a
+// NaN output 0 only where vocab0 is 0), for argmax_combine across the ranks.
+void wgmma_gemm_argmax_slice(const GemvArgs& a, int32_t vocab0, ArgmaxPair* pairs,
+                             ArgmaxPair* out, cudaStream_t stream);
 
 }  // namespace pagedattn::cuda
