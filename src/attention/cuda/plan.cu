@@ -291,9 +291,10 @@ int64_t choose_chunks_per_cta(const std::vector<DecodeQueryRow>& rows, int64_t c
   // (96 CTAs) still gain 1.6% from the split. fp8 pools, bound by their conversions, ran 1.4-1.6x
   // (head dim 128) and 1.05-1.26x (256) slower whole.
   // NOTE: rows of at most kSplitNearFullPositions are split all the same: a tensor-parallel
-  // rank's batch 32 (4 KV heads: 128 CTAs) at 528 positions, one CTA an SM, took the step 1-2%
-  // shorter split (docs/BENCHMARKS.md, "Tensor parallelism: the step's tail"); 16 rows of 8 KV
-  // heads ran level at 512 and 2048. PAGEDATTN_DECODE_SPLIT_NEAR_FULL=0: whole at any length.
+  // rank's batch 32 (4 KV heads: 128 CTAs) at 528 positions, one CTA an SM, ran its step 0.5%
+  // shorter split, 3.894-3.897 against 3.915-3.917 ms on two H100s (docs/BENCHMARKS.md, "Tensor
+  // parallelism: the step's tail"); 16 rows of 8 KV heads ran level at 512 and 2048.
+  // PAGEDATTN_DECODE_SPLIT_NEAR_FULL=0: whole at any length (a comparison).
   static const bool split_short = [] {
     const char* e = std::getenv("PAGEDATTN_DECODE_SPLIT_NEAR_FULL");
     return !(e && std::string(e) == "0");
