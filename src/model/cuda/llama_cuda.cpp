@@ -1038,27 +1038,26 @@ void LlamaModelCuda::Impl::logits_of_rows(const Step& s, cudaStream_t st) {
   // shard [R, Vs] (the last rank's columns past its rows are never read), gathered
   // [world, R, Vs], then each rank's columns into their place in logits [R, vocab].
   const int32_t Vs = tp.vocab_stride;
-  if (s.ids && s.head_pairs) {  // greedy, the slice's pairs from the product's epilogue
-    const cuda::GemvArgs a =
-        cuda::product_args(static_cast<const uint16_t*>(s.h), head.data_as<uint16_t>(),
-                           s.shard_logits, R, tp.vocab, hidden, Vs);
-    cuda::wgmma_gemm_argmax_slice(a, tp.vocab0, s.head_pairs, s.pairs, st);
+  if (s.ids) {
+    // A greedy step: every rank's (largest value, its id) per row, 8 bytes a row, instead of
+    // R x vocab logits (16 MB at batch 32 with a 128K vocabulary); the same ids as the argmax of
+    // the gathered rows. s.logits stays unwritten; with head_pairs the slice's logits are not
+    // written either (the pairs come from the product's epilogue).
+    if (s.head_pairs) {
+      const cuda::GemvArgs a =
+          cuda::product_args(static_cast<const uint16_t*>(s.h), head.data_as<uint16_t>(),
+                             s.shard_logits, R, tp.vocab, hidden, Vs);
+      cuda::wgmma_gemm_argmax_slice(a, tp.vocab0, s.head_pairs, s.pairs, st);
+    } else {
+      gemm(s.h, R, hidden, head, tp.vocab, s.shard_logits, CUDA_R_32F, 0.f, "lm_head", Vs);
+      cuda::argmax_rows_slice(s.shard_logits, R, tp.vocab, Vs, tp.vocab0, s.pairs, st);
+    }
     comm->all_gather(reinterpret_cast<const float*>(s.pairs),
                      reinterpret_cast<float*>(s.pairs_all), size_t(R) * 2, st);
     cuda::argmax_combine(s.pairs_all, shard.world, R, s.ids, st);
     return;
   }
   gemm(s.h, R, hidden, head, tp.vocab, s.shard_logits, CUDA_R_32F, 0.f, "lm_head", Vs);
-  if (s.ids) {
-    // A greedy step: every rank's (largest value, its id) per row, 8 bytes a row, instead of
-    // R x vocab logits (16 MB at batch 32 with a 128K vocabulary); the same ids as the argmax of
-    // the gathered rows. s.logits stays unwritten.
-    cuda::argmax_rows_slice(s.shard_logits, R, tp.vocab, Vs, tp.vocab0, s.pairs, st);
-    comm->all_gather(reinterpret_cast<const float*>(s.pairs),
-                     reinterpret_cast<float*>(s.pairs_all), size_t(R) * 2, st);
-    cuda::argmax_combine(s.pairs_all, shard.world, R, s.ids, st);
-    return;
-  }
   comm->all_gather(s.shard_logits, s.gathered, size_t(R) * size_t(Vs), st);
   // Only rank 0 reads the logits (the engine runs there): the others take part in the gather.
   for (int32_t r = 0; r < shard.world && shard.rank == 0; ++r) {
