@@ -15,12 +15,14 @@ export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}  # NVLink multicast stays off on 
 build_cli_and_gpu_tests
 bin=$BUILD_DIR/pagedattn
 step tests 200 tests.log "$BUILD_DIR/tests/test_gpu" \
-  --gtest_filter="${TEST_FILTER:-TensorParallel*:PeerAllReduce*:LlamaCudaSynthetic*Fp8*}"
+  --gtest_filter="${TEST_FILTER:-TensorParallel*:PeerAllReduce*:*Fp8Kv*}"
 tail -3 "$OUT/tests.log"
 grep -E "^\[  FAILED|Failure|fp8 K/V" "$OUT/tests.log" | head -20
 for kv in fp8 bf16; do
+  # (fp8: each run's own scales move its roundings, hence the wider tolerance; the line also
+  # gives what fp8 moves on one GPU.)
   step "parity-$kv" 150 parity.log python3 scripts/device/tp_parity.py "$bin" --tp 2 \
-    --kv-cache-dtype "$kv"
+    --kv-cache-dtype "$kv" $([[ $kv == fp8 ]] && echo "--tol 0.1")
 done
 tail -2 "$OUT/parity.log"
 run() {  # run KV TP

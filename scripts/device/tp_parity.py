@@ -75,10 +75,20 @@ def main():
             elif arg_n != top[0]:
                 flips += 1
     ok = flips == 0 and worst <= a.tol
+    own = ""
+    if a.kv_cache_dtype == "fp8":
+        # What fp8 itself moves: one GPU's bf16 cache along the same tokens against its fp8 one.
+        bf = run(a.binary, a.model, 1, prompts, a.steps, forced, kv="bf16")
+        own_worst = 0.0
+        for s1, sb in zip(one, bf):
+            for r1, rb in zip(s1["logits"], sb["logits"]):
+                scale = max(1.0, max(abs(v) for v in rb))
+                own_worst = max(own_worst, max(abs(x - y) for x, y in zip(r1, rb)) / scale)
+        own = f"; one GPU's fp8 cache against its bf16 one: {own_worst:.2e}"
     print(f"{a.model} (K/V {a.kv_cache_dtype}): {rows} logit rows (teacher-forced), {a.tp} GPUs vs "
           f"1: worst relative "
           f"error {worst:.2e} (tolerance {a.tol}); argmax differs in {flips} rows outside near "
-          f"ties ({ties} rows within twice their difference of a tie)")
+          f"ties ({ties} rows within twice their difference of a tie){own}")
     sys.exit(0 if ok else 1)
 
 if __name__ == "__main__":
