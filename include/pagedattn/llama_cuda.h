@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -61,6 +62,11 @@ class LlamaModelCuda : public Model {
   // The fp8 calibration pass (Model::kv_absmax): the tokens through a private bf16 cache on the
   // device, whose stored K and V are read back for their absolute maxima.
   KvAbsMax kv_absmax(const std::vector<int32_t>& tokens) override;
+  // The same on a tensor-parallel rank: every rank of the group runs it at once (its pass holds
+  // the collectives), each for its own KV heads (k, v [num_layers * num_local_kv_heads()]);
+  // `while_busy` (if set) is called over and over while the device runs the pass, and may throw
+  // (or end the process) to give up on a group that has failed.
+  KvAbsMax kv_absmax(const std::vector<int32_t>& tokens, const std::function<void()>& while_busy);
   // The same pass; the argmax of each logit row on the device, and only the ids downloaded.
   std::vector<int32_t> forward_greedy(const ForwardBatch& batch, KvCache& cache) override;
   // The same pass; every row sampled on the device by the plan (cuda/sampling_kernels.h), and only

@@ -108,6 +108,11 @@ class Model {
     std::vector<float> k, v;
   };
   virtual KvAbsMax kv_absmax(const std::vector<int32_t>& tokens);
+  // Told by calibrate_kv_scales, once it has set the cache's scales from kv_absmax with
+  // `headroom`: a runner whose other ranks keep caches of their own (tensor parallelism: each
+  // rank's KV heads, its kv_absmax the calibration pass of every rank at once) has them set theirs
+  // from their own maxima the same way. Others ignore it.
+  virtual void kv_scales_calibrated(float /*headroom*/) {}
   // CPU: f32 activations against the dequantised weights instead of int8 activation blocks
   // (slower, no activation rounding). Runners without that choice ignore it.
   virtual void set_exact_matmul(bool) {}

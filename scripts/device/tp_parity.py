@@ -11,6 +11,7 @@ layers agrees within 1e-2, tests/model/test_tensor_parallel_cuda.cpp); the defau
 for Llama-3-8B's 32 layers.
 
     python3 scripts/device/tp_parity.py BINARY [--model synthetic:llama3-8b] [--tp 2] [--ids LO:HI]
+        [--kv-cache-dtype fp8]
 """
 import argparse
 import json
@@ -24,9 +25,10 @@ def ids_arg(seqs):
     return ";".join(",".join(str(t) for t in p) for p in seqs)
 
 
-def run(binary, model, tp, prompts, steps, forced=None):
+def run(binary, model, tp, prompts, steps, forced=None, kv="auto"):
     cmd = [binary, "logits", "--model", model, "--device", "cuda", "--prompt-ids",
-           ids_arg(prompts), "--decode-steps", str(steps), "--json", "--tensor-parallel", str(tp)]
+           ids_arg(prompts), "--decode-steps", str(steps), "--json", "--tensor-parallel", str(tp),
+           "--kv-cache-dtype", kv]
     if forced:
         cmd += ["--decode-ids", ids_arg(forced)]
     # NOTE: the one-GPU run keeps the RMSNorm kernels (PAGEDATTN_FOLD_NORM=0), as a rank of
@@ -48,13 +50,15 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--tol", type=float, default=5e-2)
     ap.add_argument("--ids", default="1000:120000", help="prompt token ids drawn from [LO, HI)")
+    ap.add_argument("--kv-cache-dtype", default="auto",
+                    help="both runs' K/V dtype (fp8: each run calibrates its own scales)")
     a = ap.parse_args()
     lo, hi = (int(x) for x in a.ids.split(":"))
     rnd = random.Random(3)
     prompts = [[rnd.randrange(lo, hi) for _ in range(n)] for n in (12, 3, 20)]
-    one = run(a.binary, a.model, 1, prompts, a.steps)
+    one = run(a.binary, a.model, 1, prompts, a.steps, kv=a.kv_cache_dtype)
     forced = [seq["generated_ids"] for seq in one]
-    many = run(a.binary, a.model, a.tp, prompts, a.steps, forced)
+    many = run(a.binary, a.model, a.tp, prompts, a.steps, forced, kv=a.kv_cache_dtype)
     assert len(one) == len(many) == len(prompts), (len(one), len(many))
     worst, rows, ties, flips = 0.0, 0, 0, 0
     for s1, sn in zip(one, many):
@@ -71,9 +75,20 @@ def main():
             elif arg_n != top[0]:
                 flips += 1
     ok = flips == 0 and worst <= a.tol
-    print(f"{a.model}: {rows} logit rows (teacher-forced), {a.tp} GPUs vs 1: worst relative "
+    own = ""
+    if a.kv_cache_dtype == "fp8":
+        # What fp8 itself moves: one GPU's bf16 cache along the same tokens against its fp8 one.
+        bf = run(a.binary, a.model, 1, prompts, a.steps, forced, kv="bf16")
+        own_worst = 0.0
+        for s1, sb in zip(one, bf):
+            for r1, rb in zip(s1["logits"], sb["logits"]):
+                scale = max(1.0, max(abs(v) for v in rb))
+                own_worst = max(own_worst, max(abs(x - y) for x, y in zip(r1, rb)) / scale)
+        own = f"; one GPU's fp8 cache against its bf16 one: {own_worst:.2e}"
+    print(f"{a.model} (K/V {a.kv_cache_dtype}): {rows} logit rows (teacher-forced), {a.tp} GPUs vs "
+          f"1: worst relative "
           f"error {worst:.2e} (tolerance {a.tol}); argmax differs in {flips} rows outside near "
-          f"ties ({ties} rows within twice their difference of a tie)")
+          f"ties ({ties} rows within twice their difference of a tie){own}")
     sys.exit(0 if ok else 1)
 
 if __name__ == "__main__":

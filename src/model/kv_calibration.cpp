@@ -70,10 +70,17 @@ std::vector<int32_t> kv_calibration_tokens(const Tokenizer* tokenizer, int32_t v
 void calibrate_kv_scales(Model& model, KvCache& cache, const std::vector<int32_t>& tokens,
                          float headroom) {
   PA_CHECK(headroom >= 1.f, "calibrate_kv_scales: headroom must be >= 1, got ", headroom);
+  PA_CHECK(cache.config().dtype == DType::fp8_e4m3, "calibrate_kv_scales: the cache dtype is ",
+           dtype_name(cache.config().dtype), ", scales apply to fp8_e4m3 only");
+  set_kv_scales(cache, model.kv_absmax(tokens), headroom);
+  model.kv_scales_calibrated(headroom);
+}
+
+void set_kv_scales(KvCache& cache, const Model::KvAbsMax& m, float headroom) {
+  PA_CHECK(headroom >= 1.f, "calibrate_kv_scales: headroom must be >= 1, got ", headroom);
   const KvCacheConfig& kc = cache.config();
   PA_CHECK(kc.dtype == DType::fp8_e4m3, "calibrate_kv_scales: the cache dtype is ",
            dtype_name(kc.dtype), ", scales apply to fp8_e4m3 only");
-  const Model::KvAbsMax m = model.kv_absmax(tokens);
   const size_t H = size_t(kc.num_kv_heads);
   PA_CHECK(m.k.size() == size_t(kc.num_layers) * H && m.v.size() == m.k.size(),
            "calibrate_kv_scales: the model's layers and KV heads do not match the cache");

@@ -25,6 +25,10 @@ inline KvCacheConfig calibration_cache_config(const ModelConfig& c, size_t num_t
   return kc;
 }
 
+// Every layer's scales of an fp8 `cache` from the maxima of its KV heads (kv_absmax): scale =
+// absmax * headroom / 448 (calibrate_kv_scales' rule; tensor-parallel ranks set theirs with it).
+void set_kv_scales(KvCache& cache, const Model::KvAbsMax& m, float headroom);
+
 // The pass's step: the tokens as one fresh sequence of `cache` (sized by calibration_cache_config),
 // no logit rows.
 inline ForwardBatch calibration_batch(KvCache& cache, const std::vector<int32_t>& tokens) {

@@ -110,6 +110,10 @@ double LlamaModelCuda::time_collectives(int32_t, int32_t, int32_t) { return 0; }
 Model::KvAbsMax LlamaModelCuda::kv_absmax(const std::vector<int32_t>&) {
   fail("LlamaModelCuda::kv_absmax: pagedattn was built without CUDA support");
 }
+Model::KvAbsMax LlamaModelCuda::kv_absmax(const std::vector<int32_t>&,
+                                          const std::function<void()>&) {
+  fail("LlamaModelCuda::kv_absmax: pagedattn was built without CUDA support");
+}
 Model::GraphStats LlamaModelCuda::cuda_graph_stats() const { return {}; }
 
 }  // namespace pagedattn

@@ -1,6 +1,8 @@
 // Packing of the tensor-parallel group's init and step frames (tp_step.h).
 #include "tp_step.h"
 
+#include <cmath>
+
 #include "pagedattn/error.h"
 
 namespace pagedattn::tp {
@@ -41,6 +43,8 @@ std::vector<uint8_t> encode_step(const StepMessage& m) {
        {&b.q_indptr, &b.tokens, &b.positions, &b.slots, &b.logit_rows, &b.kv_len, &b.block_table})
     w.i32s(*v);
   w.i32(b.max_pages);
+  w.i32s(m.calibrate);
+  w.raw(&m.kv_headroom, sizeof(float));
   return w.take();
 }
 
@@ -73,6 +77,10 @@ StepMessage decode_step(const std::vector<uint8_t>& body) {
        {&b.q_indptr, &b.tokens, &b.positions, &b.slots, &b.logit_rows, &b.kv_len, &b.block_table})
     *v = r.i32s();
   b.max_pages = r.i32();
+  m.calibrate = r.i32s();
+  r.raw(&m.kv_headroom, sizeof(float));
+  PA_CHECK(std::isfinite(m.kv_headroom) && m.kv_headroom >= 0.f,
+           "tensor parallel: malformed step frame (KV headroom)");
   PA_CHECK(r.done(), "tensor parallel: malformed step frame (trailing bytes)");
   return m;
 }

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <thread>
 
@@ -174,6 +175,25 @@ TEST(TensorParallelFrames, StepRoundTrips) {
   EXPECT_EQ(d.batch.kv_len, b.kv_len);
   EXPECT_EQ(d.batch.block_table, b.block_table);
   EXPECT_EQ(d.batch.max_pages, 2);
+  EXPECT_TRUE(d.calibrate.empty());
+  EXPECT_EQ(d.kv_headroom, 0.f);
+
+  // The fp8 calibration's frames: its tokens, then the headroom; a headroom that is not a finite
+  // value >= 0 is refused by name.
+  tp::StepMessage cal;
+  cal.calibrate = {7, 0, 4095};
+  const tp::StepMessage dc = tp::decode_step(tp::encode_step(cal));
+  EXPECT_EQ(dc.calibrate, cal.calibrate);
+  EXPECT_EQ(dc.kv_headroom, 0.f);
+  tp::StepMessage room;
+  room.kv_headroom = 1.25f;
+  EXPECT_EQ(tp::decode_step(tp::encode_step(room)).kv_headroom, 1.25f);
+  room.kv_headroom = -1.f;
+  EXPECT_NE(error_of([&] { tp::decode_step(tp::encode_step(room)); }).find("KV headroom"),
+            std::string::npos);
+  room.kv_headroom = std::nanf("");
+  EXPECT_NE(error_of([&] { tp::decode_step(tp::encode_step(room)); }).find("KV headroom"),
+            std::string::npos);
 
   std::vector<uint8_t> cut = tp::encode_step(m);
   cut.resize(cut.size() - 5);

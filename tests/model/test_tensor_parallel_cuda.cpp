@@ -25,6 +25,7 @@
 #include <cuda_runtime.h>
 
 #include "model/cuda/nccl_comm.h"
+#include "model/kv_calibration.h"
 #include "test_gguf_writer.h"
 #include "tp_ranks.h"
 #endif
@@ -506,6 +507,138 @@ TEST(TensorParallelCuda, TwoRanksMatchOneGpuAtLlama3_8bShapes) {
   ModelConfig c = synthetic_model_config("synthetic:llama3-8b");
   c.num_layers = 4;  // the shapes of every layer; four of them keep the test short
   expect_two_ranks_match_one(c, 1e-2f);
+}
+
+// fp8 K/V over two ranks: every rank's calibration pass (run at once: it holds the collectives)
+// gives the one-GPU maxima of its own KV heads (within bf16 roundings: the ranks sum their
+// products in another order), and the ranks' fp8 caches, each scaled from its own maxima, give
+// the one-GPU fp8 logits within the fp8 tolerance of LlamaCudaSynthetic.Fp8KvCalibratedOnTheDevice
+// (the scales, and so the e4m3 roundings, differ a little). The steps are teacher-forced (both
+// runs take the same tokens), so a rounding that swaps a near tie does not part them.
+// qwen3: one KV head, replicated on both ranks.
+TEST(TensorParallelCuda, Fp8KvOnTwoRanksMatchesOneGpu) {
+  PA_SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_NCCL();
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  for (const char* variant : {"llama", "qwen3"}) {
+    SCOPED_TRACE(variant);
+    const ModelConfig c = gpu_config(variant);
+    const std::vector<int32_t> calib = kv_calibration_tokens(nullptr, c.vocab_size);
+    const Script s = make_script(c.vocab_size, 13);
+    std::mt19937 g(17);
+    std::vector<std::vector<std::vector<int32_t>>> steps = {s.prompts};  // [step][seq] tokens
+    for (int32_t d = 0; d < s.decode; ++d) {
+      std::vector<std::vector<int32_t>> next;
+      for (size_t q = 0; q < s.prompts.size(); ++q)
+        next.push_back({int32_t(g() % uint32_t(c.vocab_size))});
+      steps.push_back(next);
+    }
+    auto fp8_cache = [&](int32_t heads) {
+      KvCacheConfig k = cache_for(c, heads);
+      k.dtype = DType::fp8_e4m3;
+      return std::make_unique<KvCache>(k);
+    };
+    // Every step's logit rows, the batches built on cache0.
+    auto play_forced = [&](KvCache& cache0, auto&& run) {
+      std::vector<std::vector<std::vector<float>>> out;
+      std::vector<SeqId> seqs;
+      for (size_t q = 0; q < s.prompts.size(); ++q) seqs.push_back(cache0.create_sequence());
+      for (const auto& tokens : steps) {
+        out.push_back(rows_of(run(make_step_batch(cache0, seqs, tokens))));
+        for (SeqId q : seqs) cache0.commit(q);
+      }
+      return out;
+    };
+    // The largest difference of `got`'s rows from `want`'s, relative to each row's largest logit
+    // (at least 1); every row finite.
+    auto worst_of = [&](const std::vector<std::vector<std::vector<float>>>& got,
+                        const std::vector<std::vector<std::vector<float>>>& want) {
+      EXPECT_EQ(got.size(), want.size());
+      double worst = 0;
+      for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+        EXPECT_EQ(got[i].size(), s.prompts.size()) << "step " << i;
+        EXPECT_EQ(got[i].size(), want[i].size()) << "step " << i;
+        for (size_t r = 0; r < std::min(got[i].size(), want[i].size()); ++r) {
+          EXPECT_EQ(got[i][r].size(), size_t(c.vocab_size));
+          float scale = 1.f, diff = 0.f;
+          for (size_t v = 0; v < std::min(got[i][r].size(), want[i][r].size()); ++v) {
+            EXPECT_TRUE(std::isfinite(got[i][r][v]) && std::isfinite(want[i][r][v]))
+                << "step " << i << " row " << r << " logit " << v;
+            scale = std::max(scale, std::abs(want[i][r][v]));
+            diff = std::max(diff, std::abs(got[i][r][v] - want[i][r][v]));
+          }
+          worst = std::max(worst, double(diff / scale));
+        }
+      }
+      return worst;
+    };
+    cudaSetDevice(0);
+    Model::KvAbsMax want_max;
+    std::vector<std::vector<std::vector<float>>> want, want_bf16;
+    {
+      const FoldNormEnv unfolded("0");  // as a rank of two runs (expect_two_ranks_match says why)
+      LlamaModelCuda plain(c, 21);
+      std::unique_ptr<KvCache> cache = fp8_cache(c.num_kv_heads);
+      want_max = plain.kv_absmax(calib);
+      set_kv_scales(*cache, want_max, 1.25f);
+      want = play_forced(*cache, [&](const ForwardBatch& b) { return plain.forward(b, *cache); });
+      KvCache bf16_cache(cache_for(c, c.num_kv_heads));
+      want_bf16 = play_forced(bf16_cache,
+                              [&](const ForwardBatch& b) { return plain.forward(b, bf16_cache); });
+    }
+    // The fp8 pools are in use: their roundings move the logits off the bf16 cache's.
+    const double fp8_err = worst_of(want, want_bf16);
+    EXPECT_GT(fp8_err, 0.0) << "the fp8 cache gave the bf16 cache's logits bit for bit";
+    const cuda::NcclId id = cuda::nccl_unique_id();
+    std::unique_ptr<cuda::NcclComm> comm[2];
+    std::unique_ptr<LlamaModelCuda> model[2];
+    std::unique_ptr<KvCache> cache[2];
+    Model::KvAbsMax got_max[2];
+    auto on_each_rank = [&](auto&& f) { pagedattn::testing::on_two_ranks(comm, f); };
+    on_each_rank([&](int r) {
+      comm[r] = std::make_unique<cuda::NcclComm>(id, 2, r);
+      model[r] = std::make_unique<LlamaModelCuda>(c, 21, TpShard{r, 2}, comm[r].get());
+      model[r]->set_cuda_graphs(false);
+      cache[r] = fp8_cache(model[r]->num_local_kv_heads());
+      got_max[r] = model[r]->kv_absmax(calib);  // both ranks at once
+      set_kv_scales(*cache[r], got_max[r], 1.25f);
+    });
+    const size_t H = size_t(c.num_kv_heads);
+    for (int r = 0; r < 2; ++r) {
+      const TpSlices sl = tp_slices(c, TpShard{r, 2});
+      const size_t h_local = size_t(sl.kv_heads);
+      ASSERT_EQ(got_max[r].k.size(), size_t(c.num_layers) * h_local) << "rank " << r;
+      ASSERT_EQ(got_max[r].v.size(), got_max[r].k.size()) << "rank " << r;
+      EXPECT_TRUE(cache[r]->scales_set()) << "rank " << r;
+      for (size_t l = 0; l < size_t(c.num_layers); ++l) {
+        for (size_t j = 0; j < h_local; ++j) {
+          const size_t mine = l * h_local + j, whole = l * H + size_t(sl.kv_head0) + j;
+          EXPECT_GT(got_max[r].k[mine], 0.f);
+          EXPECT_NEAR(got_max[r].k[mine], want_max.k[whole], 2e-2 * want_max.k[whole])
+              << "rank " << r << " layer " << l << " head " << j;
+          EXPECT_NEAR(got_max[r].v[mine], want_max.v[whole], 2e-2 * want_max.v[whole])
+              << "rank " << r << " layer " << l << " head " << j;
+        }
+      }
+    }
+    const auto got = play_forced(*cache[0], [&](const ForwardBatch& b) {
+      Tensor logits;
+      on_each_rank([&](int r) {
+        if (r == 0) {
+          logits = model[0]->forward(b, *cache[0]);
+        } else {
+          model[1]->forward_device(b, *cache[1]);
+          cudaDeviceSynchronize();
+        }
+      });
+      return logits;
+    });
+    const double worst = worst_of(got, want);
+    EXPECT_LE(worst, 5e-2);
+    std::printf("%s: fp8 K/V, two ranks against one GPU: worst relative logit error %.2e (one "
+                "GPU's fp8 against its bf16 cache: %.2e)\n",
+                variant, worst, fp8_err);
+  }
 }
 
 #else

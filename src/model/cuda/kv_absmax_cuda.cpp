@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <thread>
 #include <vector>
 
 #include "kv_calibration.h"
@@ -15,15 +16,25 @@
 namespace pagedattn {
 
 Model::KvAbsMax LlamaModelCuda::kv_absmax(const std::vector<int32_t>& tokens) {
+  return kv_absmax(tokens, nullptr);
+}
+
+Model::KvAbsMax LlamaModelCuda::kv_absmax(const std::vector<int32_t>& tokens,
+                                          const std::function<void()>& while_busy) {
   PA_CHECK(!tokens.empty(), "kv_absmax: tokens are empty");
-  PA_CHECK(num_local_kv_heads() == config().num_kv_heads,
-           "kv_absmax: an fp8 KV cache is not supported with tensor parallelism yet");
   const ModelConfig& c = config();
-  const KvCacheConfig kc = calibration_cache_config(c, tokens.size(), Device::cuda, DType::bf16);
+  KvCacheConfig kc = calibration_cache_config(c, tokens.size(), Device::cuda, DType::bf16);
+  kc.num_kv_heads = num_local_kv_heads();  // a tensor-parallel rank's own heads
   KvCache cache(kc);
   const ForwardBatch b = calibration_batch(cache, tokens);
   const SeqId seq = b.seqs[0];
-  forward(b, cache);  // no logit rows: returns once the device is done
+  forward_device(b, cache);  // no logit rows
+  while (!idle()) {  // (a tensor-parallel rank's pass is not waited for by forward_device)
+    if (while_busy)
+      while_busy();
+    else
+      std::this_thread::yield();
+  }
 
   // Pools: [num_pages, num_kv_heads, page_size, head_dim] bf16.
   const int64_t H = kc.num_kv_heads, P = kc.page_size, D = kc.head_dim;

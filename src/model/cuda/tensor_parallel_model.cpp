@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "kv_calibration.h"
 #include "nccl_comm.h"
 #include "pagedattn/error.h"
 #include "pagedattn/llama_cuda.h"
@@ -188,8 +190,32 @@ class Leader final : public TensorParallelModel {
   double device_busy_seconds() const override { return shard_->device_busy_seconds(); }
   GraphStats cuda_graph_stats() const override { return shard_->cuda_graph_stats(); }
 
-  KvAbsMax kv_absmax(const std::vector<int32_t>&) override {
-    fail(kOp, ": an fp8 KV cache is not supported with tensor parallelism yet");
+  // The fp8 calibration on every rank at once: rank 0's maxima (its KV heads) come back for its
+  // cache; the others keep theirs until kv_scales_calibrated says how to scale them.
+  KvAbsMax kv_absmax(const std::vector<int32_t>& tokens) override {
+    throw_if_failed();
+    // NOTE: checked before anything is sent, as send_step's batches are.
+    PA_CHECK(!tokens.empty(), "kv_absmax: tokens are empty");
+    for (int32_t t : tokens) {
+      PA_CHECK(t >= 0 && t < config().vocab_size, "kv_absmax: token ", t, " is outside the ",
+               "vocabulary [0, ", config().vocab_size, ")");
+    }
+    tp::StepMessage m;
+    m.calibrate = tokens;
+    send_frame(m);
+    return guarded([&] {
+      return shard_->kv_absmax(tokens, [this] {
+        throw_if_failed();
+        std::this_thread::yield();
+      });
+    });
+  }
+  void kv_scales_calibrated(float headroom) override {
+    throw_if_failed();
+    PA_CHECK(std::isfinite(headroom) && headroom >= 1.f, kOp, ": KV headroom ", headroom);
+    tp::StepMessage m;
+    m.kv_headroom = headroom;
+    send_frame(m);
   }
 
   double collective_seconds(int32_t tokens, int32_t logit_rows, int32_t reps) override {
@@ -325,6 +351,10 @@ class Leader final : public TensorParallelModel {
     m.open = open;
     m.copies = cache.take_page_copies();
     m.batch = batch;
+    send_frame(m);
+  }
+
+  void send_frame(const tp::StepMessage& m) {
     try {
       link_->send_all(tp::FrameType::step, tp::encode_step(m));
     } catch (const Error& e) {
@@ -372,6 +402,16 @@ int run_tensor_parallel_worker(const TensorParallelOptions& o) {
     });
     std::unique_ptr<LlamaModelCuda> model = load_shard(im.model, TpShard{o.rank, o.world_size}, c);
     std::unique_ptr<KvCache> cache;
+    // fp8 caches: this rank's maxima from the calibration pass and rank 0's headroom, from which
+    // each fp8 cache made here gets its scales.
+    std::unique_ptr<Model::KvAbsMax> absmax;
+    float headroom = 0.f;
+    auto scale = [&] {
+      if (!cache || cache->config().dtype != DType::fp8_e4m3 || cache->scales_set()) return;
+      PA_CHECK(absmax && headroom > 0.f, kOp, ": rank ", o.rank, " got an fp8 KV cache before ",
+               "its scales' calibration (calibrate_kv_scales on rank 0)");
+      set_kv_scales(*cache, *absmax, headroom);
+    };
     // Finishes open passes (rank 0's schedule ahead) until `keep` are left. NOTE: polled, not
     // synchronized, as below.
     auto finish_open = [&](int32_t keep) {
@@ -398,6 +438,22 @@ int run_tensor_parallel_worker(const TensorParallelOptions& o) {
         model->time_collectives(m.time_tokens, m.time_rows, m.time_reps);
         continue;
       }
+      if (!m.calibrate.empty()) {
+        absmax = std::make_unique<Model::KvAbsMax>(model->kv_absmax(m.calibrate, [&] {
+          if (group_failed->load()) {
+            std::fprintf(stderr, "pagedattn: rank %d: the group was stopped mid-calibration\n",
+                         o.rank);
+            std::_Exit(1);
+          }
+          std::this_thread::yield();
+        }));
+        continue;
+      }
+      if (m.kv_headroom > 0.f) {
+        headroom = m.kv_headroom;
+        scale();
+        continue;
+      }
       KvCacheConfig kc;
       kc.num_layers = m.num_layers;
       kc.num_kv_heads = model->num_local_kv_heads();
@@ -413,6 +469,7 @@ int run_tensor_parallel_worker(const TensorParallelOptions& o) {
         finish_open(0);
         cache.reset();
         cache = std::make_unique<KvCache>(kc);
+        scale();
       }
       if (!m.copies.empty()) finish_open(0);
       for (const PageCopy& pc : m.copies) cache->copy_page_prefix(pc);
