@@ -13,7 +13,8 @@
 #     scripts/device/tp-reduce-ab.sh   (this tree under each setting too, on two GPUs and one;
 #     commas join the variables of one setting)
 # Environment: BASE_DIR, BASE_ONE_GPU (1: BASE_DIR's tree on one GPU too), AB_VAR, AB_ENVS,
-# ROUNDS (2), BATCHES (1,32,64), PROMPT_LEN (512), SKIP_TESTS, TEST_FILTER, BUDGET (560).
+# ROUNDS (2), BATCHES (1,32,64), PROMPT_LEN (512), KV_DTYPE (auto: bf16; fp8), SKIP_TESTS,
+# TEST_FILTER, BUDGET (560).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/device/steps.sh
@@ -48,7 +49,7 @@ run() {  # run VARIANT BINARY TP [VAR=VALUE ...]
   echo "## $1 tp$3" >>"$OUT/bench.log"
   step "$1-tp$3" 100 bench.log env ${4:-} "$2" bench model --model synthetic:llama3-8b --device cuda \
     --batch "${BATCHES:-1,32,64}" --prompt-len "${PROMPT_LEN:-512}" --decode-steps 32 \
-    --tensor-parallel "$3" --json
+    --tensor-parallel "$3" --kv-cache-dtype "${KV_DTYPE:-auto}" --json
 }
 for round in $(seq 1 "${ROUNDS:-2}"); do
   run new "$bin" 2

@@ -19,6 +19,7 @@
 
 #ifdef PAGEDATTN_HAVE_CUDA
 #include "model/cuda/llama_kernels.h"
+#include "pagedattn/attention_cuda.h"
 
 using namespace pagedattn;
 
@@ -303,6 +304,122 @@ TEST(LlamaCudaKernels, QkvPostIsTheHostComputation) {
         }
       }
     }
+  }
+}
+
+// qkv_post into fp8 pools (the decode step's K/V store, one launch) against its bf16 k and v
+// stored by write_kv_cuda (the path of other dtypes): every byte of both pools the same, the
+// skipped slots included, at each head size and with bias and norms.
+TEST(LlamaCudaKernels, QkvPostIntoFp8PoolsStoresWhatWriteKvStores) {
+  PA_SKIP_WITHOUT_GPU();
+  const QkvCase cases[] = {{5, 4, 2, 64, false, false, true},
+                           {33, 8, 2, 128, true, true, true},
+                           {17, 4, 1, 256, false, true, true},
+                           {3, 2, 2, 512, true, false, true}};
+  std::mt19937 rng(12);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (const QkvCase& k : cases) {
+    SCOPED_TRACE(testing::Message() << "T " << k.T << " Hkv " << k.Hkv << " D " << k.D);
+    const int32_t heads = k.Hq + 2 * k.Hkv, width = heads * k.D, half = k.D / 2;
+    std::vector<float> qkv(size_t(k.T) * size_t(width)), bias(static_cast<size_t>(width)),
+        qn(static_cast<size_t>(k.D)), kn(static_cast<size_t>(k.D)),
+        rows(size_t(2) * k.T * half), ks(static_cast<size_t>(k.Hkv)),
+        vs(static_cast<size_t>(k.Hkv));
+    for (float& x : qkv) x = 3.f * nd(rng);
+    for (float& x : bias) x = nd(rng);
+    for (float& x : qn) x = 1.f + 0.3f * nd(rng);
+    for (float& x : kn) x = 1.f + 0.3f * nd(rng);
+    for (int32_t t = 0; t < k.T; ++t)  // each token's cos and sin rows of some angle
+      for (int32_t i = 0; i < half; ++i) {
+        const double a = 0.37 * (t + 1) * (i + 1);
+        rows[size_t(t) * half + size_t(i)] = float(std::cos(a));
+        rows[(size_t(k.T) + size_t(t)) * half + size_t(i)] = float(std::sin(a));
+      }
+    // Scales of a few sizes: some values saturate at 448, some round to zero.
+    for (int32_t h = 0; h < k.Hkv; ++h) ks[size_t(h)] = 0.004f * (h + 1), vs[size_t(h)] = 0.02f;
+    const int32_t page = 16, pages = (k.T + page - 1) / page + 2;
+    std::vector<int32_t> slots(size_t(pages * page));
+    for (size_t j = 0; j < slots.size(); ++j) slots[j] = int32_t(j);
+    std::shuffle(slots.begin(), slots.end(), rng);
+    slots.resize(size_t(k.T));
+    for (int32_t t = 0; t < k.T; ++t)
+      if (t % 5 == 3) slots[size_t(t)] = -1;  // skipped
+    if (k.T > 1) slots[1] = pages * page;     // past the pools: skipped too
+    Tensor dqkv = upload(qkv), dbias = upload(bias), dqn = upload(qn), dkn = upload(kn),
+           drows = upload(rows), dslots = upload(slots), dks = upload(ks), dvs = upload(vs);
+    const size_t nq = size_t(k.T) * k.Hq * k.D, nkv = size_t(k.T) * k.Hkv * k.D;
+    const size_t npool = size_t(pages) * k.Hkv * page * k.D;
+    const std::vector<uint8_t> poison(npool, 0x5a);
+    Tensor dq = upload(std::vector<uint16_t>(nq)), dk = upload(std::vector<uint16_t>(nkv)),
+           dv = upload(std::vector<uint16_t>(nkv));
+    Tensor pools[2][2];  // [path][k, v]
+    for (auto& path : pools)
+      for (Tensor& t : path) t = upload(poison);
+    cuda::QkvParams p;
+    p.num_tokens = k.T;
+    p.num_q_heads = k.Hq;
+    p.num_kv_heads = k.Hkv;
+    p.head_dim = k.D;
+    p.eps = 1e-6f;
+    auto run = [&](const cuda::QkvParams& params) {
+      cuda::qkv_post(dqkv.data_as<float>(), k.bias ? dbias.data_as<float>() : nullptr,
+                     k.norm ? dqn.data_as<float>() : nullptr,
+                     k.norm ? dkn.data_as<float>() : nullptr, drows.data_as<float>(),
+                     drows.data_as<float>() + int64_t(k.T) * half, params,
+                     static_cast<uint16_t*>(dq.data()), static_cast<uint16_t*>(dk.data()),
+                     static_cast<uint16_t*>(dv.data()), nullptr);
+    };
+    // Path 0: bf16 k and v, then write_kv into the fp8 pools.
+    run(p);
+    PagedKVView view;
+    view.k_pages = pools[0][0].data();
+    view.v_pages = pools[0][1].data();
+    view.dtype = DType::fp8_e4m3;
+    view.num_pages = pages;
+    view.num_kv_heads = k.Hkv;
+    view.page_size = page;
+    view.head_dim = k.D;
+    view.k_scale = dks.data_as<float>();
+    view.v_scale = dvs.data_as<float>();
+    write_kv_cuda(view, static_cast<const int32_t*>(dslots.data()), k.T, dk.data(), dv.data(),
+                  DType::bf16, nullptr);
+    // Path 1: straight into the pools.
+    cuda::QkvParams direct = p;
+    direct.k_pool = pools[1][0].data();
+    direct.v_pool = pools[1][1].data();
+    direct.fp8 = true;
+    direct.k_scale = view.k_scale;
+    direct.v_scale = view.v_scale;
+    direct.slots = static_cast<const int32_t*>(dslots.data());
+    direct.page_size = page;
+    direct.num_pages = pages;
+    run(direct);
+    // The bytes of the tokens' slots (the others must keep the poison).
+    std::vector<bool> slot_byte(npool, false);
+    size_t expected = 0;
+    for (int32_t slot : slots) {
+      if (slot < 0 || slot >= pages * page) continue;
+      for (int32_t h = 0; h < k.Hkv; ++h) {
+        const size_t at = (size_t(slot / page) * k.Hkv + size_t(h)) * page * k.D +
+                          size_t(slot % page) * k.D;
+        for (int32_t i = 0; i < k.D; ++i) slot_byte[at + size_t(i)] = true;
+        expected += size_t(k.D);
+      }
+    }
+    size_t written = 0;
+    for (int kv = 0; kv < 2; ++kv) {
+      const auto want = download<uint8_t>(pools[0][kv], npool);
+      const auto got = download<uint8_t>(pools[1][kv], npool);
+      for (size_t e = 0; e < npool; ++e) {
+        ASSERT_EQ(got[e], want[e]) << (kv ? "V" : "K") << " pool byte " << e;
+        if (!slot_byte[e]) {
+          ASSERT_EQ(got[e], 0x5a) << (kv ? "V" : "K") << " pool byte " << e << " outside a slot";
+        }
+        written += slot_byte[e] && got[e] != 0x5a;
+      }
+    }
+    // (A value may store as the poison's byte by chance: most do not.)
+    EXPECT_GT(written, 2 * expected * 9 / 10) << "of " << 2 * expected << " bytes";
   }
 }
 

@@ -946,12 +946,16 @@ bool LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView
     cuda::rms_norm_bf16(s.x, L.attn_norm.data_as<float>(), nullptr, T, hidden, c.rms_norm_eps, hb,
                         st);
   }
-  // bf16 pools take k and v straight from the RoPE kernel; other dtypes through write_kv.
-  const bool kv_direct = fuse && view.dtype == DType::bf16 && view.num_kv_heads == tp.kv_heads &&
-                         view.head_dim == D;
+  // bf16 and fp8 pools take k and v straight from the RoPE kernel; other dtypes through write_kv.
+  const bool fp8 = view.dtype == DType::fp8_e4m3 && view.k_scale && view.v_scale;
+  const bool kv_direct = fuse && (view.dtype == DType::bf16 || fp8) &&
+                         view.num_kv_heads == tp.kv_heads && view.head_dim == D;
   if (kv_direct) {
-    qp.k_pool = static_cast<uint16_t*>(view.k_pages);
-    qp.v_pool = static_cast<uint16_t*>(view.v_pages);
+    qp.k_pool = view.k_pages;
+    qp.v_pool = view.v_pages;
+    qp.fp8 = fp8;
+    qp.k_scale = view.k_scale;
+    qp.v_scale = view.v_scale;
     qp.slots = s.slots;
     qp.page_size = view.page_size;
     qp.num_pages = view.num_pages;

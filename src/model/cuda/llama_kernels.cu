@@ -165,6 +165,26 @@ __device__ __forceinline__ void store_bf16s(uint16_t* p, const float (&r)[V]) {
   }
 }
 
+// V floats to p as e4m3(bf16(r) * inv) (write_kv's arithmetic on the bf16 value store_bf16s
+// writes); p aligned to V bytes.
+template <int V>
+__device__ __forceinline__ void store_fp8s(uint8_t* p, const float (&r)[V], float inv) {
+  uint8_t b[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) b[j] = f32_to_fp8e4m3(bf16_to_f32(f32_to_bf16(r[j])) * inv);
+  if constexpr (V == 1) {
+    p[0] = b[0];
+  } else if constexpr (V == 2) {
+    *reinterpret_cast<uint16_t*>(p) = uint16_t(b[0] | (b[1] << 8));
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; j += 4)
+      *reinterpret_cast<uint32_t*>(p + j) =
+          uint32_t(b[j]) | (uint32_t(b[j + 1]) << 8) | (uint32_t(b[j + 2]) << 16) |
+          (uint32_t(b[j + 3]) << 24);
+  }
+}
+
 // grid ceil(T (Hq + 2 Hkv) / 8), block 256: warp w of block b owns head (8 b + w) % (Hq + 2 Hkv) of
 // token (8 b + w) / (Hq + 2 Hkv); lane l owns the RoPE pairs (i, i + D/2), i = l V .. l V + V - 1
 // (V = D / 64: one vector load of each half a lane, whole rows a warp).
@@ -198,6 +218,8 @@ __global__ void __launch_bounds__(256)
   // (the upload precedes the step's first kernel).
   const bool is_q = head < Hq, is_k = !is_q && head < Hq + Hkv;
   uint16_t* dst;
+  uint8_t* dst8 = nullptr;  // an fp8 pool's slot (then dst is not used)
+  float inv_scale = 1.f;
   if (is_q) {
     dst = q + (int64_t(t) * Hq + head) * D;
   } else if (p.k_pool) {  // into the token's slot of the pool (PagedKVView::offset)
@@ -206,7 +228,12 @@ __global__ void __launch_bounds__(256)
     const int h = is_k ? head - Hq : head - Hq - Hkv;
     const int64_t at = (int64_t(slot / p.page_size) * Hkv + h) * p.page_size * D +
                        int64_t(slot % p.page_size) * D;
-    dst = (is_k ? p.k_pool : p.v_pool) + at;
+    void* pool = is_k ? p.k_pool : p.v_pool;
+    if (p.fp8) {
+      dst8 = static_cast<uint8_t*>(pool) + at;
+      inv_scale = 1.f / (is_k ? p.k_scale : p.v_scale)[h];  // (set once, before any step)
+    }
+    dst = static_cast<uint16_t*>(pool) + at;
   } else if (is_k) {
     dst = k + (int64_t(t) * Hkv + (head - Hq)) * D;
   } else {
@@ -253,6 +280,11 @@ __global__ void __launch_bounds__(256)
       a[j] = ra;
       b[j] = rb;
     }
+  }
+  if (dst8) {
+    store_fp8s<V>(dst8 + i, a, inv_scale);
+    store_fp8s<V>(dst8 + half + i, b, inv_scale);
+    return;
   }
   store_bf16s<V>(dst + i, a);
   store_bf16s<V>(dst + half + i, b);

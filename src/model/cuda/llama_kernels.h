@@ -46,16 +46,22 @@ void rms_norm_bf16(const float* x, const float* weight, const int32_t* rows, int
 // From the fused projection qkv [num_tokens, (Hq + 2 Hkv) * D] f32: adds the bias (when given),
 // applies the per-head RMSNorm to q and k (when q_norm is given), rotates q and k (HF rotate_half
 // with the cos/sin tables) and stores q [T, Hq, D], k, v [T, Hkv, D] as bf16 -- or, when k_pool
-// is set, k and v straight into their slots of bf16 page pools (what write_kv_cuda would store
-// from k and v, one launch fewer; a slot outside the pools is skipped, as write_kv skips it).
+// is set, k and v straight into their slots of the page pools, bf16 or fp8 e4m3 (what
+// write_kv_cuda would store from the bf16 k and v, bit for bit: fp8 as e4m3(bf16(x) * (1 / scale))
+// with the head's scale; one launch fewer; a slot outside the pools is skipped, as write_kv skips
+// it).
 //   bias [(Hq + 2 Hkv) * D] f32 or null;  q_norm, k_norm [D] f32 or null
 //   rope_cos, rope_sin [num_tokens, D / 2] f32 (each token's rows: RopeRowsGather)
-//   k_pool, v_pool [num_pages, Hkv, page_size, D] bf16 (PagedKVView's layout);  slots [T]
+//   k_pool, v_pool [num_pages, Hkv, page_size, D] bf16 or e4m3 (PagedKVView's layout);  slots [T]
+//   k_scale, v_scale [Hkv] f32 (fp8 pools)
 struct QkvParams {
   int32_t num_tokens = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
   float eps = 1e-5f;
-  uint16_t* k_pool = nullptr;  // null: k and v go to the k and v arguments
-  uint16_t* v_pool = nullptr;
+  void* k_pool = nullptr;  // null: k and v go to the k and v arguments
+  void* v_pool = nullptr;
+  bool fp8 = false;  // the pools hold e4m3 values, scaled by k_scale and v_scale
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
   const int32_t* slots = nullptr;
   int32_t page_size = 0, num_pages = 0;
 };
