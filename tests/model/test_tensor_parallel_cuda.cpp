@@ -62,29 +62,29 @@ std::vector<std::vector<float>> rows_of(const Tensor& t) {
   return out;
 }
 
-// PAGEDATTN_FOLD_NORM (llama_cuda.cpp's fold_norms) set to `value` while it lives, then put back
-// as it was: the models read it when they are built.
-class FoldNormEnv {
+// An environment variable set to `value` while it lives, then put back as it was: the models
+// read their switches (PAGEDATTN_FOLD_NORM: llama_cuda.cpp's fold_norms; PAGEDATTN_PEER_EMBED)
+// when they are built.
+class ScopedEnv {
  public:
-  explicit FoldNormEnv(const char* value) {
-    if (const char* v = std::getenv(kName)) {
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* v = std::getenv(name)) {
       old_ = v;
       had_ = true;
     }
-    setenv(kName, value, 1);
+    setenv(name, value, 1);
   }
-  ~FoldNormEnv() {
+  ~ScopedEnv() {
     if (had_)
-      setenv(kName, old_.c_str(), 1);
+      setenv(name_.c_str(), old_.c_str(), 1);
     else
-      unsetenv(kName);
+      unsetenv(name_.c_str());
   }
-  FoldNormEnv(const FoldNormEnv&) = delete;
-  FoldNormEnv& operator=(const FoldNormEnv&) = delete;
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
 
  private:
-  static constexpr const char* kName = "PAGEDATTN_FOLD_NORM";
-  std::string old_;
+  std::string name_, old_;
   bool had_ = false;
 };
 
@@ -222,7 +222,7 @@ void expect_two_ranks_match(const ModelConfig& c, float tol, MakePlain&& make_pl
     // rounding of each product's input. On the quantised GGUF model that was enough to swap the
     // greedy token of a near tie (within 1e-2 of each other at decode step 1, an H100), after
     // which the two runs fed different tokens and parted.
-    const FoldNormEnv unfolded("0");
+    const ScopedEnv unfolded("PAGEDATTN_FOLD_NORM", "0");
     std::unique_ptr<LlamaModelCuda> plain = make_plain();
     KvCache cache(cache_for(c, c.num_kv_heads));
     want = play(s, cache, [&](const ForwardBatch& b) { return plain->forward(b, cache); });
@@ -409,7 +409,7 @@ TEST(LlamaCudaFold, FoldedNormsMatchTheNormKernels) {
     auto run = [&](const char* fold) {
       std::unique_ptr<LlamaModelCuda> m;
       {
-        const FoldNormEnv env(fold);
+        const ScopedEnv env("PAGEDATTN_FOLD_NORM", fold);
         m = std::make_unique<LlamaModelCuda>(c, 11);
       }
       KvCache cache(cache_for(c, c.num_kv_heads));
@@ -576,7 +576,7 @@ TEST(TensorParallelCuda, Fp8KvOnTwoRanksMatchesOneGpu) {
     Model::KvAbsMax want_max;
     std::vector<std::vector<std::vector<float>>> want, want_bf16;
     {
-      const FoldNormEnv unfolded("0");  // as a rank of two runs (expect_two_ranks_match says why)
+      const ScopedEnv unfolded("PAGEDATTN_FOLD_NORM", "0");  // as a rank of two runs (expect_two_ranks_match says why)
       LlamaModelCuda plain(c, 21);
       std::unique_ptr<KvCache> cache = fp8_cache(c.num_kv_heads);
       want_max = plain.kv_absmax(calib);
@@ -638,6 +638,54 @@ TEST(TensorParallelCuda, Fp8KvOnTwoRanksMatchesOneGpu) {
     std::printf("%s: fp8 K/V, two ranks against one GPU: worst relative logit error %.2e (one "
                 "GPU's fp8 against its bf16 cache: %.2e)\n",
                 variant, worst, fp8_err);
+  }
+}
+
+// The embedding rows read from their ranks' memory (peer_embed.h) against the gather of each
+// rank's slice and the all-reduce of the rows (PAGEDATTN_PEER_EMBED=0): the same logits, bit for
+// bit (the values and the norm's arithmetic are the all-reduce's), over prefill and decode steps;
+// qwen2's embedding is also its lm_head.
+TEST(TensorParallelCuda, EmbeddingFromPeersGivesTheAllReducesBits) {
+  PA_SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_NCCL();
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  for (const char* variant : {"llama", "qwen2"}) {
+    SCOPED_TRACE(variant);
+    const ModelConfig c = gpu_config(variant);
+    const Script s = make_script(c.vocab_size, 23);
+    std::vector<std::vector<std::vector<float>>> steps[2];
+    for (int peers = 0; peers < 2; ++peers) {
+      const ScopedEnv env("PAGEDATTN_PEER_EMBED", peers ? "1" : "0");
+      const cuda::NcclId id = cuda::nccl_unique_id();
+      std::unique_ptr<cuda::NcclComm> comm[2];
+      std::unique_ptr<LlamaModelCuda> model[2];
+      std::unique_ptr<KvCache> cache[2];
+      auto on_each_rank = [&](auto&& f) { pagedattn::testing::on_two_ranks(comm, f); };
+      on_each_rank([&](int r) {
+        comm[r] = std::make_unique<cuda::NcclComm>(id, 2, r);
+        model[r] = std::make_unique<LlamaModelCuda>(c, 21, TpShard{r, 2}, comm[r].get());
+        model[r]->set_cuda_graphs(false);
+        cache[r] = std::make_unique<KvCache>(cache_for(c, model[r]->num_local_kv_heads()));
+      });
+      steps[peers] = play(s, *cache[0], [&](const ForwardBatch& b) {
+        Tensor logits;
+        on_each_rank([&](int r) {
+          if (r == 0) {
+            logits = model[0]->forward(b, *cache[0]);
+          } else {
+            model[1]->forward_device(b, *cache[1]);
+            cudaDeviceSynchronize();
+          }
+        });
+        return logits;
+      });
+    }
+    ASSERT_EQ(steps[1].size(), size_t(s.decode + 1));
+    ASSERT_EQ(steps[0].size(), steps[1].size());
+    for (size_t i = 0; i < steps[0].size(); ++i) {
+      ASSERT_EQ(steps[1][i].size(), s.prompts.size());
+      EXPECT_EQ(steps[1][i], steps[0][i]) << "step " << i;
+    }
   }
 }
 

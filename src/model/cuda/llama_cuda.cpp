@@ -19,6 +19,7 @@
 #include "sampling_kernels.h"
 #include "nccl_comm.h"
 #include "peer_all_reduce.h"
+#include "peer_embed.h"
 #include "pagedattn/attention_cuda.h"
 #include "pagedattn/error.h"
 #include "pagedattn/llama.h"
@@ -151,6 +152,8 @@ struct LlamaModelCuda::Impl {
   // The decode steps' all-reduces over peer memory, fused with the residual add and the next
   // norm (null: NCCL for every all-reduce, e.g. ranks on several hosts).
   std::unique_ptr<cuda::PeerAllReduce> peer;
+  // With peer memory: every rank's embedding slice mapped here (embed_norm_peers; world 0: no).
+  cuda::PeerEmbedTable peer_embed;
   // The RoPE tables on the device: cos, then sin, [rope_rows, D / 2] f32 each, for positions
   // [0, rope_rows), grown (doubling) when a step reaches past them; the frequencies [D / 2] f64.
   // NOTE: host tables uploaded with each step cost a prefill chunk of 2048 tokens 1 MB of copies,
@@ -595,6 +598,24 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
       std::fprintf(stderr, "pagedattn: tensor parallel: all-reduce through NCCL only (%s)\n",
                    why.c_str());
   }
+  if (peer) {
+    // NOTE: collective too; PAGEDATTN_PEER_EMBED=0 (on any rank) keeps the gather and its
+    // all-reduce (a comparison).
+    const char* env = std::getenv("PAGEDATTN_PEER_EMBED");
+    const bool willing = !(env && std::string(env) == "0") &&
+                         shard.world <= cuda::PeerEmbedTable::kMaxRanks &&
+                         cuda::embed_norm_peers_takes(c.hidden_size);
+    std::string why;
+    const std::vector<const void*> slices =
+        peer->map_peer_buffers(*comm, embed.data(), willing, &why);
+    if (!slices.empty()) {
+      for (int32_t r = 0; r < shard.world; ++r)
+        peer_embed.slice[r] = static_cast<const uint16_t*>(slices[size_t(r)]);
+      peer_embed.world = shard.world;
+      peer_embed.stride = tp.vocab_stride;
+      peer_embed.vocab = c.vocab_size;
+    }
+  }
 }
 
 Tensor LlamaModelCuda::Impl::host_logits(int64_t rows, int64_t cols) {
@@ -882,6 +903,12 @@ bool LlamaModelCuda::Impl::embed_tokens(const Step& s, cudaStream_t st) {
   rope.half = config.head_dim / 2;
   rope.cos = s.cos;
   rope.sin = s.sin;
+  if (peer_step(s.T) && peer_embed.world > 0) {  // every row from its rank; h as below
+    cuda::embed_norm_peers(peer_embed, s.tokens, s.chained_ids, s.T, hidden,
+                           layers[0].attn_norm.data_as<float>(), config.rms_norm_eps, s.x,
+                           static_cast<uint16_t*>(s.h), rope, st);
+    return true;
+  }
   if (peer_step(s.T)) {  // and h = the first layer's normalised input
     cuda::embed_gather_shard(embed.data_as<uint16_t>(), tp.vocab0, tp.vocab, s.tokens,
                              s.chained_ids, s.T, hidden, peer->input(kSlotEmbed), rope, st);

@@ -8,21 +8,12 @@
 #include "llama_kernels.h"
 #include "pagedattn/dtype.h"
 #include "pagedattn/error.h"
+#include "rope_rows.cuh"  // gather_rope_rows
 #include "synthetic_fill.h"
 
 namespace pagedattn::cuda {
 
 namespace {
-
-// The token's RoPE rows (RopeRowsGather), by the block of token t.
-__device__ __forceinline__ void gather_rope_rows(const RopeRowsGather& g, int t) {
-  if (!g.cos) return;
-  const int64_t from = int64_t(g.positions[t]) * g.half, to = int64_t(t) * g.half;
-  for (int i = threadIdx.x; i < g.half; i += blockDim.x) {
-    g.cos[to + i] = g.cos_table[from + i];
-    g.sin[to + i] = g.sin_table[from + i];
-  }
-}
 
 // grid (num_tokens), block 256
 __global__ void embed_gather_kernel(const uint16_t* __restrict__ embed,  // [vocab, hidden]

@@ -295,6 +295,57 @@ std::unique_ptr<PeerAllReduce> PeerAllReduce::create(NcclComm& comm, int32_t max
   return pr;
 }
 
+std::vector<const void*> PeerAllReduce::map_peer_buffers(NcclComm& comm, const void* own,
+                                                         bool willing, std::string* why) {
+  struct Info {  // what a rank tells the others about its buffer
+    int32_t pid;
+    int32_t willing;
+    cudaIpcMemHandle_t handle;
+    uint64_t pointer;
+  };
+  Info me{};
+  me.pid = int32_t(getpid());
+  me.pointer = uint64_t(reinterpret_cast<uintptr_t>(own));
+  me.willing = willing && own &&
+               cudaIpcGetMemHandle(&me.handle, const_cast<void*>(own)) == cudaSuccess;
+  if (!me.willing) (void)cudaGetLastError();
+  const std::vector<char> gathered = comm.all_gather_host(&me, sizeof(me));
+  std::vector<Info> infos(static_cast<size_t>(world_));
+  std::memcpy(infos.data(), gathered.data(), infos.size() * sizeof(Info));
+  std::string reason;
+  std::vector<const void*> out(size_t(world_), nullptr);
+  std::vector<void*> opened;
+  for (int32_t r = 0; r < world_ && reason.empty(); ++r) {
+    const Info& o = infos[size_t(r)];
+    if (!o.willing) {
+      reason = "rank " + std::to_string(r) + " did not export its buffer";
+    } else if (r == rank_ || o.pid == me.pid) {  // this rank, or a thread of this process
+      out[size_t(r)] = reinterpret_cast<const void*>(uintptr_t(o.pointer));
+    } else {
+      void* p = nullptr;
+      if (cudaIpcOpenMemHandle(&p, o.handle, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) {
+        (void)cudaGetLastError();
+        reason = "cannot map rank " + std::to_string(r) + "'s buffer (CUDA IPC)";
+      } else {
+        opened.push_back(p);
+        out[size_t(r)] = p;
+      }
+    }
+  }
+  const char ok = reason.empty() ? 1 : 0;
+  const std::vector<char> oks = comm.all_gather_host(&ok, 1);
+  for (int32_t r = 0; r < world_ && reason.empty(); ++r) {
+    if (!oks[size_t(r)]) reason = "rank " + std::to_string(r) + " cannot map its peers' buffers";
+  }
+  if (!reason.empty()) {
+    for (void* p : opened) cudaIpcCloseMemHandle(p);
+    if (why) *why = reason;
+    return {};
+  }
+  ipc_opened_.insert(ipc_opened_.end(), opened.begin(), opened.end());
+  return out;
+}
+
 // NOTE: no meeting here: a peer whose last step had no logit rows (no all-gather to wait on) may
 // still be reading this rank's slot when this rank shuts down; that peer is shutting down too,
 // and at worst reports a failed read as it leaves.

@@ -53,6 +53,14 @@ class PeerAllReduce {
   void reduce(int32_t slot, float* x, bool add_x, int32_t rows, const float* norm_w, float eps,
               uint16_t* h, cudaStream_t stream);
 
+  // Every rank's buffer `own` (this rank's: the start of an allocation of its own, read-only
+  // while mapped) as this rank sees it, in rank order: CUDA IPC between processes, the pointers
+  // themselves between threads. Collective, as create() is; every rank gets an empty vector (and
+  // `why` says why) when any rank is not `willing` or cannot export or map its buffer. The
+  // mappings last as long as this object.
+  std::vector<const void*> map_peer_buffers(NcclComm& comm, const void* own, bool willing,
+                                            std::string* why = nullptr);
+
   // The local memory (stack) a thread of the kernel for `world` ranks uses on this device: 0 is
   // what the kernel is written for (its tests check it; a copy of its arguments to the stack made
   // a batch-32 step of two H100s 9% longer). -1: the runtime could not say.
