@@ -192,6 +192,46 @@ TEST(TensorParallelCuda, WorldOfOneIsBitIdentical) {
   }
 }
 
+// Two ranks as threads of this process on GPUs 0 and 1 (tp_ranks.h), each with its model and its
+// cache.
+struct TwoRanks {
+  std::unique_ptr<cuda::NcclComm> comm[2];
+  std::unique_ptr<LlamaModelCuda> model[2];
+  std::unique_ptr<KvCache> cache[2];
+
+  template <class F>
+  void on_each(F&& f) {
+    pagedattn::testing::on_two_ranks(comm, f);
+  }
+  // Joins the ranks; rank r's model is make_rank(r, its comm), its cache make_cache(its number
+  // of KV heads).
+  template <class MakeRank, class MakeCache>
+  void build(MakeRank&& make_rank, MakeCache&& make_cache) {
+    const cuda::NcclId id = cuda::nccl_unique_id();
+    on_each([&](int r) {
+      comm[r] = std::make_unique<cuda::NcclComm>(id, 2, r);
+      model[r] = make_rank(r, comm[r].get());
+      cache[r] = make_cache(model[r]->num_local_kv_heads());
+      // NOTE: two ranks in one process: plain launches (the process-level runs, one rank per
+      // process as the CLI starts them, replay CUDA graphs: scripts/device/tensor-parallel.sh).
+      model[r]->set_cuda_graphs(false);
+    });
+  }
+  // Rank 0's logits of b, which both ranks run at once (batches are built on cache[0]).
+  Tensor forward(const ForwardBatch& b) {
+    Tensor logits;
+    on_each([&](int r) {
+      if (r == 0) {
+        logits = model[0]->forward(b, *cache[0]);
+      } else {
+        model[1]->forward_device(b, *cache[1]);
+        cudaDeviceSynchronize();
+      }
+    });
+    return logits;
+  }
+};
+
 // Two ranks on GPUs 0 and 1 against the plain runner on GPU 0. The ranks' products sum in
 // another order (and cuBLAS picks other kernels for the narrower matrices), which moves the bf16
 // roundings of the activations: logits agree within bf16's relative step (2^-7), greedy tokens
@@ -227,31 +267,13 @@ void expect_two_ranks_match(const ModelConfig& c, float tol, MakePlain&& make_pl
     KvCache cache(cache_for(c, c.num_kv_heads));
     want = play(s, cache, [&](const ForwardBatch& b) { return plain->forward(b, cache); });
   }
-  const cuda::NcclId id = cuda::nccl_unique_id();
-  std::unique_ptr<cuda::NcclComm> comm[2];
-  std::unique_ptr<LlamaModelCuda> model[2];
-  std::unique_ptr<KvCache> cache[2];
-  auto on_each_rank = [&](auto&& f) { pagedattn::testing::on_two_ranks(comm, f); };
-  on_each_rank([&](int r) {
-    comm[r] = std::make_unique<cuda::NcclComm>(id, 2, r);
-    model[r] = make_rank(r, comm[r].get());
-    cache[r] = std::make_unique<KvCache>(cache_for(c, model[r]->num_local_kv_heads()));
-    // NOTE: two ranks in one process: plain launches (the process-level runs, one rank per
-    // process as the CLI starts them, replay CUDA graphs: scripts/device/tensor-parallel.sh).
-    model[r]->set_cuda_graphs(false);
-  });
-  const auto got = play(s, *cache[0], [&](const ForwardBatch& b) {
-    Tensor logits;
-    on_each_rank([&](int r) {
-      if (r == 0) {
-        logits = model[0]->forward(b, *cache[0]);
-      } else {
-        model[1]->forward_device(b, *cache[1]);
-        cudaDeviceSynchronize();
-      }
-    });
-    return logits;
-  });
+  TwoRanks ranks;
+  ranks.build(make_rank,
+              [&](int32_t heads) { return std::make_unique<KvCache>(cache_for(c, heads)); });
+  auto& model = ranks.model;
+  auto& cache = ranks.cache;
+  auto on_each_rank = [&](auto&& f) { ranks.on_each(f); };
+  const auto got = play(s, *cache[0], [&](const ForwardBatch& b) { return ranks.forward(b); });
   ASSERT_EQ(got.size(), want.size());
   const int compared = expect_steps_close(got, want, tol);
   EXPECT_EQ(compared, int(s.prompts.size()) * (s.decode + 1));
@@ -589,18 +611,16 @@ TEST(TensorParallelCuda, Fp8KvOnTwoRanksMatchesOneGpu) {
     // The fp8 pools are in use: their roundings move the logits off the bf16 cache's.
     const double fp8_err = worst_of(want, want_bf16);
     EXPECT_GT(fp8_err, 0.0) << "the fp8 cache gave the bf16 cache's logits bit for bit";
-    const cuda::NcclId id = cuda::nccl_unique_id();
-    std::unique_ptr<cuda::NcclComm> comm[2];
-    std::unique_ptr<LlamaModelCuda> model[2];
-    std::unique_ptr<KvCache> cache[2];
+    TwoRanks ranks;
+    ranks.build(
+        [&](int r, cuda::NcclComm* comm) {
+          return std::make_unique<LlamaModelCuda>(c, 21, TpShard{r, 2}, comm);
+        },
+        fp8_cache);
+    auto& cache = ranks.cache;
     Model::KvAbsMax got_max[2];
-    auto on_each_rank = [&](auto&& f) { pagedattn::testing::on_two_ranks(comm, f); };
-    on_each_rank([&](int r) {
-      comm[r] = std::make_unique<cuda::NcclComm>(id, 2, r);
-      model[r] = std::make_unique<LlamaModelCuda>(c, 21, TpShard{r, 2}, comm[r].get());
-      model[r]->set_cuda_graphs(false);
-      cache[r] = fp8_cache(model[r]->num_local_kv_heads());
-      got_max[r] = model[r]->kv_absmax(calib);  // both ranks at once
+    ranks.on_each([&](int r) {
+      got_max[r] = ranks.model[r]->kv_absmax(calib);  // both ranks at once
       set_kv_scales(*cache[r], got_max[r], 1.25f);
     });
     const size_t H = size_t(c.num_kv_heads);
@@ -621,18 +641,8 @@ TEST(TensorParallelCuda, Fp8KvOnTwoRanksMatchesOneGpu) {
         }
       }
     }
-    const auto got = play_forced(*cache[0], [&](const ForwardBatch& b) {
-      Tensor logits;
-      on_each_rank([&](int r) {
-        if (r == 0) {
-          logits = model[0]->forward(b, *cache[0]);
-        } else {
-          model[1]->forward_device(b, *cache[1]);
-          cudaDeviceSynchronize();
-        }
-      });
-      return logits;
-    });
+    const auto got =
+        play_forced(*cache[0], [&](const ForwardBatch& b) { return ranks.forward(b); });
     const double worst = worst_of(got, want);
     EXPECT_LE(worst, 5e-2);
     std::printf("%s: fp8 K/V, two ranks against one GPU: worst relative logit error %.2e (one "
@@ -656,29 +666,14 @@ TEST(TensorParallelCuda, EmbeddingFromPeersGivesTheAllReducesBits) {
     std::vector<std::vector<std::vector<float>>> steps[2];
     for (int peers = 0; peers < 2; ++peers) {
       const ScopedEnv env("PAGEDATTN_PEER_EMBED", peers ? "1" : "0");
-      const cuda::NcclId id = cuda::nccl_unique_id();
-      std::unique_ptr<cuda::NcclComm> comm[2];
-      std::unique_ptr<LlamaModelCuda> model[2];
-      std::unique_ptr<KvCache> cache[2];
-      auto on_each_rank = [&](auto&& f) { pagedattn::testing::on_two_ranks(comm, f); };
-      on_each_rank([&](int r) {
-        comm[r] = std::make_unique<cuda::NcclComm>(id, 2, r);
-        model[r] = std::make_unique<LlamaModelCuda>(c, 21, TpShard{r, 2}, comm[r].get());
-        model[r]->set_cuda_graphs(false);
-        cache[r] = std::make_unique<KvCache>(cache_for(c, model[r]->num_local_kv_heads()));
-      });
-      steps[peers] = play(s, *cache[0], [&](const ForwardBatch& b) {
-        Tensor logits;
-        on_each_rank([&](int r) {
-          if (r == 0) {
-            logits = model[0]->forward(b, *cache[0]);
-          } else {
-            model[1]->forward_device(b, *cache[1]);
-            cudaDeviceSynchronize();
-          }
-        });
-        return logits;
-      });
+      TwoRanks ranks;
+      ranks.build(
+          [&](int r, cuda::NcclComm* comm) {
+            return std::make_unique<LlamaModelCuda>(c, 21, TpShard{r, 2}, comm);
+          },
+          [&](int32_t heads) { return std::make_unique<KvCache>(cache_for(c, heads)); });
+      steps[peers] =
+          play(s, *ranks.cache[0], [&](const ForwardBatch& b) { return ranks.forward(b); });
     }
     ASSERT_EQ(steps[1].size(), size_t(s.decode + 1));
     ASSERT_EQ(steps[0].size(), steps[1].size());

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "block_math.cuh"  // block_sum, pack_bf16x2
+#include "block_math.cuh"  // block_sum, load_row_groups, store_normed_row
 #include "cuda_common.cuh"  // allow_dependent_launch, wait_for_dependency
 #include "nccl_comm.h"
 #include "pdl.h"
@@ -61,11 +61,7 @@ __global__ void __launch_bounds__(kThreads)
   const int nv = hidden / 4;
   const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
   float4 w[kVecs];
-#pragma unroll
-  for (int k = 0; k < kVecs; ++k) {
-    const int i = threadIdx.x + k * kThreads;
-    w[k] = norm_w && i < nv ? reinterpret_cast<const float4*>(norm_w)[i] : zero;
-  }
+  load_row_groups<kVecs, kThreads>(norm_w, nv, w);
   // The peers' pointers through shared memory, written with constant indices: an array of a
   // kernel's parameters indexed by a run-time value (a thread's rank, this rank) is copied to
   // every thread's stack first.
@@ -140,15 +136,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     if (norm_w) {
       const float inv = rsqrtf(block_sum(ss) / float(hidden) + eps);
-      uint2* hv = reinterpret_cast<uint2*>(h) + off;
-#pragma unroll
-      for (int k = 0; k < kVecs; ++k) {
-        const int i = threadIdx.x + k * kThreads;
-        if (i >= nv) continue;
-        const float4 v = s[k];
-        hv[i] = make_uint2(pack_bf16x2(v.x * inv * w[k].x, v.y * inv * w[k].y),
-                           pack_bf16x2(v.z * inv * w[k].z, v.w * inv * w[k].w));
-      }
+      store_normed_row<kVecs, kThreads>(reinterpret_cast<uint2*>(h) + off, s, w, inv, nv);
     }
   }
 }

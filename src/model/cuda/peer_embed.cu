@@ -1,5 +1,5 @@
 // embed_norm_peers: the embedding rows from their ranks' memory and the first norm (peer_embed.h).
-#include "block_math.cuh"   // block_sum, pack_bf16x2
+#include "block_math.cuh"   // block_sum, load_row_groups, store_normed_row
 #include "cuda_common.cuh"  // allow_dependent_launch, wait_for_dependency
 #include "pagedattn/error.h"
 #include "pdl.h"
@@ -25,14 +25,9 @@ __global__ void __launch_bounds__(kThreads)
                             uint16_t* __restrict__ h,  // [T, hidden]
                             RopeRowsGather rope) {
   const int nv = hidden / 4;
-  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
   // The norm's weights and the slices' pointers are no kernel's output: read before the wait.
   float4 w[kVecs];
-#pragma unroll
-  for (int k = 0; k < kVecs; ++k) {
-    const int i = threadIdx.x + k * kThreads;
-    w[k] = i < nv ? reinterpret_cast<const float4*>(norm_w)[i] : zero;
-  }
+  load_row_groups<kVecs, kThreads>(norm_w, nv, w);
   // NOTE: through shared memory, written with constant indices: an array of a kernel's
   // parameters indexed by a run-time value (the token's rank) is copied to every thread's stack
   // first (peer_all_reduce.cu measured what that costs).
@@ -71,14 +66,7 @@ __global__ void __launch_bounds__(kThreads)
     ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
   }
   const float inv = rsqrtf(block_sum(ss) / float(hidden) + eps);
-  uint2* hv = reinterpret_cast<uint2*>(h) + int64_t(t) * nv;
-#pragma unroll
-  for (int k = 0; k < kVecs; ++k) {
-    const int i = threadIdx.x + k * kThreads;
-    if (i >= nv) continue;
-    hv[i] = make_uint2(pack_bf16x2(v[k].x * inv * w[k].x, v[k].y * inv * w[k].y),
-                       pack_bf16x2(v[k].z * inv * w[k].z, v[k].w * inv * w[k].w));
-  }
+  store_normed_row<kVecs, kThreads>(reinterpret_cast<uint2*>(h) + int64_t(t) * nv, v, w, inv, nv);
 }
 
 }  // namespace
