@@ -31,6 +31,15 @@ namespace {
 using namespace pagedattn;
 using pagedattn::testing::on_two_ranks;
 
+// Two ranks need two devices and NCCL (which joins them and carries the mapping's handles).
+#define SKIP_WITHOUT_TWO_RANKS()                                              \
+  do {                                                                        \
+    PA_SKIP_WITHOUT_GPU();                                                    \
+    std::string why;                                                          \
+    if (!cuda::nccl_available(&why)) GTEST_SKIP() << why;                     \
+    if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";      \
+  } while (0)
+
 template <class T>
 std::vector<T> download(const T* d, size_t n) {
   std::vector<T> h(n);
@@ -51,12 +60,7 @@ TEST(PeerAllReduceCuda, KernelUsesNoLocalMemory) {
 }
 
 TEST(PeerAllReduceCuda, SumsResidualAndNormMatchTheHost) {
-  PA_SKIP_WITHOUT_GPU();
-  {
-    std::string why;
-    if (!cuda::nccl_available(&why)) GTEST_SKIP() << why;
-  }
-  if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  SKIP_WITHOUT_TWO_RANKS();
   const cuda::NcclId id = cuda::nccl_unique_id();
   std::unique_ptr<cuda::NcclComm> comm[2];
   std::unique_ptr<cuda::PeerAllReduce> peer[2];
@@ -167,13 +171,9 @@ T* upload(const std::vector<T>& h) {
   }
   return d;
 }
+
 TEST(PeerEmbedCuda, RowsFromTheirRanksAndTheNormMatchTheHost) {
-  PA_SKIP_WITHOUT_GPU();
-  {
-    std::string why;
-    if (!cuda::nccl_available(&why)) GTEST_SKIP() << why;
-  }
-  if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  SKIP_WITHOUT_TWO_RANKS();
   const cuda::NcclId id = cuda::nccl_unique_id();
   std::unique_ptr<cuda::NcclComm> comm[2];
   std::unique_ptr<cuda::PeerAllReduce> peer[2];
