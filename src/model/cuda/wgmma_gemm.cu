@@ -665,30 +665,33 @@ bool wgmma_gemm_argmax_takes(int32_t T, int32_t N, int32_t K) {
   return !off && wgmma_gemm_pick(T, N, K);
 }
 
-void wgmma_gemm_argmax(const GemvArgs& a, ArgmaxPair* pairs, int32_t* ids, cudaStream_t stream) {
+namespace {
+
+// The product with the argmax epilogue into pairs [T, row blocks] (the first id vocab0); `op`
+// names the caller in the errors, `ok` its own arguments' checks.
+void argmax_product(const char* op, const GemvArgs& a, int32_t vocab0, ArgmaxPair* pairs, bool ok,
+                    cudaStream_t stream) {
   GemvArgs b = a;
   b.y = pairs;
   b.ldy = std::max(a.ldy, a.N);
-  PA_CHECK(pairs && ids && !a.accumulate && !a.y_bf16 && wgmma_gemm_supported(b),
-           "wgmma_gemm_argmax: unsupported arguments (T ", a.T, ", N ", a.N, ", K ", a.K, ")");
-  PA_CHECK(wgmma_gemm_available(), "wgmma_gemm_argmax: this device cannot run it (sm_90 only)");
-  const cudaError_t e = launch_argmax(b, 0, stream);
-  PA_CHECK(e == cudaSuccess, "wgmma_gemm_argmax: launch failed: ", cudaGetErrorString(e));
+  PA_CHECK(ok && pairs && vocab0 >= 0 && !a.accumulate && !a.y_bf16 && wgmma_gemm_supported(b),
+           op, ": unsupported arguments (T ", a.T, ", N ", a.N, ", K ", a.K, ", vocab0 ", vocab0,
+           ")");
+  PA_CHECK(wgmma_gemm_available(), op, ": this device cannot run it (sm_90 only)");
+  const cudaError_t e = launch_argmax(b, vocab0, stream);
+  PA_CHECK(e == cudaSuccess, op, ": launch failed: ", cudaGetErrorString(e));
+}
+
+}  // namespace
+
+void wgmma_gemm_argmax(const GemvArgs& a, ArgmaxPair* pairs, int32_t* ids, cudaStream_t stream) {
+  argmax_product("wgmma_gemm_argmax", a, 0, pairs, ids != nullptr, stream);
   argmax_combine_by_row(pairs, wgmma_gemm_argmax_blocks(a.N), a.T, ids, stream);
 }
 
 void wgmma_gemm_argmax_slice(const GemvArgs& a, int32_t vocab0, ArgmaxPair* pairs,
                              ArgmaxPair* out, cudaStream_t stream) {
-  GemvArgs b = a;
-  b.y = pairs;
-  b.ldy = std::max(a.ldy, a.N);
-  PA_CHECK(pairs && out && vocab0 >= 0 && !a.accumulate && !a.y_bf16 && wgmma_gemm_supported(b),
-           "wgmma_gemm_argmax_slice: unsupported arguments (T ", a.T, ", N ", a.N, ", K ", a.K,
-           ", vocab0 ", vocab0, ")");
-  PA_CHECK(wgmma_gemm_available(),
-           "wgmma_gemm_argmax_slice: this device cannot run it (sm_90 only)");
-  const cudaError_t e = launch_argmax(b, vocab0, stream);
-  PA_CHECK(e == cudaSuccess, "wgmma_gemm_argmax_slice: launch failed: ", cudaGetErrorString(e));
+  argmax_product("wgmma_gemm_argmax_slice", a, vocab0, pairs, out != nullptr, stream);
   argmax_combine_by_row_pairs(pairs, wgmma_gemm_argmax_blocks(a.N), a.T, vocab0, out, stream);
 }
 
