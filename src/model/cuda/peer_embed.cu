@@ -1,6 +1,7 @@
 // embed_norm_peers: the embedding rows from their ranks' memory and the first norm (peer_embed.h).
 #include "block_math.cuh"   // block_sum, load_row_groups, store_normed_row
 #include "cuda_common.cuh"  // allow_dependent_launch, wait_for_dependency
+#include "pagedattn/dtype.h"  // bf16_to_f32
 #include "pagedattn/error.h"
 #include "pdl.h"
 #include "peer_embed.h"
@@ -13,8 +14,6 @@ namespace {
 // peer_all_reduce.cu's layout: a row of up to kThreads * kVecs * 4 values in registers, thread t
 // holding the 4-value groups t, t + kThreads, ...
 constexpr int kThreads = 256, kVecs = 8;
-
-__device__ __forceinline__ float bf16_bits_to_f32(uint32_t b) { return __uint_as_float(b << 16); }
 
 // grid (num_tokens), block kThreads: block t owns token t.
 __global__ void __launch_bounds__(kThreads)
@@ -52,8 +51,8 @@ __global__ void __launch_bounds__(kThreads)
     const int i = threadIdx.x + k * kThreads;
     uint2 b = make_uint2(0u, 0u);
     if (known && i < nv) b = row[i];
-    v[k] = make_float4(bf16_bits_to_f32(b.x & 0xffffu), bf16_bits_to_f32(b.x >> 16),
-                       bf16_bits_to_f32(b.y & 0xffffu), bf16_bits_to_f32(b.y >> 16));
+    v[k] = make_float4(bf16_to_f32(uint16_t(b.x)), bf16_to_f32(uint16_t(b.x >> 16)),
+                       bf16_to_f32(uint16_t(b.y)), bf16_to_f32(uint16_t(b.y >> 16)));
   }
   gather_rope_rows(rope, t);  // (its loads wait behind the row's)
   float4* xr = reinterpret_cast<float4*>(x) + int64_t(t) * nv;
