@@ -12,7 +12,9 @@
 #   AB_ENVS="PAGEDATTN_O_BESIDE_ATTENTION=0 PAGEDATTN_PEER_ALL_REDUCE=0,PAGEDATTN_FUSE=0" \
 #     scripts/device/tp-reduce-ab.sh   (this tree under each setting too, on two GPUs and one;
 #     commas join the variables of one setting)
+#   AB_ENVS_TP="..." / AB_ENVS_ONE="..."   (as AB_ENVS, on two GPUs only / on one GPU only)
 # Environment: BASE_DIR, BASE_ONE_GPU (1: BASE_DIR's tree on one GPU too), AB_VAR, AB_ENVS,
+# AB_ENVS_TP, AB_ENVS_ONE,
 # ROUNDS (2), BATCHES (1,32,64), PROMPT_LEN (512), KV_DTYPE (auto: bf16; fp8), SKIP_TESTS,
 # TEST_FILTER, BUDGET (560).
 set -uo pipefail
@@ -55,10 +57,10 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
   run new "$bin" 2
   [[ -n "$base" ]] && run base "$base" 2
   [[ -n "${AB_VAR:-}" ]] && run off "$bin" 2 "$AB_VAR=0"
-  for e in ${AB_ENVS:-}; do run "$e" "$bin" 2 "${e//,/ }"; done
+  for e in ${AB_ENVS:-} ${AB_ENVS_TP:-}; do run "$e" "$bin" 2 "${e//,/ }"; done
   run new "$bin" 1
   [[ -n "$base" && -n "${BASE_ONE_GPU:-}" ]] && run base "$base" 1
-  for e in ${AB_ENVS:-}; do run "$e" "$bin" 1 "${e//,/ }"; done
+  for e in ${AB_ENVS:-} ${AB_ENVS_ONE:-}; do run "$e" "$bin" 1 "${e//,/ }"; done
 done
 python3 - "$OUT/bench.log" <<'PY' | tee "$OUT/summary.txt"
 import json, sys

@@ -184,6 +184,10 @@ struct LlamaModelCuda::Impl {
   // A rank of several runs its o product on kWgmmaGemmBesideAttentionVersion
   // (PAGEDATTN_O_BESIDE_ATTENTION=0: on the version the shape picks; a comparison).
   bool o_beside_attention = true;
+  // A rank of several runs its qkv product, behind the peer all-reduce, on
+  // kWgmmaGemmBehindReduceVersion (PAGEDATTN_QKV_BEHIND_REDUCE=0: on the version the shape picks;
+  // a comparison).
+  bool qkv_behind_reduce = true;
   std::unique_ptr<CudaAttentionPlan> plan;
   Tensor staging;  // f32 weights on their way to bf16 (load from a file only)
 
@@ -534,6 +538,8 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
     overlap_passes = false;
   if (const char* o = std::getenv("PAGEDATTN_O_BESIDE_ATTENTION"); o && std::string(o) == "0")
     o_beside_attention = false;
+  if (const char* q = std::getenv("PAGEDATTN_QKV_BEHIND_REDUCE"); q && std::string(q) == "0")
+    qkv_behind_reduce = false;
   check_cublas(cublasCreate(&cublas), "cublasCreate");
   check_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
   check_cublas(cublasSetStream(cublas, stream), "cublasSetStream");
@@ -988,7 +994,8 @@ bool LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView
     qp.num_pages = view.num_pages;
   }
   gemm(s.h, T, hidden, L.wqkv, qkv_dim, s.qkv, CUDA_R_32F, 0.f, "qkv projection", 0,
-       qkv_folded ? &consume : nullptr);
+       qkv_folded ? &consume : nullptr,
+       fused && qkv_behind_reduce ? cuda::kWgmmaGemmBehindReduceVersion : 0);
   cuda::qkv_post(s.qkv, opt_f32(L.bqkv), opt_f32(L.q_norm), opt_f32(L.k_norm), s.cos, s.sin, qp,
                  static_cast<uint16_t*>(s.q), static_cast<uint16_t*>(s.k),
                  static_cast<uint16_t*>(s.v), st);

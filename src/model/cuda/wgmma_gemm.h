@@ -37,6 +37,15 @@ constexpr int kWgmmaGemmSwigluVersion = 1;
 // rank's grid) and can start their copies while it runs. Two H100s, Llama-3-8B: batch 32 0.5-1.6%
 // shorter steps, 64 0.4-0.6% (one GPU, with two attention CTAs an SM: 0.7% longer at 64).
 constexpr int kWgmmaGemmBesideAttentionVersion = 6;
+// The version of a tensor-parallel rank's qkv product, behind the peer all-reduce: two 64-row
+// CTAs an SM, so its 48 row blocks at Llama-3-8B's 3072 rows a rank take up to five K slices
+// each (as many as fit the GPU at once) instead of version 5's two on 96 SMs. Its rings fill
+// while the all-reduce runs; what is left when x comes is each CTA's run through its stages,
+// shorter the more slices there are (versions of three and four CTAs an SM, more slices still,
+// were slower). Two H100s, Llama-3-8B, 512-token prompts: batch 32 3.838-3.846 ms a step against
+// 3.891-3.896 on version 5, 64 4.503-4.509 against 4.522-4.537, level at 1; one GPU, where qkv
+// follows the down product, level to 0.2% slower on it: version 5 kept there.
+constexpr int kWgmmaGemmBehindReduceVersion = 6;
 
 // An RMSNorm folded into the products on either side of it (a decode step's norms at 3-64 tokens:
 // one launch a norm fewer). rms_norm(h) W^T, with out = bf16(h * r * g) and r = rsqrt(mean(h^2) +
