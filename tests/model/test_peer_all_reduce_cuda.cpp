@@ -18,6 +18,7 @@
 #ifdef PAGEDATTN_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "model/cuda/llama_kernels.h"  // ArgmaxPair
 #include "model/cuda/nccl_comm.h"
 #include "model/cuda/peer_all_reduce.h"
 #include "model/cuda/peer_embed.h"
@@ -161,6 +162,87 @@ TEST(PeerAllReduceCuda, SumsResidualAndNormMatchTheHost) {
   }
 }
 
+// A greedy step's ids from both ranks' pairs (PeerAllReduce::argmax_ids) against the host's fold
+// of the same pairs by argmax_combine's rules: rank 0's (NaN, 0) takes the row, else the largest
+// value and its lowest id; ties across the ranks, slices of NaNs only (-inf, INT32_MAX), calls of
+// many sizes back to back between all-reduces, as steps make them; refused: more rows than the
+// buffer holds.
+TEST(PeerAllReduceCuda, ArgmaxIdsFoldEveryRanksPairs) {
+  SKIP_WITHOUT_TWO_RANKS();
+  const cuda::NcclId id = cuda::nccl_unique_id();
+  std::unique_ptr<cuda::NcclComm> comm[2];
+  std::unique_ptr<cuda::PeerAllReduce> peer[2];
+  constexpr int32_t kMaxRows = 300, kHidden = 64;
+  on_two_ranks(comm, [&](int r) {
+    comm[r] = std::make_unique<cuda::NcclComm>(id, 2, r);
+    std::string why;
+    peer[r] = cuda::PeerAllReduce::create(*comm[r], kMaxRows, kHidden, &why);
+    if (!peer[r]) throw std::runtime_error("no peer all-reduce: " + why);
+  });
+  std::mt19937 g(41);
+  int calls = 0;
+  for (int32_t rows : {1, 32, 300, 7, 32, 256, 1}) {
+    SCOPED_TRACE(rows);
+    std::vector<cuda::ArgmaxPair> pairs[2];
+    const int32_t vocab0[2] = {0, 1000};
+    for (int r = 0; r < 2; ++r) {
+      pairs[r].resize(size_t(rows));
+      for (auto& p : pairs[r]) {
+        const int kind = int(g() % 8);
+        p.value = kind == 0 ? -INFINITY : float(int(g() % 5)) * 0.5f;  // ties are frequent
+        p.index = kind == 0 ? INT32_MAX : vocab0[r] + int32_t(g() % 1000);
+        if (r == 0 && kind == 1) p = {NAN, 0};  // a NaN logit 0
+      }
+    }
+    std::vector<int32_t> got[2];
+    on_two_ranks(comm, [&](int r) {
+      int32_t* ids = nullptr;
+      float* x = nullptr;
+      ASSERT_EQ(cudaMalloc(&ids, size_t(rows) * 4), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&x, size_t(rows) * kHidden * 4), cudaSuccess);
+      cudaMemset(ids, 0xff, size_t(rows) * 4);
+      cudaMemset(x, 0, size_t(rows) * kHidden * 4);
+      // An all-reduce between two calls, as a step's layers put one there.
+      const int32_t slot = calls % cuda::PeerAllReduce::kSlots;
+      peer[r]->reduce(slot, x, true, rows, nullptr, 1e-5f, nullptr, nullptr);
+      cudaMemcpy(peer[r]->pairs(), pairs[r].data(), size_t(rows) * sizeof(cuda::ArgmaxPair),
+                 cudaMemcpyHostToDevice);
+      peer[r]->argmax_ids(rows, ids, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      got[r] = download(ids, size_t(rows));
+      cudaFree(ids);
+      cudaFree(x);
+    });
+    ++calls;
+    if (::testing::Test::HasFatalFailure()) return;
+    std::vector<int32_t> want(static_cast<size_t>(rows));
+    for (int32_t i = 0; i < rows; ++i) {
+      if (std::isnan(pairs[0][size_t(i)].value)) {
+        want[size_t(i)] = 0;
+        continue;
+      }
+      float best = -INFINITY;
+      int32_t idx = INT32_MAX;
+      for (int r = 0; r < 2; ++r) {
+        const cuda::ArgmaxPair p = pairs[r][size_t(i)];
+        if (p.value > best || (p.value == best && p.index < idx)) best = p.value, idx = p.index;
+      }
+      want[size_t(i)] = idx;
+    }
+    EXPECT_EQ(got[0], want);
+    EXPECT_EQ(got[1], want);
+  }
+  on_two_ranks(comm, [&](int r) {
+    try {
+      peer[r]->argmax_ids(kMaxRows + 1, nullptr, nullptr);
+      ADD_FAILURE() << "accepted " << kMaxRows + 1 << " rows";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rows"), std::string::npos) << e.what();
+    }
+    peer[r].reset();
+  });
+}
+
 template <class T>
 T* upload(const std::vector<T>& h) {
   T* d = nullptr;
@@ -275,6 +357,7 @@ TEST(PeerEmbedCuda, RowsFromTheirRanksAndTheNormMatchTheHost) {
 
 TEST(PeerAllReduceCuda, KernelUsesNoLocalMemory) { GTEST_SKIP() << "built without CUDA"; }
 TEST(PeerAllReduceCuda, SumsResidualAndNormMatchTheHost) { GTEST_SKIP() << "built without CUDA"; }
+TEST(PeerAllReduceCuda, ArgmaxIdsFoldEveryRanksPairs) { GTEST_SKIP() << "built without CUDA"; }
 TEST(PeerEmbedCuda, RowsFromTheirRanksAndTheNormMatchTheHost) {
   GTEST_SKIP() << "built without CUDA";
 }

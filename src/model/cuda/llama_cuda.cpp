@@ -188,6 +188,10 @@ struct LlamaModelCuda::Impl {
   // kWgmmaGemmBehindReduceVersion (PAGEDATTN_QKV_BEHIND_REDUCE=0: on the version the shape picks;
   // a comparison).
   bool qkv_behind_reduce = true;
+  // A greedy step's ids from every rank's pairs through peer memory (PeerAllReduce::argmax_ids)
+  // where the step's all-reduces go that way (PAGEDATTN_PEER_ARGMAX=0: NCCL's all-gather and
+  // argmax_combine; a comparison).
+  bool peer_argmax = true;
   std::unique_ptr<CudaAttentionPlan> plan;
   Tensor staging;  // f32 weights on their way to bf16 (load from a file only)
 
@@ -540,6 +544,8 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
     o_beside_attention = false;
   if (const char* q = std::getenv("PAGEDATTN_QKV_BEHIND_REDUCE"); q && std::string(q) == "0")
     qkv_behind_reduce = false;
+  if (const char* a = std::getenv("PAGEDATTN_PEER_ARGMAX"); a && std::string(a) == "0")
+    peer_argmax = false;
   check_cublas(cublasCreate(&cublas), "cublasCreate");
   check_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
   check_cublas(cublasSetStream(cublas, stream), "cublasSetStream");
@@ -1081,14 +1087,21 @@ void LlamaModelCuda::Impl::logits_of_rows(const Step& s, cudaStream_t st) {
     // R x vocab logits (16 MB at batch 32 with a 128K vocabulary); the same ids as the argmax of
     // the gathered rows. s.logits stays unwritten; with head_pairs the slice's logits are not
     // written either (the pairs come from the product's epilogue).
+    // (The step's layers met the peers since the last step's pairs were read: argmax_ids' rule.)
+    const bool peer_ids = peer_argmax && peer_step(s.T) && R <= peer->max_rows();
+    cuda::ArgmaxPair* mine = peer_ids ? peer->pairs() : s.pairs;
     if (s.head_pairs) {
       const cuda::GemvArgs a =
           cuda::product_args(static_cast<const uint16_t*>(s.h), head.data_as<uint16_t>(),
                              s.shard_logits, R, tp.vocab, hidden, Vs);
-      cuda::wgmma_gemm_argmax_slice(a, tp.vocab0, s.head_pairs, s.pairs, st);
+      cuda::wgmma_gemm_argmax_slice(a, tp.vocab0, s.head_pairs, mine, st);
     } else {
       gemm(s.h, R, hidden, head, tp.vocab, s.shard_logits, CUDA_R_32F, 0.f, "lm_head", Vs);
-      cuda::argmax_rows_slice(s.shard_logits, R, tp.vocab, Vs, tp.vocab0, s.pairs, st);
+      cuda::argmax_rows_slice(s.shard_logits, R, tp.vocab, Vs, tp.vocab0, mine, st);
+    }
+    if (peer_ids) {
+      peer->argmax_ids(R, s.ids, st);
+      return;
     }
     comm->all_gather(reinterpret_cast<const float*>(s.pairs),
                      reinterpret_cast<float*>(s.pairs_all), size_t(R) * 2, st);

@@ -5,8 +5,9 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "block_math.cuh"  // block_sum, load_row_groups, store_normed_row
+#include "block_math.cuh"  // argmax_take, block_sum, load_row_groups, store_normed_row
 #include "cuda_common.cuh"  // allow_dependent_launch, wait_for_dependency
+#include "llama_kernels.h"  // ArgmaxPair
 #include "nccl_comm.h"
 #include "pdl.h"
 #include "pagedattn/dtype.h"
@@ -26,6 +27,7 @@ constexpr int kThreads = 256, kVecs = 8;  // a row of up to kThreads * kVecs * 4
 // started (its partial of that call is ready: it was written by the kernels before this one).
 struct Flags {
   uint32_t arrived[kMaxBlocks][kMaxRanks];
+  uint32_t gathered[kMaxRanks];  // the same for argmax_ids' calls
 };
 
 struct Peers {
@@ -141,6 +143,49 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// grid 1, block kThreads: ids[r] = the fold of every rank's pairs[r] in rank order
+// (argmax_combine's rules: rank 0's (NaN, 0) takes the row; else the largest value, its lowest
+// id). One meeting a call, as in peer_reduce_kernel (its notes hold here): each rank's pairs were
+// written by the kernels before this one.
+template <int W>
+__global__ void __launch_bounds__(kThreads)
+    peer_argmax_kernel(Peers peers, int rank, uint32_t* __restrict__ counter,
+                       int32_t* __restrict__ ids, int rows) {
+  __shared__ const ArgmaxPair* pairs[W];
+  __shared__ Flags* flags[W];
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int q = 0; q < W; ++q)
+      pairs[q] = reinterpret_cast<const ArgmaxPair*>(peers.input[q]), flags[q] = peers.flags[q];
+  }
+  __syncthreads();
+  wait_for_dependency();
+  allow_dependent_launch();
+  const uint32_t epoch = *counter + 1;
+  const int t = threadIdx.x;
+  if (t < W && t != rank) store_relaxed(&flags[t]->gathered[rank], epoch);
+  if (t < W && t != rank) {
+    while (int32_t(load_relaxed(&flags[rank]->gathered[t]) - epoch) < 0) {
+    }
+  }
+  __syncthreads();
+  if (t == 0) *counter = epoch;
+  for (int r = t; r < rows; r += kThreads) {
+    uint2 raw[W];
+#pragma unroll
+    for (int q = 0; q < W; ++q) raw[q] = __ldcg(reinterpret_cast<const uint2*>(pairs[q]) + r);
+    if (isnan(__uint_as_float(raw[0].x))) {  // rank 0's slice holds id 0
+      ids[r] = 0;
+      continue;
+    }
+    float best = -INFINITY;
+    int32_t idx = INT32_MAX;
+#pragma unroll
+    for (int q = 0; q < W; ++q) argmax_take(__uint_as_float(raw[q].x), int32_t(raw[q].y), best, idx);
+    ids[r] = idx;
+  }
+}
+
 // The kernel for `world` ranks (null outside 2..kMaxRanks): one signature for every W.
 using PeerKernel = decltype(&peer_reduce_kernel<2>);
 PeerKernel peer_kernel(int32_t world) {
@@ -171,6 +216,22 @@ size_t slot_bytes(int32_t max_rows, int32_t hidden) {
 size_t flags_offset(int32_t max_rows, int32_t hidden) {
   return PeerAllReduce::kSlots * slot_bytes(max_rows, hidden);
 }
+// argmax_ids' pairs [max_rows] after the flags.
+size_t pairs_offset(int32_t max_rows, int32_t hidden) {
+  return (flags_offset(max_rows, hidden) + sizeof(Flags) + 255) / 256 * 256;
+}
+size_t allocation_bytes(int32_t max_rows, int32_t hidden) {
+  return pairs_offset(max_rows, hidden) + size_t(max_rows) * sizeof(ArgmaxPair);
+}
+
+using ArgmaxKernel = decltype(&peer_argmax_kernel<2>);
+ArgmaxKernel argmax_kernel(int32_t world) {
+  constexpr ArgmaxKernel kKernels[] = {peer_argmax_kernel<2>, peer_argmax_kernel<3>,
+                                       peer_argmax_kernel<4>, peer_argmax_kernel<5>,
+                                       peer_argmax_kernel<6>, peer_argmax_kernel<7>,
+                                       peer_argmax_kernel<8>};
+  return world >= 2 && world <= kMaxRanks ? kKernels[world - 2] : nullptr;
+}
 
 }  // namespace
 
@@ -200,11 +261,12 @@ std::unique_ptr<PeerAllReduce> PeerAllReduce::create(NcclComm& comm, int32_t max
   me.hidden = hidden;
   me.willing = shape_ok && wanted;
   if (me.willing) {
-    const size_t bytes = flags_offset(max_rows, hidden) + sizeof(Flags);
+    const size_t bytes = allocation_bytes(max_rows, hidden);
+    constexpr size_t kCounterBytes = (kMaxBlocks + 1) * 4;
     bool ok = cudaMalloc(&pr->own_, bytes) == cudaSuccess &&
               cudaMemset(pr->own_, 0, bytes) == cudaSuccess &&
-              cudaMalloc(reinterpret_cast<void**>(&pr->counters_), kMaxBlocks * 4) == cudaSuccess &&
-              cudaMemset(pr->counters_, 0, kMaxBlocks * 4) == cudaSuccess &&
+              cudaMalloc(reinterpret_cast<void**>(&pr->counters_), kCounterBytes) == cudaSuccess &&
+              cudaMemset(pr->counters_, 0, kCounterBytes) == cudaSuccess &&
               cudaIpcGetMemHandle(&me.handle, pr->own_) == cudaSuccess &&
               cudaDeviceSynchronize() == cudaSuccess;  // zeroed before any peer can signal
     if (!ok) {
@@ -382,6 +444,29 @@ void PeerAllReduce::reduce(int32_t slot, float* x, bool add_x, int32_t rows, con
   const cudaError_t e = launch_pdl(kernel, dim3(grid), dim3(kThreads), 0, stream, peers, rank_,
                                    counters_, x, int(add_x), norm_w, eps, h, rows, hidden_);
   PA_CHECK(e == cudaSuccess, kOp, ": launch failed: ", cudaGetErrorString(e));
+}
+
+ArgmaxPair* PeerAllReduce::pairs() const {
+  return reinterpret_cast<ArgmaxPair*>(static_cast<char*>(own_) +
+                                       pairs_offset(max_rows_, hidden_));
+}
+
+void PeerAllReduce::argmax_ids(int32_t rows, int32_t* ids, cudaStream_t stream) {
+  PA_CHECK(rows >= 0 && rows <= max_rows_, kOp, ": argmax of ", rows, " rows, at most ",
+           max_rows_);
+  PA_CHECK(rows == 0 || ids, kOp, ": argmax without ids");
+  if (rows == 0) return;
+  Peers peers{};
+  for (int32_t r = 0; r < world_; ++r) {
+    char* base = static_cast<char*>(bases_[size_t(r)]);
+    peers.input[r] = reinterpret_cast<const float*>(base + pairs_offset(max_rows_, hidden_));
+    peers.flags[r] = reinterpret_cast<Flags*>(base + flags_offset(max_rows_, hidden_));
+  }
+  const ArgmaxKernel kernel = argmax_kernel(world_);
+  PA_CHECK(kernel, kOp, ": world ", world_);
+  const cudaError_t e = launch_pdl(kernel, dim3(1), dim3(kThreads), 0, stream, peers, rank_,
+                                   counters_ + kMaxBlocks, ids, rows);
+  PA_CHECK(e == cudaSuccess, kOp, ": argmax launch failed: ", cudaGetErrorString(e));
 }
 
 }  // namespace pagedattn::cuda

@@ -11,7 +11,9 @@
 // never the same one twice in a row, so a rank never overwrites rows a peer may still be reading
 // (the kernel's one signal also tells that the peer's previous call has finished). Only ranks on
 // one host whose GPUs reach each other's memory use it; otherwise (several hosts, no peer access,
-// PAGEDATTN_PEER_ALL_REDUCE=0, rows beyond max_rows) the runner keeps NCCL.
+// PAGEDATTN_PEER_ALL_REDUCE=0, rows beyond max_rows) the runner keeps NCCL. The same mapping
+// carries a greedy step's argmax pairs (argmax_ids: one kernel instead of NCCL's all-gather and
+// the fold after it).
 //
 // NOTE: every rank must make the same calls in the same order with the same row counts (the
 // tensor-parallel step guarantees it: every rank runs the same launches), as with NCCL: a block
@@ -28,6 +30,7 @@
 namespace pagedattn::cuda {
 
 class NcclComm;
+struct ArgmaxPair;  // llama_kernels.h
 
 class PeerAllReduce {
  public:
@@ -53,6 +56,15 @@ class PeerAllReduce {
   void reduce(int32_t slot, float* x, bool add_x, int32_t rows, const float* norm_w, float eps,
               uint16_t* h, cudaStream_t stream);
 
+  // A greedy step's ids without an all-gather: every rank writes its slice's pair of each row
+  // (llama_kernels.h's argmax_rows_slice answer) to pairs() [max_rows], then argmax_ids folds
+  // every rank's, in rank order, into ids [rows] (argmax_combine's answer over the gathered
+  // pairs, bit for bit). Collective and in stream order, as reduce(); a rank writes pairs() again
+  // only after a later reduce() or NCCL collective with its peers (a decode step's layers make
+  // them), so no peer is still reading the last ones.
+  ArgmaxPair* pairs() const;
+  void argmax_ids(int32_t rows, int32_t* ids, cudaStream_t stream);
+
   // Every rank's buffer `own` (this rank's: the start of an allocation of its own, read-only
   // while mapped) as this rank sees it, in rank order: CUDA IPC between processes, the pointers
   // themselves between threads. Collective, as create() is; every rank gets an empty vector (and
@@ -73,7 +85,8 @@ class PeerAllReduce {
   void* own_ = nullptr;             // this rank's mapped allocation: the slots, then the flags
   std::vector<void*> bases_;        // every rank's allocation as this rank sees it
   std::vector<void*> ipc_opened_;   // the ones opened through CUDA IPC (closed at the end)
-  uint32_t* counters_ = nullptr;  // [kMaxBlocks] this rank's count of calls, per block
+  uint32_t* counters_ = nullptr;  // [kMaxBlocks + 1] this rank's count of calls, per block;
+                                  // the last: of argmax_ids calls
 };
 
 }  // namespace pagedattn::cuda
