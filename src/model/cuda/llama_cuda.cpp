@@ -184,9 +184,9 @@ struct LlamaModelCuda::Impl {
   // A rank of several runs its o product on kWgmmaGemmBesideAttentionVersion
   // (PAGEDATTN_O_BESIDE_ATTENTION=0: on the version the shape picks; a comparison).
   bool o_beside_attention = true;
-  // A rank of several runs its qkv product, behind the peer all-reduce, on
-  // kWgmmaGemmBehindReduceVersion (PAGEDATTN_QKV_BEHIND_REDUCE=0: on the version the shape picks;
-  // a comparison).
+  // A rank of several runs its qkv product, behind the peer all-reduce (the first layer's behind
+  // the embedding's kernel), on kWgmmaGemmBehindReduceVersion (PAGEDATTN_QKV_BEHIND_REDUCE=0: on
+  // the version the shape picks; a comparison).
   bool qkv_behind_reduce = true;
   // A greedy step's ids from every rank's pairs through peer memory (PeerAllReduce::argmax_ids)
   // where the step's all-reduces go that way (PAGEDATTN_PEER_ARGMAX=0: NCCL's all-gather and

@@ -181,7 +181,8 @@ __global__ void __launch_bounds__(kThreads)
     float best = -INFINITY;
     int32_t idx = INT32_MAX;
 #pragma unroll
-    for (int q = 0; q < W; ++q) argmax_take(__uint_as_float(raw[q].x), int32_t(raw[q].y), best, idx);
+    for (int q = 0; q < W; ++q)
+      argmax_take(__uint_as_float(raw[q].x), int32_t(raw[q].y), best, idx);
     ids[r] = idx;
   }
 }

@@ -82,7 +82,7 @@ class PeerAllReduce {
   PeerAllReduce() = default;
   int32_t world_ = 1, rank_ = 0, max_rows_ = 0, hidden_ = 0;
   int32_t last_slot_ = -1;
-  void* own_ = nullptr;             // this rank's mapped allocation: the slots, then the flags
+  void* own_ = nullptr;  // this rank's mapped allocation: the slots, the flags, then pairs()
   std::vector<void*> bases_;        // every rank's allocation as this rank sees it
   std::vector<void*> ipc_opened_;   // the ones opened through CUDA IPC (closed at the end)
   uint32_t* counters_ = nullptr;  // [kMaxBlocks + 1] this rank's count of calls, per block;
