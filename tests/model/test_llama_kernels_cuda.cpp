@@ -168,6 +168,17 @@ struct QkvCase {
   bool bias, norm, to_pool;
 };
 
+// The case's shape as qkv_post's parameters (no pools, no scales).
+cuda::QkvParams qkv_shape(const QkvCase& k) {
+  cuda::QkvParams p;
+  p.num_tokens = k.T;
+  p.num_q_heads = k.Hq;
+  p.num_kv_heads = k.Hkv;
+  p.head_dim = k.D;
+  p.eps = 1e-6f;
+  return p;
+}
+
 // qkv_post against the host in double precision: bias, norm (x / rms(x) * w, per head of q and
 // k), rotate_half by the table row of each token's position; bf16 outputs within one bf16
 // rounding of the host's value.
@@ -226,12 +237,7 @@ TEST(LlamaCudaKernels, QkvPostIsTheHostComputation) {
     Tensor dv = upload(std::vector<uint16_t>(poison.begin(), poison.begin() + long(nkv)));
     Tensor kpool = upload(std::vector<uint16_t>(poison.begin(), poison.begin() + long(npool)));
     Tensor vpool = upload(std::vector<uint16_t>(poison.begin(), poison.begin() + long(npool)));
-    cuda::QkvParams p;
-    p.num_tokens = k.T;
-    p.num_q_heads = k.Hq;
-    p.num_kv_heads = k.Hkv;
-    p.head_dim = k.D;
-    p.eps = 1e-6f;
+    cuda::QkvParams p = qkv_shape(k);
     if (k.to_pool) {
       p.k_pool = static_cast<uint16_t*>(kpool.data());
       p.v_pool = static_cast<uint16_t*>(vpool.data());
@@ -355,12 +361,7 @@ TEST(LlamaCudaKernels, QkvPostIntoFp8PoolsStoresWhatWriteKvStores) {
     Tensor pools[2][2];  // [path][k, v]
     for (auto& path : pools)
       for (Tensor& t : path) t = upload(poison);
-    cuda::QkvParams p;
-    p.num_tokens = k.T;
-    p.num_q_heads = k.Hq;
-    p.num_kv_heads = k.Hkv;
-    p.head_dim = k.D;
-    p.eps = 1e-6f;
+    cuda::QkvParams p = qkv_shape(k);
     auto run = [&](const cuda::QkvParams& params) {
       cuda::qkv_post(dqkv.data_as<float>(), k.bias ? dbias.data_as<float>() : nullptr,
                      k.norm ? dqn.data_as<float>() : nullptr,

@@ -42,6 +42,14 @@ namespace {
     if (!cuda::nccl_available(&why)) GTEST_SKIP() << why;          \
   } while (0)
 
+// Two ranks in one process: a device, NCCL and a second device.
+#define SKIP_WITHOUT_TWO_GPUS()                                                \
+  do {                                                                         \
+    PA_SKIP_WITHOUT_GPU();                                                     \
+    SKIP_WITHOUT_NCCL();                                                       \
+    if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";       \
+  } while (0)
+
 ModelConfig gpu_config(const std::string& variant) {
   ModelConfig c = pagedattn::testing::tiny_config(variant, pagedattn::testing::TinySize::gpu);
   if (c.head_dim == 0) c.head_dim = c.hidden_size / c.num_q_heads;
@@ -447,9 +455,7 @@ TEST(LlamaCudaFold, FoldedNormsMatchTheNormKernels) {
 }
 
 TEST(TensorParallelCuda, TwoRanksMatchOneGpu) {
-  PA_SKIP_WITHOUT_GPU();
-  SKIP_WITHOUT_NCCL();
-  if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  SKIP_WITHOUT_TWO_GPUS();
   for (const char* variant : {"llama", "qwen2", "qwen3", "mistral"}) {
     SCOPED_TRACE(variant);
     expect_two_ranks_match_one(gpu_config(variant), 1e-2f);
@@ -472,9 +478,7 @@ TEST(TensorParallelCuda, Bf16MatricesAsStoredGiveTheSameBits) {
 }
 
 TEST(TensorParallelCuda, TwoRanksSlicingAFileMatchOneGpu) {
-  PA_SKIP_WITHOUT_GPU();
-  SKIP_WITHOUT_NCCL();
-  if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  SKIP_WITHOUT_TWO_GPUS();
   for (const char* variant : {"llama", "qwen2", "qwen3"}) {
     SCOPED_TRACE(variant);
     expect_two_ranks_match_one(gpu_config(variant), 1e-2f, /*from_file=*/true);
@@ -523,9 +527,7 @@ TEST(TensorParallelCuda, QuantizedGgufOnOneAndTwoGpus) {
 }
 
 TEST(TensorParallelCuda, TwoRanksMatchOneGpuAtLlama3_8bShapes) {
-  PA_SKIP_WITHOUT_GPU();
-  SKIP_WITHOUT_NCCL();
-  if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  SKIP_WITHOUT_TWO_GPUS();
   ModelConfig c = synthetic_model_config("synthetic:llama3-8b");
   c.num_layers = 4;  // the shapes of every layer; four of them keep the test short
   expect_two_ranks_match_one(c, 1e-2f);
@@ -539,9 +541,7 @@ TEST(TensorParallelCuda, TwoRanksMatchOneGpuAtLlama3_8bShapes) {
 // runs take the same tokens), so a rounding that swaps a near tie does not part them.
 // qwen3: one KV head, replicated on both ranks.
 TEST(TensorParallelCuda, Fp8KvOnTwoRanksMatchesOneGpu) {
-  PA_SKIP_WITHOUT_GPU();
-  SKIP_WITHOUT_NCCL();
-  if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  SKIP_WITHOUT_TWO_GPUS();
   for (const char* variant : {"llama", "qwen3"}) {
     SCOPED_TRACE(variant);
     const ModelConfig c = gpu_config(variant);
@@ -656,9 +656,7 @@ TEST(TensorParallelCuda, Fp8KvOnTwoRanksMatchesOneGpu) {
 // bit (the values and the norm's arithmetic are the all-reduce's), over prefill and decode steps;
 // qwen2's embedding is also its lm_head.
 TEST(TensorParallelCuda, EmbeddingFromPeersGivesTheAllReducesBits) {
-  PA_SKIP_WITHOUT_GPU();
-  SKIP_WITHOUT_NCCL();
-  if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  SKIP_WITHOUT_TWO_GPUS();
   for (const char* variant : {"llama", "qwen2"}) {
     SCOPED_TRACE(variant);
     const ModelConfig c = gpu_config(variant);
