@@ -198,6 +198,9 @@ struct LlamaModelCuda::Impl {
   // straight to the pools; qkv_post reads the other products' rows in that order
   // (PAGEDATTN_QKV_EPILOGUE=0: the heads' own order, the product and qkv_post; a comparison).
   bool qkv_interleaved = false;
+  // PAGEDATTN_QKV_VERSION=v: the qkv product on wgmma_gemm's version v wherever it runs there
+  // (0: the rules above; a comparison).
+  int qkv_version_forced = 0;
   std::unique_ptr<CudaAttentionPlan> plan;
   Tensor staging;  // f32 weights on their way to bf16 (load from a file only)
 
@@ -559,6 +562,8 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
     const char* e = std::getenv("PAGEDATTN_QKV_EPILOGUE");
     qkv_interleaved = !(e && std::string(e) == "0") && fuse && !c.qk_norm &&
                       cuda::wgmma_gemm_available();
+    if (const char* v = std::getenv("PAGEDATTN_QKV_VERSION"))
+      qkv_version_forced = std::clamp(std::atoi(v), 0, cuda::kWgmmaGemmVersions);
   }
   check_cublas(cublasCreate(&cublas), "cublasCreate");
   check_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
@@ -1022,7 +1027,9 @@ bool LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView
   }
   qp.interleaved = qkv_interleaved;
   const cuda::NormFold* qkv_fold = qkv_folded ? &consume : nullptr;
-  const int qkv_version = fused && qkv_behind_reduce ? cuda::kWgmmaGemmBehindReduceVersion : 0;
+  const int qkv_version = qkv_version_forced              ? qkv_version_forced
+                          : fused && qkv_behind_reduce ? cuda::kWgmmaGemmBehindReduceVersion
+                                                       : 0;
   const cuda::GemvArgs qa =
       cuda::product_args(hb, L.wqkv.data_as<uint16_t>(), s.qkv, T, qkv_dim, hidden, qkv_dim);
   if (qkv_interleaved && kv_direct && takes_wgmma(qa, qkv_fold) &&

@@ -112,31 +112,58 @@ __device__ __forceinline__ float4 cluster_sum(cg::cluster_group& cluster, const 
 }
 
 // The qkv epilogue's group of 4 sums of token t from row row0 on (interleave_rope_rows' order):
-// x[j], x[j + D/2], x[j + 1], x[j + 1 + D/2] of head row0 / D, j = (row0 % D) / 2 (even): bias,
-// rotation and store as qkv_post does them.
-__device__ __forceinline__ void store_qkv_group(const QkvEpilogue& e, int t, int row0,
-                                                const float (&v)[4]) {
+// x[j], x[j + D/2], x[j + 1], x[j + 1 + D/2] of head row0 / D, j = (row0 % D) / 2 (even). Its
+// other inputs are read (qkv_group_inputs) before the sums are gathered from the cluster, so that
+// their loads and the remote reads are in flight together; then bias, rotation and the store as
+// qkv_post does them (store_qkv_group).
+struct QkvGroup {
+  bool store = false;  // a row of the product and a slot inside the pools (or a q head)
+  bool rotate = false;  // q or k
+  int j = 0, half = 0;
+  uint16_t* dst = nullptr;
+  uint8_t* dst8 = nullptr;
+  float inv_scale = 1.f;
+  float2 c{}, s{};
+  float bias[4] = {0.f, 0.f, 0.f, 0.f};  // in the sums' order
+};
+__device__ __forceinline__ QkvGroup qkv_group_inputs(const QkvEpilogue& e, int t, int row0,
+                                                     bool in_product) {
   const QkvParams& p = e.p;
-  const int D = p.head_dim, half = D / 2, head = row0 / D, j = (row0 % D) / 2;
-  uint16_t* dst;
-  uint8_t* dst8;
-  float inv_scale;
-  if (!qkv_destination(p, e.q, nullptr, nullptr, t, head, dst, dst8, inv_scale)) return;
+  QkvGroup q;
+  const int D = p.head_dim, head = row0 / D;
+  q.half = D / 2;
+  q.j = (row0 % D) / 2;
+  q.store = in_product && qkv_destination(p, e.q, nullptr, nullptr, t, head, q.dst, q.dst8,
+                                          q.inv_scale);
+  if (!q.store) return q;
+  if (e.bias) {
+    const float* b = e.bias + int64_t(head) * D + q.j;
+    q.bias[0] = __ldg(b);
+    q.bias[1] = __ldg(b + q.half);
+    q.bias[2] = __ldg(b + 1);
+    q.bias[3] = __ldg(b + q.half + 1);
+  }
+  q.rotate = head < p.num_q_heads + p.num_kv_heads;
+  if (q.rotate) {
+    q.c = *reinterpret_cast<const float2*>(e.cos + int64_t(t) * q.half + q.j);
+    q.s = *reinterpret_cast<const float2*>(e.sin + int64_t(t) * q.half + q.j);
+  }
+  return q;
+}
+__device__ __forceinline__ void store_qkv_group(const QkvEpilogue& e, const QkvGroup& q,
+                                                const float (&v)[4]) {
   float lo[2] = {v[0], v[2]}, hi[2] = {v[1], v[3]};  // x[j], x[j + 1]; x[j + D/2], x[j + 1 + D/2]
   if (e.bias) {
-    const float* b = e.bias + int64_t(head) * D + j;
-    lo[0] = add_bias(lo[0], __ldg(b));
-    lo[1] = add_bias(lo[1], __ldg(b + 1));
-    hi[0] = add_bias(hi[0], __ldg(b + half));
-    hi[1] = add_bias(hi[1], __ldg(b + half + 1));
+    lo[0] = add_bias(lo[0], q.bias[0]);
+    hi[0] = add_bias(hi[0], q.bias[1]);
+    lo[1] = add_bias(lo[1], q.bias[2]);
+    hi[1] = add_bias(hi[1], q.bias[3]);
   }
-  if (head < p.num_q_heads + p.num_kv_heads) {  // q and k
-    const float2 c = *reinterpret_cast<const float2*>(e.cos + int64_t(t) * half + j);
-    const float2 s = *reinterpret_cast<const float2*>(e.sin + int64_t(t) * half + j);
-    rope_rotate(lo[0], hi[0], c.x, s.x);
-    rope_rotate(lo[1], hi[1], c.y, s.y);
+  if (q.rotate) {
+    rope_rotate(lo[0], hi[0], q.c.x, q.s.x);
+    rope_rotate(lo[1], hi[1], q.c.y, q.s.y);
   }
-  store_pairs<2>(dst, dst8, inv_scale, j, half, lo, hi);
+  store_pairs<2>(q.dst, q.dst8, q.inv_scale, q.j, q.half, lo, hi);
 }
 
 // GLU: the gate/up product with SwiGLU (W [2 N, K]: a CTA's first half of rows are gate rows
@@ -363,6 +390,9 @@ __global__ void __launch_bounds__(threads_of<WG, FOLD>(), 1)
   }
   for (int g = g0 + int(threadIdx.x); !argmax && g < g1; g += kThreads) {
     const int t = g / kGroupsPerToken, r = (g % kGroupsPerToken) * 4;
+    const int row0 = row_block * kOutRows + r, rows = min(4, a.N - row0);
+    QkvGroup qg;
+    if constexpr (qkv_epilogue(FOLD)) qg = qkv_group_inputs(qe, t, row0, row0 < a.N);
     const float* mine = red + t * kRedStride + r;
     const float4 sum = cluster_sum(cluster, mine, splits);
     float v[4] = {sum.x, sum.y, sum.z, sum.w};
@@ -382,9 +412,8 @@ __global__ void __launch_bounds__(threads_of<WG, FOLD>(), 1)
         v[j] = gb / (1.f + __expf(-gb)) * ub;
       }
     }
-    const int row0 = row_block * kOutRows + r, rows = min(4, a.N - row0);
     if constexpr (qkv_epilogue(FOLD)) {
-      if (row0 < a.N) store_qkv_group(qe, t, row0, v);  // (a.N: whole heads, groups of 4)
+      if (qg.store) store_qkv_group(qe, qg, v);  // (a.N: whole heads, groups of 4)
     } else if constexpr (!produce) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
