@@ -199,7 +199,7 @@ struct LlamaModelCuda::Impl {
   // (PAGEDATTN_QKV_EPILOGUE=0: the heads' own order, the product and qkv_post; a comparison).
   bool qkv_interleaved = false;
   // PAGEDATTN_QKV_VERSION=v: the qkv product on wgmma_gemm's version v wherever it runs there
-  // (0: the rules above; a comparison).
+  // (0: the rules of run_layer; a comparison).
   int qkv_version_forced = 0;
   std::unique_ptr<CudaAttentionPlan> plan;
   Tensor staging;  // f32 weights on their way to bf16 (load from a file only)
@@ -480,6 +480,13 @@ struct LlamaModelCuda::Impl {
            cuda::wgmma_gemm_argmax_takes(R, V, hidden);
   }
 
+  // Whether gemm runs the product `a` on wgmma_gemm: a folded norm's (fold_norms chose it), else
+  // where gemv does not take it and wgmma_gemm does.
+  bool takes_wgmma(const cuda::GemvArgs& a, const cuda::NormFold* fold) const {
+    if (fold && fold->mode != cuda::NormFold::kNone) return true;
+    if (use_gemv && cuda::gemv_pick(a.T, a.N, a.K) && cuda::gemv_supported(a)) return false;
+    return cuda::wgmma_gemm_pick(a.T, a.N, a.K) && cuda::wgmma_gemm_supported(a);
+  }
   // y [T, out] (ytype: f32 or bf16) = beta * y + x [T, in] (bf16) W^T, W [out, in] bf16, fp32
   // accumulation; beta is 0 or 1 (1: f32 y only). At the shapes where gemv_pick says it is
   // faster (one or two tokens), the CUDA-core stream of gemv.h; where wgmma_gemm_pick says so (a
@@ -489,13 +496,6 @@ struct LlamaModelCuda::Impl {
   // are not faster). ldy: y's row stride in elements (0: out). fold: the product's part in a
   // folded norm (fold_norms chose wgmma_gemm for it), or null. version: wgmma_gemm's, where it
   // runs the product (0: the shape's).
-  // Whether gemm runs the product `a` on wgmma_gemm: a folded norm's (fold_norms chose it), else
-  // where gemv does not take it and wgmma_gemm does.
-  bool takes_wgmma(const cuda::GemvArgs& a, const cuda::NormFold* fold) const {
-    if (fold && fold->mode != cuda::NormFold::kNone) return true;
-    if (use_gemv && cuda::gemv_pick(a.T, a.N, a.K) && cuda::gemv_supported(a)) return false;
-    return cuda::wgmma_gemm_pick(a.T, a.N, a.K) && cuda::wgmma_gemm_supported(a);
-  }
   void gemm(const void* x_, int32_t T, int32_t in, const Tensor& w, int32_t out, void* y,
             cudaDataType_t ytype, float beta, const char* what, int32_t ldy = 0,
             const cuda::NormFold* fold = nullptr, int version = 0) {
@@ -1027,12 +1027,15 @@ bool LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView
   }
   qp.interleaved = qkv_interleaved;
   const cuda::NormFold* qkv_fold = qkv_folded ? &consume : nullptr;
-  const int qkv_version = qkv_version_forced              ? qkv_version_forced
-                          : fused && qkv_behind_reduce ? cuda::kWgmmaGemmBehindReduceVersion
-                                                       : 0;
   const cuda::GemvArgs qa =
       cuda::product_args(hb, L.wqkv.data_as<uint16_t>(), s.qkv, T, qkv_dim, hidden, qkv_dim);
-  if (qkv_interleaved && kv_direct && takes_wgmma(qa, qkv_fold) &&
+  const bool qkv_epilogue = qkv_interleaved && kv_direct && takes_wgmma(qa, qkv_fold);
+  const bool qkv_large = int64_t(qkv_dim) * hidden > cuda::kWgmmaGemmSmallElements;
+  const int qkv_version = qkv_version_forced              ? qkv_version_forced
+                          : fused && qkv_behind_reduce ? cuda::kWgmmaGemmBehindReduceVersion
+                          : qkv_epilogue && qkv_large  ? cuda::kWgmmaGemmQkvVersion
+                                                       : 0;
+  if (qkv_epilogue &&
       cuda::wgmma_gemm_qkv_version_ok(
           qkv_version ? qkv_version : cuda::wgmma_gemm_version_for(T, qkv_dim, hidden))) {
     // The product ends in qkv_post's work: q to s.q, k and v into their slots.

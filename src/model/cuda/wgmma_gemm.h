@@ -47,6 +47,12 @@ constexpr int kWgmmaGemmBesideAttentionVersion = 6;
 // 3.891-3.896 on version 5, 64 4.503-4.509 against 4.522-4.537, level at 1; one GPU, where qkv
 // follows the down product, level to 0.2% slower on it: version 5 kept there.
 constexpr int kWgmmaGemmBehindReduceVersion = 6;
+// The version of the qkv product that ends in qkv_post's work (wgmma_gemm_qkv) on weights of more
+// than kWgmmaGemmSmallElements: version 6's CTAs take more K slices, whose cluster shares out the
+// epilogue's groups, where version 5's one CTA a row block stores all of its own at the kernel's
+// end. One H100, Llama-3-8B, 512-token prompts: batch 32 6.486-6.492 ms a step against
+// 6.513-6.515 on version 5 and 6.496-6.502 with the product and qkv_post on version 5.
+constexpr int kWgmmaGemmQkvVersion = 6;
 
 // An RMSNorm folded into the products on either side of it (a decode step's norms at 3-64 tokens:
 // one launch a norm fewer). rms_norm(h) W^T, with out = bf16(h * r * g) and r = rsqrt(mean(h^2) +
