@@ -16,7 +16,8 @@
 # Environment: BASE_DIR, BASE_ONE_GPU (1: BASE_DIR's tree on one GPU too), AB_VAR, AB_ENVS,
 # AB_ENVS_TP, AB_ENVS_ONE,
 # ROUNDS (2), BATCHES (1,32,64), PROMPT_LEN (512), KV_DTYPE (auto: bf16; fp8), SKIP_TESTS,
-# TEST_FILTER, BUDGET (560).
+# TEST_FILTER, TEST_SECS (150), HF_PARITY (1: hf_parity.py --device cuda after the tests, into
+# hf_parity.log), BUDGET (560).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/device/steps.sh
@@ -25,12 +26,18 @@ export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}  # NVLink multicast stays off on 
 build_cli_and_gpu_tests
 bin=$BUILD_DIR/pagedattn
 if [[ -z "${SKIP_TESTS:-}" ]]; then
-  step tests 150 tests.log "$BUILD_DIR/tests/test_gpu" \
+  step tests "${TEST_SECS:-150}" tests.log "$BUILD_DIR/tests/test_gpu" \
     --gtest_filter="${TEST_FILTER:-PeerAllReduce*:TensorParallel*:LlamaCudaSynthetic.*Argmax*}"
   tail -3 "$OUT/tests.log"
   grep -E "^\[  FAILED|Failure" "$OUT/tests.log" | head -10
   step parity 120 parity.log python3 scripts/device/tp_parity.py "$bin" --tp 2
   tail -3 "$OUT/parity.log"
+  if [[ -n "${HF_PARITY:-}" ]]; then
+    step hf-parity 150 hf_parity.log python3 scripts/device/hf_parity.py --device cuda \
+      --pagedattn "$bin" --workdir "$OUT/hf_parity_models"
+    tail -8 "$OUT/hf_parity.log"
+    rm -rf "$OUT/hf_parity_models"
+  fi
 fi
 base=
 if [[ -n "${BASE_DIR:-}" ]]; then

@@ -424,5 +424,120 @@ TEST(LlamaCudaKernels, QkvPostIntoFp8PoolsStoresWhatWriteKvStores) {
   }
 }
 
+// interleave_rope_rows against the host's permutation (row 2 j + e of a head from row
+// j + e D / 2), and qkv_post reading a qkv in that order (p.interleaved) against qkv_post on the
+// heads' own order: q, k, v and both pools the same bits, with bias, norms and fp8 pools. And the
+// projections it refuses.
+TEST(LlamaCudaKernels, InterleavedRopeRowsGiveTheSameQkv) {
+  PA_SKIP_WITHOUT_GPU();
+  const QkvCase cases[] = {{5, 4, 2, 64, true, false, true},  {33, 8, 2, 128, false, true, false},
+                           {17, 4, 1, 256, true, true, true}, {3, 2, 2, 512, false, false, true},
+                           {64, 32, 8, 128, true, false, true}};
+  std::mt19937 rng(13);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (const QkvCase& k : cases) {
+    for (const bool fp8 : {false, true}) {
+      if (fp8 && !k.to_pool) continue;
+      SCOPED_TRACE(testing::Message() << "T " << k.T << " Hq " << k.Hq << " Hkv " << k.Hkv
+                                      << " D " << k.D << " fp8 " << fp8);
+      const int32_t heads = k.Hq + 2 * k.Hkv, width = heads * k.D, half = k.D / 2;
+      // The weights: interleaved on the device, against the host's permutation.
+      const int32_t cols = 40;
+      std::vector<uint16_t> w(size_t(width) * cols);
+      for (uint16_t& x : w) x = f32_to_bf16(nd(rng));
+      Tensor dw = upload(w), dwi = upload(std::vector<uint16_t>(w.size(), 0x7fc1));
+      cuda::interleave_rope_rows(static_cast<const uint16_t*>(dw.data()),
+                                 static_cast<uint16_t*>(dwi.data()), width, cols, k.D, nullptr);
+      const auto wi = download<uint16_t>(dwi, w.size());
+      for (int32_t r = 0; r < width; ++r) {
+        const int32_t head = r / k.D, j = (r % k.D) / 2, e = r % 2;
+        const int32_t from = head * k.D + j + e * half;
+        for (int32_t c = 0; c < cols; ++c)
+          ASSERT_EQ(wi[size_t(r) * cols + size_t(c)], w[size_t(from) * cols + size_t(c)])
+              << "row " << r << " column " << c;
+      }
+      // A qkv and the same values in the interleaved order.
+      std::vector<float> qkv(size_t(k.T) * size_t(width)), qkvi(qkv.size()),
+          bias(static_cast<size_t>(width)), qn(static_cast<size_t>(k.D)),
+          kn(static_cast<size_t>(k.D)), rows(size_t(2) * k.T * half),
+          scales(size_t(2) * k.Hkv);
+      for (float& x : qkv) x = 3.f * nd(rng);
+      for (float& x : bias) x = nd(rng);
+      for (float& x : qn) x = 1.f + 0.3f * nd(rng);
+      for (float& x : kn) x = 1.f + 0.3f * nd(rng);
+      for (float& x : rows) x = nd(rng);
+      for (int32_t h = 0; h < 2 * k.Hkv; ++h) scales[size_t(h)] = 0.01f * (h + 1);
+      for (int32_t t = 0; t < k.T; ++t)
+        for (int32_t h = 0; h < heads; ++h)
+          for (int32_t i = 0; i < k.D; ++i) {
+            const size_t at = size_t(t) * width + size_t(h) * k.D;
+            qkvi[at + size_t(2 * (i % half) + i / half)] = qkv[at + size_t(i)];
+          }
+      const int32_t page = 16, pages = (k.T + page - 1) / page + 1;
+      std::vector<int32_t> slots(size_t(pages * page));
+      for (size_t j = 0; j < slots.size(); ++j) slots[j] = int32_t(j);
+      std::shuffle(slots.begin(), slots.end(), rng);
+      slots.resize(size_t(k.T));
+      if (k.T > 3) slots[3] = -1;
+      Tensor dqkv[2] = {upload(qkv), upload(qkvi)};
+      Tensor dbias = upload(bias), dqn = upload(qn), dkn = upload(kn), drows = upload(rows),
+             dslots = upload(slots), dscales = upload(scales);
+      const size_t nq = size_t(k.T) * k.Hq * k.D, nkv = size_t(k.T) * k.Hkv * k.D;
+      const size_t npool = size_t(pages) * k.Hkv * page * k.D * (fp8 ? 1 : 2);
+      Tensor out[2][5];  // [order][q, k, v, k pool, v pool]
+      for (auto& o : out) {
+        o[0] = upload(std::vector<uint16_t>(nq, 0x7fc1));
+        o[1] = upload(std::vector<uint16_t>(nkv, 0x7fc1));
+        o[2] = upload(std::vector<uint16_t>(nkv, 0x7fc1));
+        o[3] = upload(std::vector<uint8_t>(npool, 0x5a));
+        o[4] = upload(std::vector<uint8_t>(npool, 0x5a));
+      }
+      for (int order = 0; order < 2; ++order) {
+        cuda::QkvParams p = qkv_shape(k);
+        p.interleaved = order == 1;
+        if (k.to_pool) {
+          p.k_pool = out[order][3].data();
+          p.v_pool = out[order][4].data();
+          p.fp8 = fp8;
+          p.k_scale = dscales.data_as<float>();
+          p.v_scale = dscales.data_as<float>() + k.Hkv;
+          p.slots = static_cast<const int32_t*>(dslots.data());
+          p.page_size = page;
+          p.num_pages = pages;
+        }
+        cuda::qkv_post(dqkv[order].data_as<float>(), k.bias ? dbias.data_as<float>() : nullptr,
+                       k.norm ? dqn.data_as<float>() : nullptr,
+                       k.norm ? dkn.data_as<float>() : nullptr, drows.data_as<float>(),
+                       drows.data_as<float>() + int64_t(k.T) * half, p,
+                       static_cast<uint16_t*>(out[order][0].data()),
+                       static_cast<uint16_t*>(out[order][1].data()),
+                       static_cast<uint16_t*>(out[order][2].data()), nullptr);
+      }
+      const char* names[5] = {"q", "k", "v", "K pool", "V pool"};
+      for (int o = 0; o < 5; ++o) {
+        const size_t bytes = o == 0 ? nq * 2 : o < 3 ? nkv * 2 : npool;
+        const auto want = download<uint8_t>(out[0][o], bytes);
+        const auto got = download<uint8_t>(out[1][o], bytes);
+        size_t changed = 0;
+        for (size_t i = 0; i < bytes; ++i) {
+          ASSERT_EQ(got[i], want[i]) << names[o] << " byte " << i;
+          changed += o >= 3 ? got[i] != 0x5a : got[i] != (i % 2 ? 0x7f : 0xc1);
+        }
+        // Written where qkv_post writes: q always, k and v without pools, the pools with them
+        // (the slots of every token but token 3).
+        const bool written = o == 0 || (o < 3) != k.to_pool;
+        const size_t slot_bytes = size_t(k.T - (k.T > 3 ? 1 : 0)) * k.Hkv * k.D * (fp8 ? 1 : 2);
+        if (written) EXPECT_GT(changed, (o < 3 ? bytes : slot_bytes) / 2) << names[o];
+        if (!written) EXPECT_EQ(changed, 0u) << names[o];
+      }
+    }
+  }
+  Tensor a = upload(std::vector<uint16_t>(size_t(3) * 128 * 8));
+  auto* pa = static_cast<uint16_t*>(a.data());
+  EXPECT_THROW(cuda::interleave_rope_rows(pa, pa + 8, 3 * 128 - 1, 4, 128, nullptr), Error);
+  EXPECT_THROW(cuda::interleave_rope_rows(pa, pa, 128, 8, 128, nullptr), Error);
+  EXPECT_THROW(cuda::interleave_rope_rows(pa, pa + 8, 126, 4, 63, nullptr), Error);
+}
+
 }  // namespace
 #endif

@@ -137,14 +137,20 @@ std::vector<std::vector<std::vector<float>>> play(const Script& s, KvCache& cach
 }
 
 // Every step's logit rows of `got` against `want`: within `tol` of the row's largest logit (at
-// least 1) and the same greedy token. Returns the rows compared.
+// least 1) and the same greedy token, unless the reference's two candidates lie within a quarter
+// of the tolerance of each other (a near tie, which a rounding apart may swap: the rows' own
+// difference always covers the swap); each run feeds its own greedy tokens, so a sequence whose
+// tokens parted there is not compared after it. Returns the rows compared.
 int expect_steps_close(const std::vector<std::vector<std::vector<float>>>& got,
                        const std::vector<std::vector<std::vector<float>>>& want, float tol) {
   EXPECT_EQ(got.size(), want.size());
-  int compared = 0;
+  int compared = 0, ties = 0;
+  std::vector<bool> parted;
   for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
     EXPECT_EQ(got[i].size(), want[i].size());
+    parted.resize(std::max(parted.size(), want[i].size()), false);
     for (size_t r = 0; r < std::min(got[i].size(), want[i].size()); ++r) {
+      if (parted[r]) continue;
       const auto& g = got[i][r];
       const auto& w = want[i][r];
       float scale = 1.f, diff = 0.f;
@@ -153,12 +159,20 @@ int expect_steps_close(const std::vector<std::vector<std::vector<float>>>& got,
         diff = std::max(diff, std::abs(g[v] - w[v]));
       }
       EXPECT_LE(diff / scale, tol) << "step " << i << " row " << r;
-      EXPECT_EQ(std::max_element(g.begin(), g.end()) - g.begin(),
-                std::max_element(w.begin(), w.end()) - w.begin())
-          << "greedy token of step " << i << " row " << r;
+      const size_t ga = size_t(std::max_element(g.begin(), g.end()) - g.begin());
+      const size_t wa = size_t(std::max_element(w.begin(), w.end()) - w.begin());
+      if (ga != wa && w[wa] - w[ga] <= tol * scale / 4) {
+        parted[r] = true;
+        ++ties;
+      } else {
+        EXPECT_EQ(ga, wa) << "greedy token of step " << i << " row " << r << " (reference "
+                          << w[wa] << " against " << w[ga] << ", rows " << diff << " apart)";
+      }
       ++compared;
     }
   }
+  // Near ties are rare: most rows must keep the same token.
+  EXPECT_LE(ties * 4, compared) << ties << " near ties in " << compared << " rows";
   return compared;
 }
 

@@ -2,10 +2,11 @@
 // product on the host: random shapes (rows not a multiple of its 128-row blocks, K not a multiple
 // of its 64-element stages, every token tile), f32 output, accumulation into f32, bf16 output, a
 // row stride wider than N, the same bits twice; gate/up with SwiGLU in one launch; the greedy
-// lm_head's argmax without logits, over the whole vocabulary and a rank's slice of it; and the
-// arguments it refuses.
+// lm_head's argmax without logits, over the whole vocabulary and a rank's slice of it; the qkv
+// product ending in qkv_post's work; and the arguments they refuse.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -384,6 +385,212 @@ TEST(WgmmaGemmCuda, RefusesWhatItCannotTake) {
                             "a consumer whose sums do not cover K");
   test::expect_error_naming([&] { cuda::wgmma_gemm(a, nullptr, cuda::kWgmmaGemmVersions + 1); },
                             "wgmma_gemm", "an unknown version");
+}
+
+// Device memory of n elements of T filled with `fill` (bytes of each element the same), freed at
+// the end of the scope.
+template <class T>
+struct DeviceBuffer {
+  T* p = nullptr;
+  size_t n = 0;
+  DeviceBuffer(size_t count, uint8_t fill) : n(count) {
+    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
+    cudaMemset(p, fill, n * sizeof(T));
+  }
+  explicit DeviceBuffer(const std::vector<T>& v) : DeviceBuffer(v.size(), 0) {
+    cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  std::vector<T> get() const {
+    std::vector<T> v(n);
+    cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
+    return v;
+  }
+};
+
+// The qkv product with qkv_post's work in its epilogue (wgmma_gemm_qkv) against the product into
+// f32 followed by qkv_post reading the same rows in their interleaved order (the two checked
+// against double precision by MatchesDoublePrecisionOnRandomShapes and
+// LlamaCudaKernels.QkvPostIsTheHostComputation): q and every byte of both pools the same, bf16
+// and fp8 pools, with and without a bias and a folded norm's r, at each head size and each
+// version it runs; slots outside the pools skipped and every other slot left alone.
+TEST(WgmmaGemmCuda, QkvEpilogueIsTheProductThenQkvPost) {
+  PA_SKIP_WITHOUT_GPU();
+  if (!cuda::wgmma_gemm_available()) GTEST_SKIP() << "not an sm_90 device";
+  std::mt19937 g(31);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const int versions[] = {0, 1, 5, 6};
+  for (int trial = 0; trial < 32; ++trial) {
+    const int D = 64 << (trial % 3), half = D / 2;
+    const int Hkv = 1 + int(g() % 4), Hq = Hkv * (1 + int(g() % 4)), N = (Hq + 2 * Hkv) * D;
+    const int T = 1 + int(g() % uint32_t(cuda::kWgmmaGemmMaxTokens));
+    const int K = 8 * (1 + int(g() % (trial % 4 == 0 ? 600 : 120)));
+    const int version = versions[trial % 4];
+    const bool bias = g() % 2 == 0, fp8 = trial % 5 >= 3, fold = trial % 2 == 1;
+    SCOPED_TRACE(::testing::Message() << "T " << T << " Hq " << Hq << " Hkv " << Hkv << " D " << D
+                                      << " K " << K << " version " << version << " bias " << bias
+                                      << " fp8 " << fp8 << " fold " << fold);
+    test::DeviceOperands d(g, T, N, K, size_t(T) * N);  // x [T, K], W [N, K], y [T, N] f32
+    std::vector<float> b(static_cast<size_t>(N)), rows(size_t(2) * T * half);
+    for (float& v : b) v = nd(g);
+    for (int t = 0; t < T; ++t)  // each token's cos and sin rows of some angle
+      for (int i = 0; i < half; ++i) {
+        const double angle = 0.37 * (t + 1) * (i + 1);
+        rows[size_t(t) * half + size_t(i)] = float(std::cos(angle));
+        rows[(size_t(T) + size_t(t)) * half + size_t(i)] = float(std::sin(angle));
+      }
+    const int page = 16, pages = (T + page - 1) / page + 2;
+    std::vector<int32_t> slots(size_t(pages) * page);
+    for (size_t j = 0; j < slots.size(); ++j) slots[j] = int32_t(j);
+    std::shuffle(slots.begin(), slots.end(), g);  // distinct slots in any order
+    slots.resize(static_cast<size_t>(T));
+    for (int t = 3; t < T; t += 5) slots[size_t(t)] = -1;  // skipped
+    if (T > 1) slots[1] = pages * page;                    // past the pools: skipped too
+    std::vector<float> scales(size_t(2) * Hkv);
+    for (int h = 0; h < Hkv; ++h)  // k's, then v's; some values saturate, some round to zero
+      scales[size_t(h)] = 0.004f * (h + 1), scales[size_t(Hkv + h)] = 0.02f;
+    // A folded norm's sums of squares (any positive values: r = rsqrt(sum / K + eps)).
+    const int parts = (K + 63) / 64, sq_ld = (parts + 3) / 4 * 4;
+    std::vector<float> sq(size_t(T) * sq_ld);
+    for (float& v : sq) v = 64.f * (0.5f + std::fabs(nd(g)));
+    DeviceBuffer<float> db(b), drows(rows), dscales(scales), dsq(sq);
+    DeviceBuffer<int32_t> dslots(slots);
+    const size_t elem = fp8 ? 1 : 2, nq = size_t(T) * Hq * D;
+    const size_t pool_bytes = size_t(pages) * Hkv * page * D * elem;
+    DeviceBuffer<uint16_t> q0(nq, 0x5a), q1(nq, 0x5a);
+    DeviceBuffer<uint8_t> pools[2][2] = {{{pool_bytes, 0x5a}, {pool_bytes, 0x5a}},
+                                         {{pool_bytes, 0x5a}, {pool_bytes, 0x5a}}};
+    cuda::QkvParams p;
+    p.num_tokens = T;
+    p.num_q_heads = Hq;
+    p.num_kv_heads = Hkv;
+    p.head_dim = D;
+    p.fp8 = fp8;
+    p.k_scale = dscales.p;
+    p.v_scale = dscales.p + Hkv;
+    p.slots = dslots.p;
+    p.page_size = page;
+    p.num_pages = pages;
+    p.interleaved = true;
+    cuda::NormFold nf;
+    nf.mode = cuda::NormFold::kConsume;
+    nf.sq = dsq.p;
+    nf.sq_ld = sq_ld;
+    nf.eps = 1e-5f;
+    const cuda::GemvArgs a = cuda::product_args(d.dx, d.dw, d.dy, T, N, K, N);
+    // Path 0: the product into f32, then qkv_post.
+    cuda::wgmma_gemm(a, nullptr, version, fold ? &nf : nullptr);
+    cuda::QkvParams p0 = p;
+    p0.k_pool = pools[0][0].p;
+    p0.v_pool = pools[0][1].p;
+    cuda::qkv_post(static_cast<const float*>(d.dy), bias ? db.p : nullptr, nullptr, nullptr,
+                   drows.p, drows.p + size_t(T) * half, p0, q0.p, nullptr, nullptr, nullptr);
+    // Path 1: one launch (y poisoned first: it must not be needed).
+    cudaMemset(d.dy, 0xff, size_t(T) * N * 4);
+    cuda::QkvEpilogue e;
+    e.p = p;
+    e.p.k_pool = pools[1][0].p;
+    e.p.v_pool = pools[1][1].p;
+    e.bias = bias ? db.p : nullptr;
+    e.cos = drows.p;
+    e.sin = drows.p + size_t(T) * half;
+    e.q = q1.p;
+    cuda::wgmma_gemm_qkv(a, e, nullptr, version, fold ? &nf : nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<uint16_t> want_q = q0.get(), got_q = q1.get();
+    for (size_t i = 0; i < nq; ++i) {
+      ASSERT_EQ(got_q[i], want_q[i]) << "q element " << i;
+      ASSERT_NE(got_q[i], 0x5a5a) << "q element " << i << " not written";
+    }
+    // The bytes of the tokens' slots (the others keep the poison).
+    std::vector<bool> in_slot(pool_bytes, false);
+    for (int32_t slot : slots) {
+      if (slot < 0 || slot >= pages * page) continue;
+      for (int h = 0; h < Hkv; ++h) {
+        const size_t at =
+            ((size_t(slot / page) * Hkv + size_t(h)) * page + size_t(slot % page)) * D;
+        for (size_t j = 0; j < size_t(D) * elem; ++j) in_slot[at * elem + j] = true;
+      }
+    }
+    for (int kv = 0; kv < 2; ++kv) {
+      const std::vector<uint8_t> want = pools[0][kv].get(), got = pools[1][kv].get();
+      size_t changed = 0, slot_bytes = 0;
+      for (size_t i = 0; i < pool_bytes; ++i) {
+        ASSERT_EQ(got[i], want[i]) << (kv ? "V" : "K") << " pool byte " << i;
+        if (!in_slot[i]) {
+          ASSERT_EQ(got[i], 0x5a) << (kv ? "V" : "K") << " pool byte " << i << " outside a slot";
+        }
+        slot_bytes += in_slot[i];
+        changed += got[i] != 0x5a;
+      }
+      // (A value may round to the poison's byte; most do not.)
+      EXPECT_GT(changed, slot_bytes / 2) << (kv ? "V" : "K") << " pool";
+    }
+  }
+}
+
+// What wgmma_gemm_qkv refuses, before it needs a device: parameters that do not describe the
+// product, missing outputs, a norm it cannot take.
+TEST(WgmmaGemmCuda, QkvEpilogueRefusesWhatDoesNotDescribeIt) {
+  const auto* x = reinterpret_cast<const uint16_t*>(uintptr_t(1) << 20);
+  const auto* w = reinterpret_cast<const uint16_t*>(uintptr_t(1) << 21);
+  void* y = reinterpret_cast<void*>(uintptr_t(1) << 22);
+  auto* out = reinterpret_cast<uint16_t*>(uintptr_t(1) << 23);
+  const auto* rows = reinterpret_cast<const float*>(uintptr_t(1) << 24);
+  const auto* slots = reinterpret_cast<const int32_t*>(uintptr_t(1) << 25);
+  const int T = 8, Hq = 4, Hkv = 2, D = 128, N = (Hq + 2 * Hkv) * D, K = 256;
+  const cuda::GemvArgs a = cuda::product_args(x, w, y, T, N, K, N);
+  cuda::QkvEpilogue e;
+  e.p.num_tokens = T;
+  e.p.num_q_heads = Hq;
+  e.p.num_kv_heads = Hkv;
+  e.p.head_dim = D;
+  e.p.k_pool = out;
+  e.p.v_pool = out;
+  e.p.slots = slots;
+  e.p.page_size = 16;
+  e.p.num_pages = 4;
+  e.q = out;
+  e.cos = rows;
+  e.sin = rows;
+  auto refused = [&](const cuda::GemvArgs& args, const cuda::QkvEpilogue& ep, const char* what,
+                     const cuda::NormFold* fold = nullptr) {
+    test::expect_error_naming([&] { cuda::wgmma_gemm_qkv(args, ep, nullptr, 0, fold); },
+                              "wgmma_gemm_qkv", what);
+  };
+  cuda::GemvArgs b = a;
+  b.N = N - D;
+  refused(b, e, "rows that are not the heads'");
+  b = a;
+  b.accumulate = true;
+  refused(b, e, "an accumulated product");
+  b = a;
+  b.y_bf16 = true;
+  refused(b, e, "a bf16 product");
+  cuda::QkvEpilogue f = e;
+  f.p.head_dim = 96;
+  f.p.num_q_heads = N / 96 - 2 * Hkv;
+  refused(a, f, "a head size without a kernel");
+  f = e;
+  f.p.num_tokens = T + 1;
+  refused(a, f, "another token count");
+  f = e;
+  f.p.k_pool = nullptr;
+  refused(a, f, "no pools");
+  f = e;
+  f.cos = nullptr;
+  refused(a, f, "no RoPE rows");
+  f = e;
+  f.p.fp8 = true;
+  refused(a, f, "fp8 pools without scales");
+  cuda::NormFold produce;
+  produce.mode = cuda::NormFold::kProduce;
+  refused(a, e, "a norm's producer", &produce);
+  EXPECT_TRUE(cuda::wgmma_gemm_qkv_version_ok(1) && cuda::wgmma_gemm_qkv_version_ok(5) &&
+              cuda::wgmma_gemm_qkv_version_ok(6));
+  EXPECT_FALSE(cuda::wgmma_gemm_qkv_version_ok(2) || cuda::wgmma_gemm_qkv_version_ok(0));
 }
 
 #else

@@ -192,6 +192,15 @@ struct LlamaModelCuda::Impl {
   // where the step's all-reduces go that way (PAGEDATTN_PEER_ARGMAX=0: NCCL's all-gather and
   // argmax_combine; a comparison).
   bool peer_argmax = true;
+  // The qkv weights' rows in interleave_rope_rows' order (load sets it where the qkv epilogue can
+  // run: fused kernels, no per-head norm of q and k, wgmma_gemm on this device), so that the qkv
+  // product ends in qkv_post's work (wgmma_gemm_qkv) where wgmma_gemm takes it and the K/V go
+  // straight to the pools; qkv_post reads the other products' rows in that order
+  // (PAGEDATTN_QKV_EPILOGUE=0: the heads' own order, the product and qkv_post; a comparison).
+  bool qkv_interleaved = false;
+  // PAGEDATTN_QKV_VERSION=v: the qkv product on wgmma_gemm's version v wherever it runs there
+  // (0: the rules of run_layer; a comparison).
+  int qkv_version_forced = 0;
   std::unique_ptr<CudaAttentionPlan> plan;
   Tensor staging;  // f32 weights on their way to bf16 (load from a file only)
 
@@ -471,6 +480,13 @@ struct LlamaModelCuda::Impl {
            cuda::wgmma_gemm_argmax_takes(R, V, hidden);
   }
 
+  // Whether gemm runs the product `a` on wgmma_gemm: a folded norm's (fold_norms chose it), else
+  // where gemv does not take it and wgmma_gemm does.
+  bool takes_wgmma(const cuda::GemvArgs& a, const cuda::NormFold* fold) const {
+    if (fold && fold->mode != cuda::NormFold::kNone) return true;
+    if (use_gemv && cuda::gemv_pick(a.T, a.N, a.K) && cuda::gemv_supported(a)) return false;
+    return cuda::wgmma_gemm_pick(a.T, a.N, a.K) && cuda::wgmma_gemm_supported(a);
+  }
   // y [T, out] (ytype: f32 or bf16) = beta * y + x [T, in] (bf16) W^T, W [out, in] bf16, fp32
   // accumulation; beta is 0 or 1 (1: f32 y only). At the shapes where gemv_pick says it is
   // faster (one or two tokens), the CUDA-core stream of gemv.h; where wgmma_gemm_pick says so (a
@@ -487,7 +503,7 @@ struct LlamaModelCuda::Impl {
                                           y, T, out, in, ldy > 0 ? ldy : out);
     a.y_bf16 = ytype == CUDA_R_16BF;
     a.accumulate = beta != 0.f;
-    if (fold && fold->mode != cuda::NormFold::kNone) {  // fold_norms chose wgmma_gemm
+    if (takes_wgmma(a, fold)) {
       cuda::wgmma_gemm(a, stream, version, fold);
       return;
     }
@@ -496,10 +512,6 @@ struct LlamaModelCuda::Impl {
         cuda::gemv(a, stream, v);
         return;
       }
-    }
-    if (cuda::wgmma_gemm_pick(T, out, in) && cuda::wgmma_gemm_supported(a)) {
-      cuda::wgmma_gemm(a, stream, version);
-      return;
     }
     const float alpha = 1.f;
     // Column-major view: y^T [out, T] = W [out, in] (row-major = col-major W^T, hence OP_T) x^T.
@@ -546,6 +558,13 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
     qkv_behind_reduce = false;
   if (const char* a = std::getenv("PAGEDATTN_PEER_ARGMAX"); a && std::string(a) == "0")
     peer_argmax = false;
+  {
+    const char* e = std::getenv("PAGEDATTN_QKV_EPILOGUE");
+    qkv_interleaved = !(e && std::string(e) == "0") && fuse && !c.qk_norm &&
+                      cuda::wgmma_gemm_available();
+    if (const char* v = std::getenv("PAGEDATTN_QKV_VERSION"))
+      qkv_version_forced = std::clamp(std::atoi(v), 0, cuda::kWgmmaGemmVersions);
+  }
   check_cublas(cublasCreate(&cublas), "cublasCreate");
   check_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
   check_cublas(cublasSetStream(cublas, stream), "cublasSetStream");
@@ -579,6 +598,13 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
     L.wqkv = stack_bf16({p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
                          p + "self_attn.v_proj.weight"},
                         {q_dim, kv_dim, kv_dim}, hidden);
+    if (qkv_interleaved) {
+      Tensor w = Tensor::empty(L.wqkv.shape(), DType::bf16, Device::cuda);
+      cuda::interleave_rope_rows(L.wqkv.data_as<uint16_t>(), w.data_as<uint16_t>(),
+                                 L.wqkv.shape()[0], hidden, c.head_dim, stream);
+      check_cuda(cudaStreamSynchronize(stream), "qkv rows in RoPE pairs");
+      L.wqkv = std::move(w);
+    }
     if (c.attention_bias) {
       L.bqkv = stack_f32(
           {p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias", p + "self_attn.v_proj.bias"},
@@ -999,12 +1025,34 @@ bool LlamaModelCuda::Impl::run_layer(int32_t i, const Step& s, const PagedKVView
     qp.page_size = view.page_size;
     qp.num_pages = view.num_pages;
   }
-  gemm(s.h, T, hidden, L.wqkv, qkv_dim, s.qkv, CUDA_R_32F, 0.f, "qkv projection", 0,
-       qkv_folded ? &consume : nullptr,
-       fused && qkv_behind_reduce ? cuda::kWgmmaGemmBehindReduceVersion : 0);
-  cuda::qkv_post(s.qkv, opt_f32(L.bqkv), opt_f32(L.q_norm), opt_f32(L.k_norm), s.cos, s.sin, qp,
-                 static_cast<uint16_t*>(s.q), static_cast<uint16_t*>(s.k),
-                 static_cast<uint16_t*>(s.v), st);
+  qp.interleaved = qkv_interleaved;
+  const cuda::NormFold* qkv_fold = qkv_folded ? &consume : nullptr;
+  const cuda::GemvArgs qa =
+      cuda::product_args(hb, L.wqkv.data_as<uint16_t>(), s.qkv, T, qkv_dim, hidden, qkv_dim);
+  const bool qkv_epilogue = qkv_interleaved && kv_direct && takes_wgmma(qa, qkv_fold);
+  const bool qkv_large = int64_t(qkv_dim) * hidden > cuda::kWgmmaGemmSmallElements;
+  const int qkv_version = qkv_version_forced              ? qkv_version_forced
+                          : fused && qkv_behind_reduce ? cuda::kWgmmaGemmBehindReduceVersion
+                          : qkv_epilogue && qkv_large  ? cuda::kWgmmaGemmQkvVersion
+                                                       : 0;
+  if (qkv_epilogue &&
+      cuda::wgmma_gemm_qkv_version_ok(
+          qkv_version ? qkv_version : cuda::wgmma_gemm_version_for(T, qkv_dim, hidden))) {
+    // The product ends in qkv_post's work: q to s.q, k and v into their slots.
+    cuda::QkvEpilogue e;
+    e.p = qp;
+    e.bias = opt_f32(L.bqkv);
+    e.cos = s.cos;
+    e.sin = s.sin;
+    e.q = static_cast<uint16_t*>(s.q);
+    cuda::wgmma_gemm_qkv(qa, e, st, qkv_version, qkv_fold);
+  } else {
+    gemm(s.h, T, hidden, L.wqkv, qkv_dim, s.qkv, CUDA_R_32F, 0.f, "qkv projection", 0, qkv_fold,
+         qkv_version);
+    cuda::qkv_post(s.qkv, opt_f32(L.bqkv), opt_f32(L.q_norm), opt_f32(L.k_norm), s.cos, s.sin,
+                   qp, static_cast<uint16_t*>(s.q), static_cast<uint16_t*>(s.k),
+                   static_cast<uint16_t*>(s.v), st);
+  }
   if (!kv_direct) write_kv_cuda(view, s.slots, T, s.k, s.v, DType::bf16, st);
   QKVTensor out_t{s.attn, DType::bf16, T, tp.q_heads, D};
   paged_attention_cuda(*plan, QKVTensor{s.q, DType::bf16, T, tp.q_heads, D}, view, out_t, st);

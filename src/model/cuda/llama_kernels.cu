@@ -6,6 +6,7 @@
 #include "cuda_common.cuh"  // allow_dependent_launch, wait_for_dependency
 #include "pdl.h"
 #include "llama_kernels.h"
+#include "qkv_rows.cuh"  // qkv_destination, rope_rotate, store_pairs
 #include "pagedattn/dtype.h"
 #include "pagedattn/error.h"
 #include "rope_rows.cuh"  // gather_rope_rows
@@ -125,7 +126,7 @@ __global__ void __launch_bounds__(kNormThreads)
     o[i] = f32_to_bf16(xr[i] * inv * weight[i]);
 }
 
-// V consecutive floats of p (V = 1, 2, 4, 8; p aligned to min(V, 4) floats) into r, and back.
+// V consecutive floats of p (V = 1, 2, 4, 8 or 16; p aligned to min(V, 4) floats) into r.
 template <int V>
 __device__ __forceinline__ void load_floats(const float* p, float (&r)[V]) {
   if constexpr (V == 1) {
@@ -139,40 +140,6 @@ __device__ __forceinline__ void load_floats(const float* p, float (&r)[V]) {
       const float4 a = *reinterpret_cast<const float4*>(p + j);
       r[j] = a.x, r[j + 1] = a.y, r[j + 2] = a.z, r[j + 3] = a.w;
     }
-  }
-}
-// V floats as bf16 to p (aligned to V / 2 words; V = 1: one 2-byte store).
-template <int V>
-__device__ __forceinline__ void store_bf16s(uint16_t* p, const float (&r)[V]) {
-  if constexpr (V == 1) {
-    p[0] = f32_to_bf16(r[0]);
-  } else if constexpr (V == 2) {
-    *reinterpret_cast<uint32_t*>(p) = pack_bf16x2(r[0], r[1]);
-  } else {
-#pragma unroll
-    for (int j = 0; j < V; j += 4)
-      *reinterpret_cast<uint2*>(p + j) =
-          make_uint2(pack_bf16x2(r[j], r[j + 1]), pack_bf16x2(r[j + 2], r[j + 3]));
-  }
-}
-
-// V floats to p as e4m3(bf16(r) * inv) (write_kv's arithmetic on the bf16 value store_bf16s
-// writes); p aligned to V bytes.
-template <int V>
-__device__ __forceinline__ void store_fp8s(uint8_t* p, const float (&r)[V], float inv) {
-  uint8_t b[V];
-#pragma unroll
-  for (int j = 0; j < V; ++j) b[j] = f32_to_fp8e4m3(bf16_to_f32(f32_to_bf16(r[j])) * inv);
-  if constexpr (V == 1) {
-    p[0] = b[0];
-  } else if constexpr (V == 2) {
-    *reinterpret_cast<uint16_t*>(p) = uint16_t(b[0] | (b[1] << 8));
-  } else {
-#pragma unroll
-    for (int j = 0; j < V; j += 4)
-      *reinterpret_cast<uint32_t*>(p + j) =
-          uint32_t(b[j]) | (uint32_t(b[j + 1]) << 8) | (uint32_t(b[j + 2]) << 16) |
-          (uint32_t(b[j + 3]) << 24);
   }
 }
 
@@ -209,27 +176,9 @@ __global__ void __launch_bounds__(256)
   // (the upload precedes the step's first kernel).
   const bool is_q = head < Hq, is_k = !is_q && head < Hq + Hkv;
   uint16_t* dst;
-  uint8_t* dst8 = nullptr;  // an fp8 pool's slot (then dst is not used)
-  float inv_scale = 1.f;
-  if (is_q) {
-    dst = q + (int64_t(t) * Hq + head) * D;
-  } else if (p.k_pool) {  // into the token's slot of the pool (PagedKVView::offset)
-    const int32_t slot = p.slots[t];
-    if (slot < 0 || slot >= int64_t(p.num_pages) * p.page_size) return;  // the whole warp
-    const int h = is_k ? head - Hq : head - Hq - Hkv;
-    const int64_t at = (int64_t(slot / p.page_size) * Hkv + h) * p.page_size * D +
-                       int64_t(slot % p.page_size) * D;
-    void* pool = is_k ? p.k_pool : p.v_pool;
-    if (p.fp8) {
-      dst8 = static_cast<uint8_t*>(pool) + at;
-      inv_scale = 1.f / (is_k ? p.k_scale : p.v_scale)[h];  // (set once, before any step)
-    }
-    dst = static_cast<uint16_t*>(pool) + at;
-  } else if (is_k) {
-    dst = k + (int64_t(t) * Hkv + (head - Hq)) * D;
-  } else {
-    dst = v + (int64_t(t) * Hkv + (head - Hq - Hkv)) * D;
-  }
+  uint8_t* dst8;  // an fp8 pool's slot (then dst is not used)
+  float inv_scale;
+  if (!qkv_destination(p, q, k, v, t, head, dst, dst8, inv_scale)) return;  // the whole warp
   float ba[V] = {}, bb[V] = {}, wa[V], wb[V];
   if (bias) {
     load_floats<V>(bias + col + i, ba);
@@ -244,15 +193,22 @@ __global__ void __launch_bounds__(256)
   wait_for_dependency();  // launched with launch_pdl: the kernels before it have finished
   const float* src = qkv + int64_t(t) * heads * D + col;
   float a[V], b[V], c[V], s[V];
-  load_floats<V>(src + i, a);
-  load_floats<V>(src + half + i, b);
+  if (p.interleaved) {  // x[i + j] at 2 (i + j), x[i + j + D/2] after it
+    float ab[2 * V];
+    load_floats<2 * V>(src + 2 * i, ab);
+#pragma unroll
+    for (int j = 0; j < V; ++j) a[j] = ab[2 * j], b[j] = ab[2 * j + 1];
+  } else {
+    load_floats<V>(src + i, a);
+    load_floats<V>(src + half + i, b);
+  }
   if (is_q || is_k) {  // the token's rows, written by this step's embedding kernel
     load_floats<V>(rope_cos + int64_t(t) * half + i, c);
     load_floats<V>(rope_sin + int64_t(t) * half + i, s);
   }
   if (bias) {
 #pragma unroll
-    for (int j = 0; j < V; ++j) a[j] += ba[j], b[j] += bb[j];
+    for (int j = 0; j < V; ++j) a[j] = add_bias(a[j], ba[j]), b[j] = add_bias(b[j], bb[j]);
   }
   if (norm) {
     float ss = 0.f;
@@ -266,19 +222,20 @@ __global__ void __launch_bounds__(256)
   }
   if (is_q || is_k) {
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const float ra = a[j] * c[j] - b[j] * s[j], rb = b[j] * c[j] + a[j] * s[j];
-      a[j] = ra;
-      b[j] = rb;
-    }
+    for (int j = 0; j < V; ++j) rope_rotate(a[j], b[j], c[j], s[j]);
   }
-  if (dst8) {
-    store_fp8s<V>(dst8 + i, a, inv_scale);
-    store_fp8s<V>(dst8 + half + i, b, inv_scale);
-    return;
-  }
-  store_bf16s<V>(dst + i, a);
-  store_bf16s<V>(dst + half + i, b);
+  store_pairs<V>(dst, dst8, inv_scale, i, half, a, b);
+}
+
+// grid (ceil(cols / 256), rows), block 256: row 2 j + e of each head of dst = row j + e D / 2 of
+// the same head of src (e = 0, 1; j < D / 2).
+__global__ void interleave_rope_rows_kernel(const uint16_t* __restrict__ src,
+                                            uint16_t* __restrict__ dst, int64_t cols, int32_t D) {
+  const int64_t r = blockIdx.y, c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  const int64_t head = r / D, w = r % D;
+  const int64_t from = head * D + w / 2 + (w % 2) * (D / 2);
+  dst[r * cols + c] = src[from * cols + c];
 }
 
 // grid ceil(rows half / 256), block 256: rope_tables' values of positions [0, rows) (a double
@@ -562,6 +519,18 @@ void qkv_post(const float* qkv, const float* bias, const float* q_norm, const fl
   check_cuda(launch_pdl(kernel, dim3(unsigned((units + 7) / 8)), dim3(256), 0, stream, qkv, bias,
                         q_norm, k_norm, rope_cos, rope_sin, p, q, k, v),
              "LlamaModelCuda: qkv bias / norm / rope");
+}
+
+void interleave_rope_rows(const uint16_t* src, uint16_t* dst, int64_t rows, int64_t cols,
+                          int32_t head_dim, cudaStream_t stream) {
+  PA_CHECK(head_dim > 0 && head_dim % 2 == 0 && rows % head_dim == 0 && rows <= 65535 &&
+               src != dst,
+           "interleave_rope_rows: ", rows, " rows of ", cols, " in heads of ", head_dim,
+           " (whole heads of an even size, at most 65535 rows, another buffer)");
+  if (rows == 0 || cols == 0) return;
+  interleave_rope_rows_kernel<<<dim3(unsigned((cols + 255) / 256), unsigned(rows)), 256, 0,
+                                stream>>>(src, dst, cols, head_dim);
+  check_cuda(cudaGetLastError(), "interleave_rope_rows");
 }
 
 void rope_table(const double* inv_freq, int32_t half, int32_t rows, float* cos, float* sin,

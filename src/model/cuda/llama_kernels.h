@@ -64,10 +64,21 @@ struct QkvParams {
   const float* v_scale = nullptr;
   const int32_t* slots = nullptr;
   int32_t page_size = 0, num_pages = 0;
+  // qkv's rows of each head in interleave_rope_rows' order (the product of weights in that
+  // order): element 2 j + e of a head is element j + e D / 2 of the head.
+  bool interleaved = false;
 };
 void qkv_post(const float* qkv, const float* bias, const float* q_norm, const float* k_norm,
               const float* rope_cos, const float* rope_sin, const QkvParams& p, uint16_t* q,
               uint16_t* k, uint16_t* v, cudaStream_t stream);
+
+// The rows of a projection of heads of head_dim rows (q, k and v stacked) in the order whose
+// groups of 4 rows hold two whole RoPE pairs: row 2 j + e of each head of dst is row
+// j + e head_dim / 2 of that head of src (e = 0, 1), so that the qkv product's epilogue finds both
+// halves of a rotation among its own rows (wgmma_gemm_qkv). src, dst [rows, cols] bf16, distinct;
+// rows a multiple of head_dim (even), at most 65535. Throws Error otherwise.
+void interleave_rope_rows(const uint16_t* src, uint16_t* dst, int64_t rows, int64_t cols,
+                          int32_t head_dim, cudaStream_t stream);
 
 // The RoPE tables of positions [0, rows), computed on the device as rope_tables (rope.h) computes
 // them (the angle and its cos and sin in double precision, times scale, rounded to f32).

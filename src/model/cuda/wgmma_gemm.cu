@@ -34,6 +34,7 @@
 #include "pagedattn/dtype.h"
 #include "pagedattn/error.h"
 #include "pdl.h"
+#include "qkv_rows.cuh"  // qkv_destination, add_bias, rope_rotate, store_pairs
 #include "tensor_map.h"
 #include "wgmma_gemm.h"
 #include "wgmma_ops.cuh"
@@ -51,6 +52,15 @@ constexpr int kMaxSplits = 8;  // the largest portable cluster
 // carries the first id of a vocabulary slice (wgmma_gemm_argmax_slice; 0: the whole vocabulary),
 // which decides whether a NaN output 0 takes the row (only at id 0).
 constexpr int kArgmaxEpilogue = NormFold::kConsume + 1;
+// The kernel's FOLD argument for the qkv epilogue (wgmma_gemm_qkv): without a norm, and after a
+// folded norm (NormFold::kConsume's r first).
+constexpr int kQkvEpilogue = kArgmaxEpilogue + 1, kQkvConsumeEpilogue = kArgmaxEpilogue + 2;
+__host__ __device__ constexpr bool consumes_norm(int fold) {
+  return fold == NormFold::kConsume || fold == kQkvConsumeEpilogue;
+}
+__host__ __device__ constexpr bool qkv_epilogue(int fold) {
+  return fold == kQkvEpilogue || fold == kQkvConsumeEpilogue;
+}
 
 // NT tokens (a multiple of 8), ST stages of BOXES copies of 64 K elements, WG consumer warpgroups
 // of 64 AC rows of W each (AC m64 accumulators, 1 or 2).
@@ -77,7 +87,7 @@ struct Cfg {
 // consumer (FOLD kConsume), the warp that computes its r.
 template <int WG, int FOLD>
 __host__ __device__ constexpr int threads_of() {
-  return 128 * WG + 32 + (FOLD == NormFold::kConsume ? 32 : 0);
+  return 128 * WG + 32 + (consumes_norm(FOLD) ? 32 : 0);
 }
 
 // The sum over the cluster's CTAs, in rank order, of the 4 floats at `mine` in each one's shared
@@ -101,6 +111,61 @@ __device__ __forceinline__ float4 cluster_sum(cg::cluster_group& cluster, const 
   return sum;
 }
 
+// The qkv epilogue's group of 4 sums of token t from row row0 on (interleave_rope_rows' order):
+// x[j], x[j + D/2], x[j + 1], x[j + 1 + D/2] of head row0 / D, j = (row0 % D) / 2 (even). Its
+// other inputs are read (qkv_group_inputs) before the sums are gathered from the cluster, so that
+// their loads and the remote reads are in flight together; then bias, rotation and the store as
+// qkv_post does them (store_qkv_group).
+struct QkvGroup {
+  bool store = false;  // a row of the product and a slot inside the pools (or a q head)
+  bool rotate = false;  // q or k
+  int j = 0, half = 0;
+  uint16_t* dst = nullptr;
+  uint8_t* dst8 = nullptr;
+  float inv_scale = 1.f;
+  float2 c{}, s{};
+  float bias[4] = {0.f, 0.f, 0.f, 0.f};  // in the sums' order
+};
+__device__ __forceinline__ QkvGroup qkv_group_inputs(const QkvEpilogue& e, int t, int row0,
+                                                     bool in_product) {
+  const QkvParams& p = e.p;
+  QkvGroup q;
+  const int D = p.head_dim, head = row0 / D;
+  q.half = D / 2;
+  q.j = (row0 % D) / 2;
+  q.store = in_product && qkv_destination(p, e.q, nullptr, nullptr, t, head, q.dst, q.dst8,
+                                          q.inv_scale);
+  if (!q.store) return q;
+  if (e.bias) {
+    const float* b = e.bias + int64_t(head) * D + q.j;
+    q.bias[0] = __ldg(b);
+    q.bias[1] = __ldg(b + q.half);
+    q.bias[2] = __ldg(b + 1);
+    q.bias[3] = __ldg(b + q.half + 1);
+  }
+  q.rotate = head < p.num_q_heads + p.num_kv_heads;
+  if (q.rotate) {
+    q.c = *reinterpret_cast<const float2*>(e.cos + int64_t(t) * q.half + q.j);
+    q.s = *reinterpret_cast<const float2*>(e.sin + int64_t(t) * q.half + q.j);
+  }
+  return q;
+}
+__device__ __forceinline__ void store_qkv_group(const QkvEpilogue& e, const QkvGroup& q,
+                                                const float (&v)[4]) {
+  float lo[2] = {v[0], v[2]}, hi[2] = {v[1], v[3]};  // x[j], x[j + 1]; x[j + D/2], x[j + 1 + D/2]
+  if (e.bias) {
+    lo[0] = add_bias(lo[0], q.bias[0]);
+    hi[0] = add_bias(hi[0], q.bias[1]);
+    lo[1] = add_bias(lo[1], q.bias[2]);
+    hi[1] = add_bias(hi[1], q.bias[3]);
+  }
+  if (q.rotate) {
+    rope_rotate(lo[0], hi[0], q.c.x, q.s.x);
+    rope_rotate(lo[1], hi[1], q.c.y, q.s.y);
+  }
+  store_pairs<2>(q.dst, q.dst8, q.inv_scale, q.j, q.half, lo, hi);
+}
+
 // GLU: the gate/up product with SwiGLU (W [2 N, K]: a CTA's first half of rows are gate rows
 // [H b, H b + H), H = half its rows, its second half the matching up rows N + H b ...; y [T, N]
 // bf16).
@@ -108,12 +173,13 @@ __device__ __forceinline__ float4 cluster_sum(cg::cluster_group& cluster, const 
 // without one compiles to the same code and registers as before), or kArgmaxEpilogue: a.y is
 // ArgmaxPair [T][row blocks], each row block's (largest value, lowest index) of every token, with
 // argmax_rows's rules (NaNs never win; a NaN at output 0 gives (NaN, 0) in block 0; a block of
-// NaNs only gives (-inf, INT32_MAX)).
+// NaNs only gives (-inf, INT32_MAX)); or kQkvEpilogue / kQkvConsumeEpilogue: qe's stores
+// (store_qkv_group) instead of y, after the norm's r for the latter.
 template <int NT, int ST, int BOXES, int WG, int AC, bool GLU, int FOLD>
 __global__ void __launch_bounds__(threads_of<WG, FOLD>(), 1)
     wgmma_gemm_kernel(const __grid_constant__ CUtensorMap tw,
                       const __grid_constant__ CUtensorMap tx, const GemvArgs a,
-                      const NormFold nf) {
+                      const NormFold nf, const QkvEpilogue qe) {
   using C = Cfg<NT, ST, BOXES, WG, AC>;
   constexpr int kBK = C::kBK, kBM = C::kBM, kHalf = C::kBM / 2, kRedStride = C::kRedStride;
   constexpr int kThreads = threads_of<WG, FOLD>();
@@ -191,7 +257,7 @@ __global__ void __launch_bounds__(threads_of<WG, FOLD>(), 1)
       }
     }
   } else if (warp == 4 * WG + 1) {
-    if constexpr (FOLD == NormFold::kConsume) {
+    if constexpr (consumes_norm(FOLD)) {
       // The r warp: r per token from the producer's sums of squares (in order) while the
       // products run; the consumers take it in their epilogue.
       // NOTE: measured on an H100 (Llama-3-8B, 8-64 sequences): computed by the consumers before
@@ -274,7 +340,7 @@ __global__ void __launch_bounds__(threads_of<WG, FOLD>(), 1)
   constexpr int kOutRows = GLU ? kHalf : kBM;
   constexpr int kGroupsPerToken = kOutRows / 4;
   float* sq4 = red + NT * kRedStride;  // [t - t0][group]: a folded norm's squares of 4 outputs
-  if constexpr (FOLD == NormFold::kConsume) mbar_wait(r_ready, 0);  // r_tok is written
+  if constexpr (consumes_norm(FOLD)) mbar_wait(r_ready, 0);  // r_tok is written
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
   wait_for_dependency();  // y may be the output of the kernels before this one
@@ -324,11 +390,14 @@ __global__ void __launch_bounds__(threads_of<WG, FOLD>(), 1)
   }
   for (int g = g0 + int(threadIdx.x); !argmax && g < g1; g += kThreads) {
     const int t = g / kGroupsPerToken, r = (g % kGroupsPerToken) * 4;
+    const int row0 = row_block * kOutRows + r, rows = min(4, a.N - row0);
+    QkvGroup qg;
+    if constexpr (qkv_epilogue(FOLD)) qg = qkv_group_inputs(qe, t, row0, row0 < a.N);
     const float* mine = red + t * kRedStride + r;
     const float4 sum = cluster_sum(cluster, mine, splits);
     float v[4] = {sum.x, sum.y, sum.z, sum.w};
-    const float scale = FOLD == NormFold::kConsume ? r_tok[t] : 1.f;
-    if constexpr (FOLD == NormFold::kConsume) {
+    const float scale = consumes_norm(FOLD) ? r_tok[t] : 1.f;
+    if constexpr (consumes_norm(FOLD)) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) v[j] *= scale;
     }
@@ -343,8 +412,9 @@ __global__ void __launch_bounds__(threads_of<WG, FOLD>(), 1)
         v[j] = gb / (1.f + __expf(-gb)) * ub;
       }
     }
-    const int row0 = row_block * kOutRows + r, rows = min(4, a.N - row0);
-    if constexpr (!produce) {
+    if constexpr (qkv_epilogue(FOLD)) {
+      if (qg.store) store_qkv_group(qe, qg, v);  // (a.N: whole heads, groups of 4)
+    } else if constexpr (!produce) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         if (row0 + j >= a.N) break;
@@ -473,7 +543,8 @@ int splits_for(int blocks, int kblocks, int ctas_per_sm) {
 }
 
 template <int NT, int ST, int BOXES, int WG, int AC, bool GLU, int FOLD>
-cudaError_t launch(const GemvArgs& a, const NormFold& nf, int ctas_per_sm, cudaStream_t stream) {
+cudaError_t launch(const GemvArgs& a, const NormFold& nf, const QkvEpilogue& qe, int ctas_per_sm,
+                   cudaStream_t stream) {
   using C = Cfg<NT, ST, BOXES, WG, AC>;
   // NOTE: per device: every rank of a tensor-parallel process sets it on its own GPU.
   static std::atomic<uint64_t> smem_set{0};
@@ -494,7 +565,7 @@ cudaError_t launch(const GemvArgs& a, const NormFold& nf, int ctas_per_sm, cudaS
   cfg.attrs = at;
   cfg.numAttrs = 2;
   return cudaLaunchKernelEx(&cfg, wgmma_gemm_kernel<NT, ST, BOXES, WG, AC, GLU, FOLD>, tw, tx, a,
-                            nf);
+                            nf, qe);
 }
 
 // Version v at NT tokens: 1, 128 rows a CTA, five (NT 64: four) stages of one copy, two CTAs
@@ -503,32 +574,39 @@ cudaError_t launch(const GemvArgs& a, const NormFold& nf, int ctas_per_sm, cudaS
 // half the x reads), five stages, one CTA per SM; 5, 64 rows a CTA (twice the row blocks, so
 // fewer K slices: longer streams, a smaller sum), a ring of about 200 KiB, one CTA per SM; 6, 64
 // rows, about 100 KiB, two CTAs per SM.
+// (The qkv epilogue only on versions 1, 5 and 6: wgmma_gemm_qkv_version_ok.)
 template <int NT, bool GLU, int FOLD>
-cudaError_t launch_version(const GemvArgs& a, const NormFold& nf, int v, cudaStream_t stream) {
-  constexpr bool wide = NT > 32;
+cudaError_t launch_version(const GemvArgs& a, const NormFold& nf, const QkvEpilogue& qe, int v,
+                           cudaStream_t stream) {
+  constexpr bool wide = NT > 32, all = !qkv_epilogue(FOLD);
   constexpr int kStage64 = 64 * kBox * 2 + NT * kBox * 2;  // a stage of 64 rows and NT tokens
   switch (v) {
     case 1:
-      return launch<NT, wide ? 4 : 5, 1, 1, 2, GLU, FOLD>(a, nf, 2, stream);
+      return launch<NT, wide ? 4 : 5, 1, 1, 2, GLU, FOLD>(a, nf, qe, 2, stream);
     case 2:
-      return launch<NT, wide ? 8 : 10, 1, 1, 2, GLU, FOLD>(a, nf, 1, stream);
+      if constexpr (all) return launch<NT, wide ? 8 : 10, 1, 1, 2, GLU, FOLD>(a, nf, qe, 1, stream);
+      break;
     case 3:
-      return launch<NT, 2, 2, 1, 2, GLU, FOLD>(a, nf, 2, stream);
+      if constexpr (all) return launch<NT, 2, 2, 1, 2, GLU, FOLD>(a, nf, qe, 2, stream);
+      break;
     case 4:
-      return launch<NT, 5, 1, 2, 2, GLU, FOLD>(a, nf, 1, stream);
+      if constexpr (all) return launch<NT, 5, 1, 2, 2, GLU, FOLD>(a, nf, qe, 1, stream);
+      break;
     case 5:
-      return launch<NT, 200 * 1024 / kStage64, 1, 1, 1, GLU, FOLD>(a, nf, 1, stream);
-    default:
-      return launch<NT, 100 * 1024 / kStage64, 1, 1, 1, GLU, FOLD>(a, nf, 2, stream);
+      return launch<NT, 200 * 1024 / kStage64, 1, 1, 1, GLU, FOLD>(a, nf, qe, 1, stream);
+    case 6:
+      return launch<NT, 100 * 1024 / kStage64, 1, 1, 1, GLU, FOLD>(a, nf, qe, 2, stream);
   }
+  return cudaErrorInvalidValue;  // (refused before)
 }
 
 template <bool GLU, int FOLD>
-cudaError_t launch_tokens(const GemvArgs& a, const NormFold& nf, int v, cudaStream_t stream) {
-  return a.T <= 8    ? launch_version<8, GLU, FOLD>(a, nf, v, stream)
-         : a.T <= 16 ? launch_version<16, GLU, FOLD>(a, nf, v, stream)
-         : a.T <= 32 ? launch_version<32, GLU, FOLD>(a, nf, v, stream)
-                     : launch_version<64, GLU, FOLD>(a, nf, v, stream);
+cudaError_t launch_tokens(const GemvArgs& a, const NormFold& nf, int v, cudaStream_t stream,
+                          const QkvEpilogue& qe = {}) {
+  return a.T <= 8    ? launch_version<8, GLU, FOLD>(a, nf, qe, v, stream)
+         : a.T <= 16 ? launch_version<16, GLU, FOLD>(a, nf, qe, v, stream)
+         : a.T <= 32 ? launch_version<32, GLU, FOLD>(a, nf, qe, v, stream)
+                     : launch_version<64, GLU, FOLD>(a, nf, qe, v, stream);
 }
 
 template <bool GLU>
@@ -555,10 +633,11 @@ cudaError_t launch_argmax(const GemvArgs& a, int32_t vocab0, cudaStream_t stream
   constexpr int F = kArgmaxEpilogue;
   NormFold none{};
   none.sq_ld = vocab0;  // (kArgmaxEpilogue's)
-  return a.T <= 8    ? launch<8, 5, 1, 1, 2, false, F>(a, none, 2, stream)
-         : a.T <= 16 ? launch<16, 5, 1, 1, 2, false, F>(a, none, 2, stream)
-         : a.T <= 32 ? launch<32, 5, 1, 1, 2, false, F>(a, none, 2, stream)
-                     : launch<64, 4, 1, 1, 2, false, F>(a, none, 2, stream);
+  const QkvEpilogue qe{};
+  return a.T <= 8    ? launch<8, 5, 1, 1, 2, false, F>(a, none, qe, 2, stream)
+         : a.T <= 16 ? launch<16, 5, 1, 1, 2, false, F>(a, none, qe, 2, stream)
+         : a.T <= 32 ? launch<32, 5, 1, 1, 2, false, F>(a, none, qe, 2, stream)
+                     : launch<64, 4, 1, 1, 2, false, F>(a, none, qe, 2, stream);
 }
 
 }  // namespace
@@ -653,6 +732,38 @@ void wgmma_gemm(const GemvArgs& a, cudaStream_t stream, int version, const NormF
   const int v = version_of(a, version, a.N, "wgmma_gemm");
   const cudaError_t e = launch_folded<false>(a, nf, v, stream);
   PA_CHECK(e == cudaSuccess, "wgmma_gemm: launch failed: ", cudaGetErrorString(e));
+}
+
+bool wgmma_gemm_qkv_version_ok(int version) {
+  return version == 1 || version == 5 || version == 6;
+}
+
+void wgmma_gemm_qkv(const GemvArgs& a, const QkvEpilogue& e, cudaStream_t stream, int version,
+                    const NormFold* fold) {
+  const QkvParams& p = e.p;
+  const int64_t heads = int64_t(p.num_q_heads) + 2 * int64_t(p.num_kv_heads);
+  PA_CHECK(wgmma_gemm_supported(a) && !a.accumulate && !a.y_bf16,
+           "wgmma_gemm_qkv: unsupported arguments (T ", a.T, ", N ", a.N, ", K ", a.K, ")");
+  PA_CHECK((p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256) && p.num_q_heads > 0 &&
+               p.num_kv_heads > 0 && heads * p.head_dim == a.N && p.num_tokens == a.T,
+           "wgmma_gemm_qkv: ", p.num_q_heads, " q and ", p.num_kv_heads, " kv heads of ",
+           p.head_dim, " (64, 128 or 256) at ", p.num_tokens, " tokens do not make the product's ",
+           a.N, " rows at ", a.T);
+  PA_CHECK(p.k_pool && p.v_pool && p.slots && p.page_size > 0 && p.num_pages > 0 && e.q &&
+               e.cos && e.sin && (!p.fp8 || (p.k_scale && p.v_scale)),
+           "wgmma_gemm_qkv: q, the pools, their slots and scales and the RoPE rows must be given");
+  const NormFold nf = fold ? *fold : NormFold{};
+  PA_CHECK((nf.mode == NormFold::kNone || nf.mode == NormFold::kConsume) && norm_fold_ok(a, nf),
+           "wgmma_gemm_qkv: a folded norm it cannot take (mode ", int(nf.mode), ")");
+  PA_CHECK(wgmma_gemm_available(), "wgmma_gemm_qkv: this device cannot run it (sm_90 only)");
+  const int v = version_of(a, version, a.N, "wgmma_gemm_qkv");
+  PA_CHECK(wgmma_gemm_qkv_version_ok(v), "wgmma_gemm_qkv: version ", v,
+           " has no qkv epilogue (1, 5 or 6)");
+  const cudaError_t err =
+      nf.mode == NormFold::kConsume
+          ? launch_tokens<false, kQkvConsumeEpilogue>(a, nf, v, stream, e)
+          : launch_tokens<false, kQkvEpilogue>(a, nf, v, stream, e);
+  PA_CHECK(err == cudaSuccess, "wgmma_gemm_qkv: launch failed: ", cudaGetErrorString(err));
 }
 
 int32_t wgmma_gemm_argmax_blocks(int32_t N) { return (N + kArgmaxRows - 1) / kArgmaxRows; }

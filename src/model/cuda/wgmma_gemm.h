@@ -19,7 +19,8 @@
 
 #include <cstdint>
 
-#include "gemv.h"  // GemvArgs
+#include "gemv.h"           // GemvArgs
+#include "llama_kernels.h"  // QkvParams
 
 namespace pagedattn::cuda {
 
@@ -46,6 +47,12 @@ constexpr int kWgmmaGemmBesideAttentionVersion = 6;
 // 3.891-3.896 on version 5, 64 4.503-4.509 against 4.522-4.537, level at 1; one GPU, where qkv
 // follows the down product, level to 0.2% slower on it: version 5 kept there.
 constexpr int kWgmmaGemmBehindReduceVersion = 6;
+// The version of the qkv product that ends in qkv_post's work (wgmma_gemm_qkv) on weights of more
+// than kWgmmaGemmSmallElements: version 6's CTAs take more K slices, whose cluster shares out the
+// epilogue's groups, where version 5's one CTA a row block stores all of its own at the kernel's
+// end. One H100, Llama-3-8B, 512-token prompts: batch 32 6.486-6.492 ms a step against
+// 6.513-6.515 on version 5 and 6.496-6.502 with the product and qkv_post on version 5.
+constexpr int kWgmmaGemmQkvVersion = 6;
 
 // An RMSNorm folded into the products on either side of it (a decode step's norms at 3-64 tokens:
 // one launch a norm fewer). rms_norm(h) W^T, with out = bf16(h * r * g) and r = rsqrt(mean(h^2) +
@@ -104,6 +111,32 @@ int wgmma_gemm_version_for(int32_t T, int32_t N, int32_t K);
 // the driver refuses or a failed launch; `fold` (or null) where norm_fold_ok refuses it.
 void wgmma_gemm(const GemvArgs& a, cudaStream_t stream, int version = 0,
                 const NormFold* fold = nullptr);
+
+// The qkv product and what qkv_post does after it in one launch, for weights whose rows are in
+// interleave_rope_rows' order: each group of 4 sums is two whole RoPE pairs of a head, which the
+// epilogue takes from the cluster's sums as qkv_post would take them from an f32 qkv (bias, the
+// rotation of q and k, bf16 q, k and v straight into their pool slots, bf16 or fp8), with the
+// same arithmetic (qkv_rows.cuh): the same bits as wgmma_gemm into f32 followed by qkv_post with
+// p.interleaved, without the f32 qkv written and read again or the kernel between. Not with a
+// per-head norm of q and k (Qwen3), whose sums span a head's row blocks.
+//   a: x [T, K] bf16, w [(Hq + 2 Hkv) D, K] in that order; a.y not used
+//   e.p: qkv_post's parameters with k_pool set (q to e.q); e.bias [(Hq + 2 Hkv) D] f32 in the
+//   heads' own order, or null; e.cos, e.sin [T, D / 2] f32 (each token's rows)
+struct QkvEpilogue {
+  QkvParams p;
+  const float* bias = nullptr;
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+  uint16_t* q = nullptr;  // [T, Hq, D] bf16
+};
+// The versions it runs (the model's qkv products: 1 for small weights, 5, 6 behind an all-reduce).
+bool wgmma_gemm_qkv_version_ok(int version);
+// version 0: wgmma_gemm_version_for's. `fold`: kConsume only (or null). Throws Error where
+// wgmma_gemm would, on a version it does not run, and on parameters that do not describe the
+// product (a.N (Hq + 2 Hkv) D, D 64, 128 or 256, no pools, no slots or cos and sin, p.num_tokens
+// not a.T, an accumulated or bf16 product).
+void wgmma_gemm_qkv(const GemvArgs& a, const QkvEpilogue& e, cudaStream_t stream, int version = 0,
+                    const NormFold* fold = nullptr);
 
 // The greedy step's lm_head without its logits: ids [T] = each token's argmax over the N outputs
 // of x W^T, with argmax_rows's rules and answer (llama_kernels.h: the lowest index of the largest
