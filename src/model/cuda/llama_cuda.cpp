@@ -573,8 +573,9 @@ void LlamaModelCuda::Impl::load(const ModelFile* from, uint64_t from_seed) {
   check_cublas(cublasSetWorkspace(cublas, cublas_workspace.data(), size_t(kCublasWorkspace)),
                "cublasSetWorkspace");
   {
-    // Only this step's RoPE kernel (or write_kv) writes the step's K/V; every cached position was
-    // written by an earlier step, so the decode kernel may copy those before it waits.
+    // Only this step's RoPE kernel, the qkv product's epilogue (wgmma_gemm_qkv) or write_kv
+    // writes the step's K/V; every cached position was written by an earlier step, so the
+    // decode kernel may copy those before it waits.
     CudaPlanOptions opts;
     opts.decode_early_cached_kv = true;
     plan = std::make_unique<CudaAttentionPlan>(size_t(64) << 20, opts);

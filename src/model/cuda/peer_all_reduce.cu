@@ -210,6 +210,30 @@ struct RankInfo {
   uint64_t pointer;
 };
 
+// A peer's exported buffer as this process sees it: the pointer itself for a thread of this
+// process, else its CUDA IPC handle opened (and appended to `opened`). Null where that fails.
+void* open_peer(bool same_process, uint64_t pointer, const cudaIpcMemHandle_t& handle,
+                std::vector<void*>& opened) {
+  if (same_process) return reinterpret_cast<void*>(uintptr_t(pointer));
+  void* p = nullptr;
+  if (cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  opened.push_back(p);
+  return p;
+}
+
+// Every rank's outcome of its mapping, shared: where this rank has no `reason` of its own, the
+// first rank that failed gives it (so that every rank answers the same).
+void agree_on_mapping(NcclComm& comm, std::string& reason, const char* what) {
+  const char ok = reason.empty() ? 1 : 0;
+  const std::vector<char> oks = comm.all_gather_host(&ok, 1);
+  for (int32_t r = 0; r < comm.world() && reason.empty(); ++r) {
+    if (!oks[size_t(r)]) reason = "rank " + std::to_string(r) + " cannot map its peers' " + what;
+  }
+}
+
 size_t slot_bytes(int32_t max_rows, int32_t hidden) {
   const size_t data = size_t(max_rows) * size_t(hidden) * 4;
   return (data + 255) / 256 * 256;
@@ -314,7 +338,8 @@ std::unique_ptr<PeerAllReduce> PeerAllReduce::create(NcclComm& comm, int32_t max
       reason = "this GPU cannot reach rank " + std::to_string(r) + "'s memory";
       break;
     }
-    if (o.pid == me.pid) {  // ranks as threads of one process: plain peer pointers
+    const bool same_process = o.pid == me.pid;  // ranks as threads: plain peer pointers
+    if (same_process) {
       const cudaError_t e = cudaDeviceEnablePeerAccess(dev, 0);
       if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
         (void)cudaGetLastError();
@@ -322,23 +347,12 @@ std::unique_ptr<PeerAllReduce> PeerAllReduce::create(NcclComm& comm, int32_t max
         break;
       }
       (void)cudaGetLastError();
-      pr->bases_[size_t(r)] = reinterpret_cast<void*>(uintptr_t(o.pointer));
-    } else {
-      void* p = nullptr;
-      if (cudaIpcOpenMemHandle(&p, o.handle, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) {
-        (void)cudaGetLastError();
-        reason = "cannot map rank " + std::to_string(r) + "'s memory (CUDA IPC)";
-        break;
-      }
-      pr->bases_[size_t(r)] = p;
-      pr->ipc_opened_.push_back(p);
     }
+    pr->bases_[size_t(r)] = open_peer(same_process, o.pointer, o.handle, pr->ipc_opened_);
+    if (!pr->bases_[size_t(r)])
+      reason = "cannot map rank " + std::to_string(r) + "'s memory (CUDA IPC)";
   }
-  const char ok = reason.empty() ? 1 : 0;
-  const std::vector<char> oks = comm.all_gather_host(&ok, 1);
-  for (int32_t r = 0; r < world && reason.empty(); ++r) {
-    if (!oks[size_t(r)]) reason = "rank " + std::to_string(r) + " cannot map its peers' memory";
-  }
+  agree_on_mapping(comm, reason, "memory");
   if (!reason.empty()) {
     say(reason);
     return nullptr;  // the destructor unmaps and frees what was made
@@ -370,24 +384,13 @@ std::vector<const void*> PeerAllReduce::map_peer_buffers(NcclComm& comm, const v
     const Info& o = infos[size_t(r)];
     if (!o.willing) {
       reason = "rank " + std::to_string(r) + " did not export its buffer";
-    } else if (r == rank_ || o.pid == me.pid) {  // this rank, or a thread of this process
-      out[size_t(r)] = reinterpret_cast<const void*>(uintptr_t(o.pointer));
-    } else {
-      void* p = nullptr;
-      if (cudaIpcOpenMemHandle(&p, o.handle, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) {
-        (void)cudaGetLastError();
+    } else {  // (this rank's or a thread's of this process: the pointer itself)
+      out[size_t(r)] = open_peer(r == rank_ || o.pid == me.pid, o.pointer, o.handle, opened);
+      if (!out[size_t(r)])
         reason = "cannot map rank " + std::to_string(r) + "'s buffer (CUDA IPC)";
-      } else {
-        opened.push_back(p);
-        out[size_t(r)] = p;
-      }
     }
   }
-  const char ok = reason.empty() ? 1 : 0;
-  const std::vector<char> oks = comm.all_gather_host(&ok, 1);
-  for (int32_t r = 0; r < world_ && reason.empty(); ++r) {
-    if (!oks[size_t(r)]) reason = "rank " + std::to_string(r) + " cannot map its peers' buffers";
-  }
+  agree_on_mapping(comm, reason, "buffers");
   if (!reason.empty()) {
     for (void* p : opened) cudaIpcCloseMemHandle(p);
     if (why) *why = reason;

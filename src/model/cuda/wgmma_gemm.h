@@ -11,7 +11,8 @@
 // launch; x waits for it); the K slices of a row block form a thread-block cluster whose CTAs add
 // their partial sums through distributed shared memory in slice order, so every call gives the
 // same bits. The gate/up product can end in SwiGLU (wgmma_gemm_swiglu), one kernel fewer a
-// layer; an RMSNorm between two products can be folded into them (NormFold), two fewer.
+// layer; an RMSNorm between two products can be folded into them (NormFold), two fewer; the qkv
+// product can end in the RoPE kernel's work (wgmma_gemm_qkv), one fewer.
 // Compiled as C++17 (nvcc).
 #pragma once
 
