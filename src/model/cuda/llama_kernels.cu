@@ -6,7 +6,7 @@
 #include "cuda_common.cuh"  // allow_dependent_launch, wait_for_dependency
 #include "pdl.h"
 #include "llama_kernels.h"
-#include "qkv_rows.cuh"  // qkv_destination, rope_rotate, store_pairs
+#include "qkv_rows.cuh"  // qkv_destination, add_bias, rope_rotate, store_pairs
 #include "pagedattn/dtype.h"
 #include "pagedattn/error.h"
 #include "rope_rows.cuh"  // gather_rope_rows

@@ -120,7 +120,8 @@ void wgmma_gemm(const GemvArgs& a, cudaStream_t stream, int version = 0,
 // same arithmetic (qkv_rows.cuh): the same bits as wgmma_gemm into f32 followed by qkv_post with
 // p.interleaved, without the f32 qkv written and read again or the kernel between. Not with a
 // per-head norm of q and k (Qwen3), whose sums span a head's row blocks.
-//   a: x [T, K] bf16, w [(Hq + 2 Hkv) D, K] in that order; a.y not used
+//   a: x [T, K] bf16, w [(Hq + 2 Hkv) D, K] in that order; a.y not written (but set, as
+//   wgmma_gemm_supported asks)
 //   e.p: qkv_post's parameters with k_pool set (q to e.q); e.bias [(Hq + 2 Hkv) D] f32 in the
 //   heads' own order, or null; e.cos, e.sin [T, D / 2] f32 (each token's rows)
 struct QkvEpilogue {
