@@ -552,6 +552,7 @@ TEST(WgmmaGemmCuda, QkvEpilogueRefusesWhatDoesNotDescribeIt) {
   e.p.slots = slots;
   e.p.page_size = 16;
   e.p.num_pages = 4;
+  e.p.interleaved = true;
   e.q = out;
   e.cos = rows;
   e.sin = rows;
@@ -585,6 +586,9 @@ TEST(WgmmaGemmCuda, QkvEpilogueRefusesWhatDoesNotDescribeIt) {
   f = e;
   f.p.fp8 = true;
   refused(a, f, "fp8 pools without scales");
+  f = e;
+  f.p.interleaved = false;
+  refused(a, f, "weights in the heads' own order");
   cuda::NormFold produce;
   produce.mode = cuda::NormFold::kProduce;
   refused(a, e, "a norm's producer", &produce);

@@ -752,6 +752,9 @@ void wgmma_gemm_qkv(const GemvArgs& a, const QkvEpilogue& e, cudaStream_t stream
   PA_CHECK(p.k_pool && p.v_pool && p.slots && p.page_size > 0 && p.num_pages > 0 && e.q &&
                e.cos && e.sin && (!p.fp8 || (p.k_scale && p.v_scale)),
            "wgmma_gemm_qkv: q, the pools, their slots and scales and the RoPE rows must be given");
+  PA_CHECK(p.interleaved,
+           "wgmma_gemm_qkv: the weights' rows must be in interleave_rope_rows' order "
+           "(p.interleaved)");
   const NormFold nf = fold ? *fold : NormFold{};
   PA_CHECK((nf.mode == NormFold::kNone || nf.mode == NormFold::kConsume) && norm_fold_ok(a, nf),
            "wgmma_gemm_qkv: a folded norm it cannot take (mode ", int(nf.mode), ")");

@@ -122,7 +122,7 @@ void wgmma_gemm(const GemvArgs& a, cudaStream_t stream, int version = 0,
 // per-head norm of q and k (Qwen3), whose sums span a head's row blocks.
 //   a: x [T, K] bf16, w [(Hq + 2 Hkv) D, K] in that order; a.y not written (but set, as
 //   wgmma_gemm_supported asks)
-//   e.p: qkv_post's parameters with k_pool set (q to e.q); e.bias [(Hq + 2 Hkv) D] f32 in the
+//   e.p: qkv_post's parameters with k_pool and interleaved set (q to e.q); e.bias [(Hq + 2 Hkv) D] f32 in the
 //   heads' own order, or null; e.cos, e.sin [T, D / 2] f32 (each token's rows)
 struct QkvEpilogue {
   QkvParams p;
@@ -136,7 +136,7 @@ bool wgmma_gemm_qkv_version_ok(int version);
 // version 0: wgmma_gemm_version_for's. `fold`: kConsume only (or null). Throws Error where
 // wgmma_gemm would, on a version it does not run, and on parameters that do not describe the
 // product (a.N (Hq + 2 Hkv) D, D 64, 128 or 256, no pools, no slots or cos and sin, p.num_tokens
-// not a.T, an accumulated or bf16 product).
+// not a.T, p.interleaved not set, an accumulated or bf16 product).
 void wgmma_gemm_qkv(const GemvArgs& a, const QkvEpilogue& e, cudaStream_t stream, int version = 0,
                     const NormFold* fold = nullptr);
 
